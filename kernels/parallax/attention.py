@@ -1,0 +1,98 @@
+"""Public entry point for Parallax attention (training / prefill): validation and dispatch."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from kernels.parallax.chunked import parallax_attention_chunked
+
+BACKENDS = ("auto", "reference", "triton")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _shape_error(q, r, k, v, why):
+    shapes = ", ".join(f"{n}={tuple(x.shape)}" for n, x in zip("qrkv", (q, r, k, v)))
+    return ValueError(f"parallax_attention: {why} (got {shapes}; layout is (batch, seq, heads, head_dim))")
+
+
+def _check_tensors(q, r, k, v):
+    for name, x in zip("qrkv", (q, r, k, v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"parallax_attention: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise _shape_error(q, r, k, v, f"{name} must be 4-D, has {x.dim()} dims")
+        if x.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"parallax_attention: {name}.dtype={x.dtype}, expected one of {_FLOAT_DTYPES}")
+        if x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(f"parallax_attention: {name} is {x.dtype} on {x.device}, "
+                             f"q is {q.dtype} on {q.device}; all four must match")
+    if r.shape != q.shape:
+        raise _shape_error(q, r, k, v, "r must have q's shape")
+    if k.shape != v.shape:
+        raise _shape_error(q, r, k, v, "k and v must have the same shape")
+    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise _shape_error(q, r, k, v, "batch, seq and head_dim of q and k must match")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2] != 0:
+        raise _shape_error(q, r, k, v, f"q heads ({q.shape[2]}) must be a multiple of kv heads ({k.shape[2]})")
+
+
+def _check_cu_seqlens(cu_seqlens, q, check_values):
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+        desc = (f"{cu_seqlens.dtype} tensor of shape {tuple(cu_seqlens.shape)}"
+                if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__)
+        raise ValueError(f"parallax_attention: cu_seqlens must be a 1-D int32 tensor, got {desc}")
+    if cu_seqlens.numel() < 2:
+        raise ValueError(f"parallax_attention: cu_seqlens needs at least 2 entries, got {cu_seqlens.numel()}")
+    if q.shape[0] != 1:
+        raise ValueError(f"parallax_attention: cu_seqlens requires batch == 1 (packed documents), got batch={q.shape[0]}")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"parallax_attention: cu_seqlens is on {cu_seqlens.device}, q on {q.device}")
+    if check_values:  # needs a host sync: only on the reference path
+        cu = cu_seqlens.tolist()
+        if cu[0] != 0 or cu[-1] != q.shape[1] or any(b < a for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"parallax_attention: cu_seqlens={cu} must start at 0, be non-decreasing "
+                             f"and end at seq={q.shape[1]}")
+
+
+def _resolve_backend(backend, q, causal):
+    if backend not in BACKENDS:
+        raise ValueError(f"parallax_attention: backend={backend!r}, expected one of {BACKENDS}")
+    if backend == "auto":
+        return "triton" if (q.is_cuda and causal) else "reference"
+    if backend == "triton":
+        if not causal:
+            raise ValueError("parallax_attention: backend='triton' supports causal=True only")
+        if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"parallax_attention: backend='triton' needs CUDA tensors (q is on {q.device}) "
+                             "or TRITON_INTERPRET=1")
+    return backend
+
+
+def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None):
+    """Parallax attention o_i = vbar_i - sum_j p_ij (t_ij - tbar_i) v_j (SPEC section 1).
+
+    q, r: (B, L, Hq, D) queries and probes (r is not scaled); k, v: (B, L, Hkv, D),
+    Hq % Hkv == 0 (query head h reads kv head h // (Hq // Hkv)); fp16/bf16/fp32/fp64.
+    scale: logit scale, default 1/sqrt(D). causal: mask keys j > i.
+    backend: "reference" (chunked PyTorch, CPU/GPU), "triton" (fused, CUDA, causal),
+    "auto" (triton for causal CUDA inputs, else reference).
+    cu_seqlens: optional (num_docs + 1,) int32 offsets of documents packed along seq
+    (requires B == 1); attention stays within each document.
+    Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, r, k, v.
+    """
+    _check_tensors(q, r, k, v)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"parallax_attention: scale={scale!r} must be a finite float")
+    backend = _resolve_backend(backend, q, causal)
+    if cu_seqlens is not None:
+        _check_cu_seqlens(cu_seqlens, q, check_values=backend == "reference")
+    if backend == "reference":
+        return parallax_attention_chunked(q, r, k, v, scale=float(scale), causal=causal, cu_seqlens=cu_seqlens)
+    from kernels.parallax.ops import parallax_attention_triton
+
+    return parallax_attention_triton(q, r, k, v, scale=float(scale), cu_seqlens=cu_seqlens)
