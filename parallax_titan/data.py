@@ -1,0 +1,209 @@
+"""Datasets and dataloaders, registered into TorchTitan's text-dataset registry at import.
+
+Datasets (``training.dataset`` / ``validation.dataset``):
+  * ``ultrafineweb``: HF ``openbmb/Ultra-FineWeb`` (config ``default``, split ``en``),
+    streamed; ``dataset_path`` may point to a mirror (hub id or local clone).
+  * ``local``: ``dataset_path`` = a file, a directory or a glob of .parquet /
+    .jsonl / .jsonl.gz files with a ``content`` text column, streamed in sorted order.
+  * ``default_corpus`` / ``default_corpus_validation``: the embedded public-domain
+    corpus (parallax_titan/assets/corpus, see SOURCE.md there).
+
+Batches come from TorchTitan's HuggingFaceTextDataset: documents are tokenized as
+``tokens + [eos]``, concatenated, and cut into windows of ``seq_len + 1`` tokens
+yielded as ``({"input": x[:-1]}, x[1:])``. Its state (sample index or stream
+position, plus the token buffer) is saved by DCP through ParallelAwareDataloader,
+so a resumed run continues at the exact next sample.
+"""
+
+import glob
+import gzip
+import json
+import os
+
+import pyarrow.parquet as pq
+from datasets import Dataset, IterableDataset, load_dataset
+from torchtitan.hf_datasets import DatasetConfig
+from torchtitan.hf_datasets.text_datasets import (
+    DATASETS,
+    build_text_dataloader,
+    build_text_validation_dataloader,
+)
+
+TEXT_COLUMN = "content"
+CORPUS_DIR = os.path.join(os.path.dirname(__file__), "assets", "corpus")
+ULTRAFINEWEB = "openbmb/Ultra-FineWeb"
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+_PARQUET_SUFFIXES = (".parquet",)
+
+
+def _text(sample: dict) -> str:
+    """Sample processor: the ``content`` column, which must be a string."""
+    text = sample.get(TEXT_COLUMN)
+    if not isinstance(text, str):
+        raise ValueError(
+            f"record has {TEXT_COLUMN}={text!r} (type {type(text).__name__}); expected a string"
+        )
+    return text
+
+
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _jsonl_records(path: str):
+    """Yield (line_number, record) from a JSONL(.gz) file; clear errors name the file and line."""
+    with _open_binary(path) as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}, line {lineno}: not valid UTF-8 ({e})") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e})") from None
+            if not isinstance(record, dict) or TEXT_COLUMN not in record:
+                found = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(
+                    f"{path}, line {lineno}: no '{TEXT_COLUMN}' column (found {found})"
+                )
+            yield lineno, record
+
+
+def _check_file(path: str) -> None:
+    """Cheap check of one data file: exists, not empty, has the ``content`` column.
+
+    Reads only the parquet footer or the first JSONL record.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"data file {path!r} does not exist")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"data file {path!r} is empty")
+    if path.endswith(_PARQUET_SUFFIXES):
+        meta = pq.ParquetFile(path).metadata
+        columns = meta.schema.names
+        if TEXT_COLUMN not in columns:
+            raise ValueError(f"{path}: no '{TEXT_COLUMN}' column (found {columns})")
+        if meta.num_rows == 0:
+            raise ValueError(f"data file {path!r} is empty (0 rows)")
+    elif path.endswith(_JSONL_SUFFIXES):
+        if next(_jsonl_records(path), None) is None:
+            raise ValueError(f"data file {path!r} is empty (no JSON records)")
+    else:
+        raise ValueError(
+            f"data file {path!r}: unsupported format; expected {_PARQUET_SUFFIXES + _JSONL_SUFFIXES}"
+        )
+
+
+def resolve_data_files(path: str | None, key: str = "training.dataset_path") -> list[str]:
+    """Expand a file, directory or glob into a sorted list of data files, each checked.
+
+    ``key`` names the config key in error messages. All files must be parquet, or all JSONL.
+    """
+    if not path:
+        raise ValueError(
+            f"{key} is not set (got {path!r}); dataset 'local' needs a .parquet/.jsonl/.jsonl.gz "
+            "file, a directory of them, or a glob"
+        )
+    if os.path.isdir(path):
+        files = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+                 if name.endswith(_PARQUET_SUFFIXES + _JSONL_SUFFIXES)]
+    elif os.path.isfile(path):
+        files = [path]
+    else:
+        files = glob.glob(path, recursive=True)
+    files = sorted(files)
+    if not files:
+        raise ValueError(f"{key} = {path!r} matches no .parquet/.jsonl/.jsonl.gz files")
+    if len({f.endswith(_PARQUET_SUFFIXES) for f in files}) > 1:
+        raise ValueError(f"{key} = {path!r} mixes parquet and JSONL files; use one format")
+    for f in files:
+        _check_file(f)
+    return files
+
+
+def _file_documents(files: list[str]):
+    """Generator for IterableDataset.from_generator; one shard per file."""
+    for path in files:
+        if path.endswith(_PARQUET_SUFFIXES):
+            for batch in pq.ParquetFile(path).iter_batches(columns=[TEXT_COLUMN], batch_size=1024):
+                for text in batch.column(0).to_pylist():
+                    yield {TEXT_COLUMN: text}
+        else:
+            for _, record in _jsonl_records(path):
+                yield {TEXT_COLUMN: record[TEXT_COLUMN]}
+
+
+def load_local(path: str | None) -> IterableDataset:
+    """Stream documents from local files (see resolve_data_files), in sorted file order."""
+    files = resolve_data_files(path, key="training.dataset_path (or validation.dataset_path)")
+    return IterableDataset.from_generator(_file_documents, gen_kwargs={"files": files})
+
+
+def load_embedded(path: str) -> Dataset:
+    """Load an embedded corpus file fully into memory (a few MB) as a map-style Dataset."""
+    _check_file(path)
+    texts = [record[TEXT_COLUMN] for _, record in _jsonl_records(path)]
+    return Dataset.from_dict({TEXT_COLUMN: texts})
+
+
+def load_ultrafineweb(path: str) -> IterableDataset:
+    """Stream Ultra-FineWeb's English split (``path`` = hub id or a local mirror)."""
+    return load_dataset(path, name="default", split="en", streaming=True)
+
+
+DATASET_CONFIGS = {
+    "ultrafineweb": DatasetConfig(path=ULTRAFINEWEB, loader=load_ultrafineweb, sample_processor=_text),
+    "local": DatasetConfig(path="", loader=load_local, sample_processor=_text),
+    "default_corpus": DatasetConfig(
+        path=os.path.join(CORPUS_DIR, "train.jsonl.gz"), loader=load_embedded, sample_processor=_text
+    ),
+    "default_corpus_validation": DatasetConfig(
+        path=os.path.join(CORPUS_DIR, "validation.jsonl.gz"), loader=load_embedded, sample_processor=_text
+    ),
+}
+DATASETS.update(DATASET_CONFIGS)
+
+
+def check_dataset_config(cfg, section: str = "training") -> None:
+    """Validate ``cfg.dataset`` / ``cfg.dataset_path`` without loading data.
+
+    ``cfg`` is JobConfig.training or JobConfig.validation (``section`` names it in
+    errors). For ``local`` each file's footer / first record is checked; remote
+    datasets are not contacted. Raises ValueError naming the key and the value.
+    """
+    name = (cfg.dataset or "").lower()
+    if name not in DATASETS:
+        raise ValueError(
+            f"{section}.dataset = {cfg.dataset!r} is not a known dataset; expected one of {sorted(DATASETS)}"
+        )
+    if name == "local":
+        resolve_data_files(cfg.dataset_path, key=f"{section}.dataset_path")
+    elif name in ("default_corpus", "default_corpus_validation"):
+        _check_file(cfg.dataset_path or DATASETS[name].path)
+
+
+def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
+    """TrainSpec.build_dataloader_fn: checkpointable loader over ``job_config.training``.
+
+    Each batch is ``({"input": LongTensor[local_batch_size, seq_len]}, labels)`` with
+    labels the inputs shifted left by one token. Ranks read disjoint documents.
+    """
+    check_dataset_config(job_config.training, "training")
+    return build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=infinite)
+
+
+def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
+                                infinite: bool = False):
+    """Validation loader over ``job_config.validation`` (same batch format as build_dataloader)."""
+    check_dataset_config(job_config.validation, "validation")
+    return build_text_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config,
+                                            infinite=infinite)
+
+
+__all__ = [
+    "build_dataloader", "build_validation_dataloader", "check_dataset_config",
+    "load_local", "load_embedded", "load_ultrafineweb", "resolve_data_files",
+]

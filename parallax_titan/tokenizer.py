@@ -1,0 +1,100 @@
+"""Tokenizers for pretraining: TorchTitan's HuggingFaceTokenizer with our document convention.
+
+Convention (SPEC section 4): every document is encoded as its tokens followed by
+exactly one ``<|endoftext|>``; there is no BOS token. ``tokenizer.eos_id`` is the
+``<|endoftext|>`` id (151643 for Qwen3), which TorchTitan's document masking uses.
+
+Two assets follow it: the real Qwen3 tokenizer (``assets/tokenizer/qwen3``,
+fetched by ``scripts/get_tokenizer.py``) and a tiny 4096-token BPE committed at
+``parallax_titan/assets/tokenizer/tiny`` for CPU runs and tests.
+"""
+
+import json
+import os
+
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+from torchtitan.tools.logging import logger
+
+EOS_TOKEN = "<|endoftext|>"
+TINY_TOKENIZER_PATH = os.path.join(os.path.dirname(__file__), "assets", "tokenizer", "tiny")
+QWEN3_TOKENIZER_PATH = os.path.join("assets", "tokenizer", "qwen3")
+_FETCH_HINT = (
+    "run `python scripts/get_tokenizer.py` to fetch the Qwen3 tokenizer into "
+    f"{QWEN3_TOKENIZER_PATH}, or use the tiny test tokenizer at {TINY_TOKENIZER_PATH}"
+)
+
+# Read by TorchTitan's HuggingFaceTokenizer (and by transformers): eos is the
+# end-of-document token, no BOS, and nothing is added implicitly.
+TOKENIZER_CONFIG = {
+    "bos_token": None,
+    "eos_token": EOS_TOKEN,
+    "pad_token": EOS_TOKEN,
+    "add_bos_token": False,
+    "add_eos_token": False,
+}
+
+
+def write_tokenizer_config(directory: str) -> str:
+    """Write our pretraining ``tokenizer_config.json`` into ``directory``; returns its path."""
+    path = os.path.join(directory, "tokenizer_config.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(TOKENIZER_CONFIG, f, indent=2)
+        f.write("\n")
+    return path
+
+
+def check_tokenizer_path(path: str | None) -> str:
+    """Check that ``path`` (the value of ``model.hf_assets_path``) holds a ``tokenizer.json``.
+
+    Cheap (no tokenizer is loaded), for validating a config early. Returns the path.
+    Raises ValueError naming the key, the value and how to get the tokenizer.
+    """
+    if not path:
+        raise ValueError(f"model.hf_assets_path is not set (got {path!r}); {_FETCH_HINT}")
+    if not os.path.isdir(path):
+        raise ValueError(f"model.hf_assets_path = {path!r} is not a directory; {_FETCH_HINT}")
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise ValueError(
+            f"model.hf_assets_path = {path!r} has no tokenizer.json "
+            f"(found {sorted(os.listdir(path))}); {_FETCH_HINT}"
+        )
+    return path
+
+
+class PretrainTokenizer(HuggingFaceTokenizer):
+    """HuggingFaceTokenizer whose eos is ``<|endoftext|>`` and which has no BOS.
+
+    ``encode(text, add_bos=True, add_eos=True)`` (what TorchTitan's text dataset
+    calls) returns ``ids(text) + [eos_id]``. Special-token strings inside the text
+    are encoded as plain text, so a document can never contain a second
+    end-of-document token. The end-of-document choice is enforced here, whatever
+    the asset's tokenizer_config.json says (Qwen's instruct config uses <|im_end|>).
+    """
+
+    def __init__(self, tokenizer_path: str):
+        check_tokenizer_path(tokenizer_path)
+        super().__init__(tokenizer_path)
+        eos_id = self.tokenizer.token_to_id(EOS_TOKEN)
+        if eos_id is None:
+            raise ValueError(
+                f"model.hf_assets_path = {tokenizer_path!r}: tokenizer.json has no {EOS_TOKEN} token"
+            )
+        if self.eos_token not in (None, EOS_TOKEN) or self.bos_token is not None:
+            logger.warning(
+                f"{tokenizer_path}/tokenizer_config.json declares bos={self.bos_token!r}, "
+                f"eos={self.eos_token!r}; pretraining uses no BOS and eos={EOS_TOKEN!r}"
+            )
+        self.eos_token, self.eos_id = EOS_TOKEN, eos_id
+        self.bos_token, self.bos_id = None, None
+        if self.tokenizer.encode("").ids:
+            raise ValueError(
+                f"model.hf_assets_path = {tokenizer_path!r}: tokenizer.json adds tokens to every "
+                f"sequence ({self.tokenizer.encode('').ids}); expected none (no BOS, eos added explicitly)"
+            )
+        self.hf_adds_bos = self.hf_adds_eos = False
+        self.tokenizer.encode_special_tokens = True
+
+
+def build_tokenizer(job_config) -> PretrainTokenizer:
+    """TrainSpec.build_tokenizer_fn: load the tokenizer at ``job_config.model.hf_assets_path``."""
+    return PretrainTokenizer(job_config.model.hf_assets_path)
