@@ -1,0 +1,87 @@
+"""Everything that adapts TorchTitan 0.2.2 to the machines we run on, in one place.
+
+TorchTitan's trainer assumes CUDA. On a CPU-only machine (every developer box and CI) we:
+
+* point TorchTitan's device globals at ``cpu`` (its modules import ``device_type`` and
+  ``device_module`` by value, so each importer is patched) with a small CPU device module that
+  answers the memory-monitor and seeding calls TorchTitan makes;
+* use fp32 parameters (bf16 matmuls are ~25x slower on these CPUs);
+* make FSDP2 reduce with plain sums, because gloo has no PREMUL_SUM reduce-scatter.
+
+Call :func:`configure_for_host` once, before TorchTitan's Trainer is built.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import namedtuple
+
+import torch
+
+_CpuProperties = namedtuple("_CpuProperties", "total_memory")
+
+
+def _cpu_device_module() -> types.SimpleNamespace:
+    """Stand-in for ``torch.cuda`` with the calls TorchTitan makes on its device module."""
+    total = _physical_memory_bytes()
+    return types.SimpleNamespace(
+        set_device=lambda device: None,
+        current_device=lambda: 0,
+        device_count=lambda: 1,
+        is_available=lambda: True,
+        synchronize=lambda *a, **k: None,
+        empty_cache=lambda: None,
+        reset_peak_memory_stats=lambda *a, **k: None,
+        memory_stats=lambda *a, **k: {},
+        get_device_name=lambda *a, **k: "cpu",
+        get_device_properties=lambda *a, **k: _CpuProperties(total),
+        manual_seed=torch.manual_seed,
+        manual_seed_all=torch.manual_seed,
+    )
+
+
+def _physical_memory_bytes() -> int:
+    try:
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 34
+
+
+def _patch_device_globals(device_type: str, device_module) -> None:
+    import torchtitan.components.metrics as metrics
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    import torchtitan.distributed.utils as dist_utils
+    import torchtitan.tools.utils as tool_utils
+
+    for module in (tool_utils, metrics, dist_utils, parallel_dims):
+        if hasattr(module, "device_type"):
+            module.device_type = device_type
+        if hasattr(module, "device_module"):
+            module.device_module = device_module
+
+
+def on_cpu() -> bool:
+    """True when training runs on the CPU (no CUDA device visible)."""
+    return not torch.cuda.is_available()
+
+
+def configure_for_host(job_config) -> None:
+    """Adapt TorchTitan and ``job_config`` to this host; a no-op on CUDA machines."""
+    if not on_cpu():
+        return
+    _patch_device_globals("cpu", _cpu_device_module())
+    job_config.training.mixed_precision_param = "float32"
+    job_config.training.dtype = "float32"
+    # Compiling on the CPU costs minutes for nothing; float8 needs CUDA.
+    job_config.compile.enable = False
+
+
+def force_sum_reductions(model: torch.nn.Module) -> None:
+    """Make every FSDP2 module reduce with ReduceOp.SUM (gloo lacks PREMUL_SUM)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)

@@ -1,0 +1,47 @@
+"""TorchTitan's metrics processor plus a progress bar and per-step schedule metrics."""
+
+from __future__ import annotations
+
+from torchtitan.components.metrics import MetricsProcessor
+
+
+class ParallaxMetricsProcessor(MetricsProcessor):
+    """Adds a tqdm bar (rank 0) and logs the optimizers' schedule values every step."""
+
+    def __init__(self, job_config, parallel_dims, tag=None):
+        super().__init__(job_config, parallel_dims, tag)
+        self._bar = None
+
+    def advance(self, step: int) -> None:
+        """Called once per finished training step."""
+        schedule = getattr(self.optimizers, "schedule_metrics", None)
+        if schedule is not None:
+            self.logger.log(schedule(), step)
+        if not self.job_config.metrics.progress_bar or not _is_rank0():
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.job_config.training.steps, initial=step - 1, unit="step", dynamic_ncols=True)
+        self._bar.update(1)
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{global_avg_loss:.4f}", grad_norm=f"{grad_norm:.3f}")
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+        super().close()
+
+
+def _is_rank0() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def build_metrics_processor(job_config, parallel_dims, model_args=None, tag=None) -> ParallaxMetricsProcessor:
+    """TrainSpec hook: build the metrics processor."""
+    return ParallaxMetricsProcessor(job_config, parallel_dims, tag)

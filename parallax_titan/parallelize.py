@@ -1,0 +1,71 @@
+"""Parallelism for the Parallax model family: activation checkpointing, compile and FSDP2.
+
+Mirrors TorchTitan's ``parallelize_qwen3`` and reuses its building blocks, with two changes:
+tied embeddings share one FSDP group with the final norm and LM head (torch 2.13 rejects a
+parameter shared across FSDP groups), and the CPU path reduces with plain sums (gloo).
+Tensor, pipeline and context parallelism are rejected up front by config validation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.models.llama3.infra.parallelize import apply_ddp, disable_fsdp_gradient_division
+from torchtitan.models.llama4.infra.parallelize import apply_compile
+from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
+from torchtitan.tools.logging import logger
+
+from parallax_titan.compat import force_sum_reductions, on_cpu
+
+
+def parallelize_parallax(model: torch.nn.Module, parallel_dims, job_config) -> torch.nn.Module:
+    """Apply activation checkpointing, ``torch.compile`` per block and FSDP2/DDP, in that order."""
+    compile_model = job_config.compile.enable and "model" in job_config.compile.components
+    if job_config.activation_checkpoint.mode != "none":
+        apply_ac(
+            model,
+            job_config.activation_checkpoint,
+            model_compile_enabled=compile_model,
+            op_sac_save_list=_op_sac_save_list,
+            base_folder=job_config.job.dump_folder,
+        )
+    if compile_model:
+        apply_compile(model, job_config.compile, False)
+    if parallel_dims.fsdp_enabled:
+        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        apply_fsdp(model, parallel_dims.get_mesh(names), job_config)
+        logger.info("Applied FSDP2 to the model")
+    elif parallel_dims.dp_replicate_enabled:
+        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+    return model
+
+
+def apply_fsdp(model: torch.nn.Module, dp_mesh, job_config) -> None:
+    """Shard each block, the embedding and the head with FSDP2 (tied weights in one group)."""
+    training = job_config.training
+    config = {
+        "mesh": dp_mesh,
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        ),
+    }
+    if training.enable_cpu_offload:
+        config["offload_policy"] = CPUOffloadPolicy()
+    reshard = job_config.parallelism.fsdp_reshard_after_forward != "never"
+    if model.model_args.enable_weight_tying:
+        fully_shard([model.tok_embeddings, model.norm, model.output], **config, reshard_after_forward=reshard)
+    else:
+        fully_shard(model.tok_embeddings, **config, reshard_after_forward=reshard)
+    for block in model.layers.values():
+        fully_shard(block, **config, reshard_after_forward=reshard)
+    if not model.model_args.enable_weight_tying:
+        last = job_config.parallelism.fsdp_reshard_after_forward == "always"
+        fully_shard([model.norm, model.output], **config, reshard_after_forward=last)
+    fully_shard(model, **config)
+    # The trainer divides the summed loss by the global token count itself.
+    disable_fsdp_gradient_division(model)
+    if on_cpu():
+        force_sum_reductions(model)

@@ -1,0 +1,141 @@
+"""Config validation that runs before anything expensive (model build, data download).
+
+Two layers: :func:`check_config_dict` checks a TOML dict's keys and value types against the
+JobConfig dataclasses (TorchTitan accepts a string where an int belongs and fails much later);
+:func:`validate_job_config` checks meaning: variant and flavor, head counts, tokenizer and data
+paths, optimizer keys, parallelisms this model supports. Every message names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A config problem; the message lists every offending key with its value."""
+
+
+def _describe(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is list:
+        (inner,) = typing.get_args(tp) or (Any,)
+        return f"a list of {_describe(inner)}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value, tp) -> bool:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return value is None
+    if origin is Literal:
+        return value in typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp))
+    if origin is list:
+        args = typing.get_args(tp)
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value) if args else isinstance(value, list)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def check_config_dict(data: dict, cls, prefix: str = "") -> list[str]:
+    """Errors for unknown keys and wrongly typed values of ``data`` against dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    errors = []
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            errors.append(f"{name}: unknown key; valid keys here: {', '.join(sorted(fields))}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                errors.append(f"{name}: expected a [{name}] table, got {value!r}")
+            else:
+                errors.extend(check_config_dict(value, tp, f"{name}."))
+        elif not _matches(value, tp):
+            errors.append(f"{name}: expected {_describe(tp)}, got {value!r} ({type(value).__name__})")
+    return errors
+
+
+def _model_errors(cfg) -> list[str]:
+    from parallax_titan.spec import BASE_FLAVORS, VARIANTS, variant_args
+
+    name, flavor = cfg.model.name, cfg.model.flavor
+    if name not in VARIANTS:
+        return [f"model.name: {name!r} is not a Parallax-Titan variant; expected one of {', '.join(VARIANTS)}"]
+    if flavor not in BASE_FLAVORS:
+        return [f"model.flavor: {flavor!r} is unknown; expected one of {', '.join(BASE_FLAVORS)}"]
+    args = variant_args(name, BASE_FLAVORS[flavor])
+    errors = []
+    if args.n_heads % args.n_kv_heads:
+        errors.append(
+            f"model.flavor: {flavor!r} of {name!r} has {args.n_heads} query heads, "
+            f"not divisible by its {args.n_kv_heads} KV heads"
+        )
+    if args.mixer == "softmax" and cfg.parallax.attn_mask_type == "block_causal":
+        errors.append(
+            f"parallax.attn_mask_type: 'block_causal' needs a Parallax model; {name!r} supports 'causal' only"
+        )
+    if cfg.parallax.init_from_transformer:
+        path = cfg.parallax.init_from_transformer
+        if args.mixer != "parallax":
+            errors.append(f"parallax.init_from_transformer: set to {path!r}, but model.name {name!r} is not Parallax")
+        elif not os.path.isdir(path):
+            errors.append(f"parallax.init_from_transformer: {path!r} is not a checkpoint folder")
+    return errors
+
+
+def _training_errors(cfg) -> list[str]:
+    t, errors = cfg.training, []
+    for key in ("steps", "seq_len", "local_batch_size"):
+        if getattr(t, key) < 1:
+            errors.append(f"training.{key}: expected a positive integer, got {getattr(t, key)!r}")
+    if t.max_norm <= 0:
+        errors.append(f"training.max_norm: expected > 0, got {t.max_norm!r}")
+    p = cfg.parallelism
+    for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+        if getattr(p, key) != 1:
+            errors.append(f"parallelism.{key}: {getattr(p, key)} is not supported yet; use FSDP (data_parallel_*)")
+    return errors
+
+
+def _component_errors(cfg) -> list[str]:
+    from parallax_titan.data import check_dataset_config
+    from parallax_titan.optim_config import validate_optim_config
+    from parallax_titan.tokenizer import check_tokenizer_path
+
+    errors = []
+    for check in (
+        lambda: check_tokenizer_path(cfg.model.hf_assets_path),
+        lambda: check_dataset_config(cfg.training),
+        lambda: validate_optim_config(cfg.optimizer, cfg.lr_scheduler),
+    ):
+        try:
+            check()
+        except ValueError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def validate_job_config(cfg) -> None:
+    """Raise :class:`ConfigError` listing every problem of a parsed JobConfig."""
+    errors = _model_errors(cfg) + _training_errors(cfg) + _component_errors(cfg)
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

@@ -1,0 +1,111 @@
+"""The model family: sizes, the softmax limit W_R = 0, up-training, probe switches, document masks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from parallax_titan.model import ParallaxQwen3Model, document_boundaries
+from parallax_titan.spec import BASE_FLAVORS, VARIANTS, dagger_hidden_dim, variant_args
+
+
+def build(variant: str, flavor: str = "debug", dtype=torch.float64, seed: int = 0, **overrides):
+    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS[flavor]), **overrides)
+    torch.manual_seed(seed)
+    model = ParallaxQwen3Model(args)
+    with torch.no_grad():
+        model.init_weights()
+    return model.to(dtype).eval()
+
+
+def n_params(variant: str, flavor: str) -> int:
+    with torch.device("meta"):
+        model = ParallaxQwen3Model(variant_args(variant, BASE_FLAVORS[flavor]))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("flavor", ["0.6B", "1.7B"])
+def test_control_parameter_counts_match_parallax(flavor):
+    parallax = n_params("parallax", flavor)
+    assert abs(n_params("transformer_dagger", flavor) - parallax) / parallax < 0.005
+    assert abs(n_params("parallax_dagger", flavor) - parallax) / parallax < 0.01
+    assert n_params("transformer", flavor) < parallax
+
+
+def test_sizes_follow_spec():
+    assert dagger_hidden_dim(BASE_FLAVORS["0.6B"]) == 4480
+    args = variant_args("parallax", BASE_FLAVORS["0.6B"])
+    assert (args.dim, args.hidden_dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim) == (
+        1024, 3072, 28, 16, 8, 128)
+    assert args.enable_weight_tying and not BASE_FLAVORS["1.7B"].enable_weight_tying
+    assert variant_args("transformer_dagger", BASE_FLAVORS["0.6B"]).n_heads == 24
+    # 0.6B Parallax: ~0.6B without the (tied) embedding counted twice.
+    assert 0.6e9 < n_params("parallax", "0.6B") < 0.7e9
+
+
+def copy_shared_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
+    missing = dst.load_state_dict(src.state_dict(), strict=False).missing_keys
+    assert missing and all(".wr." in k or ".r_norm." in k or ".gate." in k for k in missing), missing
+
+
+@pytest.mark.parametrize("gate", ["none", "token", "head"])
+def test_zero_probe_gives_transformer_logits(gate):
+    transformer = build("transformer")
+    parallax = build("parallax", wr_init="zeros", gate=gate, seed=1)
+    copy_shared_weights(transformer, parallax)
+    tokens = torch.randint(0, 4096, (2, 37))
+    torch.testing.assert_close(parallax(tokens), transformer(tokens), rtol=1e-10, atol=1e-10)
+
+
+def test_nonzero_probe_changes_logits():
+    transformer = build("transformer")
+    parallax = build("parallax")
+    copy_shared_weights(transformer, parallax)
+    tokens = torch.randint(0, 4096, (1, 16))
+    assert (parallax(tokens) - transformer(tokens)).abs().max() > 1e-3
+
+
+def test_probe_projection_switches():
+    model = build("parallax", gate="head")
+    attn = model.layers["0"].attention
+    x = torch.randn(2, 9, 256, dtype=torch.float64)
+    rope = model.rope_cache
+    torch.nn.init.zeros_(attn.gate.weight)  # sigmoid(0) = 1/2 on every head
+    _, r_gated, _, _ = attn.project(x, rope, None)
+    attn.gate = None
+    _, r_plain, _, _ = attn.project(x, rope, None)
+    torch.testing.assert_close(r_gated, 0.5 * r_plain)
+    attn.rho_rope = False
+    _, r_no_rope, _, _ = attn.project(x, rope, None)
+    expected = attn.r_norm(attn.wr(x).view(2, 9, -1, attn.head_dim))
+    torch.testing.assert_close(r_no_rope, expected)
+    assert not torch.allclose(r_no_rope, r_plain)
+
+
+def test_document_boundaries_from_eos():
+    tokens = torch.tensor([[5, 7, 0, 3, 4], [0, 1, 2, 0, 9]])
+    assert document_boundaries(tokens, eos_id=0).cu_seqlens.tolist() == [0, 3, 5, 6, 9, 10]
+
+
+def test_block_causal_isolates_documents():
+    model = build("parallax")
+    eos = 11
+    tokens = torch.randint(12, 4096, (2, 24))
+    tokens[:, 9] = eos
+    other = tokens.clone()
+    other[:, :9] = torch.randint(12, 4096, (2, 9))
+    masks_a = document_boundaries(tokens, eos)
+    masks_b = document_boundaries(other, eos)
+    out_a, out_b = model(tokens, attention_masks=masks_a), model(other, attention_masks=masks_b)
+    torch.testing.assert_close(out_a[:, 10:], out_b[:, 10:], rtol=1e-10, atol=1e-10)
+    assert (model(tokens)[:, 10:] - out_a[:, 10:]).abs().max() > 1e-6  # plain causal differs
+
+
+def test_every_variant_builds_and_runs():
+    tokens = torch.randint(0, 4096, (1, 8))
+    for variant in VARIANTS:
+        logits = build(variant, dtype=torch.float32)(tokens)
+        assert logits.shape == (1, 8, 4096) and torch.isfinite(logits).all()
+

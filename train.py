@@ -1,0 +1,70 @@
+"""Parallax-Titan training entry point.
+
+    torchrun --nproc_per_node=N train.py --job.config_file configs/<name>.toml [--section.key value ...]
+
+Any TOML key can be overridden on the command line (``--training.steps 100``). The config is
+checked (unknown keys, types, meaning) before any model is built or data is read.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+
+import torch
+from torchtitan.config import ConfigManager
+from torchtitan.tools.logging import init_logger, logger
+
+from parallax_titan.config import JobConfig
+from parallax_titan.spec import register_all
+from parallax_titan.trainer import ParallaxTrainer
+from parallax_titan.validate import ConfigError, check_config_dict
+
+
+def config_file_from_argv(argv: list[str]) -> str | None:
+    """The value of ``--job.config_file`` in ``argv`` (either ``--k v`` or ``--k=v``), if any."""
+    for i, arg in enumerate(argv):
+        if arg == "--job.config_file" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--job.config_file="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def parse_config(argv: list[str]) -> JobConfig:
+    """Parse TOML + CLI into a JobConfig, rejecting unknown keys and wrong types in the TOML."""
+    path = config_file_from_argv(argv)
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"job.config_file: {path!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"job.config_file: {path!r} is not valid TOML: {exc}") from None
+        errors = check_config_dict(data, JobConfig)
+        if errors:
+            raise ConfigError(f"invalid config {path}:\n  " + "\n  ".join(errors))
+    return ConfigManager(JobConfig).parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    init_logger()
+    register_all()
+    config = parse_config(argv)
+    trainer = ParallaxTrainer(config)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    logger.info("Training finished")
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
