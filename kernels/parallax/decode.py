@@ -1,0 +1,157 @@
+"""Parallax decode: one new query token against a KV cache.
+
+Math (SPEC section 1), per query head h reading kv head h // (Hq / Hkv):
+
+    p_j = softmax_j(scale * q . k_j),  t_j = r . k_j  (r not scaled)
+    o   = (1 + tbar) vbar - sum_j p_j t_j v_j,  vbar = sum p_j v_j, tbar = sum p_j t_j
+
+The query is the newest token, whose own k/v are already in the cache, so it
+attends to every valid cache position (no causal mask inside the cache).
+
+Backends: ``reference`` (pure PyTorch, any device, fp32 or fp64 accumulation,
+chunked over L), ``triton`` (fused split-KV kernel, ``decode_fused``), ``auto``
+(triton on CUDA when the kernel supports the inputs, else reference).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_BACKENDS = ("auto", "reference", "triton")
+_REFERENCE_CHUNK = 4096
+
+
+def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto"):
+    """Parallax attention for one query token per sequence against a KV cache.
+
+    Args:
+        q, r: (batch, 1, Hq, D) query and probe rows, same dtype and device.
+        k_cache, v_cache: (batch, L, Hkv, D) caches, Hq % Hkv == 0 (GQA).
+        cache_seqlens: optional int32 (batch,) number of valid cache positions
+            per sequence, each in [1, L]; default all L.
+        scale: softmax scale for q . k (r is never scaled); default 1/sqrt(D).
+        backend: "auto", "reference" or "triton".
+
+    Returns:
+        (batch, 1, Hq, D) tensor in q's dtype.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens)
+    scale = _check_scale(scale, q.shape[-1])
+    if backend == "auto":
+        from kernels.parallax import decode_fused
+
+        use_triton = q.is_cuda and decode_fused.supports(q, k_cache)
+        backend = "triton" if use_triton else "reference"
+    if backend == "triton":
+        from kernels.parallax import decode_fused
+
+        return decode_fused.parallax_decode_triton(q, r, k_cache, v_cache, seqlens, scale)
+    return parallax_decode_reference(q, r, k_cache, v_cache, seqlens, scale)
+
+
+def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chunk=_REFERENCE_CHUNK):
+    """Streaming PyTorch reference (fp32 accumulation, fp64 for fp64 inputs).
+
+    Same shapes as ``parallax_decode``; ``cache_seqlens`` is an int tensor (batch,)
+    or None, ``scale`` a float. Walks the cache in chunks of ``chunk`` positions
+    with the online-softmax rescale shared by the four accumulators, so memory
+    stays O(batch * Hq * (chunk + D)) whatever L is.
+    """
+    batch, _, hq, dim = q.shape
+    length, hkv = k_cache.shape[1], k_cache.shape[2]
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    group = hq // hkv
+    qg = q.reshape(batch, hkv, group, dim).to(acc_dtype) * scale
+    rg = r.reshape(batch, hkv, group, dim).to(acc_dtype)
+    lens = None if cache_seqlens is None else cache_seqlens.to(q.device, torch.int64)
+    m = torch.full((batch, hkv, group), -math.inf, dtype=acc_dtype, device=q.device)
+    d1 = torch.zeros_like(m)
+    d2 = torch.zeros_like(m)
+    o1 = torch.zeros(batch, hkv, group, dim, dtype=acc_dtype, device=q.device)
+    o2 = torch.zeros_like(o1)
+    for lo in range(0, length, chunk):
+        kc = k_cache[:, lo : lo + chunk].to(acc_dtype)
+        vc = v_cache[:, lo : lo + chunk].to(acc_dtype)
+        s1 = torch.einsum("bhgd,bchd->bhgc", qg, kc)
+        t = torch.einsum("bhgd,bchd->bhgc", rg, kc)
+        if lens is not None:
+            pos = torch.arange(lo, lo + kc.shape[1], device=q.device)
+            valid = (pos[None, :] < lens[:, None])[:, None, None, :]
+            s1 = s1.masked_fill(~valid, -math.inf)
+            t = t.masked_fill(~valid, 0.0)
+        m_new = torch.maximum(m, s1.amax(dim=-1))
+        # A chunk wholly past a short sequence leaves m at -inf; pivot on 0 then.
+        pivot = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(m - pivot)
+        p = torch.exp(s1 - pivot[..., None])
+        d1 = d1 * alpha + p.sum(-1)
+        d2 = d2 * alpha + (p * t).sum(-1)
+        o1 = o1 * alpha[..., None] + torch.einsum("bhgc,bchd->bhgd", p, vc)
+        o2 = o2 * alpha[..., None] + torch.einsum("bhgc,bchd->bhgd", p * t, vc)
+        m = m_new
+    inv = 1.0 / d1
+    out = (1.0 + d2 * inv)[..., None] * o1 * inv[..., None] - o2 * inv[..., None]
+    return out.reshape(batch, 1, hq, dim).to(q.dtype)
+
+
+def _check_inputs(q, r, k_cache, v_cache, cache_seqlens):
+    """Validate shapes, dtypes, devices; return cache_seqlens as int32 or None."""
+    for name, x in (("q", q), ("r", r), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 4-D tensor, got {got}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, expected q's device {q.device}")
+    if q.shape[1] != 1:
+        raise ValueError(f"q must have shape (batch, 1, Hq, D) (one query token), got {tuple(q.shape)}")
+    if r.shape != q.shape:
+        raise ValueError(f"r must have q's shape {tuple(q.shape)}, got {tuple(r.shape)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    batch, _, hq, dim = q.shape
+    kb, length, hkv, kd = k_cache.shape
+    if kb != batch or kd != dim:
+        raise ValueError(
+            f"k_cache must have shape (batch={batch}, L, Hkv, D={dim}), got {tuple(k_cache.shape)}"
+        )
+    if length < 1 or hkv < 1 or hq % hkv != 0:
+        raise ValueError(f"need L >= 1 and Hq % Hkv == 0, got L={length}, Hq={hq}, Hkv={hkv}")
+    if r.dtype != q.dtype or v_cache.dtype != k_cache.dtype:
+        raise TypeError(
+            f"r must match q's dtype and v_cache k_cache's: got q {q.dtype}, r {r.dtype}, "
+            f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}"
+        )
+    if cache_seqlens is None:
+        return None
+    return _check_seqlens(cache_seqlens, batch, length, q.device)
+
+
+def _check_seqlens(cache_seqlens, batch, length, device):
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (batch,):
+        got = tuple(cache_seqlens.shape) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
+        raise ValueError(f"cache_seqlens must be a tensor of shape ({batch},), got {got}")
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cache_seqlens must be int32 (or int64), got {cache_seqlens.dtype}")
+    seqlens = cache_seqlens.to(device=device, dtype=torch.int32)
+    # The value check needs a host sync, which a CUDA graph capture forbids.
+    capturing = seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing:
+        lo, hi = int(seqlens.min()), int(seqlens.max())
+        if lo < 1 or hi > length:
+            raise ValueError(f"cache_seqlens values must lie in [1, L={length}], got min {lo}, max {hi}")
+    return seqlens.contiguous()
+
+
+def _check_scale(scale, dim):
+    if scale is None:
+        return 1.0 / math.sqrt(dim)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"scale must be a finite positive number, got {scale}")
+    return scale

@@ -1,0 +1,289 @@
+"""Fused Parallax decode in Triton: split-KV (flash-decoding) with a log-sum-exp merge.
+
+One program handles one KV chunk of one (batch, kv head) and ALL query heads of
+that GQA group, so the group's heads share every K/V load. The group's Q rows
+and R rows sit in one tile of BM = 2 * HP rows (HP = G padded to a power of two,
+at least 8, so BM >= 16 as tl.dot needs): rows [0, G) hold q (pre-scaled
+after the dot), rows [HP, HP + G) hold r. One ``tl.dot`` gives s1 and t for
+every head; one more ``tl.dot`` of the stacked [p; p * t] rows with V gives O1
+and O2. All four accumulators (d1, O1, d2, O2) share the running-max rescale.
+
+Programs write partials (m, d1, d2, O1, O2) per split; the last program of a
+group to finish (atomic ticket) merges them with a log-sum-exp reduction and
+writes o = (1 + d2/d1) O1/d1 - O2/d1. A separate merge kernel is kept as an
+option (``fused_merge=False``). With one split the program writes o directly.
+
+Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_H200_SMS = 132
+# Per head dim: (block_n, num_warps, num_stages); tuned on H200 (docs/kernels_decode.md).
+_CONFIGS = {64: (64, 4, 3), 128: (64, 4, 3)}
+_DEFAULT_CONFIG = (32, 4, 2)
+# Target resident programs per SM when picking the split count.
+_PROGRAMS_PER_SM = 2
+# Fewest cache positions one split handles: below this the partial writes and
+# the merge cost more than the extra parallelism buys.
+_MIN_CHUNK = 256
+_counters: dict = {}
+
+
+@triton.jit
+def _rows_to_halves(x, HP: tl.constexpr, N: tl.constexpr):
+    """[2*HP, N] -> (rows [0, HP), rows [HP, 2*HP)), each [HP, N]."""
+    x3 = tl.permute(tl.reshape(x, (2, HP, N)), (1, 2, 0))
+    return tl.split(x3)
+
+
+@triton.jit
+def _halves_to_rows(a, b, HP: tl.constexpr, N: tl.constexpr):
+    """(a, b) each [HP, N] -> [2*HP, N] with a on top: inverse of _rows_to_halves."""
+    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * HP, N))
+
+
+@triton.jit
+def _vec_to_rows(a, HP: tl.constexpr):
+    """[HP] -> [2*HP]: the same per-head value for the q row and the r row."""
+    return tl.reshape(tl.permute(tl.join(a, a), (1, 0)), (2 * HP,))
+
+
+@triton.jit
+def _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh,
+                  G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr):
+    """o = (1 + d2/d1) O1/d1 - O2/d1 for the group's G heads; acc rows = [O1; O2]."""
+    o1, o2 = _rows_to_halves(acc, HP, D)
+    inv = tl.where(d1 > 0.0, 1.0 / d1, 0.0)
+    out = ((1.0 + d2 * inv) * inv)[:, None] * o1 - inv[:, None] * o2
+    hp = tl.arange(0, HP)
+    offs_d = tl.arange(0, D)
+    ptrs = O + b64 * stride_ob + (hkv * G + hp)[:, None] * stride_oh + offs_d[None, :]
+    tl.store(ptrs, out.to(O.dtype.element_ty), mask=(hp < G)[:, None])
+
+
+@triton.jit
+def _merge_store(PO, PM, PD1, PD2, O, gid, b64, hkv, num_splits, stride_ob, stride_oh,
+                 G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr):
+    """Log-sum-exp merge of the num_splits partials of group gid, then finish."""
+    hp = tl.arange(0, HP)
+    hmask = hp < G
+    rows = tl.arange(0, 2 * HP)
+    row_ok = (rows % HP) < G
+    offs_d = tl.arange(0, D)
+    m = tl.full([HP], float("-inf"), tl.float32)
+    d1 = tl.zeros([HP], tl.float32)
+    d2 = tl.zeros([HP], tl.float32)
+    acc = tl.zeros([2 * HP, D], tl.float32)
+    base = gid.to(tl.int64) * num_splits
+    for s in range(0, num_splits):
+        pidx = base + s
+        # .cg: read through L2, never a stale L1 line from an earlier launch.
+        ms = tl.load(PM + pidx * G + hp, mask=hmask, other=float("-inf"), cache_modifier=".cg")
+        d1s = tl.load(PD1 + pidx * G + hp, mask=hmask, other=0.0, cache_modifier=".cg")
+        d2s = tl.load(PD2 + pidx * G + hp, mask=hmask, other=0.0, cache_modifier=".cg")
+        prow = (pidx * 2 + rows // HP) * G + rows % HP
+        accs = tl.load(PO + prow[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                       cache_modifier=".cg")
+        m_new = tl.maximum(m, ms)
+        pivot = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp2(m - pivot)
+        c = tl.exp2(ms - pivot)
+        d1 = d1 * a + d1s * c
+        d2 = d2 * a + d2s * c
+        acc = acc * _vec_to_rows(a, HP)[:, None] + accs * _vec_to_rows(c, HP)[:, None]
+        m = m_new
+    _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh, G, HP, D)
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, R, K, V, O, SEQLENS, PO, PM, PD1, PD2, COUNTER,
+    scale_log2,
+    stride_qb, stride_qh, stride_rb, stride_rh,
+    stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
+    stride_ob, stride_oh,
+    L, chunk, num_splits,
+    HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, IEEE: tl.constexpr,
+):
+    sid = tl.program_id(0)
+    gid = tl.program_id(1)
+    b = gid // HKV
+    hkv = gid % HKV
+    b64 = b.to(tl.int64)
+    seqlen = L
+    if HAS_SEQLENS:
+        seqlen = tl.load(SEQLENS + b)
+    start = sid * chunk
+    end = tl.minimum(start + chunk, seqlen)
+
+    BM: tl.constexpr = 2 * HP
+    rows = tl.arange(0, BM)
+    is_q = rows < HP
+    row_ok = (rows % HP) < G
+    head = hkv * G + rows % HP
+    offs_d = tl.arange(0, D)
+    q_rows = tl.load(Q + b64 * stride_qb + head[:, None] * stride_qh + offs_d[None, :],
+                     mask=(row_ok & is_q)[:, None], other=0.0)
+    r_rows = tl.load(R + b64 * stride_rb + head[:, None] * stride_rh + offs_d[None, :],
+                     mask=(row_ok & ~is_q)[:, None], other=0.0)
+    qr = q_rows + r_rows
+    row_scale = tl.where(is_q, scale_log2, 1.0)
+
+    offs_n = tl.arange(0, BN)
+    k_ptrs = K + b64 * stride_kb + hkv * stride_kh + (start + offs_n)[:, None] * stride_kl + offs_d[None, :]
+    v_ptrs = V + b64 * stride_vb + hkv * stride_vh + (start + offs_n)[:, None] * stride_vl + offs_d[None, :]
+    m = tl.full([HP], float("-inf"), tl.float32)
+    d1 = tl.zeros([HP], tl.float32)
+    d2 = tl.zeros([HP], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    for n0 in range(start, end, BN):
+        valid = (n0 + offs_n) < end
+        # Masked loads: positions past seqlen may hold garbage (even NaN).
+        kt = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+        vt = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(qr, tl.trans(kt), input_precision="ieee")
+        else:
+            s = tl.dot(qr, tl.trans(kt))
+        s1, t = _rows_to_halves(s * row_scale[:, None], HP, BN)
+        s1 = tl.where(valid[None, :], s1, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s1, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s1 - m_new[:, None])
+        pt = p * t
+        d1 = d1 * alpha + tl.sum(p, 1)
+        d2 = d2 * alpha + tl.sum(pt, 1)
+        pp = _halves_to_rows(p, pt, HP, BN).to(vt.dtype)
+        if IEEE:
+            pv = tl.dot(pp, vt, input_precision="ieee")
+        else:
+            pv = tl.dot(pp, vt)
+        acc = acc * _vec_to_rows(alpha, HP)[:, None] + pv
+        m = m_new
+        k_ptrs += BN * stride_kl
+        v_ptrs += BN * stride_vl
+
+    if SPLIT:
+        pidx = gid.to(tl.int64) * num_splits + sid
+        hp = tl.arange(0, HP)
+        tl.store(PM + pidx * G + hp, m, mask=hp < G)
+        tl.store(PD1 + pidx * G + hp, d1, mask=hp < G)
+        tl.store(PD2 + pidx * G + hp, d2, mask=hp < G)
+        prow = (pidx * 2 + rows // HP) * G + rows % HP
+        tl.store(PO + prow[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
+        if FUSED_MERGE:
+            # Every thread's partial stores must precede the (release) ticket.
+            tl.debug_barrier()
+            ticket = tl.atomic_add(COUNTER + gid, 1, sem="acq_rel")
+            if ticket == num_splits - 1:
+                _merge_store(PO, PM, PD1, PD2, O, gid, b64, hkv, num_splits, stride_ob, stride_oh,
+                             G, HP, D)
+                # Re-arm the ticket for the next launch (stream order publishes it).
+                tl.store(COUNTER + gid, 0)
+    else:
+        _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh, G, HP, D)
+
+
+@triton.jit
+def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
+                  HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr):
+    gid = tl.program_id(0)
+    b64 = (gid // HKV).to(tl.int64)
+    _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D)
+
+
+def supports(q, k_cache):
+    """Whether the Triton kernel handles this dtype and head dim (power of 2 in [16, 256])."""
+    dim = q.shape[-1]
+    return q.dtype in _DTYPES and k_cache.dtype == q.dtype and 16 <= dim <= 256 and dim & (dim - 1) == 0
+
+
+def pick_num_splits(n_groups, length, block_n, sm_count):
+    """Splits per (batch, kv head): fill about _PROGRAMS_PER_SM programs per SM,
+    but never below _MIN_CHUNK positions (or one block) per split."""
+    want = triton.cdiv(_PROGRAMS_PER_SM * sm_count, n_groups)
+    most = triton.cdiv(length, max(_MIN_CHUNK, block_n))
+    return max(1, min(want, most))
+
+
+def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_splits=None,
+                           block_n=None, num_warps=None, num_stages=None, fused_merge=True):
+    """Launch the split-KV kernel. Inputs as ``kernels.parallax.decode.parallax_decode``
+    (already validated), ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float.
+    The keyword knobs override the tuned launch configuration (tests, sweeps).
+    Returns (batch, 1, Hq, D) in q's dtype.
+    """
+    if not supports(q, k_cache) or r.dtype != q.dtype:
+        raise TypeError(
+            f"triton decode needs q, r, k_cache, v_cache all of one dtype in {_DTYPES} and a power-of-2 "
+            f"head dim in [16, 256]; got q {q.dtype}, r {r.dtype}, k_cache {k_cache.dtype}, D={q.shape[-1]}"
+        )
+    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(f"triton decode needs CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
+    q, r, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, r, k_cache, v_cache))
+    batch, _, hq, dim = q.shape
+    length, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    hp = max(8, triton.next_power_of_2(group))
+    cfg = _CONFIGS.get(dim, _DEFAULT_CONFIG)
+    block_n = block_n or cfg[0]
+    num_warps = num_warps or cfg[1]
+    num_stages = num_stages or cfg[2]
+    n_groups = batch * hkv
+    if num_splits is None:
+        num_splits = pick_num_splits(n_groups, length, block_n, _sm_count(q.device))
+    chunk = triton.cdiv(triton.cdiv(length, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(length, chunk)
+    out = torch.empty_like(q)
+    split = num_splits > 1
+    dev = q.device
+    part_o = torch.empty((n_groups * num_splits * 2 * group, dim) if split else (1,), dtype=torch.float32,
+                         device=dev)
+    part_s = [torch.empty(n_groups * num_splits * group if split else 1, dtype=torch.float32, device=dev)
+              for _ in range(3)]
+    counter = _counter(dev, n_groups) if split and fused_merge else part_s[0]
+    seq_arg = cache_seqlens if cache_seqlens is not None else part_s[0]
+    _decode_split_kernel[(num_splits, n_groups)](
+        q, r, k_cache, v_cache, out, seq_arg, part_o, *part_s, counter,
+        scale * LOG2E,
+        q.stride(0), q.stride(2), r.stride(0), r.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(2),
+        length, chunk, num_splits,
+        HKV=hkv, G=group, HP=hp, D=dim, BN=block_n,
+        HAS_SEQLENS=cache_seqlens is not None, SPLIT=split, FUSED_MERGE=fused_merge,
+        IEEE=q.dtype == torch.float32,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if split and not fused_merge:
+        _merge_kernel[(n_groups,)](part_o, *part_s, out, num_splits, out.stride(0), out.stride(2),
+                                   HKV=hkv, G=group, HP=hp, D=dim, num_warps=4)
+    return out
+
+
+def _sm_count(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _H200_SMS
+
+
+def _counter(device, n):
+    """Zeroed int32 tickets, one per group, reused across calls: the merging
+    program re-arms its ticket, so no memset launch per call. Not safe for
+    concurrent launches on several streams of one device."""
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _counters[device] = buf
+    return buf

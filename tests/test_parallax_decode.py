@@ -1,0 +1,274 @@
+"""Parallax decode (one query vs a KV cache) against independent fp64 formulas.
+
+The fp64 references here use the explicit weights of SPEC section 1,
+w_j = p_j (1 - t_j + tbar), not the streaming accumulators the code uses.
+The Triton kernel runs under TRITON_INTERPRET=1 in a subprocess (the variable
+must be set before triton is imported); GPU tests run it at real shapes.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import parallax_decode
+from kernels.parallax.decode import parallax_decode_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- fp64 formulas
+def explicit_decode(q, r, k, v, seqlens=None, scale=None):
+    """fp64 decode with explicit weights. q, r (B, 1, Hq, D); k, v (B, L, Hkv, D)."""
+    batch, _, hq, dim = q.shape
+    hkv = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    out = torch.empty(batch, 1, hq, dim, dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        n = k.shape[1] if seqlens is None else int(seqlens[b])
+        kb = k[b, :n].double().repeat_interleave(hq // hkv, dim=1).transpose(0, 1)  # (Hq, n, D)
+        vb = v[b, :n].double().repeat_interleave(hq // hkv, dim=1).transpose(0, 1)
+        qb, rb = q[b, 0].double(), r[b, 0].double()  # (Hq, D)
+        p = torch.softmax(scale * torch.einsum("hd,hnd->hn", qb, kb), dim=-1)
+        t = torch.einsum("hd,hnd->hn", rb, kb)
+        tbar = (p * t).sum(-1, keepdim=True)
+        w = p * (1.0 - t + tbar)
+        out[b, 0] = torch.einsum("hn,hnd->hd", w, vb)
+    return out
+
+
+def explicit_causal(q, r, k, v, scale=None):
+    """fp64 full causal Parallax attention, (B, N, H, D) each (Hq == Hkv here)."""
+    n, dim = q.shape[1], q.shape[-1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    qh, rh, kh, vh = (x.double().transpose(1, 2) for x in (q, r, k, v))
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    s = (scale * qh @ kh.transpose(-1, -2)).masked_fill(~causal, -math.inf)
+    p = torch.softmax(s, dim=-1)
+    t = rh @ kh.transpose(-1, -2)
+    tbar = (p * t).sum(-1, keepdim=True)
+    vbar = p @ vh
+    # SPEC: o = vbar - sum_j p_ij (t_ij - tbar_i) v_j
+    return (vbar - (p * (t - tbar)) @ vh).transpose(1, 2)
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def make_inputs(batch, length, hq, hkv, dim, dtype=torch.float64, rho=0.5, device="cpu", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(batch, 1, hq, dim, generator=g)
+    r = torch.randn(batch, 1, hq, dim, generator=g) * (rho / math.sqrt(dim))
+    k = torch.randn(batch, length, hkv, dim, generator=g)
+    v = torch.randn(batch, length, hkv, dim, generator=g)
+    return [x.to(device=device, dtype=dtype) for x in (q, r, k, v)]
+
+
+# ---------------------------------------------------------------- reference backend
+SHAPES = [  # batch, L, Hq, Hkv, D, seqlens
+    (1, 1, 2, 2, 64, None),
+    (2, 37, 4, 4, 64, None),
+    (2, 37, 4, 2, 128, [37, 5]),
+    (3, 50, 8, 2, 64, [1, 50, 23]),
+    (2, 9, 4, 1, 128, [9, 4]),
+]
+
+
+@pytest.mark.parametrize("batch,length,hq,hkv,dim,seqlens", SHAPES)
+@pytest.mark.parametrize("chunk", [4096, 7])
+def test_reference_matches_explicit_fp64(batch, length, hq, hkv, dim, seqlens, chunk):
+    q, r, k, v = make_inputs(batch, length, hq, hkv, dim)
+    lens = None if seqlens is None else torch.tensor(seqlens, dtype=torch.int32)
+    out = parallax_decode_reference(q, r, k, v, lens, dim**-0.5, chunk=chunk)
+    assert rel_err(out, explicit_decode(q, r, k, v, lens)) < 1e-12
+
+
+def test_reference_large_rho_and_custom_scale():
+    q, r, k, v = make_inputs(2, 41, 8, 2, 64, rho=20.0)
+    lens = torch.tensor([41, 17], dtype=torch.int32)
+    ref = explicit_decode(q, r, k, v, lens, scale=0.3)
+    w_range = _weight_range(q, r, k, lens, 0.3)
+    assert w_range > 10.0  # the probe really moves the weights far from softmax
+    out = parallax_decode(q, r, k, v, cache_seqlens=lens, scale=0.3, backend="reference")
+    assert rel_err(out, ref) < 1e-12
+
+
+def _weight_range(q, r, k, lens, scale):
+    b, n = 1, int(lens[1])
+    kb = k[b, :n, 0].double()
+    p = torch.softmax(scale * kb @ q[b, 0, 0].double(), 0)
+    t = kb @ r[b, 0, 0].double()
+    w = p * (1 - t + (p * t).sum())
+    return (w.max() - w.min()).item() / p.max().item()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
+def test_reference_low_precision_inputs(dtype, tol):
+    q, r, k, v = make_inputs(2, 33, 4, 2, 64, dtype=dtype)
+    out = parallax_decode(q, r, k, v, backend="reference")
+    assert out.dtype == dtype
+    # Reference accumulates in fp32: compare with fp64 on the same rounded inputs,
+    # allowing the output's own rounding to dtype.
+    ref = explicit_decode(q, r, k, v)
+    assert rel_err(out, ref) < max(tol, torch.finfo(dtype).eps)
+
+
+def test_rho_zero_is_softmax_decode():
+    q, r, k, v = make_inputs(3, 29, 8, 2, 64)
+    r = torch.zeros_like(r)
+    lens = torch.tensor([29, 3, 17], dtype=torch.int32)
+    out = parallax_decode(q, r, k, v, cache_seqlens=lens, backend="reference")
+    mask = (torch.arange(29)[None, :] < lens[:, None].long())[:, None, None, :]  # (B, 1, 1, L)
+    sdpa = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(4, 1), v.transpose(1, 2).repeat_interleave(4, 1),
+        attn_mask=mask,
+    ).transpose(1, 2)
+    assert rel_err(out, sdpa) < 1e-12
+
+
+def test_decode_is_last_row_of_causal_attention():
+    batch, n, heads, dim = 2, 23, 4, 64
+    g = torch.Generator().manual_seed(3)
+    q, r, k, v = (torch.randn(batch, n, heads, dim, generator=g, dtype=torch.float64) for _ in range(4))
+    r = r * 0.4
+    # Sequence 1 is only 11 tokens long: its cache tail is junk the decode must ignore.
+    lens = torch.tensor([n, 11], dtype=torch.int32)
+    full = explicit_causal(q, r, k, v)
+    short = explicit_causal(q[1:, :11], r[1:, :11], k[1:, :11], v[1:, :11])
+    want = torch.stack([full[0, n - 1], short[0, 10]])[:, None]
+    qd = torch.stack([q[0, n - 1], q[1, 10]])[:, None]
+    rd = torch.stack([r[0, n - 1], r[1, 10]])[:, None]
+    k_junk, v_junk = k.clone(), v.clone()
+    k_junk[1, 11:], v_junk[1, 11:] = 1e4, -1e4
+    out = parallax_decode(qd, rd, k_junk, v_junk, cache_seqlens=lens, backend="reference")
+    assert rel_err(out, want) < 1e-12
+
+
+def test_auto_on_cpu_is_reference():
+    q, r, k, v = make_inputs(2, 19, 4, 2, 64, dtype=torch.float32)
+    out = parallax_decode(q, r, k, v)
+    assert torch.equal(out, parallax_decode(q, r, k, v, backend="reference"))
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda a: a.update(q=a["q"][:, :, :3], r=a["r"][:, :, :3]), "Hq % Hkv"),
+        (lambda a: a.update(q=torch.cat([a["q"], a["q"]], 1), r=torch.cat([a["r"], a["r"]], 1)), "one query"),
+        (lambda a: a.update(r=a["r"][..., :32]), "r must have q's shape"),
+        (lambda a: a.update(v_cache=a["v_cache"][:, :5]), "v_cache must have"),
+        (lambda a: a.update(k_cache=a["k_cache"][:1], v_cache=a["v_cache"][:1]), "k_cache must have shape"),
+        (lambda a: a.update(cache_seqlens=torch.tensor([0, 3], dtype=torch.int32)), "cache_seqlens values"),
+        (lambda a: a.update(cache_seqlens=torch.tensor([3, 20], dtype=torch.int32)), "cache_seqlens values"),
+        (lambda a: a.update(cache_seqlens=torch.tensor([3], dtype=torch.int32)), "cache_seqlens must be"),
+        (lambda a: a.update(cache_seqlens=torch.tensor([3.0, 2.0])), "cache_seqlens must be int32"),
+        (lambda a: a.update(scale=-1.0), "scale must be"),
+        (lambda a: a.update(backend="cuda"), "backend must be"),
+        (lambda a: a.update(r=a["r"].half()), "r must match"),
+    ],
+)
+def test_bad_input_raises(change, match):
+    q, r, k, v = make_inputs(2, 19, 4, 2, 64, dtype=torch.float32)
+    args = dict(q=q, r=r, k_cache=k, v_cache=v)
+    change(args)
+    with pytest.raises((ValueError, TypeError), match=match):
+        parallax_decode(**args)
+
+
+# ---------------------------------------------------------------- Triton, interpreted
+# (batch, L, Hq, Hkv, D, seqlens, dtype, rho, knobs)
+INTERP_CASES = [
+    (1, 1, 2, 2, 16, None, "float32", 0.5, {}),
+    (2, 37, 4, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=3)),
+    (2, 37, 4, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=3, fused_merge=False)),
+    (3, 45, 4, 1, 16, [1, 45, 20], "float32", 20.0, dict(block_n=16, num_splits=4)),
+    (2, 33, 8, 2, 64, [33, 16], "float32", 0.5, dict(block_n=16)),
+    (1, 64, 8, 8, 16, None, "float16", 0.5, dict(block_n=16, num_splits=2)),
+    (2, 50, 16, 1, 32, [50, 9], "float16", 5.0, dict(block_n=32, num_splits=2)),
+]
+
+
+def _interpreter_report():
+    """Run INTERP_CASES through the Triton kernel (TRITON_INTERPRET=1 must be set
+    before triton was imported) and print one JSON line of per-case results."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    from kernels.parallax.decode_fused import parallax_decode_triton
+
+    results = []
+    for i, (batch, length, hq, hkv, dim, seqlens, dtype, rho, knobs) in enumerate(INTERP_CASES):
+        q, r, k, v = make_inputs(batch, length, hq, hkv, dim, dtype=getattr(torch, dtype), rho=rho, seed=i)
+        lens = None if seqlens is None else torch.tensor(seqlens, dtype=torch.int32)
+        if lens is not None:  # junk past each sequence's end must not leak in
+            for b, n in enumerate(seqlens):
+                k[b, n:], v[b, n:] = float("nan"), float("inf")
+        out = parallax_decode_triton(q, r, k, v, lens, dim**-0.5, **knobs)
+        ref = explicit_decode(q, r, k, v, lens)
+        results.append({"case": i, "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all())})
+    api = parallax_decode(*make_inputs(2, 21, 4, 2, 32, dtype=torch.float32), backend="triton")
+    results.append({"case": "api", "err": 0.0, "finite": bool(torch.isfinite(api).all())})
+    print("RESULTS " + json.dumps(results))
+
+
+def test_triton_kernel_interpreted():
+    code = (
+        "import importlib.util, sys; sys.path.insert(0, sys.argv[1]);"
+        "spec = importlib.util.spec_from_file_location('decode_tests', sys.argv[2]);"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod);"
+        "mod._interpreter_report()"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), __file__], env=env, cwd=ROOT, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
+    results = json.loads(line[len("RESULTS "):])
+    assert len(results) == len(INTERP_CASES) + 1
+    for res in results:
+        case = res["case"]
+        tol = 1e-5 if case == "api" or INTERP_CASES[case][6] == "float32" else 5e-3
+        assert res["finite"] and res["err"] < tol, res
+
+
+
+# ---------------------------------------------------------------- GPU, real shapes
+GPU_SHAPES = [  # batch, L, Hq, Hkv, D, ragged, rho
+    (4, 4099, 16, 8, 128, True, 0.5),
+    (4, 4099, 16, 8, 64, True, 0.5),
+    (1, 16384, 16, 8, 128, False, 0.5),
+    (2, 3001, 16, 16, 128, True, 0.5),
+    (2, 3001, 16, 4, 64, True, 0.5),
+    (3, 2048, 16, 8, 128, True, 20.0),
+    (64, 1024, 16, 8, 128, False, 0.5),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch,length,hq,hkv,dim,ragged,rho", GPU_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_gpu_matches_fp64(batch, length, hq, hkv, dim, ragged, rho, dtype):
+    q, r, k, v = make_inputs(batch, length, hq, hkv, dim, dtype=dtype, rho=rho, device="cuda")
+    lens = None
+    if ragged:
+        g = torch.Generator().manual_seed(1)
+        lens = torch.randint(1, length + 1, (batch,), generator=g, dtype=torch.int32)
+        lens[0] = length
+        lens = lens.cuda()
+    ref = explicit_decode(q, r, k, v, lens)
+    from kernels.parallax.decode_fused import parallax_decode_triton
+
+    for fused in (False, True):
+        out = parallax_decode_triton(q, r, k, v, lens, dim**-0.5, fused_merge=fused)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        tol = 2e-2 if rho > 5 else 1e-2
+        assert rel_err(out, ref) < tol
+    assert torch.equal(parallax_decode(q, r, k, v, cache_seqlens=lens), out)
