@@ -1,0 +1,130 @@
+"""Parameter routing: FQN -> category -> param group of MuonAdamW.
+
+Categories come from ordered ``"category=regex"`` rules (first match wins,
+``re.search`` on the FQN with wrapper prefixes such as ``_orig_mod.`` and
+``_checkpoint_wrapped_module.`` removed); unmatched parameters are ``other``.
+Attention projections are ``attn_q``/``attn_k``/``attn_v``/``attn_o``/``attn_r``
+(module "attn"), the MLP is ``mlp`` (module "mlp").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.nn as nn
+
+__all__ = ["DEFAULT_PARAM_RULES", "RoutingConfig", "parse_rules", "categorize", "build_param_groups",
+           "parse_headwise", "ATTN_CATEGORIES", "MODULE_OF"]
+
+DEFAULT_PARAM_RULES: tuple[str, ...] = (
+    r"embed=(^|\.)tok_embeddings\.",
+    r"head=(^|\.)output\.",
+    r"norm=norm\.weight$",
+    r"gate=(^|\.)gate\.",
+    r"bias=\.bias$",
+    r"attn_q=(^|\.)attention\.wq\.weight$",
+    r"attn_k=(^|\.)attention\.wk\.weight$",
+    r"attn_v=(^|\.)attention\.wv\.weight$",
+    r"attn_o=(^|\.)attention\.wo\.weight$",
+    r"attn_r=(^|\.)attention\.wr\.weight$",
+    r"mlp=(^|\.)feed_forward\.w[123]\.weight$",
+)
+ATTN_CATEGORIES = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_r")
+MODULE_OF = {**{c: "attn" for c in ATTN_CATEGORIES}, "mlp": "mlp"}
+_WRAPPERS = re.compile(r"(_orig_mod\.|_checkpoint_wrapped_module\.|_fsdp_wrapped_module\.)")
+_HEADWISE = re.compile(r"^[HF]{3,4}$")
+
+
+def parse_rules(rules) -> list[tuple[str, re.Pattern]]:
+    """``["cat=regex", ...]`` -> [(cat, compiled)]; errors name the bad rule."""
+    out = []
+    for rule in rules:
+        cat, sep, pattern = str(rule).partition("=")
+        if not sep or not cat.strip():
+            raise ValueError(f"param_rules: rule {rule!r}; expected 'category=regex'")
+        try:
+            out.append((cat.strip(), re.compile(pattern)))
+        except re.error as e:
+            raise ValueError(f"param_rules: rule {rule!r} has an invalid regex: {e}") from e
+    return out
+
+
+def parse_headwise(spec: str) -> dict[str, bool]:
+    """``"HHF"`` -> per-head flags for attn_q/k/v(/r); R follows Q when omitted."""
+    if not isinstance(spec, str) or not _HEADWISE.match(spec):
+        raise ValueError(f"muon_headwise={spec!r}; expected 3 or 4 letters from H/F for Q,K,V(,R), e.g. 'HHF'")
+    letters = spec + (spec[0] if len(spec) == 3 else "")
+    return {c: l == "H" for c, l in zip(("attn_q", "attn_k", "attn_v", "attn_r"), letters)}
+
+
+def categorize(fqn: str, rules) -> str:
+    clean = _WRAPPERS.sub("", fqn)
+    for cat, pattern in rules:
+        if pattern.search(clean):
+            return cat
+    return "other"
+
+
+@dataclass
+class RoutingConfig:
+    """Everything needed to split a model into MuonAdamW param groups."""
+
+    use_muon: bool = True
+    rules: list = field(default_factory=lambda: list(DEFAULT_PARAM_RULES))
+    muon_categories: tuple = ATTN_CATEGORIES + ("mlp", "other")
+    lr: float = 1e-3
+    lr_multipliers: dict = field(default_factory=dict)
+    weight_decay: float = 0.0
+    no_decay_categories: tuple = ()
+    muon: dict = field(default_factory=dict)
+    adam: dict = field(default_factory=dict)
+    headwise: str = "FFF"
+    head_dim: int = 0
+    spectral: dict = field(default_factory=dict)  # module -> (power, coeff)
+    spectral_categories: tuple = ATTN_CATEGORIES + ("mlp",)
+    decay: dict = field(default_factory=dict)  # decay_coupling, sp_band, sp_band_tau, msign_steps
+
+
+def _group_options(cat: str, is_matrix: bool, cfg: RoutingConfig) -> dict[str, Any]:
+    base = cat.split(":")[0]
+    muon = cfg.use_muon and is_matrix and base in cfg.muon_categories
+    opts: dict[str, Any] = {"name": cat, "algo": "muon" if muon else "adamw",
+                            "lr": cfg.lr * cfg.lr_multipliers.get(base, 1.0),
+                            "weight_decay": 0.0 if base in cfg.no_decay_categories else cfg.weight_decay,
+                            **cfg.decay, **(cfg.muon if muon else cfg.adam)}
+    flags = parse_headwise(cfg.headwise)
+    if muon and flags.get(cat):
+        if cfg.head_dim <= 0:
+            raise ValueError(f"muon_headwise={cfg.headwise!r} needs a head_dim > 0; got {cfg.head_dim}")
+        opts["head_dim"] = cfg.head_dim
+    module = MODULE_OF.get(cat)
+    if is_matrix and module in cfg.spectral and cat in cfg.spectral_categories:
+        opts["sp_power"], opts["sp_coeff"] = cfg.spectral[module]
+    return opts
+
+
+def build_param_groups(model: nn.Module, cfg: RoutingConfig) -> list[dict[str, Any]]:
+    """Param groups (one per category; non-2-D params of a matrix category split off).
+
+    Shared (tied) parameters appear once: ``named_parameters`` de-duplicates them and
+    they take the category of their first name (``tok_embeddings`` before ``output``).
+    """
+    rules = parse_rules(cfg.rules)
+    groups: dict[str, dict[str, Any]] = {}
+    for fqn, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        cat = categorize(fqn, rules)
+        key = cat if p.ndim == 2 or cat not in cfg.muon_categories else f"{cat}:vector"
+        if key not in groups:
+            groups[key] = {"params": [], "fqns": [], **_group_options(key, p.ndim == 2, cfg)}
+        groups[key]["params"].append(p)
+        groups[key]["fqns"].append(fqn)
+    for key, g in groups.items():
+        if g.get("head_dim"):
+            bad = [f for f, p in zip(g["fqns"], g["params"]) if p.shape[0] % g["head_dim"]]
+            if bad:
+                raise ValueError(f"head_dim={g['head_dim']} does not divide the rows of {bad}")
+    return [{k: v for k, v in g.items() if k != "fqns"} for g in groups.values()]
