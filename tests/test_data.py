@@ -1,0 +1,269 @@
+"""Datasets and dataloaders: batch layout against an independent token stream,
+determinism, disjoint DP ranks, exact resume, local files, clear errors."""
+
+import gzip
+import json
+import os
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torchtitan.config import JobConfig
+from torchtitan.hf_datasets.text_datasets import DATASETS
+
+from parallax_titan.data import (
+    CORPUS_DIR,
+    build_dataloader,
+    build_validation_dataloader,
+    check_dataset_config,
+    load_ultrafineweb,
+)
+from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, build_tokenizer
+
+SEQ_LEN, BATCH = 32, 2
+TRAIN_FILE = os.path.join(CORPUS_DIR, "train.jsonl.gz")
+
+
+def make_job(dataset="default_corpus", path=None, seq_len=SEQ_LEN, batch=BATCH):
+    job = JobConfig()
+    job.model.hf_assets_path = TINY_TOKENIZER_PATH
+    job.training.dataset, job.training.dataset_path = dataset, path
+    job.training.seq_len, job.training.local_batch_size = seq_len, batch
+    job.validation.dataset, job.validation.dataset_path = dataset, path
+    job.validation.seq_len, job.validation.local_batch_size = seq_len, batch
+    return job
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(make_job())
+
+
+def read_contents(path, limit=None):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line)["content"] for line in f]
+    return rows[:limit]
+
+
+def reference_windows(tok, docs, n_windows, seq_len=SEQ_LEN):
+    """Independent reference: concatenate tokens+[eos] per document, cut windows of seq_len+1."""
+    stream = []
+    for doc in docs:
+        stream += tok.encode(doc, add_bos=False, add_eos=False) + [tok.eos_id]
+        if len(stream) >= n_windows * (seq_len + 1):
+            break
+    w = torch.tensor(stream[: n_windows * (seq_len + 1)]).view(n_windows, seq_len + 1)
+    return w[:, :-1], w[:, 1:]
+
+
+def take(loader, n):
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def stacked(batches):
+    return (torch.cat([b[0]["input"] for b in batches]), torch.cat([b[1] for b in batches]))
+
+
+def test_batches_match_reference_stream(tok):
+    batches = take(build_dataloader(1, 0, tok, make_job()), 4)
+    for inputs, labels in batches:
+        assert inputs["input"].shape == labels.shape == (BATCH, SEQ_LEN)
+        assert inputs["input"].dtype == labels.dtype == torch.long
+    x, y = stacked(batches)
+    ref_x, ref_y = reference_windows(tok, read_contents(TRAIN_FILE, 20), 4 * BATCH)
+    assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_document_boundaries_are_single_eos(tok):
+    """Whole first document = its tokens, then one eos, then the second document (no BOS)."""
+    docs = read_contents(TRAIN_FILE, 2)
+    n0 = len(tok.encode(docs[0], add_bos=False, add_eos=False))
+    n_windows = n0 // (SEQ_LEN + 1) + 2
+    batches = take(build_dataloader(1, 0, tok, make_job(batch=1)), n_windows)
+    stream = torch.cat([torch.cat([b[0]["input"][0], b[1][0, -1:]]) for b in batches]).tolist()
+    assert stream[n0] == tok.eos_id and stream.count(tok.eos_id) == 1
+    assert tok.decode(stream[:n0]) == docs[0]
+    assert tok.decode(stream[n0 + 1:]) == tok.decode(tok.encode(docs[1])[: len(stream) - n0 - 1])
+
+
+def test_deterministic(tok):
+    a = stacked(take(build_dataloader(1, 0, tok, make_job()), 3))
+    b = stacked(take(build_dataloader(1, 0, tok, make_job()), 3))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def rank_documents(tok, job, world):
+    return [list(build_dataloader(world, r, tok, job).dataset._data) for r in range(world)]
+
+
+def test_two_ranks_disjoint_default_corpus(tok):
+    r0, r1 = rank_documents(tok, make_job(), 2)
+    all_docs = read_contents(TRAIN_FILE)
+    texts0, texts1 = [d["content"] for d in r0], [d["content"] for d in r1]
+    assert sorted(texts0 + texts1) == sorted(all_docs)
+    assert not set(texts0) & set(texts1)
+    x0 = take(build_dataloader(2, 0, tok, make_job()), 1)[0][0]["input"]
+    x1 = take(build_dataloader(2, 1, tok, make_job()), 1)[0][0]["input"]
+    assert not torch.equal(x0, x1)
+
+
+def write_jsonl(path, docs, extra=True):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"content": d, "score": 0.5, "id": i} if extra else {"content": d}) + "\n")
+
+
+def write_parquet(path, docs, column="content"):
+    pq.write_table(pa.table({column: docs, "score": [0.5] * len(docs)}), path)
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return read_contents(TRAIN_FILE, 60)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet"])
+def test_local_files_match_reference(tok, docs, tmp_path, fmt):
+    path = tmp_path / f"data.{fmt}"
+    (write_parquet if fmt == "parquet" else write_jsonl)(path, docs)
+    x, y = stacked(take(build_dataloader(1, 0, tok, make_job("local", str(path))), 3))
+    ref_x, ref_y = reference_windows(tok, docs, 3 * BATCH)
+    assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
+
+
+def test_local_directory_and_glob_sorted(tok, docs, tmp_path):
+    write_parquet(tmp_path / "b.parquet", docs[30:])
+    write_parquet(tmp_path / "a.parquet", docs[:30])
+    for path in (str(tmp_path), str(tmp_path / "*.parquet")):
+        x, _ = stacked(take(build_dataloader(1, 0, tok, make_job("local", path, seq_len=256)), 2))
+        assert torch.equal(x, reference_windows(tok, docs, 2 * BATCH, 256)[0])
+
+
+@pytest.mark.parametrize("n_files", [1, 2])
+def test_two_ranks_disjoint_local(tok, docs, tmp_path, n_files):
+    half = len(docs) // n_files
+    for i in range(n_files):
+        write_jsonl(tmp_path / f"part{i}.jsonl", docs[i * half:(i + 1) * half])
+    r0, r1 = rank_documents(tok, make_job("local", str(tmp_path)), 2)
+    texts0, texts1 = [d["content"] for d in r0], [d["content"] for d in r1]
+    assert texts0 and texts1 and not set(texts0) & set(texts1)
+    assert sorted(texts0 + texts1) == sorted(docs[: n_files * half])
+
+
+def resume_check(tok, job, skip, n=3):
+    loader = build_dataloader(1, 0, tok, job)
+    it = iter(loader)
+    for _ in range(skip):
+        next(it)
+    state = loader.state_dict()
+    expected = [next(it) for _ in range(n)]
+    resumed = build_dataloader(1, 0, tok, job)
+    resumed.load_state_dict(state)
+    got = take(resumed, n)
+    for (ex, ey), (gx, gy) in zip(expected, got):
+        assert torch.equal(ex["input"], gx["input"]) and torch.equal(ey, gy)
+
+
+def test_resume_default_corpus(tok):
+    resume_check(tok, make_job(), skip=40)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_resume_local_across_files(tok, docs, tmp_path, fmt):
+    writer = write_parquet if fmt == "parquet" else write_jsonl
+    writer(tmp_path / f"a.{fmt}", docs[:3])
+    writer(tmp_path / f"b.{fmt}", docs[3:10])
+    # skip far enough to be inside the second file, with a partial token buffer
+    resume_check(tok, make_job("local", str(tmp_path), seq_len=64), skip=80)
+
+
+def test_resume_after_reloop(tok, docs, tmp_path):
+    write_jsonl(tmp_path / "small.jsonl", docs[:2])
+    n_tokens = sum(len(tok.encode(d)) + 1 for d in docs[:2])
+    resume_check(tok, make_job("local", str(tmp_path / "small.jsonl")),
+                 skip=n_tokens // ((SEQ_LEN + 1) * BATCH) + 2)
+
+
+def test_validation_loader_finite(tok):
+    loader = build_validation_dataloader(1, 0, tok, make_job("default_corpus_validation", seq_len=512, batch=8))
+    n_tokens = sum(len(tok.encode(d)) + 1 for d in read_contents(os.path.join(CORPUS_DIR, "validation.jsonl.gz")))
+    assert sum(x["input"].shape[0] for x, _ in loader) == n_tokens // 513
+
+
+# --- errors ---
+
+def test_missing_dataset_path(tok):
+    with pytest.raises(ValueError, match=r"training\.dataset_path is not set"):
+        build_dataloader(1, 0, tok, make_job("local", None))
+    with pytest.raises(ValueError, match=r"validation\.dataset_path is not set"):
+        check_dataset_config(SimpleNamespace(dataset="local", dataset_path=None), "validation")
+
+
+def test_unknown_dataset_and_bad_path():
+    with pytest.raises(ValueError, match=r"training\.dataset = 'c5'.*ultrafineweb"):
+        check_dataset_config(SimpleNamespace(dataset="c5", dataset_path=None))
+    with pytest.raises(ValueError, match=r"training\.dataset_path = '/no/such/\*\.jsonl' matches no"):
+        check_dataset_config(SimpleNamespace(dataset="local", dataset_path="/no/such/*.jsonl"))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_missing_content_column(tmp_path, fmt):
+    path = tmp_path / f"bad.{fmt}"
+    if fmt == "parquet":
+        write_parquet(path, ["some text"], column="text")
+    else:
+        path.write_text(json.dumps({"text": "some text", "score": 1.0}) + "\n")
+    with pytest.raises(ValueError, match=r"no 'content' column") as info:
+        check_dataset_config(SimpleNamespace(dataset="local", dataset_path=str(path)))
+    assert str(path) in str(info.value) and "'text'" in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet"])
+def test_empty_file(tmp_path, fmt):
+    path = tmp_path / f"empty.{fmt}"
+    if fmt == "parquet":
+        write_parquet(path, [])
+    elif fmt == "jsonl.gz":
+        write_jsonl(path, [])
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"is empty") as info:
+        check_dataset_config(SimpleNamespace(dataset="local", dataset_path=str(path)))
+    assert str(path) in str(info.value)
+
+
+def test_non_utf8_named_at_iteration(tok, tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"content": "fine"}\n{"content": "caf\xe9"}\n')
+    loader = build_dataloader(1, 0, tok, make_job("local", str(path)))
+    with pytest.raises(ValueError, match=r"latin1\.jsonl, line 2: not valid UTF-8"):
+        take(loader, 1)
+
+
+def test_non_string_content(tok, tmp_path):
+    path = tmp_path / "null.jsonl"
+    path.write_text('{"content": null}\n')
+    with pytest.raises(ValueError, match=r"content=None"):
+        take(build_dataloader(1, 0, tok, make_job("local", str(path))), 1)
+
+
+# --- Ultra-FineWeb: registry entry, and the loader on an offline mirror layout ---
+
+def test_ultrafineweb_registered_and_mirror(tok, docs, tmp_path):
+    assert DATASETS["ultrafineweb"].path == "openbmb/Ultra-FineWeb"
+    (tmp_path / "data" / "en").mkdir(parents=True)
+    write_parquet(tmp_path / "data" / "en" / "part-0.parquet", docs)
+    (tmp_path / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n"
+        "  - split: en\n    path: data/en/*.parquet\n---\n"
+    )
+    stream = load_ultrafineweb(str(tmp_path))
+    assert [r["content"] for r in stream.take(3)] == docs[:3]
+    x, _ = stacked(take(build_dataloader(1, 0, tok, make_job("ultrafineweb", str(tmp_path))), 2))
+    assert torch.equal(x, reference_windows(tok, docs, 2 * BATCH)[0])

@@ -1,0 +1,150 @@
+"""Tokenizers: document convention (tokens + one <|endoftext|>, no BOS), assets, errors."""
+
+import hashlib
+import json
+import os
+import shutil
+from types import SimpleNamespace
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from parallax_titan.tokenizer import (
+    EOS_TOKEN,
+    TINY_TOKENIZER_PATH,
+    build_tokenizer,
+    check_tokenizer_path,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN3_PATH = os.path.join(ROOT, "assets", "tokenizer", "qwen3")
+TEXTS = [
+    "To be, or not to be, that is the question:",
+    "  leading spaces\n\n\ttabs and\r\nCRLF  ",
+    "Unicode: café, naïve, ’quotes’, 你好, emoji 🎭.",
+    "",
+]
+
+
+def job(path):
+    return SimpleNamespace(model=SimpleNamespace(hf_assets_path=path))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tokenizer(job(TINY_TOKENIZER_PATH))
+
+
+def test_tiny_vocab_and_special_ids(tiny):
+    assert tiny.get_vocab_size() == 4096
+    assert tiny.eos_id == tiny.token_to_id(EOS_TOKEN) == 0
+    assert tiny.bos_id is None
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tiny_round_trip_and_one_eos(tiny, text):
+    plain = tiny.encode(text, add_bos=False, add_eos=False)
+    doc = tiny.encode(text, add_bos=True, add_eos=True)
+    assert doc == plain + [tiny.eos_id]
+    assert doc.count(tiny.eos_id) == 1
+    assert tiny.decode(plain) == text
+    assert tiny.decode(doc, skip_special_tokens=False) == text + EOS_TOKEN
+
+
+def test_literal_special_token_in_text_is_not_eos(tiny):
+    text = f"first document{EOS_TOKEN}still the same document"
+    doc = tiny.encode(text, add_bos=True, add_eos=True)
+    assert doc.count(tiny.eos_id) == 1 and doc[-1] == tiny.eos_id
+    assert tiny.decode(doc[:-1]) == text
+
+
+def test_eos_enforced_without_config(tmp_path):
+    shutil.copy(os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), tmp_path)
+    tok = build_tokenizer(job(str(tmp_path)))
+    assert tok.eos_id == 0 and tok.bos_id is None
+    assert tok.encode("abc", add_bos=True, add_eos=True)[-1] == 0
+
+
+def test_tokenizer_without_endoftext_rejected(tmp_path):
+    Tokenizer(models.BPE(vocab={"a": 0}, merges=[])).save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"model\.hf_assets_path.*no <\|endoftext\|>"):
+        build_tokenizer(job(str(tmp_path)))
+
+
+@pytest.mark.parametrize("path", [None, "", "/nonexistent/tokenizer/dir"])
+def test_missing_path_errors(path):
+    with pytest.raises(ValueError, match=r"model\.hf_assets_path.*get_tokenizer\.py") as info:
+        build_tokenizer(job(path))
+    assert repr(path) in str(info.value)
+
+
+def test_missing_tokenizer_json_error(tmp_path):
+    (tmp_path / "vocab.txt").write_text("a\n")
+    with pytest.raises(ValueError, match=r"no tokenizer\.json.*vocab\.txt.*get_tokenizer\.py"):
+        check_tokenizer_path(str(tmp_path))
+    assert check_tokenizer_path(TINY_TOKENIZER_PATH) == TINY_TOKENIZER_PATH
+
+
+def test_tiny_tokenizer_training_is_deterministic(tmp_path):
+    """Training twice on the same text gives the same tokenizer (validation split: fast)."""
+    from scripts.build_tiny_tokenizer import train_tokenizer
+
+    corpus = os.path.join(os.path.dirname(TINY_TOKENIZER_PATH), "..", "corpus", "validation.jsonl.gz")
+    first, second = (train_tokenizer(corpus, 512).to_str() for _ in range(2))
+    assert first == second
+    trained = Tokenizer.from_str(first)
+    assert trained.get_vocab_size() == 512 and trained.token_to_id(EOS_TOKEN) == 0
+    assert isinstance(trained.pre_tokenizer, pre_tokenizers.ByteLevel)
+
+
+@pytest.mark.slow
+def test_committed_tiny_tokenizer_is_reproducible():
+    from scripts.build_tiny_tokenizer import DEFAULT_CORPUS, train_tokenizer
+
+    with open(os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), encoding="utf-8") as f:
+        committed = json.load(f)
+    assert json.loads(train_tokenizer(DEFAULT_CORPUS, 4096).to_str()) == committed
+
+
+# --- the real Qwen3 tokenizer (fetched by scripts/get_tokenizer.py, not committed) ---
+
+qwen3 = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(QWEN3_PATH, "tokenizer.json")),
+    reason="assets/tokenizer/qwen3 missing: run `python scripts/get_tokenizer.py`",
+)
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+# Pieces of SENTENCE in byte-level BPE ("Ġ" = leading space) and their ids, read
+# from the fetched tokenizer.json; checked below against its raw vocab table.
+SENTENCE_PIECES = ["The", "Ġquick", "Ġbrown", "Ġfox", "Ġjumps", "Ġover", "Ġthe", "Ġlazy", "Ġdog", "."]
+SENTENCE_IDS = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]
+
+
+@qwen3
+def test_qwen3_file_pinned():
+    from scripts.get_tokenizer import TOKENIZER_SHA256, TOKENIZER_SIZE
+
+    with open(os.path.join(QWEN3_PATH, "tokenizer.json"), "rb") as f:
+        data = f.read()
+    assert len(data) == TOKENIZER_SIZE == 11_422_654
+    assert hashlib.sha256(data).hexdigest() == TOKENIZER_SHA256
+
+
+@qwen3
+def test_qwen3_vocab_and_endoftext():
+    tok = build_tokenizer(job(QWEN3_PATH))
+    assert tok.get_vocab_size() == 151_669
+    assert tok.eos_id == tok.token_to_id(EOS_TOKEN) == 151_643
+    assert tok.bos_id is None
+
+
+@qwen3
+def test_qwen3_known_sentence():
+    with open(os.path.join(QWEN3_PATH, "tokenizer.json"), encoding="utf-8") as f:
+        raw = json.load(f)
+    vocab = raw["model"]["vocab"]
+    assert [vocab[p] for p in SENTENCE_PIECES] == SENTENCE_IDS
+    assert {t["content"]: t["id"] for t in raw["added_tokens"]}[EOS_TOKEN] == 151_643
+    tok = build_tokenizer(job(QWEN3_PATH))
+    ids = tok.encode(SENTENCE, add_bos=True, add_eos=True)
+    assert ids == SENTENCE_IDS + [151_643]
+    assert tok.decode(ids) == SENTENCE
