@@ -240,21 +240,20 @@ def test_triton_kernel_interpreted():
 
 
 # ---------------------------------------------------------------- GPU, real shapes
-GPU_SHAPES = [  # batch, L, Hq, Hkv, D, ragged, rho
-    (4, 4099, 16, 8, 128, True, 0.5),
-    (4, 4099, 16, 8, 64, True, 0.5),
-    (1, 16384, 16, 8, 128, False, 0.5),
-    (2, 3001, 16, 16, 128, True, 0.5),
-    (2, 3001, 16, 4, 64, True, 0.5),
-    (3, 2048, 16, 8, 128, True, 20.0),
-    (64, 1024, 16, 8, 128, False, 0.5),
+GPU_SHAPES = [  # batch, L, Hq, Hkv, D, ragged, rho, dtype
+    (4, 4099, 16, 8, 128, True, 0.5, torch.bfloat16),
+    (4, 4099, 16, 8, 64, True, 0.5, torch.bfloat16),
+    (1, 16384, 16, 8, 128, False, 0.5, torch.bfloat16),
+    (2, 3001, 16, 16, 128, True, 0.5, torch.float16),
+    (2, 3001, 16, 4, 64, True, 0.5, torch.bfloat16),
+    (3, 2048, 16, 8, 128, True, 20.0, torch.bfloat16),
+    (64, 1024, 16, 8, 128, False, 0.5, torch.bfloat16),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("batch,length,hq,hkv,dim,ragged,rho", GPU_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,length,hq,hkv,dim,ragged,rho,dtype", GPU_SHAPES)
 def test_triton_gpu_matches_fp64(batch, length, hq, hkv, dim, ragged, rho, dtype):
     q, r, k, v = make_inputs(batch, length, hq, hkv, dim, dtype=dtype, rho=rho, device="cuda")
     lens = None

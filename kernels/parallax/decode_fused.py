@@ -35,6 +35,8 @@ _PROGRAMS_PER_SM = 2
 # Fewest cache positions one split handles: below this the partial writes and
 # the merge cost more than the extra parallelism buys.
 _MIN_CHUNK = 256
+# The merge holds all splits of one head in a [SP, D] register tile.
+MAX_SPLITS = 64
 _counters: dict = {}
 
 
@@ -72,36 +74,39 @@ def _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh,
 
 @triton.jit
 def _merge_store(PO, PM, PD1, PD2, O, gid, b64, hkv, num_splits, stride_ob, stride_oh,
-                 G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr):
-    """Log-sum-exp merge of the num_splits partials of group gid, then finish."""
+                 G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, SP: tl.constexpr):
+    """Log-sum-exp merge of the num_splits (<= SP) partials of group gid, then finish.
+
+    Every load is a whole [SP, ...] tile (no loop over splits), so the merge
+    costs a few dependent memory round trips, not one per split. Loads use .cg
+    (through L2): never a stale L1 line from an earlier launch.
+    """
+    sp = tl.arange(0, SP)
     hp = tl.arange(0, HP)
-    hmask = hp < G
-    rows = tl.arange(0, 2 * HP)
-    row_ok = (rows % HP) < G
     offs_d = tl.arange(0, D)
-    m = tl.full([HP], float("-inf"), tl.float32)
-    d1 = tl.zeros([HP], tl.float32)
-    d2 = tl.zeros([HP], tl.float32)
-    acc = tl.zeros([2 * HP, D], tl.float32)
-    base = gid.to(tl.int64) * num_splits
-    for s in range(0, num_splits):
-        pidx = base + s
-        # .cg: read through L2, never a stale L1 line from an earlier launch.
-        ms = tl.load(PM + pidx * G + hp, mask=hmask, other=float("-inf"), cache_modifier=".cg")
-        d1s = tl.load(PD1 + pidx * G + hp, mask=hmask, other=0.0, cache_modifier=".cg")
-        d2s = tl.load(PD2 + pidx * G + hp, mask=hmask, other=0.0, cache_modifier=".cg")
-        prow = (pidx * 2 + rows // HP) * G + rows % HP
-        accs = tl.load(PO + prow[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-                       cache_modifier=".cg")
-        m_new = tl.maximum(m, ms)
-        pivot = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp2(m - pivot)
-        c = tl.exp2(ms - pivot)
-        d1 = d1 * a + d1s * c
-        d2 = d2 * a + d2s * c
-        acc = acc * _vec_to_rows(a, HP)[:, None] + accs * _vec_to_rows(c, HP)[:, None]
-        m = m_new
-    _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh, G, HP, D)
+    smask = sp < num_splits
+    gbase = gid.to(tl.int64) * G
+    stat = (gbase + hp[None, :]) * num_splits + sp[:, None]  # [SP, HP]
+    smask2 = smask[:, None] & (hp < G)[None, :]
+    ms = tl.load(PM + stat, mask=smask2, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(ms, 0)
+    pivot = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(ms - pivot[None, :])  # [SP, HP]; 0 for empty and padded splits
+    d1 = tl.sum(w * tl.load(PD1 + stat, mask=smask2, other=0.0, cache_modifier=".cg"), 0)
+    d2 = tl.sum(w * tl.load(PD2 + stat, mask=smask2, other=0.0, cache_modifier=".cg"), 0)
+    inv = tl.where(d1 > 0.0, 1.0 / d1, 0.0)
+    c1 = (1.0 + d2 * inv) * inv  # o = c1 * O1 - inv * O2
+    for g in tl.static_range(G):
+        sel = hp[None, :] == g
+        wg = tl.sum(tl.where(sel, w, 0.0), 1)  # [SP]
+        c1g = tl.sum(tl.where(hp == g, c1, 0.0), 0)
+        invg = tl.sum(tl.where(hp == g, inv, 0.0), 0)
+        row1 = ((gbase * 2 + g) * num_splits + sp)[:, None] * D + offs_d[None, :]
+        row2 = ((gbase * 2 + G + g) * num_splits + sp)[:, None] * D + offs_d[None, :]
+        o1 = tl.sum(wg[:, None] * tl.load(PO + row1, mask=smask[:, None], other=0.0, cache_modifier=".cg"), 0)
+        o2 = tl.sum(wg[:, None] * tl.load(PO + row2, mask=smask[:, None], other=0.0, cache_modifier=".cg"), 0)
+        out = c1g * o1 - invg * o2
+        tl.store(O + b64 * stride_ob + (hkv * G + g) * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
 
 @triton.jit
@@ -114,6 +119,7 @@ def _decode_split_kernel(
     L, chunk, num_splits,
     HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, IEEE: tl.constexpr,
+    SP: tl.constexpr,
 ):
     sid = tl.program_id(0)
     gid = tl.program_id(1)
@@ -174,12 +180,14 @@ def _decode_split_kernel(
         v_ptrs += BN * stride_vl
 
     if SPLIT:
-        pidx = gid.to(tl.int64) * num_splits + sid
+        # Split index innermost, so the merge reads each head's splits as one tile.
+        gbase = gid.to(tl.int64) * G
         hp = tl.arange(0, HP)
-        tl.store(PM + pidx * G + hp, m, mask=hp < G)
-        tl.store(PD1 + pidx * G + hp, d1, mask=hp < G)
-        tl.store(PD2 + pidx * G + hp, d2, mask=hp < G)
-        prow = (pidx * 2 + rows // HP) * G + rows % HP
+        stat = (gbase + hp) * num_splits + sid
+        tl.store(PM + stat, m, mask=hp < G)
+        tl.store(PD1 + stat, d1, mask=hp < G)
+        tl.store(PD2 + stat, d2, mask=hp < G)
+        prow = ((gbase * 2 + (rows // HP) * G + rows % HP) * num_splits + sid)
         tl.store(PO + prow[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
         if FUSED_MERGE:
             # Every thread's partial stores must precede the (release) ticket.
@@ -187,7 +195,7 @@ def _decode_split_kernel(
             ticket = tl.atomic_add(COUNTER + gid, 1, sem="acq_rel")
             if ticket == num_splits - 1:
                 _merge_store(PO, PM, PD1, PD2, O, gid, b64, hkv, num_splits, stride_ob, stride_oh,
-                             G, HP, D)
+                             G, HP, D, SP)
                 # Re-arm the ticket for the next launch (stream order publishes it).
                 tl.store(COUNTER + gid, 0)
     else:
@@ -196,10 +204,10 @@ def _decode_split_kernel(
 
 @triton.jit
 def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
-                  HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr):
+                  HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, SP: tl.constexpr):
     gid = tl.program_id(0)
     b64 = (gid // HKV).to(tl.int64)
-    _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D)
+    _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D, SP)
 
 
 def supports(q, k_cache):
@@ -213,7 +221,7 @@ def pick_num_splits(n_groups, length, block_n, sm_count):
     but never below _MIN_CHUNK positions (or one block) per split."""
     want = triton.cdiv(_PROGRAMS_PER_SM * sm_count, n_groups)
     most = triton.cdiv(length, max(_MIN_CHUNK, block_n))
-    return max(1, min(want, most))
+    return max(1, min(want, most, MAX_SPLITS))
 
 
 def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_splits=None,
@@ -244,6 +252,9 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_
         num_splits = pick_num_splits(n_groups, length, block_n, _sm_count(q.device))
     chunk = triton.cdiv(triton.cdiv(length, num_splits), block_n) * block_n
     num_splits = triton.cdiv(length, chunk)
+    if num_splits > MAX_SPLITS:
+        raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+    sp = max(16, triton.next_power_of_2(num_splits))  # few distinct compiles
     out = torch.empty_like(q)
     split = num_splits > 1
     dev = q.device
@@ -263,12 +274,12 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_
         length, chunk, num_splits,
         HKV=hkv, G=group, HP=hp, D=dim, BN=block_n,
         HAS_SEQLENS=cache_seqlens is not None, SPLIT=split, FUSED_MERGE=fused_merge,
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32, SP=sp,
         num_warps=num_warps, num_stages=num_stages,
     )
     if split and not fused_merge:
         _merge_kernel[(n_groups,)](part_o, *part_s, out, num_splits, out.stride(0), out.stride(2),
-                                   HKV=hkv, G=group, HP=hp, D=dim, num_warps=4)
+                                   HKV=hkv, G=group, HP=hp, D=dim, SP=sp, num_warps=4)
     return out
 
 
