@@ -1,0 +1,43 @@
+"""Weight-decay annealing (WDA) on top of TorchTitan's warmup-stable-decay lr schedule.
+
+TorchTitan's ``linear_warmup_stable_decay`` (0-indexed scheduler step ``k``) is in
+its decay stage once ``k >= warmup + stable`` with progress
+``t = (k + 1 - warmup - stable) / decay``. WDA uses the same ``t``:
+
+    wd_mult(k) = (1 - t)^gamma   in the decay stage, 1 before it.
+
+``gamma = 0`` keeps the decay constant. The multiplier lands in each param group's
+``wd_mult``, which scales every decay coefficient (ordinary and S_p).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SchedulePhases", "decay_progress", "wd_anneal_factor"]
+
+
+@dataclass(frozen=True)
+class SchedulePhases:
+    """Step counts of TorchTitan's schedule (its ``stable_steps`` includes a virtual last step)."""
+
+    warmup_steps: int
+    stable_steps: int
+    decay_steps: int
+
+
+def decay_progress(step: int, phases: SchedulePhases) -> float:
+    """Progress ``t`` in [0, 1] through the decay stage at 0-indexed scheduler step ``step``."""
+    start = phases.warmup_steps + phases.stable_steps
+    if step < start or phases.decay_steps == 0:
+        return 0.0
+    return min(1.0, (step + 1 - start) / phases.decay_steps)
+
+
+def wd_anneal_factor(step: int, phases: SchedulePhases, gamma: float) -> float:
+    """``(1 - t)^gamma`` (1.0 for gamma = 0 and before the decay stage)."""
+    if gamma < 0:
+        raise ValueError(f"wd_anneal_gamma={gamma}; expected >= 0")
+    if gamma == 0:
+        return 1.0
+    return (1.0 - decay_progress(step, phases)) ** gamma
