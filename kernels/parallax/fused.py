@@ -1,0 +1,399 @@
+"""Fused Triton kernels for causal Parallax attention (forward, backward), packed layout.
+
+All kernels see the batch as one packed token axis of length T = B * L (tensors viewed as
+(T, H, D)); a token's document starts at ``doc_start`` (``(tok // L) * L`` without
+cu_seqlens, a per-token table with them). Keys j may serve query i when
+``doc_start(i) <= j <= i``. Tiles never need to align with documents: each program runs its
+KV (or Q) tiles in three phases, masked / unmasked / masked, and only tiles that cross a
+document start or the diagonal pay for the mask.
+
+Forward (one pass over KV tiles, SPEC's streaming form): running max m and four accumulators
+d1, O1, d2, O2 sharing one rescale; saves o, vbar (input dtype), tbar and lse (fp32, log2
+units of the scaled logits). Backward (SPEC closed form): a row pass (dq, drho; it also writes
+tau = dO.o and beta = dO.vbar) and a column pass (dk, dv) that loops over the GQA group's
+query heads inside one program, so K/V tiles are loaded once per group and no atomics are needed.
+Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ----------------------------------------------------------------------------- helpers
+@triton.jit
+def _doc_start(DOCS, tok, T, L, VARLEN: tl.constexpr):
+    if VARLEN:
+        return tl.load(DOCS + tl.minimum(tok, T - 1))
+    else:
+        return (tok // L) * L
+
+
+@triton.jit
+def _doc_end(DOCE, tok, T, L, VARLEN: tl.constexpr):
+    if VARLEN:
+        return tl.load(DOCE + tl.minimum(tok, T - 1))
+    else:
+        return (tok // L) * L + L
+
+
+@triton.jit
+def _row_phases(DOCS, m0, T, L, BM: tl.constexpr, BN: tl.constexpr, VARLEN: tl.constexpr):
+    """KV tile bounds for query tile [m0, m0+BM): masked [lo, a_hi), full [a_hi, diag), masked [diag, hi)."""
+    last = tl.minimum(m0 + BM, T) - 1
+    ds_first = _doc_start(DOCS, m0, T, L, VARLEN)
+    ds_last = _doc_start(DOCS, last, T, L, VARLEN)
+    lo = (ds_first // BN) * BN
+    diag = (m0 // BN) * BN
+    a_hi = tl.minimum(tl.cdiv(ds_last, BN) * BN, diag)
+    return lo, a_hi, diag, last + 1
+
+
+@triton.jit
+def _load_rows(PTR, offs_t, h, stride_t, stride_h, offs_d, ok):
+    ptrs = PTR + offs_t.to(tl.int64)[:, None] * stride_t + h * stride_h + offs_d[None, :]
+    return tl.load(ptrs, mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _store_rows(PTR, val, offs_t, h, stride_t, stride_h, offs_d, ok):
+    ptrs = PTR + offs_t.to(tl.int64)[:, None] * stride_t + h * stride_h + offs_d[None, :]
+    tl.store(ptrs, val.to(PTR.dtype.element_ty), mask=ok[:, None])
+
+
+# ----------------------------------------------------------------------------- forward
+@triton.jit
+def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, ds_row, T, qk_scale,
+               D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    for n0 in range(lo, hi, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        ok_n = offs_n < T
+        k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
+        v = _load_rows(V, offs_n, kv_h, skt, skh, offs_d, ok_n)
+        kt = tl.trans(k)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        t = tl.dot(r, kt, input_precision=PREC)
+        if MASKED:
+            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= ds_row[:, None])
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        pt = p * t
+        d1 = d1 * alpha + tl.sum(p, 1)
+        d2 = d2 * alpha + tl.sum(pt, 1)
+        o1 = o1 * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        o2 = o2 * alpha[:, None] + tl.dot(pt.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    return m_i, d1, d2, o1, o2
+
+
+@triton.jit
+def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, TUNE_T,
+                GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                VARLEN: tl.constexpr, PREC: tl.constexpr):
+    # heaviest (latest) query tiles first: better tail balance under causal masking
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM
+    h = tl.program_id(1)
+    kv_h = h // GROUP
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    ok_m = offs_m < T
+    q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
+    r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
+    ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
+    lo, a_hi, diag, hi = _row_phases(DOCS, m0, T, L, BM, BN, VARLEN)
+
+    m_i = tl.full([BM], -1.0e30, tl.float32)  # finite: fully masked tiles keep alpha = 1, not NaN
+    d1 = tl.zeros([BM], tl.float32)
+    d2 = tl.zeros([BM], tl.float32)
+    o1 = tl.zeros([BM, D], tl.float32)
+    o2 = tl.zeros([BM, D], tl.float32)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, a_hi, offs_m, ds_row,
+                                     T, qk_scale, D, BN, True, PREC)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, a_hi, diag, offs_m, ds_row,
+                                     T, qk_scale, D, BN, False, PREC)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, diag, hi, offs_m, ds_row,
+                                     T, qk_scale, D, BN, True, PREC)
+
+    inv = 1.0 / d1
+    tbar = d2 * inv
+    vbar = o1 * inv[:, None]
+    o = (1.0 + tbar)[:, None] * vbar - o2 * inv[:, None]
+    _store_rows(O, o, offs_m, h, HQ * D, D, offs_d, ok_m)
+    _store_rows(VBAR, vbar, offs_m, h, HQ * D, D, offs_d, ok_m)
+    stat = offs_m.to(tl.int64) * HQ + h
+    tl.store(TBAR + stat, tbar, mask=ok_m)
+    tl.store(LSE + stat, m_i + tl.log2(d1), mask=ok_m)
+
+
+# ----------------------------------------------------------------------------- backward, row pass
+@triton.jit
+def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, hi, offs_m, ds_row, T,
+              qk_scale, D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    for n0 in range(lo, hi, BN):
+        offs_n = n0 + tl.arange(0, BN)
+        ok_n = offs_n < T
+        k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
+        v = _load_rows(V, offs_n, kv_h, skt, skh, offs_d, ok_n)
+        kt = tl.trans(k)
+        s = tl.dot(q, kt, input_precision=PREC) * qk_scale
+        t = tl.dot(r, kt, input_precision=PREC)
+        a = tl.dot(do, tl.trans(v), input_precision=PREC)
+        p = tl.exp2(s - lse[:, None])
+        if MASKED:
+            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= ds_row[:, None])
+            p = tl.where(ok, p, 0.0)
+        delta = a - beta[:, None]
+        c = 1.0 + tbar[:, None] - t
+        g1 = p * (c * delta + bmt[:, None])
+        g2 = -p * delta
+        dq += tl.dot(g1.to(k.dtype), k, input_precision=PREC)
+        dr += tl.dot(g2.to(k.dtype), k, input_precision=PREC)
+    return dq, dr
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, T, L, HQ,
+                   sqt, sqh, skt, skh, scale, qk_scale, TUNE_T,
+                   GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   VARLEN: tl.constexpr, PREC: tl.constexpr):
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM
+    h = tl.program_id(1)
+    kv_h = h // GROUP
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    ok_m = offs_m < T
+    q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
+    r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
+    do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
+    o = _load_rows(O, offs_m, h, HQ * D, D, offs_d, ok_m).to(tl.float32)
+    vbar = _load_rows(VBAR, offs_m, h, HQ * D, D, offs_d, ok_m).to(tl.float32)
+    tau = tl.sum(do.to(tl.float32) * o, 1)
+    beta = tl.sum(do.to(tl.float32) * vbar, 1)
+    stat = offs_m.to(tl.int64) * HQ + h
+    tl.store(TAU + stat, tau, mask=ok_m)
+    tl.store(BETA + stat, beta, mask=ok_m)
+    lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
+    tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
+    bmt = beta - tau
+    ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
+    lo, a_hi, diag, hi = _row_phases(DOCS, m0, T, L, BM, BN, VARLEN)
+
+    dq = tl.zeros([BM, D], tl.float32)
+    dr = tl.zeros([BM, D], tl.float32)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, a_hi, offs_m, ds_row,
+                       T, qk_scale, D, BN, True, PREC)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, a_hi, diag, offs_m, ds_row,
+                       T, qk_scale, D, BN, False, PREC)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, diag, hi, offs_m, ds_row,
+                       T, qk_scale, D, BN, True, PREC)
+    _store_rows(DQ, dq * scale, offs_m, h, HQ * D, D, offs_d, ok_m)
+    _store_rows(DR, dr, offs_m, h, HQ * D, D, offs_d, ok_m)
+
+
+# ----------------------------------------------------------------------------- backward, column pass
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n, T, L,
+                scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+                VARLEN: tl.constexpr, PREC: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    for m0 in range(lo, hi, BM):
+        offs_m = m0 + tl.arange(0, BM)
+        ok_m = offs_m < T
+        q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
+        r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
+        do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
+        stat = offs_m.to(tl.int64) * HQ + h
+        lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
+        tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
+        tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
+        beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
+        # transposed orientation (keys x queries): the results feed dk, dv without transposes
+        st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        tt = tl.dot(k, tl.trans(r), input_precision=PREC)
+        at = tl.dot(v, tl.trans(do), input_precision=PREC)
+        pt = tl.exp2(st - lse[None, :])
+        if MASKED:
+            ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
+            ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= ds_row[None, :]) & ok_m[None, :]
+            pt = tl.where(ok, pt, 0.0)
+        delta = at - beta[None, :]
+        c = 1.0 + tbar[None, :] - tt
+        dv += tl.dot((pt * c).to(do.dtype), do, input_precision=PREC)
+        g1 = pt * (c * delta + (beta - tau)[None, :]) * scale
+        g2 = -pt * delta
+        dk += tl.dot(g1.to(q.dtype), q, input_precision=PREC)
+        dk += tl.dot(g2.to(r.dtype), r, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T, L, HQ, HKV,
+                     sqt, sqh, skt, skh, scale, qk_scale, TUNE_T,
+                     GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     VARLEN: tl.constexpr, PREC: tl.constexpr):
+    n0 = tl.program_id(0) * BN
+    kv_h = tl.program_id(1)
+    offs_n = n0 + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    ok_n = offs_n < T
+    k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
+    v = _load_rows(V, offs_n, kv_h, skt, skh, offs_d, ok_n)
+    # query tiles: masked diagonal [lo, d_hi), full [d_hi, f_hi) (same document as n0), masked tail [f_hi, hi)
+    end_full = _doc_end(DOCE, n0, T, L, VARLEN)
+    hi = _doc_end(DOCE, tl.minimum(n0 + BN, T) - 1, T, L, VARLEN)
+    lo = (n0 // BM) * BM
+    d_hi = tl.minimum(tl.cdiv(n0 + BN, BM) * BM, hi)
+    f_hi = d_hi + tl.maximum(end_full - d_hi, 0) // BM * BM
+
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    for g in range(GROUP):
+        h = kv_h * GROUP + g
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
+    _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
+    _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
+
+
+# ----------------------------------------------------------------------------- launch
+def _config(bm, bn, warps, stages):
+    return triton.Config({"BM": bm, "BN": bn}, num_warps=warps, num_stages=stages)
+
+
+# Short candidate lists for H200 (bf16, D 64/128); measured choices are cached by triton's
+# autotune cache (cache_results) so a training start does not re-tune.
+FWD_CONFIGS = [_config(128, 64, 8, 2), _config(128, 64, 8, 3), _config(128, 128, 8, 2), _config(64, 64, 4, 3)]
+DQ_CONFIGS = [_config(128, 64, 8, 2), _config(64, 64, 4, 2), _config(128, 32, 8, 2), _config(64, 128, 8, 2)]
+DKDV_CONFIGS = [_config(64, 128, 8, 2), _config(32, 128, 8, 2), _config(64, 64, 4, 2), _config(32, 64, 4, 3)]
+INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
+TUNE_KEY = ["D", "GROUP", "VARLEN", "PREC", "TUNE_T"]
+
+
+def _autotuned(kernel, configs):
+    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    return triton.autotune(configs=configs, key=TUNE_KEY, **extra)(kernel)
+
+
+def _autotuned(kernel, configs):
+    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    return triton.autotune(configs=configs, key=TUNE_KEY, **extra)(kernel)
+
+
+_FWD_TUNED = _autotuned(_fwd_kernel, FWD_CONFIGS)
+_DQ_TUNED = _autotuned(_bwd_dq_kernel, DQ_CONFIGS)
+_DKDV_TUNED = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS)
+
+
+def _pick(kernel, tuned, config):
+    """(kernel, launch kwargs): explicit config, interpreter default, or the autotuned kernel."""
+    if config is None and INTERPRET:
+        config = INTERPRET_CONFIG
+    if config is None:
+        return tuned, {}
+    return kernel, dict(config)
+
+
+def _tokens(x):
+    """(B, L, H, D) -> (token stride, head stride), copying if tokens are not uniformly strided."""
+    b, n, _, _ = x.shape
+    if x.stride(-1) != 1 or (b > 1 and x.stride(0) != n * x.stride(1)):
+        x = x.contiguous()
+    return x, x.stride(1), x.stride(2)
+
+
+def _same_layout(a, b):
+    """Two (B, L, H, D) tensors with one shared (token, head) stride pair."""
+    a, sat, sah = _tokens(a)
+    b, sbt, sbh = _tokens(b)
+    if (sat, sah) != (sbt, sbh):
+        a, b = a.contiguous(), b.contiguous()
+        return a, b, a.stride(1), a.stride(2)
+    return a, b, sat, sah
+
+
+def _doc_tables(cu_seqlens, total, device):
+    """Per-token document start and end (exclusive), int32 (total,); computed on device, no sync."""
+    cu = cu_seqlens.to(device=device, dtype=torch.int64)
+    doc = torch.searchsorted(cu, torch.arange(total, device=device), right=True) - 1
+    return cu[doc].to(torch.int32), cu[doc + 1].to(torch.int32)
+
+
+def check_head_dim(d):
+    """Raise ValueError unless head_dim d is a power of two in [16, 256] (tl.dot tile rule)."""
+    if d < 16 or d > 256 or d & (d - 1):
+        raise ValueError(f"parallax_attention: backend='triton' needs head_dim a power of two in [16, 256], got {d}")
+
+
+def _common(q, k, scale, cu_seqlens):
+    b, n, hq, d = q.shape
+    check_head_dim(d)
+    total = b * n
+    varlen = cu_seqlens is not None
+    docs = doce = q  # placeholders: never read when VARLEN is False
+    if varlen:
+        docs, doce = _doc_tables(cu_seqlens, total, q.device)
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    meta = dict(GROUP=hq // k.shape[2], D=d, VARLEN=varlen, PREC=prec)
+    return total, n, hq, docs, doce, meta, scale * LOG2E, triton.next_power_of_2(total)
+
+
+def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
+    """Fused causal forward.
+
+    q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32, CUDA (or CPU under TRITON_INTERPRET=1).
+    Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (B, L, Hq) fp32 (lse in log2 units of
+    scale * log2(e) * q.k). config: optional {"BM", "BN", "num_warps", "num_stages"} instead of autotuning.
+    """
+    total, n, hq, docs, _, meta, qk_scale, tune_t = _common(q, k, scale, cu_seqlens)
+    q, r, sqt, sqh = _same_layout(q, r)
+    k, v, skt, skh = _same_layout(k, v)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    vbar = torch.empty_like(o)
+    tbar = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    lse = torch.empty_like(tbar)
+    kernel, launch = _pick(_fwd_kernel, _FWD_TUNED, config)
+    grid = lambda meta_: (triton.cdiv(total, meta_["BM"]), hq)  # noqa: E731
+    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, tune_t,
+                 **meta, **launch)
+    return o, vbar, tbar, lse
+
+
+def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_config=None, dkdv_config=None):
+    """Fused closed-form backward (row pass, then column pass).
+
+    do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (B, L, Hq) fp32 from forward.
+    Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
+    """
+    total, n, hq, docs, doce, meta, qk_scale, tune_t = _common(q, k, scale, cu_seqlens)
+    q, r, sqt, sqh = _same_layout(q, r)
+    k, v, skt, skh = _same_layout(k, v)
+    do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
+    tau = torch.empty_like(tbar)
+    beta = torch.empty_like(tbar)
+    dq, dr = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(r, memory_format=torch.contiguous_format)
+    dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
+    kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config)
+    grid = lambda meta_: (triton.cdiv(total, meta_["BM"]), hq)  # noqa: E731
+    kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
+                 sqt, sqh, skt, skh, scale, qk_scale, tune_t, **meta, **launch)
+    kernel, launch = _pick(_bwd_dkdv_kernel, _DKDV_TUNED, dkdv_config)
+    grid = lambda meta_: (triton.cdiv(total, meta_["BN"]), k.shape[2])  # noqa: E731
+    kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq, k.shape[2],
+                 sqt, sqh, skt, skh, scale, qk_scale, tune_t, **meta, **launch)
+    return dq, dr, dk, dv
