@@ -54,7 +54,12 @@ def main(argv: list[str]) -> None:
     config = parse_config(argv)
     trainer = ParallaxTrainer(config)
     try:
-        trainer.train()
+        if config.checkpoint.create_seed_checkpoint:
+            # Same weights for any world size: runs load it via checkpoint.initial_load_path.
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
     finally:
         trainer.close()
         if torch.distributed.is_initialized():

@@ -5,8 +5,8 @@ sections below extend ``[metrics]``, ``[optimizer]`` and ``[lr_scheduler]`` and 
 :data:`JobConfig` is the merged class that ``train.py`` parses every config with.
 """
 
-from __future__ import annotations
-
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,19 +41,60 @@ class Parallax:
 
 
 @dataclass
+class Model:
+    """``[model]`` additions: shape overrides on top of the flavor (0 keeps the flavor's value)."""
+
+    dim: int = 0
+    """Model width d_model."""
+
+    n_layers: int = 0
+    """Number of blocks."""
+
+    n_heads: int = 0
+    """Query heads Hq (also the number of probe heads)."""
+
+    n_kv_heads: int = 0
+    """Key/value heads Hkv; Hq must be a multiple of Hkv."""
+
+    head_dim: int = 0
+    """Head dimension D."""
+
+    hidden_dim: int = 0
+    """SwiGLU FFN width."""
+
+    vocab_size: int = 0
+    """Embedding rows; must be at least the tokenizer's vocabulary."""
+
+
+@dataclass
 class Metrics:
     """``[metrics]`` additions."""
 
     progress_bar: bool = True
     """Show a tqdm progress bar with the loss on rank 0."""
 
+    save_jsonl: bool = True
+    """Append every logged metric to ``<job.dump_folder>/metrics.jsonl`` (rank 0), one JSON line per log."""
+
 
 @dataclass
 class ParallaxJobConfig:
     parallax: Parallax = field(default_factory=Parallax)
+    model: Model = field(default_factory=Model)
     metrics: Metrics = field(default_factory=Metrics)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
 
 
+def _resolve_annotations(cls) -> None:
+    """Replace string annotations (``from __future__ import annotations``) by the types they name,
+    recursively, so TorchTitan's merge and tyro see real types."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        f.type = hints[f.name]
+        if dataclasses.is_dataclass(f.type):
+            _resolve_annotations(f.type)
+
+
+_resolve_annotations(ParallaxJobConfig)
 JobConfig = ConfigManager._merge_configs(TitanJobConfig, ParallaxJobConfig)

@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
-from torchtitan.components.metrics import MetricsProcessor
+import json
+import os
+
+from torchtitan.components.metrics import BaseLogger, MetricsProcessor
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class JsonlLogger(BaseLogger):
+    """Appends every logged metrics dict as one JSON line ``{"step": s, ...}`` (rank 0)."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")
+
+    def log(self, metrics, step):
+        record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self):
+        self._file.close()
 
 
 class ParallaxMetricsProcessor(MetricsProcessor):
-    """Adds a tqdm bar (rank 0) and logs the optimizers' schedule values every step."""
+    """Adds a tqdm bar and a ``metrics.jsonl`` file (rank 0) and logs the optimizers'
+    schedule values (lr, effective weight decay per group) every step."""
 
     def __init__(self, job_config, parallel_dims, tag=None):
         super().__init__(job_config, parallel_dims, tag)
         self._bar = None
+        if job_config.metrics.save_jsonl and _is_rank0():
+            self.logger.add_logger(JsonlLogger(os.path.join(job_config.job.dump_folder, METRICS_FILE)))
 
     def advance(self, step: int) -> None:
         """Called once per finished training step."""

@@ -36,6 +36,8 @@ Gate = Literal["none", "token", "head"]
 WrInit = Literal["normal", "zeros"]
 Backend = Literal["auto", "reference", "triton"]
 
+SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size")
+
 # The end-of-document token of the Qwen3 tokenizer used for pretraining (<|endoftext|>).
 QWEN3_ENDOFTEXT_ID = 151643
 
@@ -51,8 +53,14 @@ class ParallaxModelArgs(Qwen3ModelArgs):
     attn_backend: Backend = "auto"
     eos_id: int = QWEN3_ENDOFTEXT_ID
 
+    def shape_overrides(self, model_section) -> dict[str, int]:
+        """The ``[model]`` shape keys set (non-zero) in ``model_section``."""
+        return {k: getattr(model_section, k) for k in SHAPE_KEYS if getattr(model_section, k, 0)}
+
     def update_from_config(self, job_config, **kwargs) -> None:
         super().update_from_config(job_config, **kwargs)
+        for key, value in self.shape_overrides(job_config.model).items():
+            setattr(self, key, value)
         section = getattr(job_config, "parallax", None)
         if section is None:
             return

@@ -75,6 +75,7 @@ def check_config_dict(data: dict, cls, prefix: str = "") -> list[str]:
 
 
 def _model_errors(cfg) -> list[str]:
+    from parallax_titan.model import SHAPE_KEYS
     from parallax_titan.spec import BASE_FLAVORS, VARIANTS, variant_args
 
     name, flavor = cfg.model.name, cfg.model.flavor
@@ -83,11 +84,15 @@ def _model_errors(cfg) -> list[str]:
     if flavor not in BASE_FLAVORS:
         return [f"model.flavor: {flavor!r} is unknown; expected one of {', '.join(BASE_FLAVORS)}"]
     args = variant_args(name, BASE_FLAVORS[flavor])
-    errors = []
+    args = dataclasses.replace(args, **args.shape_overrides(cfg.model))
+    errors = [f"model.{k}: expected a positive integer, got {getattr(cfg.model, k)!r}"
+              for k in SHAPE_KEYS if getattr(cfg.model, k) < 0]
+    if errors:
+        return errors
     if args.n_heads % args.n_kv_heads:
         errors.append(
-            f"model.flavor: {flavor!r} of {name!r} has {args.n_heads} query heads, "
-            f"not divisible by its {args.n_kv_heads} KV heads"
+            f"model.n_heads: {args.n_heads} query heads is not a multiple of model.n_kv_heads = "
+            f"{args.n_kv_heads} (model {name!r}, flavor {flavor!r})"
         )
     if args.mixer == "softmax" and cfg.parallax.attn_mask_type == "block_causal":
         errors.append(
