@@ -26,6 +26,8 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# sizes vary between calls: one compiled kernel for all of them (strides stay specialised)
+_NO_SPECIALIZE = ["T", "L", "HQ", "GROUP", "TUNE_T"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -97,9 +99,9 @@ def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, 
     return m_i, d1, d2, o1, o2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, TUNE_T,
-                GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 VARLEN: tl.constexpr, PREC: tl.constexpr):
     # heaviest (latest) query tiles first: better tail balance under causal masking
     m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM
@@ -163,10 +165,10 @@ def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, 
     return dq, dr
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, T, L, HQ,
                    sqt, sqh, skt, skh, scale, qk_scale, TUNE_T,
-                   GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr):
     m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM
     h = tl.program_id(1)
@@ -238,10 +240,10 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T, L, HQ, HKV,
                      sqt, sqh, skt, skh, scale, qk_scale, TUNE_T,
-                     GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      VARLEN: tl.constexpr, PREC: tl.constexpr):
     n0 = tl.program_id(0) * BN
     kv_h = tl.program_id(1)
@@ -282,12 +284,7 @@ FWD_CONFIGS = [_config(128, 64, 8, 2), _config(128, 64, 8, 3), _config(128, 128,
 DQ_CONFIGS = [_config(128, 64, 8, 2), _config(64, 64, 4, 2), _config(128, 32, 8, 2), _config(64, 128, 8, 2)]
 DKDV_CONFIGS = [_config(64, 128, 8, 2), _config(32, 128, 8, 2), _config(64, 64, 4, 2), _config(32, 64, 4, 3)]
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
-TUNE_KEY = ["D", "GROUP", "VARLEN", "PREC", "TUNE_T"]
-
-
-def _autotuned(kernel, configs):
-    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    return triton.autotune(configs=configs, key=TUNE_KEY, **extra)(kernel)
+TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T"]
 
 
 def _autotuned(kernel, configs):
