@@ -1,0 +1,188 @@
+"""Optimizer step time for the Parallax 0.6B parameter set, as ratios to AdamW and to fwd+bwd.
+
+Reproduce (one H200):
+    python scripts/bench_optimizers.py --out docs/bench/optimizers.json --md docs/bench/optimizers.md
+The forward+backward baseline is a 16 x 4096 token batch run as 4 micro-batches of 4 x 4096
+(gradient accumulation; same FLOPs, fits memory), bf16 parameters, chunk-free cross entropy.
+It measures ParallaxQwen3Model (parallax_titan.model) with softmax attention (TorchTitan's
+Qwen3 attention, SDPA) and with Parallax attention; ratios use the Parallax model when it ran,
+else the softmax one. Which one was used is recorded in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optimizers.directions as directions  # noqa: E402
+from optimizers import MuonAdamW, RoutingConfig, build_param_groups, orthogonalize  # noqa: E402
+from optimizers.directions import ORTHO_DTYPES  # noqa: E402
+
+PAPER_MUON = {"momentum": 0.95}
+CONFIGS = {
+    "adamw": dict(use_muon=False),
+    "muon_polar_express_batched": dict(use_muon=True),
+    "muon_polar_express_per_matrix": dict(use_muon=True, per_matrix=True),
+    "muon_newton_schulz": dict(use_muon=True, orthogonalizer="newton_schulz"),
+    "muon_polar_express_sp2": dict(use_muon=True, sp=True),
+    "adamw_sp2": dict(use_muon=False, sp=True),
+}
+
+
+def model_args(flavor: str, mixer: str):
+    from parallax_titan.spec import BASE_FLAVORS, variant_args
+
+    return variant_args("parallax" if mixer == "parallax" else "transformer", BASE_FLAVORS[flavor])
+
+
+def build_model(args, device, dtype):
+    from parallax_titan.model import ParallaxQwen3Model
+
+    with torch.device(device):
+        model = ParallaxQwen3Model(args)
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device(device))
+    return model.to(dtype)
+
+
+def per_matrix_ortho(jobs):
+    """Unbatched variant of directions._batched_ortho: one orthogonaliser call per block."""
+    out = {}
+    for idx, spec, U in jobs:
+        blocks = directions._blocks(U, spec.head_dim)
+        out[idx] = orthogonalize(blocks, spec.method, spec.steps, ORTHO_DTYPES[spec.dtype]).reshape(spec.shape)
+    return out
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_fn(fn, device, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_optimizer(model, name, opts, device, warmup, iters):
+    cfg = RoutingConfig(use_muon=opts["use_muon"], lr=5e-3 if opts["use_muon"] else 3e-4, weight_decay=0.1,
+                        muon={**PAPER_MUON, "orthogonalizer": opts.get("orthogonalizer", "polar_express")},
+                        adam={"betas": (0.8, 0.95) if opts["use_muon"] else (0.9, 0.95)},
+                        spectral={"attn": (2, 1e-4), "mlp": (2, 1e-4)} if opts.get("sp") else {})
+    opt = MuonAdamW(build_param_groups(model, cfg))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    original = directions._batched_ortho
+    if opts.get("per_matrix"):
+        directions._batched_ortho = per_matrix_ortho
+    try:
+        return time_fn(opt.step, device, warmup, iters)
+    finally:
+        directions._batched_ortho = original
+        for p in model.parameters():
+            p.grad = None
+        del opt
+
+
+def bench_fwd_bwd(args, device, micro, seq, accum, warmup, iters):
+    model = build_model(args, device, torch.bfloat16)
+    tokens = torch.randint(0, args.vocab_size, (micro, seq), device=device)
+
+    def step():
+        for _ in range(accum):
+            logits = model(tokens)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    t = time_fn(step, device, warmup, iters)
+    del model
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--flavor", default="0.6B")
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--accum", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", default="docs/bench/optimizers.json")
+    ap.add_argument("--md", default="docs/bench/optimizers.md")
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name() if device == "cuda"
+              else "cpu", "torch": torch.__version__, "flavor": a.flavor, "opt_step_s": {}}
+    args = model_args(a.flavor, "parallax")
+    model = build_model(args, device, torch.float32)  # fp32 master weights, as FSDP keeps them
+    result["n_params"] = sum(p.numel() for p in model.parameters())
+    result["matrix_shapes_per_layer"] = {n.split("layers.0.")[1]: list(p.shape) for n, p in model.named_parameters()
+                                         if n.startswith("layers.0.") and p.ndim == 2}
+    for name, opts in CONFIGS.items():
+        result["opt_step_s"][name] = bench_optimizer(model, name, opts, device, 2, a.iters)
+        print(name, result["opt_step_s"][name], flush=True)
+        write(result, a)
+    del model
+    result["fwd_bwd_batch"] = f"{a.micro * a.accum} x {a.seq} as {a.accum} micro-batches of {a.micro} x {a.seq}"
+    for mixer in ("softmax", "parallax"):  # the quick, known-good SDPA baseline first
+        try:
+            t = bench_fwd_bwd(model_args(a.flavor, mixer), device, a.micro, a.seq, a.accum, 1, max(2, a.iters // 2))
+            result.setdefault("fwd_bwd_s", {})[mixer] = t
+            print("fwd_bwd", mixer, t, flush=True)
+        except Exception as e:  # record the failure and fall back to the other attention
+            result.setdefault("fwd_bwd_error", {})[mixer] = f"{type(e).__name__}: {str(e)[:300]}"
+            print("fwd_bwd", mixer, "failed:", e, flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        write(result, a)
+    write(result, a)
+
+
+def write(result, a):
+    base = result["opt_step_s"].get("adamw")
+    fb = result.get("fwd_bwd_s", {})
+    ref_name = "parallax" if "parallax" in fb else ("softmax" if "softmax" in fb else None)
+    result["fwd_bwd_model"] = {"parallax": "ParallaxQwen3Model (Parallax attention)",
+                               "softmax": "ParallaxQwen3Model mixer=softmax (TorchTitan Qwen3 attention, SDPA)",
+                               None: "not measured"}[ref_name]
+    result["ratios"] = {
+        name: {"vs_adamw": t / base if base else None, "vs_fwd_bwd": t / fb[ref_name] if ref_name else None}
+        for name, t in result["opt_step_s"].items()
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2))
+    lines = [f"# Optimizer step benchmark ({result['device']}, torch {result['torch']})", "",
+             f"Command: `{result['command']}`", "",
+             f"Parameter set: Parallax {result['flavor']} ({result['n_params']:,} parameters, fp32).",
+             f"Forward+backward baseline: {result['fwd_bwd_model']}, {result.get('fwd_bwd_batch', '')}, bf16.", "",
+             "| optimizer step | time (ms) | / AdamW step | / fwd+bwd |", "|---|---|---|---|"]
+    for name, t in result["opt_step_s"].items():
+        r = result["ratios"][name]
+        fmt = lambda x: f"{x:.3f}" if x is not None else "n/a"  # noqa: E731
+        lines.append(f"| {name} | {t * 1e3:.1f} | {fmt(r['vs_adamw'])} | {fmt(r['vs_fwd_bwd'])} |")
+    for mixer, t in fb.items():
+        lines.append(f"\nfwd+bwd ({mixer}): {t * 1e3:.1f} ms")
+    for mixer, err in result.get("fwd_bwd_error", {}).items():
+        lines.append(f"\nfwd+bwd ({mixer}) failed: {err}")
+    Path(a.md).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
