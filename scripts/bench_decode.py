@@ -51,19 +51,21 @@ def log(*args):
 
 # ---------------------------------------------------------------- contenders
 def load_competitors():
+    """fla first: parallax-kernel is the one that can poison the CUDA context."""
     comps = {}
+    try:
+        from fla.ops.parallax.decode import parallax_decode_one_step
+
+        comps["fla"] = lambda q, r, k, v: parallax_decode_one_step(q, r, k, v)
+    except Exception as exc:  # benchmark-only wheel: report, don't die
+        log(f"fla unavailable: {exc!r}")
     try:
         from parallax.triton import parallax_decode as pk_decode
 
         comps["parallax-kernel"] = lambda q, r, k, v: pk_decode(q, r, k, v)
     except Exception as exc:  # benchmark-only wheel: report, don't die
         log(f"parallax-kernel unavailable: {exc!r}")
-    try:
-        from fla.ops.parallax.decode import parallax_decode_one_step
-
-        comps["fla"] = lambda q, r, k, v: parallax_decode_one_step(q, r, k, v)
-    except Exception as exc:
-        log(f"fla unavailable: {exc!r}")
+    return comps
     return comps
 
 
@@ -80,14 +82,14 @@ def sdpa_fn(backend, packed):
 
 
 def contenders():
-    fns = {
+    fns = {"ours": lambda q, r, k, v: parallax_decode(q, r, k, v)}
+    fns.update({
         "cudnn-gqa": sdpa_fn(SDPBackend.CUDNN_ATTENTION, False),
         "cudnn-packed": sdpa_fn(SDPBackend.CUDNN_ATTENTION, True),
         "flash-gqa": sdpa_fn(SDPBackend.FLASH_ATTENTION, False),
         "flash-packed": sdpa_fn(SDPBackend.FLASH_ATTENTION, True),
-    }
+    })
     fns.update(load_competitors())
-    fns["ours"] = lambda q, r, k, v: parallax_decode(q, r, k, v)
     return fns
 
 
@@ -187,30 +189,30 @@ def check(fns):
 
 
 # ---------------------------------------------------------------- tuning sweep
-SWEEP_CONFIGS = {128: [(32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 3)],
-                 64: [(64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 3)]}
+SWEEP_ALT_CONFIGS = {128: [(64, 4, 2), (64, 4, 4)], 64: [(64, 4, 3), (128, 8, 3)]}
 SWEEP_SHAPES = [(1, 32768), (32, 16384), (128, 16384)]
 
 
 def sweep():
-    """Time launch configurations (block_n, warps, stages) at the tuned split
-    heuristic, then, for the current default configuration, other split targets
-    (programs per SM) and the separate merge kernel."""
+    """At a few shapes: the default launch configuration with the heuristic's
+    split count and with other split counts, and other configurations."""
     rows = []
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for dim, configs in SWEEP_CONFIGS.items():
+    for dim, alts in SWEEP_ALT_CONFIGS.items():
         default = decode_fused._CONFIGS[dim]
         for batch, length in SWEEP_SHAPES:
             nb = kv_bytes(batch, length, dim)
             sets = make_sets(batch, length, dim, n_sets_for(nb))
-            trials = [(cfg, decode_fused._PROGRAMS_PER_SM, True) for cfg in configs]
-            trials += [(default, per_sm, True) for per_sm in (1, 4, 8)]
-            trials += [(default, decode_fused._PROGRAMS_PER_SM, False)]
-            for (bn, warps, stages), per_sm, fused in trials:
-                want = math.ceil(per_sm * sms / (batch * HKV))
-                splits = max(1, min(want, math.ceil(length / max(decode_fused._MIN_CHUNK, bn)),
-                                    decode_fused.MAX_SPLITS))
-
+            trials = []
+            for bn, warps, stages in [default] + alts:
+                slots = decode_fused.resident_slots(torch.device("cuda"), bn, dim, stages, 2)
+                heur = decode_fused.pick_num_splits(batch * HKV, length, bn, slots)
+                trials.append(((bn, warps, stages), heur, True))
+            heur = trials[0][1]
+            for splits in sorted({1, 2, min(2 * heur, decode_fused.MAX_SPLITS)} - {heur}):
+                trials.append((default, splits, True))
+            if heur > 1:
+                trials.append((default, heur, False))
+            for (bn, warps, stages), splits, fused in trials:
                 def fn(q, r, k, v, kw=dict(num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages,
                                            fused_merge=fused)):
                     return decode_fused.parallax_decode_triton(q, r, k, v, None, dim**-0.5, **kw)
@@ -221,7 +223,8 @@ def sweep():
                     log("sweep failed", dim, batch, length, bn, warps, stages, repr(exc)[:300])
                     continue
                 rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages,
-                                 splits=splits, per_sm=per_sm, fused=fused, us=us, tbps=nb / us / 1e6))
+                                 splits=splits, heuristic=(bn, warps, stages) == default and splits == heur,
+                                 fused=fused, us=us, tbps=nb / us / 1e6))
                 log("sweep", json.dumps(rows[-1]))
             del sets
             torch.cuda.empty_cache()
@@ -238,6 +241,10 @@ def bench(fns):
                 sets = make_sets(batch, length, dim, n_sets_for(nb))
                 row = dict(D=dim, B=batch, L=length, kv_bytes=nb, n_sets=len(sets), us={})
                 for name, fn in fns.items():
+                    if name == "parallax-kernel" and batch * length * HKV * dim >= 2**31:
+                        log(f"{name} skipped at D={dim} B={batch} L={length}: its int32 cache offsets overflow "
+                            "(illegal address seen on H200, which poisons the CUDA context)")
+                        continue
                     try:
                         row["us"][name] = time_us(fn, sets)
                     except Exception as exc:
@@ -290,7 +297,7 @@ def main():
     meta = dict(command="python scripts/bench_decode.py " + " ".join(sys.argv[1:]),
                 gpu=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
                 configs={str(k): v for k, v in decode_fused._CONFIGS.items()},
-                programs_per_sm=decode_fused._PROGRAMS_PER_SM, min_chunk=decode_fused._MIN_CHUNK)
+                wave_slack=decode_fused._WAVE_SLACK, min_chunk=decode_fused._MIN_CHUNK)
     meta["copy_tbps"] = copy_bandwidth()
     log("meta", meta)
     result = dict(meta=meta)

@@ -18,6 +18,7 @@ Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -27,16 +28,17 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _H200_SMS = 132
-# Per head dim: (block_n, num_warps, num_stages); tuned on H200 (docs/kernels_decode.md).
-_CONFIGS = {64: (64, 4, 3), 128: (64, 4, 3)}
+# Per head dim: (block_n, num_warps, num_stages); from the H200 sweep (docs/kernels_decode.md).
+_CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3)}
 _DEFAULT_CONFIG = (32, 4, 2)
-# Target resident programs per SM when picking the split count.
-_PROGRAMS_PER_SM = 2
 # Fewest cache positions one split handles: below this the partial writes and
 # the merge cost more than the extra parallelism buys.
-_MIN_CHUNK = 256
+_MIN_CHUNK = 128
 # The merge holds all splits of one head in a [SP, D] register tile.
 MAX_SPLITS = 64
+# Pick the fewest splits whose wave efficiency is within this factor of the best.
+_WAVE_SLACK = 0.85
+_SMEM_PER_SM = 228 * 1024  # H200 (and H100); read off the device when it says
 _counters: dict = {}
 
 
@@ -216,12 +218,29 @@ def supports(q, k_cache):
     return q.dtype in _DTYPES and k_cache.dtype == q.dtype and 16 <= dim <= 256 and dim & (dim - 1) == 0
 
 
-def pick_num_splits(n_groups, length, block_n, sm_count):
-    """Splits per (batch, kv head): fill about _PROGRAMS_PER_SM programs per SM,
-    but never below _MIN_CHUNK positions (or one block) per split."""
-    want = triton.cdiv(_PROGRAMS_PER_SM * sm_count, n_groups)
-    most = triton.cdiv(length, max(_MIN_CHUNK, block_n))
-    return max(1, min(want, most, MAX_SPLITS))
+def pick_num_splits(n_groups, length, block_n, slots):
+    """Splits per (batch, kv head), flash-decoding style: the fewest splits whose
+    wave efficiency (programs / slots over its ceiling) is within _WAVE_SLACK of
+    the best, with at least _MIN_CHUNK positions (and one block) per split.
+    ``slots`` = programs resident at once = SMs * programs per SM."""
+    most = max(1, min(MAX_SPLITS, triton.cdiv(length, max(_MIN_CHUNK, block_n))))
+    effs = []
+    for splits in range(1, most + 1):
+        waves = n_groups * splits / slots
+        effs.append(waves / math.ceil(waves))
+    best = max(effs)
+    return next(i + 1 for i, eff in enumerate(effs) if eff >= _WAVE_SLACK * best)
+
+
+def resident_slots(device, block_n, dim, num_stages, elt_bytes):
+    """SMs * programs per SM, the latter bounded by the K/V pipeline's shared memory."""
+    sms, smem = _H200_SMS, _SMEM_PER_SM
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        sms = props.multi_processor_count
+        smem = getattr(props, "shared_memory_per_multiprocessor", smem)
+    per_program = num_stages * 2 * block_n * dim * elt_bytes
+    return sms * max(1, smem // per_program)
 
 
 def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_splits=None,
@@ -249,7 +268,8 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_
     num_stages = num_stages or cfg[2]
     n_groups = batch * hkv
     if num_splits is None:
-        num_splits = pick_num_splits(n_groups, length, block_n, _sm_count(q.device))
+        slots = resident_slots(q.device, block_n, dim, num_stages, q.element_size())
+        num_splits = pick_num_splits(n_groups, length, block_n, slots)
     chunk = triton.cdiv(triton.cdiv(length, num_splits), block_n) * block_n
     num_splits = triton.cdiv(length, chunk)
     if num_splits > MAX_SPLITS:
@@ -281,12 +301,6 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_
         _merge_kernel[(n_groups,)](part_o, *part_s, out, num_splits, out.stride(0), out.stride(2),
                                    HKV=hkv, G=group, HP=hp, D=dim, SP=sp, num_warps=4)
     return out
-
-
-def _sm_count(device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return _H200_SMS
 
 
 def _counter(device, n):
