@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 PARALLAX_ONLY = (".attention.wr.", ".attention.r_norm.", ".attention.gate.")
 
@@ -33,7 +33,7 @@ def load_transformer_weights(model: torch.nn.Module, checkpoint_dir: str) -> Non
             f"weights of this model (e.g. {missing[:3]}); is it from another size?"
         )
     dcp.load(state, checkpoint_id=checkpoint_dir)
-    set_model_state_dict(model, state)
+    set_model_state_dict(model, state, options=StateDictOptions(strict=False))
     for name, module in model.named_modules():
         if name.endswith("attention.wr"):
             module.weight.zero_()

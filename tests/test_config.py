@@ -1,0 +1,84 @@
+"""Bad configs fail before anything is built, with a message naming the key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from parallax_titan.config import JobConfig
+from parallax_titan.spec import register_all
+from parallax_titan.trainer import ParallaxTrainer
+from parallax_titan.validate import ConfigError, check_config_dict
+from train import parse_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "configs", "demo_cpu.toml")
+register_all()
+
+
+def demo_dict() -> dict:
+    with open(DEMO, "rb") as f:
+        return tomllib.load(f)
+
+
+# (section, key, bad value, text the message must contain)
+TOML_CASES = [
+    ("model", "flavr", "debug", "model.flavr: unknown key"),
+    ("training", "steps", "abc", "training.steps: expected int"),
+    ("training", "seq_len", 1.5, "training.seq_len: expected int"),
+    ("parallax", "gate", "sigmoid", "parallax.gate: expected one of"),
+    ("parallax", "rho_rope", "yes", "parallax.rho_rope: expected bool"),
+    ("optimizer", "lr", "fast", "optimizer.lr: expected float"),
+    ("nosuchsection", "x", 1, "nosuchsection: unknown key"),
+]
+
+
+@pytest.mark.parametrize("section,key,value,message", TOML_CASES)
+def test_toml_keys_and_types_are_checked(section, key, value, message):
+    data = demo_dict()
+    data.setdefault(section, {})[key] = value
+    errors = check_config_dict(data, JobConfig)
+    assert any(message in e for e in errors), errors
+
+
+def test_demo_config_is_clean():
+    assert check_config_dict(demo_dict(), JobConfig) == []
+
+
+# CLI overrides on top of the demo config, and the key the error must name.
+SEMANTIC_CASES = [
+    (["--model.name", "gpt2"], "model.name"),
+    (["--model.flavor", "7B"], "model.flavor"),
+    (["--model.n_heads", "6"], "model.n_heads: 6 query heads is not a multiple of model.n_kv_heads = 4"),
+    (["--model.hf_assets_path", "/no/such/tokenizer"], "model.hf_assets_path"),
+    (["--training.dataset", "local"], "training.dataset_path"),
+    (["--training.dataset", "local", "--training.dataset_path", "/no/such.jsonl"], "/no/such.jsonl"),
+    (["--training.steps", "0"], "training.steps"),
+    (["--parallelism.tensor_parallel_degree", "2"], "parallelism.tensor_parallel_degree"),
+    (["--model.name", "transformer", "--parallax.attn_mask_type", "block_causal"], "parallax.attn_mask_type"),
+    (["--parallax.init_from_transformer", "/no/such/ckpt"], "parallax.init_from_transformer"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", SEMANTIC_CASES)
+def test_bad_config_fails_before_the_model_is_built(overrides, message, monkeypatch):
+    # No LOCAL_RANK and no process group: getting past validation would fail differently.
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    config = parse_config(["--job.config_file", DEMO, *overrides])
+    with pytest.raises(ConfigError) as info:
+        ParallaxTrainer(config)
+    assert message in str(info.value)
+
+
+def test_command_line_reports_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(open(DEMO).read().replace('flavor = "debug"', 'flavor = "debug"\nflavr = "x"'))
+    result = subprocess.run(
+        [sys.executable, "train.py", "--job.config_file", str(bad)], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "model.flavr: unknown key" in result.stderr
