@@ -79,7 +79,7 @@ def make_inputs(b, n, hq, hkv, d, seed=0):
     return q, r, k, v
 
 
-def methods():
+def methods(competitors=True):
     """name -> (input layout: 'blhd', 'bhld' or 'bhld_mha' (kv heads expanded), fn(q, r, k, v) -> out)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -96,6 +96,8 @@ def methods():
         "softmax_flash": ("bhld_mha", sdpa(SDPBackend.FLASH_ATTENTION)),
         "parallax_ours": ("blhd", lambda q, r, k, v: parallax_attention(q, r, k, v)),
     }
+    if not competitors:
+        return table
     try:
         from parallax import parallax_func
 
@@ -156,7 +158,7 @@ def agreement(table, tensors, group):
 def run(args):
     if args.sweep:
         install_sweep()
-    table = methods()
+    table = methods(args.competitors)
     results = []
     for shape in SHAPES:
         b, n, hq, hkv, d = shape
@@ -226,6 +228,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="docs/bench/attention_train", help="output path without extension")
     parser.add_argument("--sweep", action="store_true", help="autotune over a wider config list")
+    parser.add_argument("--competitors", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time parallax-kernel and fla (their first-call autotuning takes minutes)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention.py needs a CUDA GPU")
