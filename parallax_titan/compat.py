@@ -85,3 +85,22 @@ def force_sum_reductions(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_force_sum_reduction_for_comms(True)
+
+
+def save_checkpoint_now(checkpointer, step: int) -> None:
+    """Write a full checkpoint (model, optimizer, schedules, data position) for ``step`` now,
+    whatever the interval; a no-op if it exists. Uses TorchTitan 0.2.2's CheckpointManager
+    internals (there is no public "save now")."""
+    import os
+
+    from torchtitan.components.checkpoint import AsyncMode
+
+    if not checkpointer.enable:
+        return
+    checkpoint_id = checkpointer._create_checkpoint_id(step)
+    if os.path.isfile(os.path.join(checkpoint_id, ".metadata")):
+        return
+    checkpointer._async_wait()
+    checkpointer.dcp_save(
+        checkpointer._flattened_model_states_sd(), checkpoint_id=checkpoint_id, async_mode=AsyncMode.DISABLED
+    )

@@ -78,9 +78,26 @@ class Metrics:
 
 
 @dataclass
+class Reliability:
+    """``[reliability]``: interruptions and numerical failures."""
+
+    save_on_sigterm: bool = True
+    """On SIGTERM (as sent by schedulers before preemption), finish the step, save a full checkpoint
+    and exit with code 0; rerunning the same command resumes from it."""
+
+    stop_at_step: int = 0
+    """Save a full checkpoint and exit after this step (0: never); simulates an interruption."""
+
+    nonfinite: Literal["skip", "stop", "off"] = "skip"
+    """Non-finite loss or gradient: skip the optimizer step, or save and stop; the report names
+    the step and the first parameter whose gradient is not finite. "off" does not check."""
+
+
+@dataclass
 class ParallaxJobConfig:
     parallax: Parallax = field(default_factory=Parallax)
     model: Model = field(default_factory=Model)
+    reliability: Reliability = field(default_factory=Reliability)
     metrics: Metrics = field(default_factory=Metrics)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)

@@ -2,14 +2,22 @@
 
 The training step itself is TorchTitan's (``Trainer.train_step``): forward, loss, backward,
 gradient clipping, optimizer and schedule steps. This subclass adapts the host, validates the
-config before anything is built, runs the up-training conversion and drives the progress bar.
+config before anything is built, runs the up-training conversion, drives the progress bar, and
+handles interruptions (SIGTERM, ``reliability.stop_at_step``) by saving a full checkpoint and
+leaving the loop, so that rerunning the command resumes exactly.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
+
+import torch
+import torch.distributed as dist
+from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from parallax_titan.compat import configure_for_host
+from parallax_titan.compat import configure_for_host, save_checkpoint_now
 from parallax_titan.validate import validate_job_config
 
 
@@ -18,6 +26,11 @@ class ParallaxTrainer(Trainer):
         validate_job_config(job_config)
         configure_for_host(job_config)
         super().__init__(job_config)
+        self._stop_reason: str | None = None
+        self._sigterm = False
+        reliability = job_config.reliability
+        if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         source = job_config.parallax.init_from_transformer
         if source:
             from parallax_titan.uptrain import load_transformer_weights
@@ -25,6 +38,28 @@ class ParallaxTrainer(Trainer):
             for part in self.model_parts:
                 load_transformer_weights(part, source)
 
+    def _on_sigterm(self, signum, frame) -> None:
+        self._sigterm = True
+
     def train_step(self, data_iterator):
         super().train_step(data_iterator)
         self.metrics_processor.advance(self.step)
+        if self.step == self.job_config.reliability.stop_at_step:
+            self._stop_reason = f"reliability.stop_at_step = {self.step}"
+        if self._any_rank(self._sigterm):
+            self._stop_reason = "SIGTERM"
+
+    def should_continue_training(self) -> bool:
+        if self._stop_reason is None:
+            return super().should_continue_training()
+        save_checkpoint_now(self.checkpointer, self.step)
+        logger.info(f"Stopping after step {self.step} ({self._stop_reason}); checkpoint saved, rerun to resume")
+        return False
+
+    def _any_rank(self, flag: bool) -> bool:
+        """True if ``flag`` is set on any rank (signals reach ranks at slightly different times)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return flag
+        value = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
