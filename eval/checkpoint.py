@@ -1,0 +1,127 @@
+"""Build a model from a run's TOML config and load a DCP checkpoint written by the trainer.
+
+The trainer's checkpoint folder (``<dump_folder>/checkpoint/step-N``) is a DCP checkpoint whose
+model weights sit at the top level under the model's own names (``layers.0.attention.wq.weight``);
+optimizer, lr-schedule and data-loader entries may sit beside them and are ignored here.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
+from parallax_titan.spec import BASE_FLAVORS, variant_args
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_job_config(config_path: str, overrides: Sequence[str] = ()):
+    """Parse a training TOML (plus ``--section.key value`` overrides) exactly as ``train.py`` does."""
+    from train import parse_config  # the repo root is on sys.path; train.py owns the parsing rules
+
+    if not os.path.isfile(config_path):
+        raise ValueError(f"config: {config_path!r} is not a file; expected a training TOML")
+    return parse_config(["--job.config_file", config_path, *overrides])
+
+
+def model_args_of(job_config, max_length: int = 0) -> ParallaxModelArgs:
+    """The model arguments the trainer builds for ``job_config`` (variant, flavor, overrides).
+
+    ``max_length`` > 0 replaces the training sequence length as the RoPE table size.
+    """
+    flavor = job_config.model.flavor
+    if flavor not in BASE_FLAVORS:
+        raise ValueError(f"model.flavor: unknown size {flavor!r}; expected one of {sorted(BASE_FLAVORS)}")
+    args = copy.deepcopy(variant_args(job_config.model.name, BASE_FLAVORS[flavor]))
+    args.update_from_config(job_config)
+    if max_length < 0:
+        raise ValueError(f"max_length: got {max_length}; expected 0 (training seq_len) or a positive length")
+    if max_length:
+        args.max_seq_len = max_length
+    return args
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``None``/``""``/``"auto"`` -> CUDA when available, else CPU."""
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` -> bfloat16 on CUDA, float32 elsewhere; otherwise one of :data:`DTYPES`."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: got {dtype!r}; expected 'auto' or one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def build_model(args: ParallaxModelArgs, device: torch.device) -> ParallaxQwen3Model:
+    """An fp32 model on ``device`` with freshly initialised weights (then overwritten by a load)."""
+    with torch.device("meta"):
+        model = ParallaxQwen3Model(args)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=device)  # also re-ties tied embeddings and builds RoPE
+    return model.eval()
+
+
+def model_keys(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict without the tied output weight (it is the embedding itself)."""
+    state = model.state_dict()
+    if getattr(model.model_args, "enable_weight_tying", False):
+        state.pop("output.weight", None)
+    return state
+
+
+@torch.no_grad()
+def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str) -> None:
+    """Load the model weights of a DCP checkpoint folder into ``model`` (single process).
+
+    Works for checkpoints with or without optimizer state, written by any number of ranks.
+    Raises ValueError naming ``checkpoint`` for a missing folder, missing or mis-shaped weights.
+    """
+    if not os.path.isdir(checkpoint_dir):
+        raise ValueError(f"checkpoint: {checkpoint_dir!r} is not a directory; expected <dump>/checkpoint/step-N")
+    try:
+        metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint: {checkpoint_dir!r} has no DCP .metadata file") from None
+    state = model_keys(model)
+    missing = sorted(k for k in state if k not in metadata)
+    if missing:
+        raise ValueError(
+            f"checkpoint: {checkpoint_dir!r} lacks {len(missing)} weights of this model "
+            f"(e.g. {missing[:3]}); was it written for another [model] name or flavor?"
+        )
+    wrong = [(k, tuple(metadata[k].size), tuple(v.shape)) for k, v in state.items() if tuple(metadata[k].size) != tuple(v.shape)]
+    if wrong:
+        key, saved, expected = wrong[0]
+        raise ValueError(
+            f"checkpoint: {checkpoint_dir!r}: {key} has shape {saved}, the config's model expects "
+            f"{expected} ({len(wrong)} mismatches); was it written for another size?"
+        )
+    # no_dist: load on this process only, also when called inside a torchrun job.
+    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)
+    model.load_state_dict(state, strict=False)
+
+
+def load_model(job_config, checkpoint_dir: str, device=None, dtype="auto", max_length: int = 0):
+    """Config + checkpoint -> (model in eval mode on ``device`` in ``dtype``, its model args)."""
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    args = model_args_of(job_config, max_length)
+    model = build_model(args, device)
+    load_checkpoint(model, checkpoint_dir)
+    rope_cache = model.rope_cache  # kept in fp32, as under FSDP mixed precision in training
+    model.to(dtype)
+    model.rope_cache = rope_cache
+    return model, args

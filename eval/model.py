@@ -1,0 +1,250 @@
+"""lm-eval model class for Parallax-Titan checkpoints (every variant: Transformer, Parallax, daggers).
+
+Scoring follows lm-eval's conventions for causal LMs: the end-of-document token
+``<|endoftext|>`` conditions an empty context and the first window of a rolling score; inputs
+longer than the model's window keep their last ``max_length`` tokens; log-probabilities are
+computed in float32 from the model's logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from eval.checkpoint import load_job_config, load_model
+from parallax_titan.tokenizer import build_tokenizer
+
+MODEL_NAME = "parallax_titan"
+DEFAULT_MAX_GEN_TOKS = 256
+
+Request = tuple[tuple[str, str], list[int], list[int]]
+
+
+def _positive_int(name: str, value) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number <= 0 or str(number) != str(value).strip():
+        raise ValueError(f"{name}: got {value!r}; expected a positive integer")
+    return number
+
+
+def _chunks(items: Sequence[int], size: int) -> Iterator[list[int]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+@register_model(MODEL_NAME)
+class ParallaxLM(TemplateLM):
+    """A Parallax-Titan model and its run's tokenizer, scored for lm-eval.
+
+    Build it with :meth:`from_checkpoint` (TOML config + DCP folder) or :meth:`from_job_config`.
+    ``batch_size`` sequences go through the model at once, right-padded with the end-of-document
+    token; causal attention keeps padding from reaching any scored position.
+    """
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 8, max_length: int = 0,
+                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self._max_length = _positive_int("max_length", max_length or model.model_args.max_seq_len)
+        if self._max_length > model.model_args.max_seq_len:
+            raise ValueError(
+                f"max_length: got {self._max_length}; the model's RoPE table holds "
+                f"{model.model_args.max_seq_len} positions"
+            )
+        self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
+        self._device = next(model.parameters()).device
+
+    @classmethod
+    def from_job_config(cls, job_config, checkpoint_dir: str, *, device=None, dtype="auto",
+                        batch_size: int = 8, max_length: int = 0, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS):
+        """A parsed JobConfig + a DCP checkpoint folder -> ParallaxLM (model in eval mode)."""
+        model, _ = load_model(job_config, checkpoint_dir, device=device, dtype=dtype, max_length=max_length)
+        return cls(model, build_tokenizer(job_config), batch_size=batch_size, max_length=max_length,
+                   max_gen_toks=max_gen_toks)
+
+    @classmethod
+    def from_checkpoint(cls, config_path: str, checkpoint_dir: str, *, device=None, dtype="auto",
+                        batch_size: int = 8, max_length: int = 0, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+                        overrides: Sequence[str] = ()):
+        """A training TOML (+ ``--section.key value`` overrides) and a DCP checkpoint -> ParallaxLM.
+
+        device: "cpu", "cuda", "cuda:1", or None (CUDA when available). dtype: "auto" (bf16 on
+        CUDA, fp32 on CPU), "float32", "bfloat16" or "float16". max_length: the scoring window,
+        0 = the config's ``training.seq_len``.
+        """
+        job_config = load_job_config(config_path, overrides)
+        return cls.from_job_config(job_config, checkpoint_dir, device=device, dtype=dtype,
+                                   batch_size=batch_size, max_length=max_length, max_gen_toks=max_gen_toks)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """lm-eval's ``--model parallax_titan --model_args config=X.toml,checkpoint=DIR[,dtype=..]``."""
+        from lm_eval.utils import simple_parse_args_string
+
+        args = simple_parse_args_string(arg_string)
+        extra = {k: v for k, v in (additional_config or {}).items() if k in ("device", "batch_size") and v}
+        for key in ("config", "checkpoint"):
+            if key not in args:
+                raise ValueError(f"model_args: {key}= is missing in {arg_string!r}; expected config=X.toml,checkpoint=DIR")
+        config, checkpoint = args.pop("config"), args.pop("checkpoint")
+        return cls.from_checkpoint(config, checkpoint, **{**args, **extra})
+
+    # ------------------------------------------------------------------ tokenizer and shapes
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def max_length(self) -> int:
+        """Scoring window in tokens (the training sequence length unless overridden)."""
+        return self._max_length
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "tokenizer_path", "parallax_titan"))
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        """Text -> token ids, no BOS/EOS (the run's documents carry no BOS)."""
+        return self.tokenizer.encode(string, add_bos=False, add_eos=False)
+
+    def tok_decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+    # ------------------------------------------------------------------ model calls
+    @torch.no_grad()
+    def _logits(self, rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """Right-pad ``rows`` (each <= max_length tokens) and run the model.
+
+        Returns logits (batch, longest, vocab) in the model dtype and the row lengths.
+        """
+        lengths = [len(r) for r in rows]
+        tokens = torch.full((len(rows), max(lengths)), self.eot_token_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        tokens = tokens.to(self.device)
+        masks = None
+        if self.model.model_args.attn_type in ("flex", "varlen"):  # document masks as in training
+            masks = self.model.get_attention_masks(tokens, self.tokenizer)
+        return self.model(tokens, attention_masks=masks), lengths
+
+    def _score_batch(self, batch: list[Request]) -> list[tuple[float, bool]]:
+        rows, conts = [], []
+        for _, context, continuation in batch:
+            if not continuation:
+                raise ValueError("loglikelihood: empty continuation; expected at least one token to score")
+            if len(continuation) > self.max_length:
+                raise ValueError(
+                    f"loglikelihood: continuation of {len(continuation)} tokens exceeds max_length {self.max_length}"
+                )
+            rows.append((context + continuation)[-(self.max_length + 1) : -1])
+            conts.append(continuation)
+        logits, lengths = self._logits(rows)
+        results = []
+        for i, (cont, length) in enumerate(zip(conts, lengths)):
+            logprobs = F.log_softmax(logits[i, length - len(cont) : length].float(), dim=-1)
+            target = torch.tensor(cont, device=logprobs.device)
+            score = float(logprobs.gather(-1, target[:, None]).sum())
+            greedy = bool((logprobs.argmax(dim=-1) == target).all())
+            results.append((score, greedy))
+        return results
+
+    def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False, **kwargs):
+        """(pair, context ids, continuation ids) -> [(sum log p(continuation | context), is_greedy)].
+
+        Batches are formed longest first so the largest allocation happens at the start.
+        """
+        order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        with tqdm(total=len(requests), desc="loglikelihood", disable=disable_tqdm) as bar:
+            for indices in _chunks(order, self.batch_size):
+                for index, answer in zip(indices, self._score_batch([requests[i] for i in indices])):
+                    results[index] = answer
+                    if requests[index][0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[index][0], answer)
+                bar.update(len(indices))
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Full log-likelihood of each text, scored in windows of ``max_length`` tokens.
+
+        The first window predicts the first token from ``<|endoftext|>``; each later window
+        predicts up to ``max_length`` new tokens conditioned on the tokens just before them, so
+        every token is scored exactly once (lm-eval's rolling windows with context length 1).
+        """
+        windows, owners = [], []
+        for index, request in enumerate(requests):
+            tokens = self.tok_encode(request.args[0])
+            for context, continuation in map(
+                make_disjoint_window, get_rolling_token_windows(tokens, self.eot_token_id, self.max_length, 1)
+            ):
+                windows.append((None, context, continuation))
+                owners.append(index)
+        totals = [0.0] * len(requests)
+        for owner, (score, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)):
+            totals[owner] += score
+        for request, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    # ------------------------------------------------------------------ generation
+    def _stop_strings(self, gen_kwargs: dict) -> tuple[list[str], int]:
+        kwargs = dict(gen_kwargs)
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = _positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
+        if kwargs.pop("do_sample", False) or float(kwargs.pop("temperature", 0.0) or 0.0) > 0:
+            raise ValueError(f"generate_until: only greedy decoding is supported; got {gen_kwargs!r}")
+        return until + [self.tok_decode([self.eot_token_id])], max_new
+
+    @staticmethod
+    def _cut(text: str, stops: list[str]) -> str:
+        cuts = [text.index(s) for s in stops if s and s in text]
+        return text[: min(cuts)] if cuts else text
+
+    def _generate_batch(self, contexts: list[list[int]], settings: list[tuple[list[str], int]]) -> list[str]:
+        generated: list[list[int]] = [[] for _ in contexts]
+        active = list(range(len(contexts)))
+        while active:
+            rows = [(contexts[i] + generated[i])[-self.max_length :] for i in active]
+            logits, lengths = self._logits(rows)
+            still = []
+            for j, i in enumerate(active):
+                token = int(logits[j, lengths[j] - 1].argmax())
+                stops, max_new = settings[i]
+                if token == self.eot_token_id:
+                    continue
+                generated[i].append(token)
+                text = self.tok_decode(generated[i])
+                if len(generated[i]) < max_new and not any(s and s in text for s in stops):
+                    still.append(i)
+            active = still
+        return [self._cut(self.tok_decode(g), s) for g, (s, _) in zip(generated, settings)]
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy generation from each context until a stop string, ``<|endoftext|>`` or max tokens.
+
+        Returns the generated text cut before the first stop string.
+        """
+        contexts = [self.tok_encode(r.args[0]) or [self.eot_token_id] for r in requests]
+        settings = [self._stop_strings(r.args[1] if len(r.args) > 1 else {}) for r in requests]
+        order = sorted(range(len(requests)), key=lambda i: -len(contexts[i]))
+        results: list[str | None] = [None] * len(requests)
+        with tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm) as bar:
+            for indices in _chunks(order, self.batch_size):
+                texts = self._generate_batch([contexts[i] for i in indices], [settings[i] for i in indices])
+                for index, text in zip(indices, texts):
+                    results[index] = text
+                    self.cache_hook.add_partial("generate_until", requests[index].args, text)
+                bar.update(len(indices))
+        return results

@@ -1,0 +1,99 @@
+"""The paper's downstream suite (SPEC.md section 4) and local-file data sources for its tasks.
+
+Each task is lm-eval's own YAML (prompt, choices, metrics unchanged). With a data folder the
+dataset source alone is replaced: ``dataset_path`` becomes the ``json`` (or ``parquet``) builder
+and ``dataset_kwargs.data_files`` maps the split the task evaluates to ``<data_dir>/<task>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lm_eval.tasks
+from lm_eval.tasks._yaml_loader import load_yaml
+
+PAPER_SUITE = (
+    "lambada_openai", "wikitext", "boolq", "hellaswag", "piqa",
+    "arc_easy", "arc_challenge", "winogrande", "openbookqa", "sciq",
+)
+
+# lm-eval's YAML of each task, relative to the lm_eval/tasks folder of the pinned version.
+TASK_YAMLS = {
+    "lambada_openai": "lambada/lambada_openai.yaml",
+    "wikitext": "wikitext/wikitext.yaml",
+    "boolq": "super_glue/boolq/default.yaml",
+    "hellaswag": "hellaswag/hellaswag.yaml",
+    "piqa": "piqa/piqa.yaml",
+    "arc_easy": "arc/arc_easy.yaml",
+    "arc_challenge": "arc/arc_challenge.yaml",
+    "winogrande": "winogrande/default.yaml",
+    "openbookqa": "openbookqa/openbookqa.yaml",
+    "sciq": "sciq/sciq.yaml",
+}
+
+DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def parse_tasks(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """``"paper"``, a comma-separated string or a list of suite task names -> task names.
+
+    Raises ValueError naming ``tasks`` for an unknown name or an empty selection.
+    """
+    if spec is None or spec == "paper":
+        return list(PAPER_SUITE)
+    names = [t.strip() for t in spec.split(",")] if isinstance(spec, str) else [str(t).strip() for t in spec]
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in PAPER_SUITE]
+    if unknown or not names:
+        raise ValueError(f"tasks: got {spec!r}; expected 'paper' or names from {list(PAPER_SUITE)}")
+    return list(dict.fromkeys(names))
+
+
+def task_config(task: str) -> dict:
+    """lm-eval's config of ``task`` (includes merged, ``!function`` entries resolved)."""
+    if task not in TASK_YAMLS:
+        raise ValueError(f"tasks: unknown task {task!r}; expected one of {list(PAPER_SUITE)}")
+    return load_yaml(Path(lm_eval.tasks.__file__).parent / TASK_YAMLS[task], resolve_func=True)
+
+
+def eval_split(config: dict) -> str:
+    """The split lm-eval scores: the test split when the task has one, else validation."""
+    return config.get("test_split") or config["validation_split"]
+
+
+def data_file(data_dir: str, task: str) -> str:
+    """``<data_dir>/<task>.jsonl`` (or .json/.parquet); ValueError naming ``data_dir`` if none exists."""
+    for suffix in DATA_SUFFIXES:
+        path = os.path.join(data_dir, task + suffix)
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise ValueError(
+        f"data_dir: {data_dir!r} has no file for task {task!r}; expected {task}.jsonl (or "
+        f".json/.parquet) holding its {eval_split(task_config(task))!r} split in the Hugging Face schema"
+    )
+
+
+def local_task_config(task: str, data_dir: str) -> dict:
+    """``task``'s lm-eval config reading its evaluated split from a local file in ``data_dir``."""
+    config = task_config(task)
+    split = eval_split(config)
+    path = data_file(data_dir, task)
+    config.pop("tag", None)  # tags would register suite-wide groups; one task per config here
+    config.update(
+        dataset_path=DATA_SUFFIXES[os.path.splitext(path)[1]],
+        dataset_name=None,
+        dataset_kwargs={"data_files": {split: path}},
+        training_split=None,
+        fewshot_split=None,
+        validation_split=split if config.get("validation_split") == split else None,
+        test_split=split if config.get("test_split") == split else None,
+    )
+    return config
+
+
+def task_specs(tasks: list[str], data_dir: str | None) -> list:
+    """What ``lm_eval.simple_evaluate(tasks=...)`` gets: names (hub or cache) or local configs."""
+    if not data_dir:
+        return list(tasks)
+    return [local_task_config(t, data_dir) for t in tasks]
