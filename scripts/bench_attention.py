@@ -45,13 +45,12 @@ def install_sweep():
     """Replace our autotuned kernels by ones over a wider candidate list (for choosing the short list)."""
     from kernels.parallax import fused
 
-    wide = {
-        "_FWD_TUNED": (fused._fwd_kernel, [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (128, 128, 8, 2),
-                                           (64, 64, 4, 3), (64, 128, 4, 2), (64, 32, 4, 4)]),
-        "_DQ_TUNED": (fused._bwd_dq_kernel, [(128, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2),
-                                             (64, 32, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2)]),
-        "_DKDV_TUNED": (fused._bwd_dkdv_kernel, [(64, 128, 8, 2), (32, 128, 8, 2), (64, 128, 8, 3),
-                                                 (64, 64, 4, 2), (32, 64, 4, 3), (128, 64, 8, 2), (128, 128, 8, 2)]),
+    wide = {  # second sweep: the short fwd list, more dq and (the bottleneck) dkdv shapes
+        "_FWD_TUNED": (fused._fwd_kernel, [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3)]),
+        "_DQ_TUNED": (fused._bwd_dq_kernel, [(64, 32, 4, 4), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 3),
+                                             (32, 64, 4, 3), (64, 64, 4, 4)]),
+        "_DKDV_TUNED": (fused._bwd_dkdv_kernel, [(32, 128, 8, 2), (32, 128, 4, 3), (32, 128, 4, 5), (16, 128, 8, 2),
+                                                 (16, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (16, 64, 4, 4)]),
     }
     for name, (kernel, triples) in wide.items():
         setattr(fused, name, fused._autotuned(kernel, _cfgs(triples)))
