@@ -64,7 +64,13 @@ def routing_config(cfg, model: nn.Module) -> RoutingConfig:
 
 
 class ParallaxOptimizersContainer(OptimizersContainer):
-    """One ``MuonAdamW`` per model part; state_dict/load_state_dict are TorchTitan's (DCP)."""
+    """One ``MuonAdamW`` per model part; state_dict/load_state_dict are TorchTitan's (DCP).
+
+    ``step_guard``, when set, is called before every step; returning False skips the update
+    (the trainer uses it to skip steps with a non-finite loss or gradient).
+    """
+
+    step_guard = None
 
     def __init__(self, model_parts: list[nn.Module], optimizer_config) -> None:
         self.model_parts = model_parts
@@ -76,6 +82,11 @@ class ParallaxOptimizersContainer(OptimizersContainer):
             all_params.extend(p for g in groups for p in g["params"])
         self._validate_length(len(model_parts))
         self._post_init(all_params, {"lr": optimizer_config.lr})
+
+    def step(self, *args, **kwargs) -> None:
+        if self.step_guard is not None and not self.step_guard():
+            return
+        super().step(*args, **kwargs)
 
     def schedule_metrics(self) -> dict[str, float]:
         """Per group: lr, effective ordinary decay and S_p decay per step (for TensorBoard)."""

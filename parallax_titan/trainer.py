@@ -28,6 +28,10 @@ class ParallaxTrainer(Trainer):
         super().__init__(job_config)
         self._stop_reason: str | None = None
         self._sigterm = False
+        self._nonfinite = None  # device flag: a non-finite loss or gradient in this step
+        self.nonfinite_steps = 0
+        if job_config.reliability.nonfinite != "off":
+            self.optimizers.step_guard = self._finite_or_skip
         reliability = job_config.reliability
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -37,6 +41,46 @@ class ParallaxTrainer(Trainer):
 
             for part in self.model_parts:
                 load_transformer_weights(part, source)
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+        loss = super().forward_backward_step(
+            input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+        )
+        if self.job_config.reliability.nonfinite != "off":
+            # Kept on the device: one host sync per step, in the optimizer-step guard. The norms
+            # are taken before clipping, which turns every gradient NaN once one is.
+            names, grads = zip(*self._named_grads())
+            self._grad_norms = (names, torch.stack(torch._foreach_norm(list(grads))))
+            bad = ~torch.isfinite(loss).all() | ~torch.isfinite(self._grad_norms[1]).all()
+            self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+        return loss
+
+    def _named_grads(self):
+        for part in self.model_parts:
+            for name, param in part.named_parameters():
+                if param.grad is not None:
+                    grad = param.grad
+                    yield name, grad.to_local() if hasattr(grad, "to_local") else grad
+
+    def _finite_or_skip(self) -> bool:
+        """Optimizer-step guard: False (skip the update) after a non-finite loss or gradient."""
+        flag, self._nonfinite = self._nonfinite, None
+        if flag is None or not self._any_rank(bool(flag.item())):
+            return True
+        self.nonfinite_steps += 1
+        names, norms = self._grad_norms
+        bad = (~torch.isfinite(norms)).nonzero()
+        first = names[int(bad[0])] if len(bad) else "none on this rank (non-finite loss)"
+        policy = self.job_config.reliability.nonfinite
+        logger.warning(
+            f"non-finite loss or gradient at step {self.step}: first non-finite gradient (rank "
+            f"{dist.get_rank() if dist.is_initialized() else 0}): {first}; reliability.nonfinite = {policy!r}: "
+            + ("update skipped" if policy == "skip" else "update skipped, saving and stopping")
+        )
+        if policy == "stop":
+            self._stop_reason = f"non-finite loss or gradient at step {self.step}"
+        self.optimizers.zero_grad()
+        return False
 
     def _on_sigterm(self, signum, frame) -> None:
         self._sigterm = True

@@ -1,0 +1,41 @@
+"""A non-finite gradient is reported with its step and parameter and handled by policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(tmp_path, policy: str):
+    env = {**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29531", "PYTHONPATH": REPO}
+    cmd = [sys.executable, "tests/_nonfinite_driver.py", "--job.config_file", "configs/test_cpu_2rank.toml",
+           "--training.dataset", "default_corpus", "--training.steps", "4", "--checkpoint.interval", "100",
+           "--job.dump_folder", str(tmp_path), "--reliability.nonfinite", policy]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_skip_policy_skips_the_update_and_continues(tmp_path):
+    out, log = run(tmp_path, "skip")
+    assert out == {"unchanged_at_2": True, "changed_at_3": True, "last_step": 4, "nonfinite_steps": 1,
+                   "finite_params": True}
+    assert "non-finite loss or gradient at step 2" in log and "layers.1.feed_forward.w2.weight" in log
+
+
+def test_stop_policy_saves_and_stops(tmp_path):
+    out, log = run(tmp_path, "stop")
+    assert out["last_step"] == 2 and out["unchanged_at_2"] and out["finite_params"]
+    assert os.path.isfile(tmp_path / "checkpoint" / "step-2" / ".metadata")
+
+
+def test_off_policy_lets_nan_through(tmp_path):
+    out, _ = run(tmp_path, "off")
+    assert not out["finite_params"]
