@@ -6,11 +6,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-outputs/gpu_smoke}
-steps=${1:-40}
+steps=${1:-30}
 mkdir -p "$out"
 run() {  # name config extra-args...
   local name=$1 config=$2; shift 2
-  timeout 420 torchrun --nproc_per_node=1 train.py --job.config_file "$config" \
+  timeout 240 torchrun --nproc_per_node=1 train.py --job.config_file "$config" \
     --training.dataset default_corpus --training.steps "$steps" --training.global_batch_size -1 \
     --training.local_batch_size 4 --checkpoint.no-enable --metrics.log_freq 5 \
     --metrics.no-progress-bar --job.dump_folder "$out/$name" "$@" > "$out/$name.log" 2>&1
