@@ -13,10 +13,7 @@ from pathlib import Path
 import lm_eval.tasks
 from lm_eval.tasks._yaml_loader import load_yaml
 
-PAPER_SUITE = (
-    "lambada_openai", "wikitext", "boolq", "hellaswag", "piqa",
-    "arc_easy", "arc_challenge", "winogrande", "openbookqa", "sciq",
-)
+from eval.suite import PAPER_SUITE
 
 # lm-eval's YAML of each task, relative to the lm_eval/tasks folder of the pinned version.
 TASK_YAMLS = {

@@ -1,0 +1,134 @@
+"""Score checkpoints on the paper's downstream suite and write its table.
+
+    python -m eval.lm_eval --config X.toml --checkpoint OUT/checkpoint/step-N [more step folders] \
+        --suite paper --output eval_out [--tasks boolq,piqa] [--limit 100] [--batch-size 16] \
+        [--device cuda] [--data-dir DIR]
+
+Writes ``<output>/results.md`` (one row per checkpoint, the paper's column order) and
+``<output>/<row>.json`` (lm-eval's full output per checkpoint), and prints the table.
+``--data-dir`` reads each task from ``DIR/<task>.jsonl`` instead of the Hugging Face hub/cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import lm_eval  # the harness (absolute import: this module is eval.lm_eval)
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import handle_non_serializable
+from tqdm import tqdm
+
+from eval.model import ParallaxLM
+from eval.table import markdown_table
+from eval.tasks import parse_tasks, task_specs
+
+SUITES = ("paper",)
+DEFAULT_BOOTSTRAP_ITERS = 100000  # lm-eval's default
+
+
+def evaluate(lm, tasks: list[str], *, data_dir: str | None = None, limit: int = 0,
+             bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS) -> dict:
+    """Run ``tasks`` zero-shot on ``lm`` (any lm-eval LM); returns lm-eval's results dict.
+
+    data_dir: local task files (offline); None reads the Hugging Face hub or its cache.
+    limit: documents per task, 0 = all.
+    """
+    if limit < 0:
+        raise ValueError(f"limit: got {limit}; expected 0 (all documents) or a positive count")
+    manager = TaskManager(include_defaults=not data_dir)
+    results = lm_eval.simple_evaluate(
+        model=lm, tasks=task_specs(tasks, data_dir), task_manager=manager, num_fewshot=0,
+        limit=limit or None, log_samples=False, bootstrap_iters=bootstrap_iters,
+    )
+    if results is None:
+        raise RuntimeError("lm_eval.simple_evaluate returned no results (not rank 0?)")
+    return results
+
+
+def row_name(checkpoint_dir: str) -> str:
+    """``.../<run>/checkpoint/step-N`` -> ``<run>/step-N``; any other folder -> its last two parts."""
+    parts = Path(os.path.abspath(checkpoint_dir)).parts
+    if len(parts) >= 3 and parts[-2] == "checkpoint":
+        return f"{parts[-3]}/{parts[-1]}"
+    return "/".join(parts[-2:])
+
+
+def write_outputs(output_dir: str, rows: list[tuple[str, dict]]) -> str:
+    """Write ``results.md`` and one lm-eval JSON per row into ``output_dir``; returns the table's path."""
+    os.makedirs(output_dir, exist_ok=True)
+    for name, results in rows:
+        path = os.path.join(output_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", name) + ".json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2, default=handle_non_serializable)
+    table_path = os.path.join(output_dir, "results.md")
+    with open(table_path, "w", encoding="utf-8") as f:
+        f.write(markdown_table(rows))
+    return table_path
+
+
+def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: list[str], output: str,
+                         data_dir: str | None = None, limit: int = 0, batch_size: int = 8, device=None,
+                         dtype: str = "auto", max_length: int = 0, names: list[str] | None = None,
+                         bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS) -> str:
+    """Score each checkpoint (with its config: one for all, or one each); returns the table's path."""
+    if len(configs) not in (1, len(checkpoints)):
+        raise ValueError(
+            f"config: got {len(configs)} configs for {len(checkpoints)} checkpoints; expected 1 or one per checkpoint"
+        )
+    names = names or [row_name(c) for c in checkpoints]
+    if len(names) != len(checkpoints):
+        raise ValueError(f"names: got {len(names)} names for {len(checkpoints)} checkpoints")
+    configs = configs * len(checkpoints) if len(configs) == 1 else configs
+    rows = []
+    for name, config, checkpoint in tqdm(list(zip(names, configs, checkpoints)), desc="checkpoints"):
+        lm = ParallaxLM.from_checkpoint(config, checkpoint, device=device, dtype=dtype,
+                                        batch_size=batch_size, max_length=max_length)
+        rows.append((name, evaluate(lm, tasks, data_dir=data_dir, limit=limit, bootstrap_iters=bootstrap_iters)))
+        del lm
+    return write_outputs(output, rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m eval.lm_eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", nargs="+", required=True, help="training TOML: one for all checkpoints or one each")
+    parser.add_argument("--checkpoint", nargs="+", required=True, help="DCP folders <dump>/checkpoint/step-N")
+    parser.add_argument("--suite", default="paper", choices=SUITES, help="task suite (SPEC.md section 4)")
+    parser.add_argument("--tasks", default=None, help="comma-separated subset of the suite (default: all)")
+    parser.add_argument("--output", required=True, help="folder for results.md and the lm-eval JSON files")
+    parser.add_argument("--limit", type=int, default=0, help="documents per task (0 = all)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    parser.add_argument("--max-length", type=int, default=0, help="scoring window (0 = the config's training.seq_len)")
+    parser.add_argument("--data-dir", default=None, help="read each task from DIR/<task>.jsonl (offline)")
+    parser.add_argument("--names", nargs="+", default=None, help="row names (default: <run>/step-N)")
+    parser.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
+                        help="lm-eval bootstrap iterations for standard errors (0 = none)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        tasks = parse_tasks(args.tasks or args.suite)
+        path = evaluate_checkpoints(
+            args.config, args.checkpoint, tasks=tasks, output=args.output, data_dir=args.data_dir,
+            limit=args.limit, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+            max_length=args.max_length, names=args.names, bootstrap_iters=args.bootstrap_iters,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with open(path, encoding="utf-8") as f:
+        print(f.read())
+    print(f"table: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,81 @@
+"""Export a checkpoint to Hugging Face format, or import Hugging Face Qwen3 weights for training.
+
+    # DCP checkpoint -> <out>/model.safetensors + config.json + tokenizer
+    python scripts/export_hf.py export --config X.toml --checkpoint OUT/checkpoint/step-N --output hf_out
+
+    # Hugging Face Qwen3 (e.g. a local copy of Qwen/Qwen3-0.6B) -> a DCP folder to train from;
+    # into a Parallax config the probes start at W_R = 0 (exactly the Transformer's function)
+    python scripts/export_hf.py import --config configs/paper/0.6B/parallax_muon_wsd.toml \
+        --hf ~/Qwen3-0.6B --output outputs/qwen3_parallax_init
+    torchrun ... train.py --job.config_file ... --checkpoint.initial_load_path outputs/qwen3_parallax_init
+
+Extra ``--section.key value`` arguments override the config (e.g. ``--model.name transformer``).
+The format is described in eval/hf_format.py and docs/eval.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+
+from eval.checkpoint import DTYPES, build_model, load_job_config, load_model, model_args_of  # noqa: E402
+from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf  # noqa: E402
+from parallax_titan.tokenizer import build_tokenizer  # noqa: E402
+
+
+def export_command(args, overrides: list[str]) -> str:
+    """DCP checkpoint -> Hugging Face folder; returns the folder."""
+    job_config = load_job_config(args.config, overrides)
+    model, _ = load_model(job_config, args.checkpoint, device="cpu", dtype=args.dtype)
+    tokenizer_dir = None if args.no_tokenizer else job_config.model.hf_assets_path
+    eos_id = build_tokenizer(job_config).eos_id
+    return export_hf(model, args.output, tokenizer_dir=tokenizer_dir, eos_id=eos_id)
+
+
+def import_command(args, overrides: list[str]) -> str:
+    """Hugging Face folder -> DCP folder with the config's model weights; returns the folder."""
+    job_config = load_job_config(args.config, overrides)
+    model = build_model(model_args_of(job_config), torch.device("cpu"))
+    hf_config, hf_state = read_hf(args.hf)
+    check_hf_config(hf_config, model.model_args)
+    load_hf_state(model, hf_state)
+    os.makedirs(args.output, exist_ok=True)
+    dcp.save(model.state_dict(), checkpoint_id=args.output, no_dist=True)
+    return args.output
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python scripts/export_hf.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("export", help="DCP checkpoint -> safetensors + config.json")
+    export.add_argument("--config", required=True, help="the run's training TOML")
+    export.add_argument("--checkpoint", required=True, help="DCP folder <dump>/checkpoint/step-N")
+    export.add_argument("--output", required=True, help="folder to write")
+    export.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="storage dtype")
+    export.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
+    imp = commands.add_parser("import", help="Hugging Face Qwen3 folder -> DCP folder")
+    imp.add_argument("--config", required=True, help="training TOML of the target model (any variant)")
+    imp.add_argument("--hf", required=True, help="folder with config.json and *.safetensors")
+    imp.add_argument("--output", required=True, help="DCP folder to write (for checkpoint.initial_load_path)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = build_parser().parse_known_args(argv)
+    try:
+        path = export_command(args, overrides) if args.command == "export" else import_command(args, overrides)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
