@@ -308,7 +308,7 @@ def _pick(kernel, tuned, config):
 
 
 def _tokens(x):
-    """(B, L, H, D) -> (token stride, head stride), copying if tokens are not uniformly strided."""
+    """(B, L, H, D) -> (tensor, token stride, head stride); copies if tokens are not uniformly strided."""
     b, n, _, _ = x.shape
     if x.stride(-1) != 1 or (b > 1 and x.stride(0) != n * x.stride(1)):
         x = x.contiguous()
@@ -346,7 +346,7 @@ def _common(q, k, scale, cu_seqlens):
     docs = doce = q  # placeholders: never read when VARLEN is False
     if varlen:
         docs, doce = _doc_tables(cu_seqlens, total, q.device)
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"  # only fp32 dots read it
     meta = dict(GROUP=hq // k.shape[2], D=d, VARLEN=varlen, PREC=prec)
     return total, n, hq, docs, doce, meta, scale * LOG2E, triton.next_power_of_2(total)
 
