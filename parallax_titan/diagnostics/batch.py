@@ -1,0 +1,40 @@
+"""The fixed held-out batch of the diagnostics pass."""
+
+from __future__ import annotations
+
+import torch
+
+import parallax_titan.data  # noqa: F401  (registers our datasets with TorchTitan)
+from torchtitan.hf_datasets.text_datasets import DATASETS
+
+DEFAULT_DATASET = "default_corpus_validation"
+
+
+def resolve_dataset(job_config, config) -> tuple[str, str]:
+    """(dataset name, path) of the held-out batch: ``[diagnostics] dataset`` when set, else the
+    ``[validation]`` data when validation is enabled, else the embedded validation corpus."""
+    if config.dataset:
+        name, path = config.dataset, config.dataset_path
+    elif job_config.validation.enable:
+        name, path = job_config.validation.dataset, job_config.validation.dataset_path or ""
+    else:
+        name, path = DEFAULT_DATASET, ""
+    if name.lower() not in DATASETS:
+        raise ValueError(f"diagnostics.dataset = {name!r} is not a known dataset; expected one of {sorted(DATASETS)}")
+    return name.lower(), path or DATASETS[name.lower()].path
+
+
+def heldout_tokens(name: str, path: str, tokenizer, batch_size: int, seq_len: int) -> torch.Tensor:
+    """The first ``batch_size * seq_len`` tokens of the dataset's documents, each encoded as
+    tokens + eos (the training convention), as a (batch_size, seq_len) int64 tensor."""
+    spec = DATASETS[name]
+    needed = batch_size * seq_len
+    tokens: list[int] = []
+    for sample in spec.loader(path):
+        tokens.extend(tokenizer.encode(spec.sample_processor(sample), add_bos=True, add_eos=True))
+        if len(tokens) >= needed:
+            return torch.tensor(tokens[:needed], dtype=torch.long).view(batch_size, seq_len)
+    raise ValueError(
+        f"diagnostics: dataset {name!r} at {path!r} has only {len(tokens)} tokens; the held-out batch "
+        f"needs diagnostics.batch_size * seq_len = {needed}"
+    )

@@ -1,0 +1,57 @@
+"""``[diagnostics]``: periodic attention and spectral diagnostics during training.
+
+Defined without ``from __future__ import annotations`` so TorchTitan's config merge and tyro
+see real types (the lead merges this section into :data:`parallax_titan.config.JobConfig`).
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Diagnostics:
+    """``[diagnostics]``: every ``freq`` steps, a separate no-grad forward of a fixed held-out batch
+    collects per-layer attention statistics (SPEC section 1) and weight/circuit spectra (SPEC
+    section 3) and logs them as ``diag/...`` scalars. Off by default; when off nothing runs."""
+
+    enable: bool = False
+    """Run the diagnostics pass (training outputs are unaffected either way)."""
+
+    freq: int = 500
+    """Run after every ``freq``-th training step (and never at other steps)."""
+
+    batch_size: int = 1
+    """Rows of the fixed held-out batch (the same rows on every rank)."""
+
+    seq_len: int = 0
+    """Tokens per row; 0 means ``training.seq_len``. Must not exceed ``training.seq_len`` (RoPE cache)."""
+
+    dataset: str = ""
+    """Dataset of the held-out batch; empty means ``[validation]`` data when validation is enabled,
+    else the embedded ``default_corpus_validation``."""
+
+    dataset_path: str = ""
+    """Path for ``dataset`` (empty: the dataset's default path)."""
+
+    max_queries: int = 64
+    """Query positions per row and head (evenly spaced) at which the D x D covariances behind CPA and
+    ||Corr||_F are formed; bounds their cost (B * H * max_queries * L * D^2 per layer)."""
+
+    corr_ridge: float = 1e-3
+    """Ridge added to Sigma_KK and Sigma_VV before the inverse square roots of Corr, relative to
+    their mean eigenvalue (trace / D): covariances of a few attended tokens are singular."""
+
+    spectral: bool = True
+    """Also compute the spectral metrics of W_Q, W_K, W_V, W_O, W_R, the MLP matrices and the per-head
+    circuits W_QK, W_OV, W_RK (gathers every weight: collective under FSDP)."""
+
+    spectral_freq: int = 0
+    """Spectral metrics every ``spectral_freq`` steps (a multiple of ``freq``); 0 means every pass."""
+
+    top_k: int = 8
+    """k of the top-k energy metric (fraction of sum sigma^2 in the k largest modes)."""
+
+    cka_tokens: int = 1024
+    """Tokens (fixed Gaussian inputs and sampled real inputs) for the cross-head CKA of V outputs."""
+
+    figures: bool = True
+    """Log depth-profile figures (``diag/depth/<metric>``) to TensorBoard as images when a writer is given."""
