@@ -1,0 +1,99 @@
+"""``python -m eval.mad``: run a MAD grid and write its tables (see docs/mad.md).
+
+    python -m eval.mad --tasks all --mixers attention,parallax --out DIR [--config TOML]
+    python -m eval.mad --report-only --out DIR     # rebuild the tables from DIR/runs.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from eval.mad.grid import SWEEPS, RunConfig, load_config
+from eval.mad.models import MIXERS
+from eval.mad.report import load_runs, write_report
+from eval.mad.tasks import SHORT, TASKS
+
+
+def _parse_tasks(text: str) -> list[str]:
+    if text == "all":
+        return list(TASKS)
+    by_short = {v.lower(): k for k, v in SHORT.items()}
+    tasks = [by_short.get(t.strip().lower(), t.strip()) for t in text.split(",")]
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        raise SystemExit(f"--tasks: unknown {bad}; expected 'all' or names/short names from {TASKS}")
+    return tasks
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.mad", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/mad/paper_baseline.toml", help="TOML run config")
+    p.add_argument("--tasks", default=None, help="'all' or comma list (names or ICR, FCR, ...)")
+    p.add_argument("--mixers", default="attention,parallax", help=f"comma list from {sorted(MIXERS)}")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--sweep", choices=SWEEPS, default=None, help="override [grid] sweep")
+    p.add_argument("--epochs", type=int, default=None, help="override [train] epochs")
+    p.add_argument("--lrs", default=None, help="override [train] lrs, comma list")
+    p.add_argument("--num-train-examples", type=int, default=None, help="cap every setting's train set")
+    p.add_argument("--backend", default=None, help="override [model] backend (auto/reference/triton)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (0 = inline)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--max-run-seconds", type=float, default=None,
+                   help="shorten each run to about this many seconds (runs record their steps)")
+    p.add_argument("--deadline", type=float, default=None, help="seconds after which no job starts")
+    p.add_argument("--title", default=None, help="title of table.md")
+    p.add_argument("--note", default="", help="text under the title of table.md")
+    p.add_argument("--report-only", action="store_true", help="only rebuild tables from runs.jsonl")
+    return p
+
+
+def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
+    if args.tasks:
+        cfg.tasks = _parse_tasks(args.tasks)
+    if args.sweep:
+        cfg.sweep = args.sweep
+    if args.epochs:
+        cfg.train.epochs = args.epochs
+    if args.lrs:
+        cfg.train.lrs = [float(x) for x in args.lrs.split(",")]
+    if args.num_train_examples:
+        cfg.data["num_train_examples"] = args.num_train_examples
+    if args.max_run_seconds:
+        cfg.train.max_seconds = args.max_run_seconds
+    if args.backend:
+        cfg.model.backend = args.backend
+    return cfg
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    cfg = _apply_overrides(load_config(args.config), args)
+    mixers = [m.strip() for m in args.mixers.split(",")]
+    bad = [m for m in mixers if m not in MIXERS]
+    if bad:
+        raise SystemExit(f"--mixers: unknown {bad}; expected some of {sorted(MIXERS)}")
+    title = args.title or f"MAD ({cfg.sweep} sweep): {', '.join(mixers)}"
+    config = {"argv": sys.argv[1:] if argv is None else list(argv), "sweep": cfg.sweep,
+              **dataclasses.asdict(cfg)}
+    if not args.report_only:
+        import torch
+
+        from eval.mad.runner import run_grid
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        run_grid(cfg, mixers, args.out, device=device, workers=args.workers, threads=args.threads,
+                 deadline=args.deadline)
+    runs = load_runs(os.path.join(args.out, "runs.jsonl"))
+    scores = write_report(runs, args.out, title, args.note, config)
+    for mixer, s in sorted(scores.items()):
+        print(mixer, {k: round(v[0], 3) for k, v in s.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

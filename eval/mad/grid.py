@@ -1,0 +1,131 @@
+"""Task settings of the MAD protocol and of the paper's harder recall sweep; run configs (TOML).
+
+MAD's task configs (athms/mad-lab ``configs/tasks/*.yml``) give a baseline per task and a list
+of "changes": each changed value is applied alone to the baseline, one setting per value. A
+task's MAD score is the mean over its baseline and changed settings of the best accuracy over
+the optimiser sweep. ``sweep = "baseline"`` keeps the baselines only; ``"mad"`` is the full
+protocol; ``"hard"`` is the harder ICR/NCR/SC ladder (vocabulary up to 512, context up to 2048).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+
+from eval.mad.tasks import TASKS, TaskSetting
+
+MAD_BASELINES = {
+    "compression": dict(vocab_size=16, seq_len=32),
+    "in-context-recall": dict(vocab_size=16, seq_len=128),
+    "fuzzy-in-context-recall": dict(vocab_size=16, seq_len=128, k_motif_size=3, v_motif_size=3),
+    "noisy-in-context-recall": dict(vocab_size=32, seq_len=128, noise_vocab_size=16, frac_noise=0.2),
+    "memorization": dict(vocab_size=256, seq_len=32, num_train_examples=256),
+    "selective-copying": dict(vocab_size=16, seq_len=256, num_tokens_to_copy=16),
+}
+_SIZES = [6400, 3200, 1600, 800]
+MAD_CHANGES = {
+    "compression": dict(vocab_size=[32, 64, 128], seq_len=[64, 128, 256], num_train_examples=_SIZES),
+    "in-context-recall": dict(vocab_size=[32, 64, 128], seq_len=[256, 512, 1024], num_train_examples=_SIZES),
+    "fuzzy-in-context-recall": dict(vocab_size=[32, 64, 128], seq_len=[256, 512, 1024],
+                                    num_train_examples=_SIZES),
+    "noisy-in-context-recall": dict(vocab_size=[48, 80, 144], seq_len=[256, 512, 1024],
+                                    num_train_examples=_SIZES, frac_noise=[0.4, 0.6, 0.8]),
+    "memorization": dict(vocab_size=[512, 1024, 2048, 4096, 8192]),
+    "selective-copying": dict(vocab_size=[32, 64, 128], seq_len=[512, 1024], num_train_examples=_SIZES,
+                              num_tokens_to_copy=[32, 64, 96]),
+}
+# The paper gives only the ranges (vocabulary to 512, context to 2048, key-value pairs = seq/2);
+# this ladder doubles vocabulary and context together, four levels per task.
+HARD_LEVELS = {
+    "in-context-recall": [dict(vocab_size=v, seq_len=s) for v, s in
+                          [(64, 256), (128, 512), (256, 1024), (512, 2048)]],
+    "noisy-in-context-recall": [dict(vocab_size=v, seq_len=s, noise_vocab_size=16, frac_noise=0.2) for v, s in
+                                [(64, 256), (128, 512), (256, 1024), (512, 2048)]],
+    "selective-copying": [dict(vocab_size=v, seq_len=s, num_tokens_to_copy=n) for v, s, n in
+                          [(64, 256, 16), (128, 512, 32), (256, 1024, 64), (512, 2048, 128)]],
+}
+SWEEPS = ("baseline", "mad", "hard")
+
+
+def task_settings(task: str, sweep: str, seed: int = 12345, **overrides) -> list[TaskSetting]:
+    """The settings of ``task`` in ``sweep``; ``overrides`` (e.g. num_train_examples) apply to all."""
+    if sweep not in SWEEPS:
+        raise ValueError(f"sweep={sweep!r}; expected one of {SWEEPS}")
+    if task not in TASKS:
+        raise ValueError(f"task={task!r}; expected one of {TASKS}")
+    if sweep == "hard":
+        params = [dict(p) for p in HARD_LEVELS.get(task, [])]
+    else:
+        base = MAD_BASELINES[task]
+        params = [dict(base)]
+        if sweep == "mad":
+            params += [{**base, key: v} for key, values in MAD_CHANGES[task].items() for v in values]
+    return [TaskSetting(task=task, seed=seed, **{**p, **overrides}) for p in params]
+
+
+@dataclass
+class TrainConfig:
+    """Training of one run; ``lrs`` x ``weight_decays`` is the optimiser sweep per setting."""
+
+    optimizer: str = "muon"  # "muon" (MuonAdamW, Muon on hidden matrices) or "adamw"
+    schedule: str = "wsd"  # "wsd" (constant, linear decay over the last decay_frac) or "cosine"
+    decay_frac: float = 0.2
+    epochs: int = 60
+    batch_size: int = 128
+    lrs: list = field(default_factory=lambda: [5e-3, 1e-3, 5e-4])
+    weight_decays: list = field(default_factory=lambda: [0.1])
+    grad_clip: float = 1.0
+    min_lr: float = 0.0
+    max_seconds: float = 0.0  # > 0: shorten each run (and its schedule) to fit this wall time
+
+
+@dataclass
+class ModelConfig:
+    """The two-block [mixer, SwiGLU] x 2 model (MAD's SwiGLU inner width at dim 128 is 352)."""
+
+    dim: int = 128
+    n_heads: int = 8
+    hidden_dim: int = 352
+    backend: str = "auto"  # Parallax kernel: "auto", "reference" or "triton"
+
+
+@dataclass
+class RunConfig:
+    """A whole grid: tasks, sweep, dataset overrides, training and model settings."""
+
+    tasks: list = field(default_factory=lambda: list(TASKS))
+    sweep: str = "mad"
+    seed: int = 12345
+    data: dict = field(default_factory=dict)  # e.g. {"num_test_examples": 256}
+    train: TrainConfig = field(default_factory=TrainConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+    def settings(self) -> list[TaskSetting]:
+        """Every task setting of the grid, task by task."""
+        return [s for t in self.tasks for s in task_settings(t, self.sweep, self.seed, **self.data)]
+
+
+def _fill(cls, values: dict, section: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ValueError(f"[{section}]: unknown keys {sorted(unknown)}; expected some of {sorted(names)}")
+    return cls(**values)
+
+
+def load_config(path: str) -> RunConfig:
+    """Read a TOML run config (sections [grid], [data], [train], [model]; see configs/mad/)."""
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    unknown = set(raw) - {"grid", "data", "train", "model"}
+    if unknown:
+        raise ValueError(f"{path}: unknown sections {sorted(unknown)}; expected grid, data, train, model")
+    grid = dict(raw.get("grid", {}))
+    if grid.get("tasks") == "all":
+        grid["tasks"] = list(TASKS)
+    cfg = _fill(RunConfig, grid, "grid")
+    cfg.data = dict(raw.get("data", {}))
+    cfg.train = _fill(TrainConfig, raw.get("train", {}), "train")
+    cfg.model = _fill(ModelConfig, raw.get("model", {}), "model")
+    return cfg

@@ -1,0 +1,131 @@
+"""MAD scores from run records: best per setting over the optimiser sweep, mean per task.
+
+Writes ``results.json`` (scores and every run), ``table.md`` (ours beside the paper's Table 1)
+and, when the harder sweep ran, ``hard_sweep.png`` (accuracy vs difficulty).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+from eval.mad.tasks import SHORT, TASKS
+
+# Parallax paper, Table 1(a): MAD accuracy, Muon, two blocks at width 128 (SPEC.md section 4).
+PAPER = {
+    "attention": {"CMP": 0.342, "ICR": 0.803, "FCR": 0.268, "NCR": 0.861, "MEM": 0.807, "SC": 0.950, "avg": 0.672},
+    "parallax": {"CMP": 0.332, "ICR": 0.951, "FCR": 0.356, "NCR": 0.937, "MEM": 0.733, "SC": 0.988, "avg": 0.716},
+}
+
+
+def load_runs(path: str) -> list[dict]:
+    """Records of a runs.jsonl file."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def best_per_setting(runs: list[dict]) -> dict:
+    """{(mixer, task, setting): best run record by test accuracy (a NaN counts as 0)}."""
+    best = {}
+    for r in runs:
+        key = (r["mixer"], r["task"], r["setting"])
+        acc = r["test_acc"] if r["test_acc"] == r["test_acc"] else 0.0
+        if key not in best or acc > best[key]["test_acc"]:
+            best[key] = {**r, "test_acc": acc}
+    return best
+
+
+def task_scores(best: dict) -> dict:
+    """{mixer: {short task: (mean of best accuracies, number of settings)}, plus "avg" over tasks}."""
+    per = defaultdict(lambda: defaultdict(list))
+    for (mixer, task, _), r in best.items():
+        per[mixer][SHORT[task]].append(r["test_acc"])
+    scores = {}
+    for mixer, tasks in per.items():
+        scores[mixer] = {t: (sum(v) / len(v), len(v)) for t, v in tasks.items()}
+        means = [m for m, _ in scores[mixer].values()]
+        scores[mixer]["avg"] = (sum(means) / len(means), len(means))
+    return scores
+
+
+def markdown(scores: dict, best: dict, title: str, note: str = "") -> str:
+    """The task table (ours and the paper's where it has the mixer) and the per-setting table."""
+    mixers = sorted(scores)
+    order = [SHORT[t] for t in TASKS if any(SHORT[t] in scores[m] for m in mixers)] + ["avg"]
+    head = []
+    for m in mixers:
+        head.append(f"{m} (ours)")
+        if m in PAPER:
+            head.append(f"{m} (paper)")
+    lines = [f"# {title}", "", note, "", "| task | " + " | ".join(head) + " |",
+             "|---|" + "---|" * len(head)]
+    for t in order:
+        cells = []
+        for m in mixers:
+            mean, n = scores[m].get(t, (float("nan"), 0))
+            cells.append(f"{mean:.3f} (n={n})")
+            if m in PAPER:
+                cells.append(f"{PAPER[m][t]:.3f}" if t in PAPER[m] else "-")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    lines += ["", "n = number of task settings averaged (avg: number of tasks).", "",
+              "## Best accuracy per setting (lr, weight decay of the best run)", "",
+              "| setting | " + " | ".join(mixers) + " |", "|---|" + "---|" * len(mixers)]
+    settings = sorted({(task, s) for (_, task, s) in best}, key=lambda k: (TASKS.index(k[0]), k[1]))
+    for task, s in settings:
+        cells = []
+        for m in mixers:
+            r = best.get((m, task, s))
+            cells.append(f"{r['test_acc']:.3f} (lr {r['lr']:g}, wd {r['weight_decay']:g})" if r else "-")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _difficulty_label(params: dict) -> str:
+    label = f"V={params['vocab_size']}\nL={params['seq_len']}"
+    if params.get("num_tokens_to_copy"):
+        label += f"\ncopy={params['num_tokens_to_copy']}"
+    return label
+
+
+def plot_hard(best: dict, path: str) -> None:
+    """Accuracy vs difficulty, one panel per task, one line per mixer (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in TASKS if any(k[1] == t for k in best)]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 4.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for mixer in sorted({k[0] for k in best}):
+            rows = sorted((r for k, r in best.items() if k[0] == mixer and k[1] == task),
+                          key=lambda r: (r["params"]["seq_len"], r["params"]["vocab_size"]))
+            if rows:
+                ax.plot(range(len(rows)), [r["test_acc"] for r in rows], marker="o", label=mixer)
+                ax.set_xticks(range(len(rows)), [_difficulty_label(r["params"]) for r in rows], fontsize=8)
+        ax.set_title(SHORT[task] + " (harder sweep)")
+        ax.set_xlabel("difficulty (vocabulary V, context L)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy (best over lr)")
+    axes[0][-1].legend(loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", config: dict | None = None) -> dict:
+    """Write results.json, table.md (and hard_sweep.png for a harder sweep); returns the scores."""
+    best = best_per_setting(runs)
+    scores = task_scores(best)
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(markdown(scores, best, title, note))
+    summary = {"config": config, "scores": {m: {t: {"mean": v[0], "n": v[1]} for t, v in s.items()}
+                                            for m, s in scores.items()},
+               "paper": PAPER, "best": [r for r in best.values()], "runs": runs}
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    if config and config.get("sweep") == "hard":
+        plot_hard(best, os.path.join(out_dir, "hard_sweep.png"))
+    return scores

@@ -1,0 +1,127 @@
+"""The six MAD tasks (Poli et al. 2024): generators and train/test datasets.
+
+Each generator takes a numpy ``Generator`` and returns int64 arrays (inputs, train_targets,
+test_targets) of shape (num_examples, length); ``IGNORE`` (-100) marks unscored positions.
+``make_dataset(TaskSetting)`` draws the train split from ``default_rng([seed, 0])`` and the test
+split from ``default_rng([seed, 1])``; the memorization map comes from ``default_rng([seed, 2])``,
+so it is the same for every sample of both splits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from eval.mad.recall import IGNORE, _check, fuzzy_in_context_recall, in_context_recall
+
+TASKS = ("compression", "in-context-recall", "fuzzy-in-context-recall", "noisy-in-context-recall",
+         "memorization", "selective-copying")
+SHORT = {"compression": "CMP", "in-context-recall": "ICR", "fuzzy-in-context-recall": "FCR",
+         "noisy-in-context-recall": "NCR", "memorization": "MEM", "selective-copying": "SC"}
+
+
+def selective_copying(rng: np.random.Generator, num_examples: int, vocab_size: int = 16,
+                      seq_len: int = 256, num_tokens_to_copy: int = 16):
+    """Copy the non-blank tokens of the prefix, in order, after a copy token.
+
+    Layout: content ``[0, vocab_size - 2)``, blank ``vocab_size - 2``, copy ``vocab_size - 1``.
+    A sequence is ``seq_len - n - 1`` prefix tokens (the n tokens to copy at random ordered
+    positions, blanks elsewhere), the copy token, then n blanks whose targets are the copied
+    tokens. Train and test targets are the same. Returns (inputs, targets, targets), (N, seq_len).
+    """
+    n = num_tokens_to_copy
+    _check(n >= 1, "num_tokens_to_copy", n, ">= 1")
+    _check(seq_len > 2 * n + 1, "seq_len", seq_len, f"> 2 * num_tokens_to_copy + 1 = {2 * n + 1}")
+    _check(vocab_size >= 3, "vocab_size", vocab_size, ">= 3 (content, blank, copy)")
+    blank, copy = vocab_size - 2, vocab_size - 1
+    prefix = seq_len - n - 1
+    content = rng.integers(0, vocab_size - 2, size=(num_examples, n))
+    positions = np.sort(rng.random((num_examples, prefix)).argsort(axis=1)[:, :n], axis=1)
+    tokens = np.full((num_examples, seq_len), blank, dtype=np.int64)
+    np.put_along_axis(tokens, positions, content, axis=1)
+    tokens[:, prefix] = copy
+    targets = np.full((num_examples, seq_len), IGNORE, dtype=np.int64)
+    targets[:, prefix + 1:] = content
+    return tokens, targets, targets.copy()
+
+
+def compression(rng: np.random.Generator, num_examples: int, vocab_size: int = 16, seq_len: int = 32):
+    """Random tokens ``[0, vocab_size - 1)`` then the compression token ``vocab_size - 1``.
+
+    The model (an encoder whose last position feeds a decoder, see models.py) reconstructs
+    every input token: targets = inputs. Returns (inputs, targets, targets), (N, seq_len).
+    """
+    _check(vocab_size >= 2, "vocab_size", vocab_size, ">= 2")
+    tokens = rng.integers(0, vocab_size - 1, size=(num_examples, seq_len))
+    tokens[:, -1] = vocab_size - 1
+    return tokens, tokens.copy(), tokens.copy()
+
+
+def memorization_map(vocab_size: int, seed: int) -> np.ndarray:
+    """The fixed key -> value map: keys ``[0, n/2)`` to distinct values in ``[n/2, n)``, n = vocab - 1."""
+    n = vocab_size - 1
+    return np.random.default_rng([seed, 2]).permutation(np.arange(n // 2, n))[: n // 2]
+
+
+def memorization(rng: np.random.Generator, num_examples: int, kv_map: np.ndarray,
+                 vocab_size: int = 256, seq_len: int = 32):
+    """Pairs (key, insert token ``vocab_size - 1``); the insert position's target is kv_map[key].
+
+    Returns (inputs, targets, targets), (N, seq_len); only insert positions are scored.
+    """
+    _check(seq_len >= 2 and seq_len % 2 == 0, "seq_len", seq_len, "an even number >= 2")
+    keys = rng.integers(0, len(kv_map), size=(num_examples, seq_len // 2))
+    tokens = np.stack([keys, np.full_like(keys, vocab_size - 1)], axis=2).reshape(num_examples, seq_len)
+    targets = np.stack([np.full_like(keys, IGNORE), kv_map[keys]], axis=2).reshape(num_examples, seq_len)
+    return tokens, targets, targets.copy()
+
+
+@dataclass(frozen=True)
+class TaskSetting:
+    """One MAD task instance: the task, its parameters, and the dataset sizes and seed."""
+
+    task: str
+    vocab_size: int
+    seq_len: int
+    num_train_examples: int = 12_800
+    num_test_examples: int = 1_280
+    noise_vocab_size: int = 0
+    frac_noise: float = 0.0
+    num_tokens_to_copy: int = 0
+    k_motif_size: int = 1
+    v_motif_size: int = 1
+    seed: int = 12345
+
+    def __post_init__(self):
+        _check(self.task in TASKS, "task", self.task, f"one of {TASKS}")
+
+    def label(self) -> str:
+        """Short name listing the parameters that differ from the dataclass defaults."""
+        skip = {"task", "seed", "num_test_examples"}
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                 if f.name not in skip and (f.name in ("vocab_size", "seq_len")
+                                            or getattr(self, f.name) != f.default)]
+        return f"{SHORT[self.task]}(" + ",".join(parts) + ")"
+
+
+def _generate(setting: TaskSetting, rng, num: int, training: bool):
+    s = setting
+    if s.task in ("in-context-recall", "noisy-in-context-recall"):
+        return in_context_recall(rng, num, s.vocab_size, s.seq_len, s.noise_vocab_size, s.frac_noise)
+    if s.task == "fuzzy-in-context-recall":
+        return fuzzy_in_context_recall(rng, num, s.vocab_size, s.seq_len, s.k_motif_size, s.v_motif_size,
+                                       training)
+    if s.task == "selective-copying":
+        return selective_copying(rng, num, s.vocab_size, s.seq_len, s.num_tokens_to_copy)
+    if s.task == "compression":
+        return compression(rng, num, s.vocab_size, s.seq_len)
+    return memorization(rng, num, memorization_map(s.vocab_size, s.seed), s.vocab_size, s.seq_len)
+
+
+def make_dataset(setting: TaskSetting) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{"train": (inputs, train_targets), "test": (inputs, test_targets)}, int64 (N, length)."""
+    x, y, _ = _generate(setting, np.random.default_rng([setting.seed, 0]), setting.num_train_examples, True)
+    xt, _, yt = _generate(setting, np.random.default_rng([setting.seed, 1]), setting.num_test_examples, False)
+    return {"train": (x, y), "test": (xt, yt)}
