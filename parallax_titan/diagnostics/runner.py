@@ -136,7 +136,7 @@ def validate_diagnostics(config: Diagnostics, training_seq_len: int) -> None:
         ("seq_len", 0 <= config.seq_len <= training_seq_len, f"in [0, training.seq_len = {training_seq_len}]"),
         ("max_queries", config.max_queries >= 1, ">= 1"),
         ("corr_ridge", config.corr_ridge >= 0, ">= 0"),
-        ("spectral_freq", config.spectral_freq >= 0 and config.spectral_freq % config.freq == 0,
+        ("spectral_freq", config.spectral_freq >= 0 and config.spectral_freq % max(1, config.freq) == 0,
          f"0 or a multiple of diagnostics.freq = {config.freq}"),
         ("top_k", config.top_k >= 1, ">= 1"),
         ("cka_tokens", config.cka_tokens >= 2, ">= 2"),

@@ -1,0 +1,185 @@
+"""The diagnostics pass on small models: hooks read what the forward computes, results match
+direct computations, training is bit-identical with and without it, and TensorBoard gets it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from kernels.parallax.naive import parallax_attention_naive
+from parallax_titan.diagnostics import Diagnostics, DiagnosticsRunner, collect, tensorboard_figure_logger
+from parallax_titan.diagnostics.attention import causal_document_mask, layer_statistics
+from parallax_titan.diagnostics.capture import attention_hooks, project_qrkv
+from parallax_titan.diagnostics.spectral import singular_values, spectral_metrics
+from parallax_titan.diagnostics.weights import attention_modules
+from parallax_titan.model import ParallaxQwen3Model
+from parallax_titan.spec import BASE_FLAVORS, variant_args
+from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
+
+SEQ = 32
+CONFIG = Diagnostics(enable=True, freq=2, max_queries=8, cka_tokens=64)
+
+
+def tiny(variant: str, seed: int = 0, dtype=torch.float32, **overrides) -> ParallaxQwen3Model:
+    base = dataclasses.replace(BASE_FLAVORS["debug"], dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                               hidden_dim=96, vocab_size=4096, max_seq_len=SEQ)
+    torch.manual_seed(seed)
+    model = ParallaxQwen3Model(dataclasses.replace(variant_args(variant, base), **overrides))
+    with torch.no_grad():
+        model.init_weights()
+    return model.to(dtype)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return PretrainTokenizer(TINY_TOKENIZER_PATH)
+
+
+def batch(seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 4096, (2, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("variant", ["parallax", "transformer"])
+def test_hooks_capture_what_the_forward_uses(variant):
+    """Module output == wo(attention(q, r, k, v)) with the q, r, k, v the hook recomputed."""
+    model = tiny(variant, dtype=torch.float64)
+    seen = {}
+
+    def on_layer(layer, module, x, rope_cache, positions):
+        seen[layer] = (module, x, project_qrkv(module, x, rope_cache, positions))
+
+    outputs = {}
+    handles = [m.register_forward_hook(lambda mod, a, out, i=i: outputs.__setitem__(i, out))
+               for i, _, m in attention_modules(model)]
+    with torch.no_grad(), attention_hooks(model, on_layer):
+        model(batch())
+    for h in handles:
+        h.remove()
+    assert sorted(seen) == [0, 1]
+    for layer, (module, x, (q, r, k, v)) in seen.items():
+        if variant == "parallax":
+            attn = parallax_attention_naive(q, r, k, v)
+        else:
+            rep = q.shape[2] // k.shape[2]
+            attn = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(rep, 1),
+                                                v.transpose(1, 2).repeat_interleave(rep, 1), is_causal=True).transpose(1, 2)
+        torch.testing.assert_close(module.wo(attn.reshape(*x.shape[:2], -1)), outputs[layer])
+    assert all(not m._forward_pre_hooks for _, _, m in attention_modules(model))
+
+
+def test_collect_matches_direct_computation(tokenizer):
+    model = tiny("parallax", gate="head", dtype=torch.float64)
+    tokens = batch()
+    tokens[0, 10] = tokenizer.eos_id
+    result = collect(model, tokens, tokenizer, CONFIG)
+    # Recompute layer inputs by hand: embeddings, then each block's pre-norm.
+    h = model.tok_embeddings(tokens)
+    mask = causal_document_mask(tokens, None)  # the debug flavor uses causal masks
+    with torch.no_grad():
+        for i, block in model.layers.items():
+            x = block.attention_norm(h)
+            q, r, k, v = block.attention.project(x, model.rope_cache, None)
+            expected = layer_statistics(q, r, k, v, mask, max_queries=CONFIG.max_queries, ridge=CONFIG.corr_ridge)
+            got = result.attention[int(i)]
+            for name, value in expected.items():
+                assert got[name] == pytest.approx(value, rel=1e-9, nan_ok=True), name
+            assert got["gate"] == pytest.approx(float(torch.sigmoid(block.attention.gate(x)).mean()))
+            h = block(h, model.rope_cache, None)
+            # Per-head circuit W_QK of head 3 (kv head 1), from the explicit d x d product.
+            wq = block.attention.wq.weight[3 * 16:4 * 16].double()
+            wk = block.attention.wk.weight[16:32].double()
+            s = singular_values(wq.T @ wk)[:16]
+            heads = [spectral_metrics(singular_values(block.attention.wq.weight[j * 16:(j + 1) * 16].T.double()
+                                                      @ block.attention.wk.weight[(j // 2) * 16:(j // 2 + 1) * 16].double())[:16])
+                     ["stable_rank"] for j in range(4)]
+            assert result.spectral[int(i)]["W_QK"]["stable_rank"] == pytest.approx(float(torch.stack(heads).mean()), rel=1e-9)
+            assert float(spectral_metrics(s)["stable_rank"]) == pytest.approx(float(heads[3]))
+            full = spectral_metrics(singular_values(block.attention.wr.weight))
+            assert result.spectral[int(i)]["W_R"]["erank"] == pytest.approx(float(full["erank"]), rel=1e-12)
+    scalars = result.scalars()
+    for tag in ("diag/layer_00/cor", "diag/layer_01/cpa", "diag/layer_01/gate", "diag/mean/W_RK/stable_rank",
+                "diag/layer_00/cka/v_fixed", "diag/cost/total_s", "diag/mean/sink_w"):
+        assert tag in scalars, tag
+    assert scalars["diag/mean/cor"] == pytest.approx((result.attention[0]["cor"] + result.attention[1]["cor"]) / 2)
+
+
+def train_steps(model, runner=None, steps=3):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    logged = []
+    for step in range(1, steps + 1):
+        opt.zero_grad()
+        logits = model(batch(seed=step))
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch(seed=step).roll(-1, 1).flatten())
+        loss.backward()
+        opt.step()
+        if runner is not None:
+            runner.maybe_run(step, [model], lambda d, s: logged.append((s, d)))
+    return loss.detach(), logged
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_training_is_bit_identical_with_diagnostics(tokenizer, enable):
+    plain_loss, _ = train_steps(tiny("parallax", gate="token"))
+    runner = DiagnosticsRunner(dataclasses.replace(CONFIG, enable=enable), batch(seed=9), tokenizer)
+    model = tiny("parallax", gate="token")
+    rng = torch.get_rng_state()
+    loss, logged = train_steps(model, runner)
+    assert torch.equal(loss, plain_loss)
+    reference = tiny("parallax", gate="token")
+    train_steps(reference)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), name
+    assert [s for s, _ in logged] == ([2] if enable else [])
+    if enable:
+        assert "diag/layer_01/cor" in logged[0][1]
+    assert torch.equal(torch.get_rng_state(), rng) or not enable  # the pass draws no random numbers
+    assert all(not m._forward_pre_hooks for _, _, m in attention_modules(model))
+
+
+def test_runner_from_config_and_tensorboard(tmp_path, tokenizer):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torchtitan.components.metrics import LoggerContainer, TensorBoardLogger
+
+    from train import parse_config
+
+    job = parse_config(["--job.config_file", "configs/test_cpu_2rank.toml"])
+    job.diagnostics = Diagnostics(enable=True, freq=5, batch_size=2, seq_len=SEQ, max_queries=4, cka_tokens=32)
+    runner = DiagnosticsRunner.from_config(job, tokenizer)
+    again = DiagnosticsRunner.from_config(job, tokenizer)
+    assert runner.tokens.shape == (2, SEQ) and torch.equal(runner.tokens, again.tokens)
+    metric_logger = LoggerContainer()
+    metric_logger.add_logger(TensorBoardLogger(str(tmp_path)))
+    model = tiny("parallax")
+    log_figure = tensorboard_figure_logger(metric_logger)
+    assert runner.maybe_run(4, [model], metric_logger.log, log_figure) is None
+    scalars = runner.maybe_run(5, [model], metric_logger.log, log_figure)
+    metric_logger.close()
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    assert "diag/layer_01/cor" in events.Tags()["scalars"] and "diag/layer_01/cor" in scalars
+    assert events.Scalars("diag/layer_01/cor")[0].step == 5
+    assert {"diag/depth/cor", "diag/depth/stable_rank"} <= set(events.Tags()["images"])
+    assert tensorboard_figure_logger(LoggerContainer()) is None
+
+
+@pytest.mark.parametrize("key,value", [("freq", 0), ("seq_len", 10_000), ("spectral_freq", 3), ("cka_tokens", 1)])
+def test_bad_config_is_rejected(tokenizer, key, value):
+    from train import parse_config
+
+    job = parse_config(["--job.config_file", "configs/test_cpu_2rank.toml"])
+    job.diagnostics = dataclasses.replace(Diagnostics(enable=True, freq=2), **{key: value})
+    with pytest.raises(ValueError, match=f"diagnostics.{key} = {value}"):
+        DiagnosticsRunner.from_config(job, tokenizer)
+
+
+def test_missing_dataset_is_rejected(tokenizer):
+    from train import parse_config
+
+    job = parse_config(["--job.config_file", "configs/test_cpu_2rank.toml"])
+    job.diagnostics = Diagnostics(enable=True, dataset="nope")
+    with pytest.raises(ValueError, match="diagnostics.dataset = 'nope'"):
+        DiagnosticsRunner.from_config(job, tokenizer)
