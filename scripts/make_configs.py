@@ -82,6 +82,7 @@ def job_config(stem: str, model: str, flavor: str, parallax: dict, optimizer: di
         "activation_checkpoint": {"mode": ac_mode},
         "metrics": {"log_freq": 10, "enable_tensorboard": True},
         "checkpoint": {"enable": True, "interval": 1000, "keep_latest_k": 3, "last_save_model_only": False},
+        "debug": {"seed": 0},
     }
 
 
