@@ -1,0 +1,135 @@
+"""Hugging Face export/import: round trips, Qwen3 naming, Qwen3 -> Parallax with W_R = 0."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+
+from eval.checkpoint import build_model, load_checkpoint, load_job_config, model_args_of
+from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
+from parallax_titan.model import ParallaxQwen3Model
+from parallax_titan.spec import BASE_FLAVORS, variant_args
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "test_cpu_2rank.toml")
+
+
+def tiny_model(variant: str, seed: int, **changes) -> ParallaxQwen3Model:
+    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), n_layers=2, max_seq_len=32, **changes)
+    torch.manual_seed(seed)
+    model = ParallaxQwen3Model(args)
+    with torch.no_grad():
+        model.init_weights()
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):  # norms start at 1: make their export observable
+                param.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def logits(model, seed=1):
+    tokens = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(tokens)
+
+
+def qwen3_names(n_layers: int, tied: bool) -> set[str]:
+    """Hugging Face Qwen3ForCausalLM weight names, written out independently of the adapter."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"} | (set() if tied else {"lm_head.weight"})
+    per_layer = [
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
+        "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+        "post_attention_layernorm",
+    ]
+    return names | {f"model.layers.{i}.{p}.weight" for i in range(n_layers) for p in per_layer}
+
+
+@pytest.mark.parametrize("variant, changes", [
+    ("transformer", {}), ("transformer", {"enable_weight_tying": False}), ("parallax", {}),
+    ("parallax", {"gate": "head", "rho_rope": False}), ("parallax_dagger", {}),
+])
+def test_export_then_import_round_trips_logits_exactly(tmp_path, variant, changes):
+    source = tiny_model(variant, seed=0, **changes)
+    export_hf(source, str(tmp_path))
+    config, state = read_hf(str(tmp_path))
+    target = tiny_model(variant, seed=1, **changes)
+    assert not torch.equal(logits(source), logits(target))
+    check_hf_config(config, target.model_args)
+    load_hf_state(target, state)
+    assert torch.equal(logits(source), logits(target))
+    extra = {k for k in state if ".r_proj." in k or ".r_norm." in k or ".r_gate." in k}
+    assert set(state) - extra == qwen3_names(2, source.model_args.enable_weight_tying)
+    assert config["model_type"] == ("qwen3" if variant.startswith("transformer") else "parallax_qwen3")
+    assert (config["hidden_size"], config["head_dim"], config["intermediate_size"]) == (
+        source.model_args.dim, source.model_args.head_dim, source.model_args.hidden_dim)
+    assert len(extra) == (0 if variant.startswith("transformer") else 2 * (2 + (changes.get("gate") == "head")))
+
+
+def test_qwen3_weights_into_parallax_give_the_transformers_logits(tmp_path):
+    transformer = tiny_model("transformer", seed=0)
+    export_hf(transformer, str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    config, state = read_hf(str(tmp_path))
+    assert set(state) == qwen3_names(2, tied=True)
+    parallax = tiny_model("parallax", seed=1)
+    check_hf_config(config, parallax.model_args)
+    load_hf_state(parallax, state)
+    for name, module in parallax.named_modules():
+        if name.endswith("attention.wr"):
+            assert float(module.weight.detach().abs().max()) == 0.0
+    torch.testing.assert_close(logits(parallax), logits(transformer), rtol=1e-5, atol=1e-5)
+    assert (logits(parallax) - logits(tiny_model("parallax", seed=1))).abs().max() > 1e-2
+
+
+def test_import_rejects_mismatched_weights(tmp_path):
+    export_hf(tiny_model("transformer", seed=0), str(tmp_path))
+    config, state = read_hf(str(tmp_path))
+    wide = tiny_model("transformer", seed=0, dim=128)
+    with pytest.raises(ValueError, match="hidden_size"):
+        check_hf_config(config, wide.model_args)
+    with pytest.raises(ValueError, match="shape"):
+        load_hf_state(wide, state)
+    with pytest.raises(ValueError, match="no place"):
+        load_hf_state(tiny_model("transformer", seed=0), {**state, "model.layers.0.mlp.extra.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="missing"):
+        load_hf_state(tiny_model("transformer", seed=0), {k: v for k, v in state.items() if "q_proj" not in k})
+    with pytest.raises(ValueError, match="config.json"):
+        read_hf(str(tmp_path / "nothing"))
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("export_hf", os.path.join(REPO, "scripts", "export_hf.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_export_and_import_through_dcp(tmp_path):
+    """DCP folder (trainer layout) -> export -> import -> DCP folder: same weights, same logits."""
+    args = model_args_of(load_job_config(CONFIG))
+    model = build_model(args, torch.device("cpu"))
+    dcp.save(model.state_dict(), checkpoint_id=str(tmp_path / "step-5"), no_dist=True)
+    script = load_script()
+    assert script.main(["export", "--config", CONFIG, "--checkpoint", str(tmp_path / "step-5"),
+                        "--output", str(tmp_path / "hf")]) == 0
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(tmp_path / "hf"))
+    assert "model.layers.1.self_attn.r_proj.weight" in load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert script.main(["import", "--config", CONFIG, "--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "back")]) == 0
+    reloaded = build_model(args, torch.device("cpu"))
+    load_checkpoint(reloaded, str(tmp_path / "back"))
+    assert torch.equal(logits(model), logits(reloaded))
+    assert script.main(["import", "--config", CONFIG, "--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "x"),
+                        "--model.n_layers", "3"]) == 2
+
+
+def test_checkpoint_of_another_size_is_rejected(tmp_path):
+    args = model_args_of(load_job_config(CONFIG))
+    dcp.save(build_model(args, torch.device("cpu")).state_dict(), checkpoint_id=str(tmp_path), no_dist=True)
+    with pytest.raises(ValueError, match="checkpoint:.*lacks"):
+        load_checkpoint(build_model(dataclasses.replace(args, n_layers=3), torch.device("cpu")), str(tmp_path))
+    with pytest.raises(ValueError, match="checkpoint:.*shape"):
+        load_checkpoint(build_model(dataclasses.replace(args, hidden_dim=512), torch.device("cpu")), str(tmp_path))

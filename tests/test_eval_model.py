@@ -1,0 +1,156 @@
+"""ParallaxLM scores against direct computation from the model (tiny in-process models, CPU, fp32)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lm_eval.api.instance import Instance
+
+from eval.model import ParallaxLM
+from parallax_titan.model import ParallaxQwen3Model
+from parallax_titan.spec import BASE_FLAVORS, variant_args
+from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
+
+WINDOW = 16
+TEXTS = [
+    "A short line.",
+    "The river ran past the mill and under the stone bridge, where the children of the village "
+    "gathered every summer evening to watch the swallows dive for insects above the water.",
+    "One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen.",
+]
+PAIRS = [
+    ("The cat sat on the", " mat"),
+    ("Question: what colour is the sky?\nAnswer:", " blue, mostly"),
+    ("", "Hello world"),
+    ("The river ran past the mill and under the stone bridge, where the children of the village "
+     "gathered every summer", " evening to watch"),  # context longer than the window: left-truncated
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return PretrainTokenizer(TINY_TOKENIZER_PATH)
+
+
+def tiny_model(variant: str) -> ParallaxQwen3Model:
+    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), n_layers=2, max_seq_len=64)
+    torch.manual_seed(0)
+    model = ParallaxQwen3Model(args)
+    with torch.no_grad():
+        model.init_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=["transformer", "parallax"])
+def model(request):
+    return tiny_model(request.param)
+
+
+def make_lm(model, tokenizer, batch_size=8) -> ParallaxLM:
+    return ParallaxLM(model, tokenizer, batch_size=batch_size, max_length=WINDOW)
+
+
+def requests(kind: str, args: list[tuple]) -> list[Instance]:
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(args)]
+
+
+def direct_logprobs(model, inputs: list[int], targets: list[int]) -> float:
+    """sum_t log p(targets[t] | inputs[:t+1]) for the last len(targets) positions of one forward."""
+    with torch.no_grad():
+        logits = model(torch.tensor([inputs]))[0, -len(targets):].double()
+    return -float(F.cross_entropy(logits, torch.tensor(targets), reduction="sum"))
+
+
+def test_rolling_equals_summed_cross_entropy(model, tokenizer):
+    lm = make_lm(model, tokenizer)
+    scores = lm.loglikelihood_rolling(requests("loglikelihood_rolling", [(t,) for t in TEXTS]), disable_tqdm=True)
+    for text, score in zip(TEXTS, scores):
+        tokens = tokenizer.encode(text, add_bos=False, add_eos=False)
+        seq = [tokenizer.eos_id] + tokens
+        # Targets in chunks of WINDOW; each chunk is predicted from the WINDOW tokens before its end.
+        expected = sum(
+            direct_logprobs(model, seq[max(0, end - WINDOW):end], seq[start + 1:end + 1])
+            for start in range(0, len(tokens), WINDOW)
+            for end in [min(start + WINDOW, len(tokens))]
+        )
+        assert score == pytest.approx(expected, rel=1e-5, abs=1e-4)
+    long_tokens = tokenizer.encode(TEXTS[1], add_bos=False, add_eos=False)
+    assert len(long_tokens) > 2 * WINDOW  # the long text needs several windows
+    full_context = direct_logprobs(model, [tokenizer.eos_id] + long_tokens[:-1], long_tokens)
+    assert abs(scores[1] - full_context) > 1e-2  # windows really limit the context
+
+
+def test_loglikelihood_equals_direct_continuation_scores(model, tokenizer):
+    lm = make_lm(model, tokenizer)
+    results = lm.loglikelihood(requests("loglikelihood", PAIRS), disable_tqdm=True)
+    for (context, continuation), (score, _) in zip(PAIRS, results):
+        if context:
+            ctx = tokenizer.encode(context, add_bos=False, add_eos=False)
+            whole = tokenizer.encode(context + continuation, add_bos=False, add_eos=False)
+        else:
+            ctx = [tokenizer.eos_id]
+            whole = ctx + tokenizer.encode(continuation, add_bos=False, add_eos=False)
+        cont = whole[len(ctx):]
+        inputs = whole[:-1][-WINDOW:]
+        assert score == pytest.approx(direct_logprobs(model, inputs, cont), rel=1e-5, abs=1e-4)
+    assert len(tokenizer.encode(PAIRS[3][0], add_bos=False, add_eos=False)) > WINDOW
+
+
+def greedy_tokens(model, context: list[int], steps: int) -> list[int]:
+    tokens = list(context)
+    for _ in range(steps):
+        with torch.no_grad():
+            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+    return tokens[len(context):]
+
+
+def test_is_greedy(model, tokenizer):
+    lm = make_lm(model, tokenizer)
+    context = tokenizer.encode("The cat sat on the", add_bos=False, add_eos=False)
+    greedy = greedy_tokens(model, context, 3)
+    other = greedy[:2] + [(greedy[2] + 1) % 4096]
+    first_wrong = [(greedy[0] + 7) % 4096] + greedy[1:]
+    out = lm._loglikelihood_tokens([(None, context, c) for c in (greedy, other, first_wrong)], disable_tqdm=True)
+    assert [g for _, g in out] == [True, False, False]
+    assert out[0][0] == pytest.approx(direct_logprobs(model, context + greedy[:2], greedy), rel=1e-5, abs=1e-4)
+
+
+def test_batching_and_padding_do_not_change_scores(model, tokenizer):
+    one, eight = make_lm(model, tokenizer, batch_size=1), make_lm(model, tokenizer, batch_size=8)
+    pairs = requests("loglikelihood", PAIRS * 2)
+    a, b = one.loglikelihood(pairs, disable_tqdm=True), eight.loglikelihood(pairs, disable_tqdm=True)
+    assert [g for _, g in a] == [g for _, g in b]
+    torch.testing.assert_close(torch.tensor([s for s, _ in a]), torch.tensor([s for s, _ in b]), rtol=1e-5, atol=1e-4)
+    texts = requests("loglikelihood_rolling", [(t,) for t in TEXTS])
+    torch.testing.assert_close(
+        torch.tensor(one.loglikelihood_rolling(texts, disable_tqdm=True)),
+        torch.tensor(eight.loglikelihood_rolling(texts, disable_tqdm=True)), rtol=1e-5, atol=1e-4,
+    )
+
+
+def test_generate_until_is_greedy_and_stops(tokenizer):
+    model = tiny_model("parallax")
+    lm = make_lm(model, tokenizer, batch_size=2)
+    context = "Once upon a time"
+    expected = greedy_tokens(model, tokenizer.encode(context, add_bos=False, add_eos=False), 6)
+    assert tokenizer.eos_id not in expected
+    text = tokenizer.decode(expected)
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    out = lm.generate_until(requests("generate_until", [
+        (context, {"until": [], "max_gen_toks": 6}),
+        (context, {"until": [stop], "max_gen_toks": 6}),
+        ("Another prompt of other length", {"max_gen_toks": 2}),
+    ]), disable_tqdm=True)
+    assert out[0] == text
+    assert out[1] == text[: text.index(stop)]
+    with pytest.raises(ValueError, match="greedy"):
+        lm.generate_until(requests("generate_until", [(context, {"do_sample": True})]), disable_tqdm=True)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"batch_size": 0}, "batch_size"), ({"max_length": 65}, "max_length")])
+def test_bad_arguments_are_named(tokenizer, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ParallaxLM(tiny_model("transformer"), tokenizer, **kwargs)
