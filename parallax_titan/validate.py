@@ -14,6 +14,8 @@ import types
 import typing
 from typing import Any, Literal
 
+import torch
+
 
 class ConfigError(ValueError):
     """A config problem; the message lists every offending key with its value."""
@@ -107,6 +109,40 @@ def _model_errors(cfg) -> list[str]:
     return errors
 
 
+def _checkpoint_errors(cfg) -> list[str]:
+    """A checkpoint folder to resume from must hold this model's weights (same variant and size)."""
+    from parallax_titan.model import ParallaxQwen3Model
+    from parallax_titan.spec import BASE_FLAVORS, variant_args
+
+    ckpt = cfg.checkpoint
+    folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
+    steps = sorted(
+        int(name.split("-")[1]) for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+        if name.startswith("step-") and name.split("-")[1].isdigit()
+        and os.path.isfile(os.path.join(folder, name, ".metadata"))
+    )
+    if not ckpt.enable or not steps or _model_errors(cfg):
+        return []
+    import torch.distributed.checkpoint as dcp
+
+    step = ckpt.load_step if ckpt.load_step > 0 else steps[-1]
+    saved = dcp.FileSystemReader(os.path.join(folder, f"step-{step}")).read_metadata().state_dict_metadata
+    args = variant_args(cfg.model.name, BASE_FLAVORS[cfg.model.flavor])
+    args = dataclasses.replace(args, **args.shape_overrides(cfg.model))
+    with torch.device("meta"):
+        expected = ParallaxQwen3Model(args).state_dict()
+    missing = [k for k in expected if k not in saved]
+    wrong = [k for k in expected if k in saved and tuple(saved[k].size) != tuple(expected[k].shape)]
+    if not missing and not wrong:
+        return []
+    detail = f"missing {missing[:2]}" if missing else f"shape differs for {wrong[:2]}"
+    return [
+        f"checkpoint.folder: {os.path.join(folder, f'step-{step}')!r} is from another model than "
+        f"model.name = {cfg.model.name!r}, model.flavor = {cfg.model.flavor!r} ({detail}); "
+        "use another job.dump_folder or the matching model"
+    ]
+
+
 def _training_errors(cfg) -> list[str]:
     t, errors = cfg.training, []
     for key in ("steps", "seq_len", "local_batch_size"):
@@ -130,6 +166,7 @@ def _component_errors(cfg) -> list[str]:
     for check in (
         lambda: check_tokenizer_path(cfg.model.hf_assets_path),
         lambda: check_dataset_config(cfg.training),
+        lambda: cfg.validation.enable and check_dataset_config(cfg.validation, section="validation"),
         lambda: validate_optim_config(cfg.optimizer, cfg.lr_scheduler),
     ):
         try:
@@ -141,6 +178,6 @@ def _component_errors(cfg) -> list[str]:
 
 def validate_job_config(cfg) -> None:
     """Raise :class:`ConfigError` listing every problem of a parsed JobConfig."""
-    errors = _model_errors(cfg) + _training_errors(cfg) + _component_errors(cfg)
+    errors = _model_errors(cfg) + _training_errors(cfg) + _component_errors(cfg) + _checkpoint_errors(cfg)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

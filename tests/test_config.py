@@ -34,6 +34,15 @@ TOML_CASES = [
     ("parallax", "rho_rope", "yes", "parallax.rho_rope: expected bool"),
     ("optimizer", "lr", "fast", "optimizer.lr: expected float"),
     ("nosuchsection", "x", 1, "nosuchsection: unknown key"),
+    ("parallax", "attn_backend", "cuda", "parallax.attn_backend: expected one of"),
+    ("reliability", "nonfinite", "ignore", "reliability.nonfinite: expected one of"),
+    ("model", "n_layers", "4", "model.n_layers: expected int"),
+    ("metrics", "progress_bar", 1, "metrics.progress_bar: expected bool"),
+    ("training", "dataset", 3, "training.dataset: expected str"),
+    ("optimizer", "lr_multipliers", "embed=0.3", "optimizer.lr_multipliers: expected a list of str"),
+    ("checkpoint", "interval", 10.5, "checkpoint.interval: expected int"),
+    ("lr_scheduler", "wd_anneal_gamma", "1", "lr_scheduler.wd_anneal_gamma: expected float"),
+    ("training", "local_batch_size", True, "training.local_batch_size: expected int"),
 ]
 
 
@@ -61,6 +70,21 @@ SEMANTIC_CASES = [
     (["--parallelism.tensor_parallel_degree", "2"], "parallelism.tensor_parallel_degree"),
     (["--model.name", "transformer", "--parallax.attn_mask_type", "block_causal"], "parallax.attn_mask_type"),
     (["--parallax.init_from_transformer", "/no/such/ckpt"], "parallax.init_from_transformer"),
+    (["--model.name", "transformer", "--parallax.init_from_transformer", "/tmp"], "is not Parallax"),
+    (["--model.n_kv_heads", "-2"], "model.n_kv_heads: expected a positive integer"),
+    (["--training.seq_len", "0"], "training.seq_len"),
+    (["--training.local_batch_size", "0"], "training.local_batch_size"),
+    (["--training.max_norm", "0"], "training.max_norm"),
+    (["--parallelism.pipeline_parallel_degree", "2"], "parallelism.pipeline_parallel_degree"),
+    (["--optimizer.lr", "-1"], "optimizer.lr"),
+    (["--optimizer.muon_momentum", "1.5"], "optimizer.muon_momentum"),
+    (["--optimizer.muon_headwise", "HXF"], "optimizer.muon_headwise"),
+    (["--optimizer.spectral_power_attn", "-1"], "optimizer.spectral_power_attn"),
+    (["--optimizer.spectral_band", "top", "--optimizer.spectral_band_tau", "0"], "optimizer.spectral_band_tau"),
+    (["--optimizer.lr_multipliers", "embed:0.3"], "optimizer.lr_multipliers"),
+    (["--optimizer.name", "SGD"], "optimizer.name"),
+    (["--lr_scheduler.wd_anneal_gamma", "-1"], "lr_scheduler.wd_anneal_gamma"),
+    (["--validation.enable", "--validation.dataset", "local"], "validation.dataset_path"),
 ]
 
 
@@ -72,6 +96,28 @@ def test_bad_config_fails_before_the_model_is_built(overrides, message, monkeypa
     with pytest.raises(ConfigError) as info:
         ParallaxTrainer(config)
     assert message in str(info.value)
+
+
+def test_checkpoint_of_another_variant_is_rejected(tmp_path, monkeypatch):
+    """Resuming a Parallax run from a Transformer's checkpoint folder fails before the build."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from parallax_titan.model import ParallaxQwen3Model
+    from parallax_titan.spec import BASE_FLAVORS, variant_args
+
+    with torch.device("meta"):
+        shapes = ParallaxQwen3Model(variant_args("transformer", BASE_FLAVORS["debug"])).state_dict()
+    dcp.save({k: torch.zeros(v.shape) for k, v in shapes.items()},
+             checkpoint_id=str(tmp_path / "checkpoint" / "step-5"))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    config = parse_config(["--job.config_file", DEMO, "--job.dump_folder", str(tmp_path)])
+    with pytest.raises(ConfigError, match="checkpoint.folder: .* is from another model"):
+        ParallaxTrainer(config)
+    ok = parse_config(["--job.config_file", DEMO, "--job.dump_folder", str(tmp_path), "--model.name", "transformer"])
+    from parallax_titan.validate import _checkpoint_errors
+
+    assert _checkpoint_errors(ok) == []
 
 
 def test_command_line_reports_the_key(tmp_path):
