@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 ATTENTION_LABELS = {
     "cor": "COR = ||Σ_KV ρ|| / ||v̄||",
@@ -47,6 +48,7 @@ def depth_panels(runs: dict, metrics: list[str], title: str, cols: int = 2) -> F
                 ax.plot(sorted(result.attention), values, marker="o", ms=3, label=label)
         ax.set_title(ATTENTION_LABELS.get(metric, metric), fontsize=10)
         ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
@@ -67,6 +69,7 @@ def spectral_depth_figure(runs: dict, metric: str, matrices=PER_HEAD_ORDER, cols
                 ax.plot(sorted(result.spectral), values, marker="o", ms=3, label=label)
         ax.set_title(matrix, fontsize=10)
         ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(SPECTRAL_LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -93,7 +96,7 @@ def spectra_figure(runs: dict, matrices=MATRIX_ORDER, cols: int = 4) -> Figure:
         ax.set_yscale("log")
         ax.set_title(matrix, fontsize=10)
         ax.set_xlabel("mode index i / R")
-        ax.set_ylabel("σ_i / σ_1")
+        ax.set_ylabel(r"$\sigma_i / \sigma_1$")
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
     fig.suptitle("Normalised singular-value spectra (median over layers, band 25-75%)")
@@ -113,6 +116,7 @@ def cka_figure(runs: dict) -> Figure:
         ax.set_xlabel("layer")
         ax.set_ylabel("mean pairwise linear CKA")
         ax.set_ylim(0, 1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return fig

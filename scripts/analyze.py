@@ -1,0 +1,106 @@
+"""Diagnostics report for one or more checkpoints (markdown + PNG figures + JSON).
+
+    python scripts/analyze.py --config configs/demo_cpu.toml --checkpoint outputs/demo_cpu/checkpoint/step-200 \
+        [--compare DIR2 ...] [--compare-config Y.toml ...] [--labels A B ...] [--out report_dir]
+
+Every checkpoint is evaluated on the same held-out batch (``[diagnostics]`` settings of the config,
+or their defaults). A compare checkpoint uses ``--compare-config`` (one per checkpoint, or one for
+all) or else the main config with the mixer and gate read from the checkpoint, so a Transformer run
+of the same recipe needs no config of its own. See docs/diagnostics.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from parallax_titan.diagnostics import Diagnostics, collect  # noqa: E402
+from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset  # noqa: E402
+from parallax_titan.diagnostics.report import load_checkpoint_model, write_report  # noqa: E402
+from parallax_titan.diagnostics.runner import validate_diagnostics  # noqa: E402
+from parallax_titan.tokenizer import build_tokenizer  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="TOML config of the (first) checkpoint's run")
+    parser.add_argument("--checkpoint", required=True, help="DCP checkpoint folder, e.g. <dump>/checkpoint/step-N")
+    parser.add_argument("--compare", nargs="*", default=[], help="further checkpoint folders")
+    parser.add_argument("--compare-config", nargs="*", default=[], help="configs of the --compare checkpoints")
+    parser.add_argument("--labels", nargs="*", default=[], help="one label per checkpoint")
+    parser.add_argument("--out", default="analysis", help="output folder (default: ./analysis)")
+    parser.add_argument("--batch-size", type=int, help="override diagnostics.batch_size")
+    parser.add_argument("--seq-len", type=int, help="override diagnostics.seq_len")
+    parser.add_argument("--max-queries", type=int, help="override diagnostics.max_queries")
+    args = parser.parse_args(argv)
+    n = 1 + len(args.compare)
+    if args.compare_config and len(args.compare_config) not in (1, len(args.compare)):
+        parser.error(f"--compare-config: {len(args.compare_config)} configs for {len(args.compare)} --compare checkpoints; "
+                     "expected one, or one per checkpoint")
+    if args.labels and len(args.labels) != n:
+        parser.error(f"--labels: {len(args.labels)} labels for {n} checkpoints; expected {n}")
+    return args
+
+
+def load_config(path: str):
+    from train import parse_config
+
+    return parse_config(["--job.config_file", path])
+
+
+def diagnostics_settings(job_config, args) -> Diagnostics:
+    config = getattr(job_config, "diagnostics", None) or Diagnostics()
+    overrides = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len),
+                                   ("max_queries", args.max_queries)) if v is not None}
+    config = dataclasses.replace(config, enable=True, **overrides)
+    validate_diagnostics(config, job_config.training.seq_len)
+    return config
+
+
+def default_label(checkpoint: str) -> str:
+    parts = os.path.normpath(checkpoint).split(os.sep)
+    return "/".join(p for p in parts[-3:] if p != "checkpoint")
+
+
+def main(argv) -> str:
+    args = parse_args(argv)
+    job = load_config(args.config)
+    config = diagnostics_settings(job, args)
+    tokenizer = build_tokenizer(job)
+    name, path = resolve_dataset(job, config)
+    seq_len = config.seq_len or job.training.seq_len
+    tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
+    compare_configs = args.compare_config * len(args.compare) if len(args.compare_config) == 1 else args.compare_config
+    checkpoints = [(args.checkpoint, job)] + [
+        (ckpt, load_config(compare_configs[i]) if compare_configs else job) for i, ckpt in enumerate(args.compare)
+    ]
+    labels = args.labels or [default_label(c) for c, _ in checkpoints]
+    runs, sources = {}, {}
+    torch.manual_seed(0)
+    for label, (checkpoint, job_config) in zip(labels, checkpoints):
+        model = load_checkpoint_model(job_config, checkpoint)
+        print(f"[analyze] {label}: {type(model).__name__} ({model.model_args.mixer}) from {checkpoint}")
+        runs[label] = collect(model, tokens, tokenizer, config)
+        sources[label] = (checkpoint, f"{model.model_args.mixer}, {job_config.model.flavor}, "
+                                      f"{sum(p.numel() for p in model.parameters()):,} params")
+    settings = {"dataset": name, "tokens": f"{config.batch_size} x {seq_len}", "max_queries": config.max_queries,
+                "corr_ridge": config.corr_ridge, "top_k": config.top_k, "cka_tokens": config.cka_tokens}
+    command = "python scripts/analyze.py " + shlex.join(argv)
+    report = write_report(runs, sources, args.out, settings, command)
+    print(f"[analyze] wrote {report}")
+    return report
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,101 @@
+"""scripts/analyze.py on DCP checkpoints of tiny models (Parallax vs Transformer)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+from parallax_titan.diagnostics.report import load_checkpoint_model, match_checkpoint
+from scripts.analyze import load_config, main
+
+BASE_CONFIG = "configs/test_cpu_2rank.toml"
+SMALL = "\n[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 2\nhead_dim = 16\nhidden_dim = 96\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_config(tmp_path_factory):
+    """The 2-rank test config with a narrower model (keeps the test fast)."""
+    global CONFIG
+    text = open(BASE_CONFIG).read().replace("[model]\n", "[model]\n" + SMALL.split("[model]\n")[1], 1)
+    CONFIG = str(tmp_path_factory.mktemp("config") / "small.toml")
+    with open(CONFIG, "w") as f:
+        f.write(text)
+
+
+def save_checkpoint(path: str, name: str, seed: int) -> torch.nn.Module:
+    """A checkpoint laid out as the trainer's (flattened model keys), of the config's model."""
+    job = load_config(CONFIG)
+    job.model.name = name
+    os.makedirs(path, exist_ok=True)
+    dcp.save(get_model_state_dict(_random_model(job, seed)), checkpoint_id=path)
+    return job
+
+
+def _random_model(job, seed):
+    import copy
+
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from parallax_titan.spec import register_all
+
+    register_all()
+    spec = get_train_spec(job.model.name)
+    args = copy.deepcopy(spec.model_args[job.model.flavor])
+    args.update_from_config(job)
+    torch.manual_seed(seed)
+    model = spec.model_cls(args)
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    save_checkpoint(str(root / "parallax"), "parallax", 1)
+    save_checkpoint(str(root / "transformer"), "transformer", 2)
+    return str(root / "parallax"), str(root / "transformer")
+
+
+def test_loaded_model_has_the_checkpoint_weights(checkpoints):
+    job = load_config(CONFIG)
+    model = load_checkpoint_model(job, checkpoints[0])
+    reference = _random_model(job, 1)
+    for (name, p), q in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(p, q), name
+    transformer = load_checkpoint_model(job, checkpoints[1])  # mixer read from the checkpoint
+    assert transformer.model_args.mixer == "softmax" and job.model.name == "parallax"
+
+
+def test_report_compares_parallax_and_transformer(checkpoints, tmp_path):
+    out = str(tmp_path / "report")
+    report = main(["--config", CONFIG, "--checkpoint", checkpoints[0], "--compare", checkpoints[1],
+                   "--labels", "parallax", "transformer", "--out", out, "--seq-len", "32", "--max-queries", "4"])
+    text = open(report).read()
+    for figure in ("probe_collapse.png", "scores_sinks.png", "spectra.png", "cka.png", "stable_rank_depth.png"):
+        assert f"({figure})" in text and os.path.getsize(os.path.join(out, figure)) > 10_000
+    per_head_stable_rank = [line for line in text.splitlines() if line.startswith(("| parallax |", "| transformer |"))][2:4]
+    assert per_head_stable_rank[0].count("–") == 0
+    assert per_head_stable_rank[1].count("–") == 2  # no W_R and W_RK in a Transformer
+    assert os.path.isfile(os.path.join(out, "results.json"))
+
+
+def test_bad_checkpoint_is_rejected(tmp_path, checkpoints):
+    with pytest.raises(ValueError, match="--checkpoint .* is not a DCP checkpoint"):
+        load_checkpoint_model(load_config(CONFIG), str(tmp_path))
+    job = load_config(CONFIG)
+    job.model.n_layers = 3
+    with pytest.raises(ValueError, match="lacks .* weights"):
+        load_checkpoint_model(job, checkpoints[0])
+
+
+def test_gate_is_read_from_the_checkpoint():
+    job = load_config(CONFIG)
+    keys = {"layers.0.attention.wr.weight": None,
+            "layers.0.attention.gate.weight": type("M", (), {"size": torch.Size([4, 256])})()}
+    match_checkpoint(job, keys)
+    assert job.parallax.gate == "head" and job.model.name == "parallax"
