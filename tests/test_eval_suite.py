@@ -141,3 +141,26 @@ def test_cli_rejects_bad_arguments(run_dir, tmp_path, capsys):
     with pytest.raises(ValueError, match="tasks"):
         parse_tasks([])
     assert cli.lm_eval.simple_evaluate  # eval.lm_eval imports the harness, not itself
+
+
+def test_prefetch_writes_files_the_suite_reads(tmp_path, monkeypatch):
+    """eval.prefetch with the hub replaced by the fixtures: the JSONL it writes is what --data-dir reads."""
+    import datasets
+
+    from eval import prefetch
+
+    real_load = datasets.load_dataset
+    calls = []
+
+    def fake_hub(path, name=None, **kwargs):
+        task = {("allenai/ai2_arc", "ARC-Easy"): "arc_easy", ("aps/super_glue", "boolq"): "boolq"}[(path, name)]
+        calls.append(task)
+        split = prefetch.hub_source(task)["split"]
+        return real_load("json", data_files={split: os.path.join(FIXTURES, f"{task}.jsonl")})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_hub)
+    written = prefetch.prefetch(["arc_easy", "boolq"], str(tmp_path))
+    assert calls == ["arc_easy", "boolq"] and len(written) == 2
+    for task in ("arc_easy", "boolq"):
+        with open(os.path.join(FIXTURES, f"{task}.jsonl")) as a, open(tmp_path / f"{task}.jsonl") as b:
+            assert [json.loads(x) for x in a] == [json.loads(x) for x in b]

@@ -1,0 +1,60 @@
+"""Fill a Hugging Face datasets cache with the suite's data (run where the hub is reachable).
+
+    HF_HOME=/shared/hf python -m eval.prefetch [--tasks boolq,piqa] [--jsonl-dir /shared/lm_eval_data]
+
+Every task's dataset is downloaded into ``$HF_HOME`` (copy that folder to the offline cluster and
+run there with ``HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1``). With ``--jsonl-dir`` the evaluated
+split of each task is also written as ``<dir>/<task>.jsonl``, for ``python -m eval.lm_eval --data-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from eval.tasks import eval_split, parse_tasks, task_config
+
+
+def hub_source(task: str) -> dict:
+    """Where lm-eval reads ``task``: ``{"path", "name", "split", "kwargs"}`` from its YAML."""
+    config = task_config(task)
+    return {"path": config["dataset_path"], "name": config.get("dataset_name"), "split": eval_split(config),
+            "kwargs": dict(config.get("dataset_kwargs") or {})}
+
+
+def prefetch(tasks: list[str], jsonl_dir: str | None = None) -> list[str]:
+    """Download each task's dataset into the HF cache; optionally write its evaluated split as JSONL."""
+    import datasets
+
+    written = []
+    for task in tasks:
+        source = hub_source(task)
+        data = datasets.load_dataset(source["path"], source["name"], **source["kwargs"])
+        print(f"{task}: {source['path']} ({source['name']}) {dict(data.num_rows)}")
+        if jsonl_dir:
+            os.makedirs(jsonl_dir, exist_ok=True)
+            path = os.path.join(jsonl_dir, f"{task}.jsonl")
+            data[source["split"]].to_json(path, lines=True, force_ascii=False)
+            written.append(path)
+    return written
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.prefetch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default="paper", help="comma-separated subset of the suite (default: all)")
+    parser.add_argument("--jsonl-dir", default=None, help="also write <dir>/<task>.jsonl (the evaluated split)")
+    parser.add_argument("--list", action="store_true", help="only print each task's dataset and split")
+    args = parser.parse_args(argv)
+    tasks = parse_tasks(args.tasks)
+    if args.list:
+        for task in tasks:
+            s = hub_source(task)
+            print(f"{task}\t{s['path']}\t{s['name']}\t{s['split']}")
+        return 0
+    prefetch(tasks, args.jsonl_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
