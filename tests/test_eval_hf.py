@@ -133,3 +133,14 @@ def test_checkpoint_of_another_size_is_rejected(tmp_path):
         load_checkpoint(build_model(dataclasses.replace(args, n_layers=3), torch.device("cpu")), str(tmp_path))
     with pytest.raises(ValueError, match="checkpoint:.*shape"):
         load_checkpoint(build_model(dataclasses.replace(args, hidden_dim=512), torch.device("cpu")), str(tmp_path))
+
+
+def test_model_only_bf16_checkpoint_loads(tmp_path):
+    """TorchTitan's last_save_model_only + export_dtype: a bf16 model-only folder loads into fp32."""
+    args = model_args_of(load_job_config(CONFIG))
+    saved = {k: v.to(torch.bfloat16) for k, v in build_model(args, torch.device("cpu")).state_dict().items()}
+    dcp.save(saved, checkpoint_id=str(tmp_path), no_dist=True)
+    model = build_model(args, torch.device("cpu"))
+    load_checkpoint(model, str(tmp_path))
+    for key, value in model.state_dict().items():
+        assert value.dtype == torch.float32 and torch.equal(value, saved[key].float()), key
