@@ -23,7 +23,8 @@ from parallax_titan.tokenizer import build_tokenizer
 MODEL_NAME = "parallax_titan"
 DEFAULT_MAX_GEN_TOKS = 256
 
-Request = tuple[tuple[str, str], list[int], list[int]]
+# (the (context, continuation) strings or None for rolling windows, context ids, continuation ids)
+Request = tuple[tuple[str, str] | None, list[int], list[int]]
 
 
 def _positive_int(name: str, value) -> int:
