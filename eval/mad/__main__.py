@@ -37,8 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--sweep", choices=SWEEPS, default=None, help="override [grid] sweep")
     p.add_argument("--epochs", type=int, default=None, help="override [train] epochs")
+    p.add_argument("--optimizer", choices=("muon", "adamw"), default=None, help="override [train] optimizer")
+    p.add_argument("--schedule", choices=("wsd", "cosine"), default=None, help="override [train] schedule")
     p.add_argument("--lrs", default=None, help="override [train] lrs, comma list")
     p.add_argument("--num-train-examples", type=int, default=None, help="cap every setting's train set")
+    p.add_argument("--num-test-examples", type=int, default=None, help="override every setting's test set size")
     p.add_argument("--backend", default=None, help="override [model] backend (auto/reference/triton)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (0 = inline)")
@@ -59,10 +62,16 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
         cfg.sweep = args.sweep
     if args.epochs:
         cfg.train.epochs = args.epochs
+    if args.optimizer:
+        cfg.train.optimizer = args.optimizer
+    if args.schedule:
+        cfg.train.schedule = args.schedule
     if args.lrs:
         cfg.train.lrs = [float(x) for x in args.lrs.split(",")]
     if args.num_train_examples:
         cfg.data["num_train_examples"] = args.num_train_examples
+    if args.num_test_examples:
+        cfg.data["num_test_examples"] = args.num_test_examples
     if args.max_run_seconds:
         cfg.train.max_seconds = args.max_run_seconds
     if args.backend:
