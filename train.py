@@ -8,6 +8,7 @@ checked (unknown keys, types, meaning) before any model is built or data is read
 
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 
@@ -60,11 +61,28 @@ def main(argv: list[str]) -> None:
             logger.info("Created seed checkpoint")
         else:
             trainer.train()
-    finally:
+        final_step = trainer.step
         trainer.close()
+        del trainer
+        if config.eval.at_end and final_step == config.training.steps:
+            evaluate_final_checkpoint(config, final_step)
+    finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     logger.info("Training finished")
+
+
+def evaluate_final_checkpoint(config: JobConfig, step: int) -> None:
+    """Hand-off to the downstream suite (``[eval] at_end``): rank 0 scores the final checkpoint."""
+    from eval.config import run_at_end
+
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        folder = os.path.join(config.job.dump_folder, config.checkpoint.folder, f"step-{step}")
+        logger.info(f"Evaluation table written to {run_at_end(config, folder)}")
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
 
 
 if __name__ == "__main__":

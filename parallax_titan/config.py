@@ -13,6 +13,8 @@ from typing import Literal
 from torchtitan.config import ConfigManager
 from torchtitan.config import JobConfig as TitanJobConfig
 
+from eval.config import Eval
+from parallax_titan.diagnostics.config import Diagnostics
 from parallax_titan.optim_config import LRScheduler, Optimizer
 
 
@@ -98,6 +100,8 @@ class ParallaxJobConfig:
     parallax: Parallax = field(default_factory=Parallax)
     model: Model = field(default_factory=Model)
     reliability: Reliability = field(default_factory=Reliability)
+    eval: Eval = field(default_factory=Eval)
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)
     metrics: Metrics = field(default_factory=Metrics)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)

@@ -18,6 +18,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from parallax_titan.compat import configure_for_host, save_checkpoint_now
+from parallax_titan.diagnostics.runner import DiagnosticsRunner
 from parallax_titan.validate import validate_job_config
 
 
@@ -35,6 +36,7 @@ class ParallaxTrainer(Trainer):
         reliability = job_config.reliability
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)
         source = job_config.parallax.init_from_transformer
         if source:
             from parallax_titan.uptrain import load_transformer_weights
@@ -88,6 +90,9 @@ class ParallaxTrainer(Trainer):
     def train_step(self, data_iterator):
         super().train_step(data_iterator)
         self.metrics_processor.advance(self.step)
+        self.diagnostics.maybe_run(
+            self.step, self.model_parts, self.metrics_processor.logger.log, self.metrics_processor.log_figure
+        )
         if self.step == self.job_config.reliability.stop_at_step:
             self._stop_reason = f"reliability.stop_at_step = {self.step}"
         if self._any_rank(self._sigterm):

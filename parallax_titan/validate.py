@@ -150,6 +150,13 @@ def _training_errors(cfg) -> list[str]:
             errors.append(f"training.{key}: expected a positive integer, got {getattr(t, key)!r}")
     if t.max_norm <= 0:
         errors.append(f"training.max_norm: expected > 0, got {t.max_norm!r}")
+    if cfg.eval.at_end and not cfg.checkpoint.enable:
+        errors.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
+    from eval.suite import PAPER_SUITE
+
+    unknown = [t for t in cfg.eval.tasks if t not in PAPER_SUITE]
+    if unknown:
+        errors.append(f"eval.tasks: unknown {unknown}; expected names from {list(PAPER_SUITE)}")
     p = cfg.parallelism
     for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
         if getattr(p, key) != 1:
@@ -159,6 +166,7 @@ def _training_errors(cfg) -> list[str]:
 
 def _component_errors(cfg) -> list[str]:
     from parallax_titan.data import check_dataset_config
+    from parallax_titan.diagnostics.runner import validate_diagnostics
     from parallax_titan.optim_config import validate_optim_config
     from parallax_titan.tokenizer import check_tokenizer_path
 
@@ -168,6 +176,7 @@ def _component_errors(cfg) -> list[str]:
         lambda: check_dataset_config(cfg.training),
         lambda: cfg.validation.enable and check_dataset_config(cfg.validation, section="validation"),
         lambda: validate_optim_config(cfg.optimizer, cfg.lr_scheduler),
+        lambda: validate_diagnostics(cfg.diagnostics, cfg.training.seq_len),
     ):
         try:
             check()
