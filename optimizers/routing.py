@@ -4,7 +4,11 @@ Categories come from ordered ``"category=regex"`` rules (first match wins,
 ``re.search`` on the FQN with wrapper prefixes such as ``_orig_mod.`` and
 ``_checkpoint_wrapped_module.`` removed); unmatched parameters are ``other``.
 Attention projections are ``attn_q``/``attn_k``/``attn_v``/``attn_o``/``attn_r``
-(module "attn"), the MLP is ``mlp`` (module "mlp").
+(module "attn"), the MLP is ``mlp`` (module "mlp"). The flash-linear-attention mixers
+(``attention.layer.*``, parallax_titan/mixers.py) add ``conv`` (short-convolution filters),
+``ssm`` (A_log, dt_bias, D, lambda: per-head decay/step parameters) and their decay/beta gate
+projections under ``gate``: all three go to AdamW. Their large projections (q/k/v/o/g_proj,
+in_proj/out_proj) stay ``other`` and so go to Muon by default.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ DEFAULT_PARAM_RULES: tuple[str, ...] = (
     r"norm=norm\.weight$",
     r"gate=(^|\.)gate\.",
     r"bias=\.bias$",
+    r"conv=(^|\.)attention\.layer\.\w*conv1d\.",
+    r"ssm=(^|\.)attention\.layer\.(A_log|dt_bias|D|lambda_params)$",
+    r"gate=(^|\.)attention\.layer\.(a_proj|b_proj|f_proj\.\d+)\.weight$",
     r"attn_q=(^|\.)attention\.wq\.weight$",
     r"attn_k=(^|\.)attention\.wk\.weight$",
     r"attn_v=(^|\.)attention\.wv\.weight$",

@@ -9,7 +9,9 @@ GQA, tied embeddings at 0.6B). Parallax adds, per layer (SPEC.md section 2):
 * an optional sigmoid gate (``gate = "token" | "head"``) that scales rho after the norm;
 * ``wr_init = "zeros"`` makes every layer exactly softmax attention (the up-training path).
 
-With ``mixer = "softmax"`` the block is TorchTitan's own attention (SDPA), unchanged.
+With ``mixer = "softmax"`` the block is TorchTitan's own attention (SDPA), unchanged; the
+flash-linear-attention baselines (``gated_deltanet``, ``kda``, ``mamba2``, ``mesa_net``) take the
+attention slot through ``parallax_titan.mixers`` (docs/mixers.md).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from torchtitan.models.qwen3.model.model import (
 from torchtitan.models.utils import get_moe_model_nparams_and_flops, trunc_normal_
 
 import kernels
+from parallax_titan.mixers import FLA_MIXERS, build_mixer
 
-Mixer = Literal["softmax", "parallax"]
+Mixer = Literal["softmax", "parallax", "gated_deltanet", "kda", "mamba2", "mesa_net"]
 Gate = Literal["none", "token", "head"]
 WrInit = Literal["normal", "zeros"]
 Backend = Literal["auto", "reference", "triton"]
@@ -70,13 +73,14 @@ class ParallaxModelArgs(Qwen3ModelArgs):
             self.wr_init = section.wr_init
         self.attn_backend = section.attn_backend
         self.attn_mask_type = section.attn_mask_type
-        # TorchTitan only builds document masks for "flex"/"varlen"; Parallax reads them as cu_seqlens.
-        if self.mixer == "parallax" and self.attn_mask_type == "block_causal":
+        # TorchTitan only builds document masks for "flex"/"varlen"; Parallax and fla read cu_seqlens.
+        if self.mixer != "softmax" and self.attn_mask_type == "block_causal":
             self.attn_type = "varlen"
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
-        # Parallax runs four attention matmuls per head (q.k, rho.k, p.v, (p*t).v), softmax two.
-        matmuls = 4 if self.mixer == "parallax" else 2
+        # Parallax runs four attention matmuls per head (q.k, rho.k, p.v, (p*t).v), softmax two;
+        # the fla mixers' chunked recurrences are not counted (their MFU covers the weights only).
+        matmuls = {"parallax": 4, "softmax": 2}.get(self.mixer, 0)
         return get_moe_model_nparams_and_flops(self, model, matmuls * self.head_dim, seq_len)
 
 
@@ -167,12 +171,14 @@ class ParallaxAttention(Attention):
 
 
 class ParallaxBlock(TransformerBlock):
-    """A Qwen3 block whose attention is Parallax when ``model_args.mixer == "parallax"``."""
+    """A Qwen3 block whose attention is Parallax or an fla mixer, as ``model_args.mixer`` says."""
 
     def __init__(self, layer_id: int, model_args: ParallaxModelArgs):
         super().__init__(layer_id, model_args)
         if model_args.mixer == "parallax":
             self.attention = ParallaxAttention(model_args)
+        elif model_args.mixer in FLA_MIXERS:
+            self.attention = build_mixer(layer_id, model_args)
 
 
 class ParallaxQwen3Model(Qwen3Model):
@@ -188,6 +194,6 @@ class ParallaxQwen3Model(Qwen3Model):
         )
 
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
-        if self.model_args.mixer == "parallax":
+        if self.model_args.mixer != "softmax":
             return document_boundaries(input_batch, tokenizer.eos_id)
         return super().get_attention_masks(input_batch, tokenizer, extra_inputs)

@@ -7,7 +7,14 @@ transformer        Qwen3 with softmax attention (TorchTitan's own attention)
 transformer_dagger softmax attention with 1.5x query heads (matches W_R's parameters)
 parallax           Qwen3 with Parallax attention
 parallax_dagger    Parallax with half the head dim and a wider FFN (matches FLOPs and parameters)
+gated_deltanet     Gated DeltaNet from flash-linear-attention (optional dependency)
+kda                Kimi Delta Attention from flash-linear-attention
+mamba2             Mamba2 from flash-linear-attention (MAD baseline)
+mesa_net           MesaNet from flash-linear-attention (MAD baseline)
 ================== ============================================================
+
+The fla mixers keep the Qwen3 block (norms, MLP, embeddings) and size their heads to the
+attention they replace (``parallax_titan.mixers.fla_settings``; docs/mixers.md).
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.validate import build_validator
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
+from parallax_titan.mixers import FLA_MIXERS
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
 
-VARIANTS = ("transformer", "transformer_dagger", "parallax", "parallax_dagger")
+VARIANTS = ("transformer", "transformer_dagger", "parallax", "parallax_dagger", *FLA_MIXERS)
 
 BASE_FLAVORS = {
     "debug": ParallaxModelArgs(
@@ -62,6 +70,8 @@ def variant_args(variant: str, base: ParallaxModelArgs) -> ParallaxModelArgs:
         return dataclasses.replace(
             base, mixer="parallax", head_dim=base.head_dim // 2, hidden_dim=dagger_hidden_dim(base)
         )
+    if variant in FLA_MIXERS:
+        return dataclasses.replace(base, mixer=variant)
     raise ValueError(f"model.name: unknown variant {variant!r}; expected one of {VARIANTS}")
 
 

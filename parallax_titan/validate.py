@@ -77,6 +77,7 @@ def check_config_dict(data: dict, cls, prefix: str = "") -> list[str]:
 
 
 def _model_errors(cfg) -> list[str]:
+    from parallax_titan.mixers import fla_missing
     from parallax_titan.model import SHAPE_KEYS
     from parallax_titan.spec import BASE_FLAVORS, VARIANTS, variant_args
 
@@ -85,6 +86,9 @@ def _model_errors(cfg) -> list[str]:
         return [f"model.name: {name!r} is not a Parallax-Titan variant; expected one of {', '.join(VARIANTS)}"]
     if flavor not in BASE_FLAVORS:
         return [f"model.flavor: {flavor!r} is unknown; expected one of {', '.join(BASE_FLAVORS)}"]
+    missing = fla_missing(name)  # before any model build: the fla mixers are an optional install
+    if missing:
+        return [missing]
     args = variant_args(name, BASE_FLAVORS[flavor])
     args = dataclasses.replace(args, **args.shape_overrides(cfg.model))
     errors = [f"model.{k}: expected a positive integer, got {getattr(cfg.model, k)!r}"

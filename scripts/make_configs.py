@@ -21,6 +21,9 @@ VARIANTS = {  # file stem -> (model.name, [parallax] overrides)
     "parallax_norope": ("parallax", {"rho_rope": False}),
     "parallax_dagger": ("parallax_dagger", {}),
 }
+# flash-linear-attention baselines (optional install, docs/mixers.md): 0.6B, Muon + WSD only, with
+# their decay parameters (A_log, dt_bias: routing category "ssm") kept out of weight decay as in fla.
+FLA_BASELINES = ("gated_deltanet", "kda")
 SIZES = {  # flavor -> global batch (sequences of 4096 tokens), activation checkpointing
     "0.6B": (960, "none"),
     "1.7B": (1920, "selective"),
@@ -96,6 +99,11 @@ def all_configs() -> dict[str, dict]:
                 out[f"configs/paper/{flavor}/{name}.toml"] = job_config(
                     name, model, flavor, parallax, dict(optimizer), dict(scheduler),
                     f"{stem} {flavor}, {recipe} (paper recipe)")
+    for stem in FLA_BASELINES:
+        name = f"{stem}_muon_wsd"
+        out[f"configs/paper/0.6B/{name}.toml"] = job_config(
+            name, stem, "0.6B", {}, {**MUON, "no_decay_categories": ["ssm"]}, dict(WSD),
+            f"{stem} 0.6B, muon_wsd (paper recipe; needs flash-linear-attention)")
     for stem, (opt, sched) in ABLATIONS.items():
         out[f"configs/ablations/0.6B/{stem}.toml"] = job_config(
             stem, "parallax", "0.6B", {}, {**MUON, **opt}, {**WSD, **sched}, f"{stem} (optimizer ablation)")

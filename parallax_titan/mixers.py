@@ -1,0 +1,169 @@
+"""Baseline sequence mixers from flash-linear-attention (fla), in the attention slot of our Qwen3 block.
+
+``ParallaxModelArgs.mixer`` picks one of :data:`FLA_MIXERS`; the block keeps its norms, SwiGLU MLP
+and embeddings and only the attention module becomes :class:`FlaMixer`, which owns fla's layer and
+takes TorchTitan's attention call ``(x, rope_cache, attention_masks, positions)``. These mixers
+carry position information in their recurrence and short convolutions, so RoPE is ignored.
+
+fla is optional (``pip install flash-linear-attention==0.6.0``, which pulls ``fla-core==0.6.0``
+and ``transformers``): :func:`require_fla` gives the install hint, and nothing here imports fla
+until a mixer is built. fla's kernels are Triton kernels and need a CUDA device (see docs/mixers.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import nn
+
+FLA_VERSION = "0.6.0"
+FLA_INSTALL = f"pip install flash-linear-attention=={FLA_VERSION}"
+
+# mixer name -> fla.layers class
+FLA_MIXERS = {
+    "gated_deltanet": "GatedDeltaNet",
+    "kda": "KimiDeltaAttention",
+    "mamba2": "Mamba2",
+    "mesa_net": "MesaNet",
+}
+# Mixers whose fla layer accepts packed documents (``cu_seqlens``) for block-causal masks.
+VARLEN_MIXERS = ("gated_deltanet", "kda", "mesa_net")
+# Output projections get TorchTitan's depth-scaled init std, like ``wo`` and ``w2``/``w3``.
+OUTPUT_PROJECTIONS = ("o_proj", "out_proj")
+
+
+def fla_missing(mixer: str) -> str | None:
+    """The error message when ``mixer`` needs fla's layers and they cannot be imported, else None."""
+    if mixer not in FLA_MIXERS:
+        return None
+    try:
+        importlib.import_module("fla.layers")
+    except ImportError as exc:
+        return f"model.name = {mixer!r} needs flash-linear-attention: {FLA_INSTALL} ({exc})"
+    return None
+
+
+def require_fla(mixer: str):
+    """The ``fla.layers`` module; raises ImportError with the install command when fla is missing."""
+    message = fla_missing(mixer)
+    if message:
+        raise ImportError(message)
+    return importlib.import_module("fla.layers")
+
+
+def _heads(target: float, per_head: float) -> int:
+    return max(1, round(target / per_head))
+
+
+def fla_settings(mixer: str, dim: int, head_dim: int, n_heads: int, n_kv_heads: int) -> dict:
+    """fla constructor arguments of ``mixer`` sized to the softmax attention it replaces.
+
+    The head count is chosen so that the mixer's projections hold as many parameters as
+    W_Q, W_K, W_V, W_O of a Qwen3 attention with (dim, head_dim, n_heads, n_kv_heads); the other
+    settings are fla's recommended defaults (short conv 4, output gates, expand ratios).
+    """
+    attn = dim * head_dim * (2 * n_heads + 2 * n_kv_heads)
+    if mixer == "gated_deltanet":
+        # q, k: d x (H d_h); v, g, o: d x (2 H d_h) -> 8 d d_h per head (fla: H d_h = 0.75 d).
+        return {"num_heads": _heads(attn, 8 * dim * head_dim), "head_dim": head_dim, "expand_v": 2.0,
+                "use_gate": True, "use_short_conv": True, "conv_size": 4}
+    if mixer == "kda":
+        # q, k, v, o: 4 d d_h per head, plus the rank-d_h gate projections f and g.
+        per_head = head_dim * (4 * dim + 2 * head_dim + 1) + dim
+        return {"num_heads": _heads(attn, per_head), "head_dim": head_dim, "expand_v": 1.0,
+                "use_short_conv": True, "conv_size": 4}
+    if mixer == "mamba2":
+        # in/out projections are ~6 d^2 at expand 2, close to attention's 6 d^2 at the paper sizes.
+        return {"num_heads": 2 * dim // 64, "head_dim": 64, "expand": 2, "state_size": 128,
+                "n_groups": 1, "conv_kernel": 4}
+    if mixer == "mesa_net":
+        # q, k, v, o: 4 d d_h per head.
+        return {"num_heads": _heads(attn, 4 * dim * head_dim), "head_dim": head_dim,
+                "use_output_gate": False, "use_short_conv": True, "conv_size": 4,
+                "lambda_lower_bound": 0.25}
+    raise ValueError(f"mixer: {mixer!r} is not an fla mixer; expected one of {', '.join(FLA_MIXERS)}")
+
+
+def _cu_seqlens(attention_masks) -> torch.Tensor | None:
+    return getattr(attention_masks, "cu_seqlens", None)
+
+
+class FlaMixer(nn.Module):
+    """fla's layer ``mixer`` in the attention slot.
+
+    forward(x (batch, seq, dim), rope_cache, attention_masks, positions) -> (batch, seq, dim) in
+    x's dtype. ``attention_masks`` may be :class:`parallax_titan.model.DocumentBoundaries`
+    (block-causal over packed documents) for the mixers in :data:`VARLEN_MIXERS`.
+    """
+
+    def __init__(self, mixer: str, dim: int, settings: dict, layer_id: int, norm_eps: float):
+        super().__init__()
+        layers = require_fla(mixer)
+        self.mixer = mixer
+        self.kwargs = {"hidden_size": dim, "layer_idx": layer_id, "norm_eps": norm_eps, **settings}
+        self.layer = getattr(layers, FLA_MIXERS[mixer])(**self.kwargs)
+
+    def forward(self, x, rope_cache=None, attention_masks=None, positions=None):
+        if x.device.type != "cuda":
+            raise RuntimeError(
+                f"mixer {self.mixer!r}: fla's Triton kernels need a CUDA device; got input on {x.device}")
+        return self._mix(x, _cu_seqlens(attention_masks))
+
+    # Inductor cannot trace fla's Triton autograd functions; the rest of the block still compiles.
+    @torch.compiler.disable
+    def _mix(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+        if cu_seqlens is None:
+            return self.layer(x)[0]
+        if self.mixer not in VARLEN_MIXERS:
+            raise ValueError(f"parallax.attn_mask_type = 'block_causal' is not supported by mixer {self.mixer!r}; "
+                             "use 'causal'")
+        bs, seqlen, dim = x.shape
+        out = self.layer(x.reshape(1, bs * seqlen, dim), cu_seqlens=cu_seqlens.long())[0]
+        return out.reshape(bs, seqlen, dim)
+
+    @torch.no_grad()
+    def init_weights(self, init_std: float) -> None:
+        """Linear weights: truncated normal (std 0.02; output projection ``init_std``), biases 0.
+
+        Every other parameter (A_log, dt_bias, D, lambda, conv filters, norm weights) takes the
+        value of a freshly constructed fla layer, i.e. fla's own init, also for sharded DTensors.
+        """
+        from torchtitan.models.utils import trunc_normal_
+
+        fresh = None
+        for name, module in self.layer.named_modules():
+            if isinstance(module, nn.Linear):
+                std = init_std if name.split(".")[-1] in OUTPUT_PROJECTIONS else 0.02
+                trunc_normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    module.bias.zero_()
+        linear = {f"{n}.{p}" for n, m in self.layer.named_modules() if isinstance(m, nn.Linear)
+                  for p in ("weight", "bias")}
+        for name, param in self.layer.named_parameters():
+            if name in linear:
+                continue
+            if fresh is None:
+                fresh = dict(self._fresh_layer().named_parameters())
+            _copy_full(param, fresh[name])
+
+    def _fresh_layer(self) -> nn.Module:
+        with torch.device("cpu"):
+            return getattr(require_fla(self.mixer), FLA_MIXERS[self.mixer])(**self.kwargs)
+
+
+def _copy_full(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the full tensor ``full`` into ``param``, which may be a sharded DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        full = distribute_tensor(full.to(param.device, param.dtype), param.device_mesh, param.placements)
+        param.to_local().copy_(full.to_local())
+    else:
+        param.copy_(full.to(param.device, param.dtype))
+
+
+def build_mixer(layer_id: int, args) -> FlaMixer:
+    """The fla mixer ``args.mixer`` for block ``layer_id`` of a model with arguments ``args``."""
+    settings = fla_settings(args.mixer, args.dim, args.head_dim, args.n_heads, args.n_kv_heads)
+    return FlaMixer(args.mixer, args.dim, settings, layer_id, args.norm_eps)
