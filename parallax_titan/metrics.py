@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from torchtitan.components.metrics import BaseLogger, MetricsProcessor, TensorBoardLogger
+from torchtitan.components.metrics import BaseLogger, MetricsProcessor
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -48,12 +48,6 @@ class ParallaxMetricsProcessor(MetricsProcessor):
 
             self._bar = tqdm(total=self.job_config.training.steps, initial=step - 1, unit="step", dynamic_ncols=True)
         self._bar.update(1)
-
-    def log_figure(self, tag: str, figure, step: int) -> None:
-        """Send a matplotlib figure to TensorBoard (when enabled)."""
-        for sink in getattr(self.logger, "_loggers", []):
-            if isinstance(sink, TensorBoardLogger):
-                sink.writer.add_figure(tag, figure, step)
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)

@@ -18,7 +18,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from parallax_titan.compat import configure_for_host, save_checkpoint_now
-from parallax_titan.diagnostics.runner import DiagnosticsRunner
+from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
 from parallax_titan.validate import validate_job_config
 
 
@@ -37,6 +37,7 @@ class ParallaxTrainer(Trainer):
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)
+        self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
         source = job_config.parallax.init_from_transformer
         if source:
             from parallax_titan.uptrain import load_transformer_weights
@@ -91,7 +92,7 @@ class ParallaxTrainer(Trainer):
         super().train_step(data_iterator)
         self.metrics_processor.advance(self.step)
         self.diagnostics.maybe_run(
-            self.step, self.model_parts, self.metrics_processor.logger.log, self.metrics_processor.log_figure
+            self.step, self.model_parts, self.metrics_processor.logger.log, self._log_figure
         )
         if self.step == self.job_config.reliability.stop_at_step:
             self._stop_reason = f"reliability.stop_at_step = {self.step}"

@@ -20,7 +20,9 @@ from torchtitan.protocols.train_spec import get_train_spec
 from train import parse_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.toml"), recursive=True))
+# configs/mad holds MAD grids (eval.mad's own schema), not training jobs.
+CONFIGS = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "**", "*.toml"), recursive=True)
+                 if os.sep + "mad" + os.sep not in p)
 register_all()
 
 
