@@ -88,8 +88,8 @@ def _difficulty_label(params: dict) -> str:
     return label
 
 
-def plot_hard(best: dict, path: str) -> None:
-    """Accuracy vs difficulty, one panel per task, one line per mixer (PNG)."""
+def plot_hard(best: dict, path: str, title: str = "") -> None:
+    """Accuracy vs difficulty, one panel per task, one line per mixer, legend above (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,8 +109,10 @@ def plot_hard(best: dict, path: str) -> None:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy (best over lr)")
-    axes[0][-1].legend(loc="lower left")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", ncol=len(labels), frameon=False)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -127,5 +129,5 @@ def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", con
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(summary, f, indent=1)
     if config and config.get("sweep") == "hard":
-        plot_hard(best, os.path.join(out_dir, "hard_sweep.png"))
+        plot_hard(best, os.path.join(out_dir, "hard_sweep.png"), title)
     return scores
