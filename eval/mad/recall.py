@@ -68,7 +68,7 @@ def in_context_recall(rng: np.random.Generator, num_examples: int, vocab_size: i
            "> 0 when frac_noise > 0")
     n = vocab_size - noise_vocab_size
     _check(n >= 4, "vocab_size", vocab_size, f"at least noise_vocab_size + 4 = {noise_vocab_size + 4}")
-    n_keys, n_values = n // 2, n - n // 2
+    n_keys = n // 2
     slots = seq_len // 2
     kv_map = rng.integers(n_keys, n, size=(num_examples, n_keys))
     keys = rng.integers(0, n_keys, size=(num_examples, slots))
@@ -83,7 +83,6 @@ def in_context_recall(rng: np.random.Generator, num_examples: int, vocab_size: i
     scored = np.zeros((num_examples, slots, 2), dtype=bool)
     scored[..., 1] = _repeat_slots(keys, noise, n_keys)
     test = np.where(scored.reshape(num_examples, seq_len), tokens, IGNORE)
-    assert n_values >= 1
     return tokens[:, :-1].copy(), tokens[:, 1:].copy(), test[:, 1:].copy()
 
 
