@@ -19,7 +19,10 @@ from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
 from parallax_titan.spec import variant_args
 
 MIXERS = {"attention": ("transformer", {}), "parallax": ("parallax", {}),
-          "parallax_norope": ("parallax", {"rho_rope": False})}
+          "parallax_norope": ("parallax", {"rho_rope": False}),
+          # flash-linear-attention baselines (optional install, CUDA only: docs/mixers.md)
+          "gated_deltanet": ("gated_deltanet", {}), "kda": ("kda", {}),
+          "mamba2": ("mamba2", {}), "mesa_net": ("mesa_net", {})}
 
 
 def mad_model_args(mixer: str, vocab_size: int, seq_len: int, dim: int = 128, n_heads: int = 8,
