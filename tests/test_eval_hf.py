@@ -144,3 +144,15 @@ def test_model_only_bf16_checkpoint_loads(tmp_path):
     load_checkpoint(model, str(tmp_path))
     for key, value in model.state_dict().items():
         assert value.dtype == torch.float32 and torch.equal(value, saved[key].float()), key
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_exported_transformer_loads_in_transformers_qwen3(tmp_path, tied):
+    """The export is a real Qwen3 checkpoint: transformers' Qwen3ForCausalLM gives our logits."""
+    transformers = pytest.importorskip("transformers")
+    model = tiny_model("transformer", seed=3, enable_weight_tying=tied)
+    export_hf(model, str(tmp_path))
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    tokens = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, logits(model), rtol=1e-5, atol=1e-5)
