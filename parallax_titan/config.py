@@ -90,6 +90,11 @@ class Reliability:
     stop_at_step: int = 0
     """Save a full checkpoint and exit after this step (0: never); simulates an interruption."""
 
+    bad_data: Literal["error", "skip"] = "error"
+    """Malformed local data (an empty file, a file or record without a string ``content``, invalid
+    UTF-8 or JSON): stop with an error naming the file and line, or skip it and log how many
+    records each file lost."""
+
     nonfinite: Literal["skip", "stop", "off"] = "skip"
     """Non-finite loss or gradient: skip the optimizer step, or save and stop; the report names
     the step and the first parameter whose gradient is not finite. "off" does not check."""

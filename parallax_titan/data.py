@@ -15,6 +15,7 @@ position, plus the token buffer) is saved by DCP through ParallelAwareDataloader
 so a resumed run continues at the exact next sample.
 """
 
+import functools
 import glob
 import gzip
 import json
@@ -23,6 +24,7 @@ import os
 import pyarrow.parquet as pq
 from datasets import Dataset, IterableDataset, load_dataset
 from torchtitan.hf_datasets import DatasetConfig
+from torchtitan.tools.logging import logger
 from torchtitan.hf_datasets.text_datasets import (
     DATASETS,
     build_text_dataloader,
@@ -50,32 +52,47 @@ def _open_binary(path: str):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
-def _jsonl_records(path: str):
-    """Yield (line_number, record) from a JSONL(.gz) file; clear errors name the file and line."""
+def _parse_jsonl_line(path: str, lineno: int, raw: bytes) -> dict | None:
+    """The record of one JSONL line (None for a blank line); ValueError naming file and line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}, line {lineno}: not valid UTF-8 ({e})") from None
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {lineno}: not valid JSON ({e})") from None
+    if not isinstance(record, dict) or TEXT_COLUMN not in record:
+        found = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{path}, line {lineno}: no '{TEXT_COLUMN}' column (found {found})")
+    return record
+
+
+def _jsonl_records(path: str, skipped: list[str] | None = None):
+    """Yield (line_number, record) from a JSONL(.gz) file; clear errors name the file and line.
+
+    With ``skipped`` (a list), malformed lines are not raised but appended to it as messages.
+    """
     with _open_binary(path) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid UTF-8 ({e})") from None
-            if not line.strip():
+                record = _parse_jsonl_line(path, lineno, raw)
+            except ValueError as e:
+                if skipped is None:
+                    raise
+                skipped.append(str(e))
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e})") from None
-            if not isinstance(record, dict) or TEXT_COLUMN not in record:
-                found = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(
-                    f"{path}, line {lineno}: no '{TEXT_COLUMN}' column (found {found})"
-                )
-            yield lineno, record
+            if record is not None:
+                yield lineno, record
 
 
-def _check_file(path: str) -> None:
+def _check_file(path: str, skip_bad: bool = False) -> None:
     """Cheap check of one data file: exists, not empty, has the ``content`` column.
 
-    Reads only the parquet footer or the first JSONL record.
+    Reads only the parquet footer or the first JSONL record (the first well-formed one with
+    ``skip_bad``).
     """
     if not os.path.isfile(path):
         raise ValueError(f"data file {path!r} does not exist")
@@ -89,7 +106,7 @@ def _check_file(path: str) -> None:
         if meta.num_rows == 0:
             raise ValueError(f"data file {path!r} is empty (0 rows)")
     elif path.endswith(_JSONL_SUFFIXES):
-        if next(_jsonl_records(path), None) is None:
+        if next(_jsonl_records(path, [] if skip_bad else None), None) is None:
             raise ValueError(f"data file {path!r} is empty (no JSON records)")
     else:
         raise ValueError(
@@ -97,10 +114,13 @@ def _check_file(path: str) -> None:
         )
 
 
-def resolve_data_files(path: str | None, key: str = "training.dataset_path") -> list[str]:
+def resolve_data_files(path: str | None, key: str = "training.dataset_path",
+                       skip_bad: bool = False) -> list[str]:
     """Expand a file, directory or glob into a sorted list of data files, each checked.
 
     ``key`` names the config key in error messages. All files must be parquet, or all JSONL.
+    With ``skip_bad``, files that fail their check (empty, no ``content`` column) are left out
+    with a warning; it is still an error when none is left.
     """
     if not path:
         raise ValueError(
@@ -119,27 +139,50 @@ def resolve_data_files(path: str | None, key: str = "training.dataset_path") -> 
         raise ValueError(f"{key} = {path!r} matches no .parquet/.jsonl/.jsonl.gz files")
     if len({f.endswith(_PARQUET_SUFFIXES) for f in files}) > 1:
         raise ValueError(f"{key} = {path!r} mixes parquet and JSONL files; use one format")
+    usable = []
     for f in files:
-        _check_file(f)
-    return files
+        try:
+            _check_file(f, skip_bad)
+            usable.append(f)
+        except ValueError as e:
+            if not skip_bad:
+                raise
+            logger.warning(f"skipping data file ({e}); reliability.bad_data = 'skip'")
+    if not usable:
+        raise ValueError(f"{key} = {path!r}: none of its {len(files)} files is usable")
+    return usable
 
 
-def _file_documents(files: list[str]):
-    """Generator for IterableDataset.from_generator; one shard per file."""
+def _file_texts(path: str, skipped: list[str] | None):
+    if path.endswith(_PARQUET_SUFFIXES):
+        for batch in pq.ParquetFile(path).iter_batches(columns=[TEXT_COLUMN], batch_size=1024):
+            yield from batch.column(0).to_pylist()
+    else:
+        for _, record in _jsonl_records(path, skipped):
+            yield record[TEXT_COLUMN]
+
+
+def _file_documents(files: list[str], skip_bad: bool = False):
+    """Generator for IterableDataset.from_generator; one shard per file.
+
+    With ``skip_bad``, malformed records (invalid UTF-8 or JSON, no or non-string ``content``)
+    are skipped and counted, and the count per file is logged when the file is done.
+    """
     for path in files:
-        if path.endswith(_PARQUET_SUFFIXES):
-            for batch in pq.ParquetFile(path).iter_batches(columns=[TEXT_COLUMN], batch_size=1024):
-                for text in batch.column(0).to_pylist():
-                    yield {TEXT_COLUMN: text}
-        else:
-            for _, record in _jsonl_records(path):
-                yield {TEXT_COLUMN: record[TEXT_COLUMN]}
+        skipped: list[str] | None = [] if skip_bad else None
+        for text in _file_texts(path, skipped):
+            if skipped is not None and not isinstance(text, str):
+                skipped.append(f"{path}: {TEXT_COLUMN}={text!r} is not a string")
+                continue
+            yield {TEXT_COLUMN: text}
+        if skipped:
+            logger.warning(f"{path}: skipped {len(skipped)} malformed records (first: {skipped[0]})")
 
 
-def load_local(path: str | None) -> IterableDataset:
+def load_local(path: str | None, skip_bad: bool = False) -> IterableDataset:
     """Stream documents from local files (see resolve_data_files), in sorted file order."""
-    files = resolve_data_files(path, key="training.dataset_path (or validation.dataset_path)")
-    return IterableDataset.from_generator(_file_documents, gen_kwargs={"files": files})
+    files = resolve_data_files(path, key="training.dataset_path (or validation.dataset_path)", skip_bad=skip_bad)
+    return IterableDataset.from_generator(_file_documents, gen_kwargs={"files": files, "skip_bad": skip_bad})
 
 
 def load_embedded(path: str) -> Dataset:
@@ -167,7 +210,18 @@ DATASET_CONFIGS = {
 DATASETS.update(DATASET_CONFIGS)
 
 
-def check_dataset_config(cfg, section: str = "training") -> None:
+def _skip_bad(job_config) -> bool:
+    return getattr(getattr(job_config, "reliability", None), "bad_data", "error") == "skip"
+
+
+def _use_bad_data_policy(job_config) -> None:
+    """TorchTitan calls a dataset's loader with its path only: bind this job's policy to it."""
+    DATASETS["local"] = DatasetConfig(
+        path="", loader=functools.partial(load_local, skip_bad=_skip_bad(job_config)), sample_processor=_text
+    )
+
+
+def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False) -> None:
     """Validate ``cfg.dataset`` / ``cfg.dataset_path`` without loading data.
 
     ``cfg`` is JobConfig.training or JobConfig.validation (``section`` names it in
@@ -180,7 +234,7 @@ def check_dataset_config(cfg, section: str = "training") -> None:
             f"{section}.dataset = {cfg.dataset!r} is not a known dataset; expected one of {sorted(DATASETS)}"
         )
     if name == "local":
-        resolve_data_files(cfg.dataset_path, key=f"{section}.dataset_path")
+        resolve_data_files(cfg.dataset_path, key=f"{section}.dataset_path", skip_bad=skip_bad)
     elif name in ("default_corpus", "default_corpus_validation"):
         _check_file(cfg.dataset_path or DATASETS[name].path)
 
@@ -191,14 +245,16 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
     Each batch is ``({"input": LongTensor[local_batch_size, seq_len]}, labels)`` with
     labels the inputs shifted left by one token. Ranks read disjoint documents.
     """
-    check_dataset_config(job_config.training, "training")
+    check_dataset_config(job_config.training, "training", _skip_bad(job_config))
+    _use_bad_data_policy(job_config)
     return build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=infinite)
 
 
 def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
                                 infinite: bool = False):
     """Validation loader over ``job_config.validation`` (same batch format as build_dataloader)."""
-    check_dataset_config(job_config.validation, "validation")
+    check_dataset_config(job_config.validation, "validation", _skip_bad(job_config))
+    _use_bad_data_policy(job_config)
     return build_text_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config,
                                             infinite=infinite)
 

@@ -177,8 +177,9 @@ def _component_errors(cfg) -> list[str]:
     errors = []
     for check in (
         lambda: check_tokenizer_path(cfg.model.hf_assets_path),
-        lambda: check_dataset_config(cfg.training),
-        lambda: cfg.validation.enable and check_dataset_config(cfg.validation, section="validation"),
+        lambda: check_dataset_config(cfg.training, skip_bad=cfg.reliability.bad_data == "skip"),
+        lambda: cfg.validation.enable
+        and check_dataset_config(cfg.validation, "validation", cfg.reliability.bad_data == "skip"),
         lambda: validate_optim_config(cfg.optimizer, cfg.lr_scheduler),
         lambda: validate_diagnostics(cfg.diagnostics, cfg.training.seq_len),
     ):
