@@ -7,7 +7,6 @@ optimizer, lr-schedule and data-loader entries may sit beside them and are ignor
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Sequence
 
@@ -15,7 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
-from parallax_titan.spec import BASE_FLAVORS, variant_args
+from parallax_titan.spec import BASE_FLAVORS, model_args_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,8 +36,7 @@ def model_args_of(job_config, max_length: int = 0) -> ParallaxModelArgs:
     flavor = job_config.model.flavor
     if flavor not in BASE_FLAVORS:
         raise ValueError(f"model.flavor: unknown size {flavor!r}; expected one of {sorted(BASE_FLAVORS)}")
-    args = copy.deepcopy(variant_args(job_config.model.name, BASE_FLAVORS[flavor]))
-    args.update_from_config(job_config)
+    args = model_args_for(job_config)
     if max_length < 0:
         raise ValueError(f"max_length: got {max_length}; expected 0 (training seq_len) or a positive length")
     if max_length:

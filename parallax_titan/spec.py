@@ -19,6 +19,7 @@ attention they replace (``parallax_titan.mixers.fla_settings``; docs/mixers.md).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -73,6 +74,15 @@ def variant_args(variant: str, base: ParallaxModelArgs) -> ParallaxModelArgs:
     if variant in FLA_MIXERS:
         return dataclasses.replace(base, mixer=variant)
     raise ValueError(f"model.name: unknown variant {variant!r}; expected one of {VARIANTS}")
+
+
+def model_args_for(job_config) -> ParallaxModelArgs:
+    """The model arguments the trainer builds for ``job_config``: variant, flavor, then the
+    config's overrides (``[model]`` shape keys, ``[parallax]`` switches, ``training.seq_len``).
+    ``model.name`` and ``model.flavor`` must be valid (config validation checks them first)."""
+    args = copy.deepcopy(variant_args(job_config.model.name, BASE_FLAVORS[job_config.model.flavor]))
+    args.update_from_config(job_config)
+    return args
 
 
 def build_train_spec(variant: str) -> TrainSpec:

@@ -79,7 +79,7 @@ def check_config_dict(data: dict, cls, prefix: str = "") -> list[str]:
 def _model_errors(cfg) -> list[str]:
     from parallax_titan.mixers import fla_missing
     from parallax_titan.model import SHAPE_KEYS
-    from parallax_titan.spec import BASE_FLAVORS, VARIANTS, variant_args
+    from parallax_titan.spec import BASE_FLAVORS, VARIANTS, model_args_for
 
     name, flavor = cfg.model.name, cfg.model.flavor
     if name not in VARIANTS:
@@ -89,12 +89,11 @@ def _model_errors(cfg) -> list[str]:
     missing = fla_missing(name)  # before any model build: the fla mixers are an optional install
     if missing:
         return [missing]
-    args = variant_args(name, BASE_FLAVORS[flavor])
-    args = dataclasses.replace(args, **args.shape_overrides(cfg.model))
     errors = [f"model.{k}: expected a positive integer, got {getattr(cfg.model, k)!r}"
               for k in SHAPE_KEYS if getattr(cfg.model, k) < 0]
     if errors:
         return errors
+    args = model_args_for(cfg)
     if args.n_heads % args.n_kv_heads:
         errors.append(
             f"model.n_heads: {args.n_heads} query heads is not a multiple of model.n_kv_heads = "
@@ -116,7 +115,7 @@ def _model_errors(cfg) -> list[str]:
 def _checkpoint_errors(cfg) -> list[str]:
     """A checkpoint folder to resume from must hold this model's weights (same variant and size)."""
     from parallax_titan.model import ParallaxQwen3Model
-    from parallax_titan.spec import BASE_FLAVORS, variant_args
+    from parallax_titan.spec import model_args_for
 
     ckpt = cfg.checkpoint
     folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
@@ -131,10 +130,8 @@ def _checkpoint_errors(cfg) -> list[str]:
 
     step = ckpt.load_step if ckpt.load_step > 0 else steps[-1]
     saved = dcp.FileSystemReader(os.path.join(folder, f"step-{step}")).read_metadata().state_dict_metadata
-    args = variant_args(cfg.model.name, BASE_FLAVORS[cfg.model.flavor])
-    args = dataclasses.replace(args, **args.shape_overrides(cfg.model))
     with torch.device("meta"):
-        expected = ParallaxQwen3Model(args).state_dict()
+        expected = ParallaxQwen3Model(model_args_for(cfg)).state_dict()
     missing = [k for k in expected if k not in saved]
     wrong = [k for k in expected if k in saved and tuple(saved[k].size) != tuple(expected[k].shape)]
     if not missing and not wrong:

@@ -15,7 +15,7 @@ from parallax_titan.config import JobConfig
 from parallax_titan.mixers import FLA_MIXERS
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.optim_config import validate_optim_config
-from parallax_titan.spec import register_all
+from parallax_titan.spec import model_args_for, register_all
 from parallax_titan.validate import _model_errors, check_config_dict
 from torchtitan.protocols.train_spec import get_train_spec
 from train import parse_config
@@ -50,8 +50,8 @@ def test_config_parses_validates_and_builds(path):
         pytest.importorskip("fla.layers")
     assert _model_errors(cfg) == []
     validate_optim_config(cfg.optimizer, cfg.lr_scheduler)
-    args = get_train_spec(cfg.model.name).model_args[cfg.model.flavor]
-    args.update_from_config(cfg)
+    assert cfg.model.flavor in get_train_spec(cfg.model.name).model_args  # registered with TorchTitan
+    args = model_args_for(cfg)
     with torch.device("meta"):
         model = ParallaxQwen3Model(args)
     assert sum(p.numel() for p in model.parameters()) > 0
