@@ -4,7 +4,7 @@ TorchTitan's trainer assumes CUDA. On a CPU-only machine (every developer box an
 
 * point TorchTitan's device globals at ``cpu`` (its modules import ``device_type`` and
   ``device_module`` by value, so each importer is patched) with a small CPU device module that
-  answers the memory-monitor and seeding calls TorchTitan makes;
+  answers the memory-monitor and seeding calls TorchTitan makes (memory = peak resident size);
 * use fp32 parameters (bf16 matmuls are ~25x slower on these CPUs);
 * make FSDP2 reduce with plain sums, because gloo has no PREMUL_SUM reduce-scatter.
 
@@ -32,12 +32,20 @@ def _cpu_device_module() -> types.SimpleNamespace:
         synchronize=lambda *a, **k: None,
         empty_cache=lambda: None,
         reset_peak_memory_stats=lambda *a, **k: None,
-        memory_stats=lambda *a, **k: {},
+        memory_stats=_cpu_memory_stats,
         get_device_name=lambda *a, **k: "cpu",
         get_device_properties=lambda *a, **k: _CpuProperties(total),
         manual_seed=torch.manual_seed,
         manual_seed_all=torch.manual_seed,
     )
+
+
+def _cpu_memory_stats(*args, **kwargs) -> dict[str, int]:
+    """TorchTitan's memory-monitor keys, filled with this process's peak resident memory."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak, "num_alloc_retries": 0, "num_ooms": 0}
 
 
 def _physical_memory_bytes() -> int:
