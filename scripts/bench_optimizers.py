@@ -12,7 +12,6 @@ else the softmax one. Which one was used is recorded in the output.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys

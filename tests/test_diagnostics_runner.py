@@ -4,7 +4,6 @@ direct computations, training is bit-identical with and without it, and TensorBo
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch

@@ -5,8 +5,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,8 +19,8 @@ from eval.table import COLUMNS
 from eval.tasks import local_task_config, parse_tasks, task_config
 from parallax_titan.config import JobConfig
 from parallax_titan.validate import check_config_dict
+from tests._train_runs import REPO, train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "test_cpu_2rank.toml")
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
 
@@ -30,13 +28,7 @@ FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     dump = tmp_path_factory.mktemp("eval_run")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "train.py",
-        "--job.config_file", CONFIG, "--job.dump_folder", str(dump),
-        "--training.dataset", "default_corpus", "--training.steps", "2", "--checkpoint.interval", "1",
-    ]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    train(dump, "--training.dataset", "default_corpus", "--training.steps", "2", "--checkpoint.interval", "1")
     return dump
 
 

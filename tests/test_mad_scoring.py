@@ -1,7 +1,6 @@
 """MAD scoring and models: oracle = 1.0, constant predictor = chance, models built from the LM code,
 a short CPU training run of attention beats chance on in-context recall."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -5,7 +5,7 @@ import pytest
 
 from eval.mad.grid import MAD_CHANGES, task_settings
 from eval.mad.recall import IGNORE, fuzzy_in_context_recall, in_context_recall
-from eval.mad.tasks import (TASKS, TaskSetting, compression, make_dataset, memorization, memorization_map,
+from eval.mad.tasks import (TASKS, TaskSetting, compression, make_dataset, memorization_map,
                             selective_copying)
 
 

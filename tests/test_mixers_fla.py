@@ -9,10 +9,8 @@ packed documents, and train 1 vs 2 ranks with FSDP2 through the trainer.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import subprocess
 import sys
 import types
 
@@ -22,9 +20,9 @@ import torch
 from optimizers.routing import RoutingConfig, build_param_groups
 from parallax_titan.mixers import FLA_INSTALL, FLA_MIXERS, VARLEN_MIXERS, fla_missing, fla_settings
 from parallax_titan.model import DocumentBoundaries, ParallaxQwen3Model
+from tests._train_runs import losses, train
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIXERS = list(FLA_MIXERS)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="fla's kernels need CUDA")
 
@@ -185,15 +183,10 @@ def test_gpu_block_causal_isolates_documents(fla_layers, mixer):
 
 
 def _train(nproc: int, dump: str, *extra: str) -> dict[int, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
-           "train.py", "--job.config_file", "configs/test_cpu_2rank.toml", "--model.name", "gated_deltanet",
-           "--job.dump_folder", dump, "--training.steps", "4", "--training.local_batch_size", str(4 // nproc),
-           "--training.dataset", "default_corpus", *extra]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    with open(os.path.join(dump, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    return {r["step"]: r["loss_metrics/global_avg_loss"] for r in records if "loss_metrics/global_avg_loss" in r}
+    train(dump, "--model.name", "gated_deltanet", "--training.steps", "4",
+          "--training.local_batch_size", str(4 // nproc), "--training.dataset", "default_corpus", *extra,
+          nproc=nproc)
+    return losses(dump)
 
 
 @pytest.mark.gpu

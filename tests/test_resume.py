@@ -3,7 +3,6 @@ reproduces the uninterrupted run's losses exactly; incomplete checkpoints are ne
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,43 +11,29 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = [
-    "train.py", "--job.config_file", "configs/test_cpu_2rank.toml", "--training.dataset", "default_corpus",
-    "--training.steps", "6", "--checkpoint.interval", "100", "--optimizer.name", "Muon",
-    "--lr_scheduler.decay_ratio", "0.5",
+from tests._train_runs import REPO, TEST_CONFIG, losses, train
+
+ARGS = [
+    "--training.dataset", "default_corpus", "--training.steps", "6", "--checkpoint.interval", "100",
+    "--optimizer.name", "Muon", "--lr_scheduler.decay_ratio", "0.5",
 ]
-
-
-def train(dump, *extra, nproc: int = 1) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
-           *BASE, "--job.dump_folder", str(dump), *extra]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
-
-
-def losses(dump) -> dict[int, float]:
-    with open(os.path.join(dump, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    return {r["step"]: r["loss_metrics/global_avg_loss"] for r in rows if "loss_metrics/global_avg_loss" in r}
 
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     dump = tmp_path_factory.mktemp("straight")
-    train(dump)
+    train(dump, *ARGS)
     return losses(dump)
 
 
 def test_stop_and_resume_is_exact(tmp_path, straight):
-    train(tmp_path, "--reliability.stop_at_step", "3")
+    train(tmp_path, *ARGS, "--reliability.stop_at_step", "3")
     assert os.path.isfile(tmp_path / "checkpoint" / "step-3" / ".metadata")
     assert sorted(losses(tmp_path)) == [1, 2, 3]
     # An interrupted write (no .metadata) must be ignored by the loader.
     (tmp_path / "checkpoint" / "step-5").mkdir()
     (tmp_path / "checkpoint" / "step-5" / "__0_0.distcp").write_bytes(b"partial")
-    result = train(tmp_path, "--reliability.stop_at_step", "3")
+    result = train(tmp_path, *ARGS, "--reliability.stop_at_step", "3")
     assert "Training starts at step 4" in result.stdout + result.stderr
     assert losses(tmp_path) == straight  # bit-exact: same data order, schedules, optimizer state
 
@@ -56,7 +41,8 @@ def test_stop_and_resume_is_exact(tmp_path, straight):
 def test_sigterm_saves_and_exits_cleanly(tmp_path, straight):
     env = {**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29517", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, *BASE, "--job.dump_folder", str(tmp_path), "--training.steps", "1000"]
+    cmd = [sys.executable, "train.py", "--job.config_file", TEST_CONFIG, "--job.dump_folder", str(tmp_path),
+           *ARGS, "--training.steps", "1000"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 300

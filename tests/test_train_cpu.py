@@ -6,14 +6,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests._train_runs import losses, train
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 32
 WORDS = "the king and his daughter went to the sea where many ships were waiting for them".split()
 
@@ -41,33 +39,18 @@ def identical_samples(tmp_path_factory):
     return str(path)
 
 
-def torchrun(nproc: int, dump: str, data: str, steps: int = 3, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--local-ranks-filter=0", "train.py", "--job.config_file", "configs/test_cpu_2rank.toml",
-        "--job.dump_folder", dump, "--training.steps", str(steps),
-        "--training.local_batch_size", str(4 // nproc), "--training.seq_len", str(SEQ_LEN),
-        "--training.dataset_path", data, *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return result
-
-
-def losses(dump: str) -> dict[int, float]:
-    with open(os.path.join(dump, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    return {r["step"]: r["loss_metrics/global_avg_loss"] for r in records if "loss_metrics/global_avg_loss" in r}
+def run(nproc: int, dump: str, data: str, steps: int, *extra: str):
+    return train(dump, "--training.steps", str(steps), "--training.local_batch_size", str(4 // nproc),
+                 "--training.seq_len", str(SEQ_LEN), "--training.dataset_path", data, *extra, nproc=nproc)
 
 
 def test_two_rank_fsdp_matches_one_rank(tmp_path, identical_samples):
     seed, one, two = (str(tmp_path / name) for name in ("seed", "one", "two"))
     # Random init of sharded parameters depends on the world size; a seed checkpoint does not.
-    torchrun(1, seed, identical_samples, 1, "--checkpoint.create_seed_checkpoint")
+    run(1, seed, identical_samples, 1, "--checkpoint.create_seed_checkpoint")
     start = ("--checkpoint.initial_load_path", os.path.join(seed, "checkpoint", "step-0"))
-    torchrun(1, one, identical_samples, 3, *start)
-    torchrun(2, two, identical_samples, 3, *start)
+    run(1, one, identical_samples, 3, *start)
+    run(2, two, identical_samples, 3, *start)
     l1, l2 = losses(one), losses(two)
     assert sorted(l1) == sorted(l2) == [1, 2, 3]
     for step in l1:

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,8 +12,7 @@ import torch.distributed.checkpoint as dcp
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 from parallax_titan.uptrain import is_parallax_only, load_transformer_weights
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._train_runs import train
 
 
 def model_of(variant: str) -> ParallaxQwen3Model:
@@ -30,14 +26,8 @@ def model_of(variant: str) -> ParallaxQwen3Model:
 @pytest.fixture(scope="module")
 def transformer_checkpoint(tmp_path_factory):
     dump = tmp_path_factory.mktemp("transformer")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "train.py",
-        "--job.config_file", "configs/test_cpu_2rank.toml", "--job.dump_folder", str(dump),
-        "--model.name", "transformer", "--training.dataset", "default_corpus", "--training.steps", "2",
-        "--checkpoint.interval", "2",
-    ]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    train(dump, "--model.name", "transformer", "--training.dataset", "default_corpus", "--training.steps", "2",
+          "--checkpoint.interval", "2")
     return str(dump / "checkpoint" / "step-2")
 
 
@@ -62,14 +52,8 @@ def test_wrong_size_checkpoint_is_rejected(transformer_checkpoint):
 
 
 def test_trainer_uptrains_from_transformer(transformer_checkpoint, tmp_path):
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "train.py",
-        "--job.config_file", "configs/test_cpu_2rank.toml", "--job.dump_folder", str(tmp_path),
-        "--training.dataset", "default_corpus", "--training.steps", "1",
-        "--parallax.init_from_transformer", transformer_checkpoint,
-    ]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    train(tmp_path, "--training.dataset", "default_corpus", "--training.steps", "1",
+          "--parallax.init_from_transformer", transformer_checkpoint)
     saved = model_of("parallax").state_dict()
     dcp.load(saved, checkpoint_id=str(tmp_path / "checkpoint" / "step-1"))
     reference = model_of("transformer").state_dict()

@@ -1,0 +1,33 @@
+"""Run ``train.py`` under torchrun from tests, and read what a run wrote (test helper)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEST_CONFIG = "configs/test_cpu_2rank.toml"
+
+
+def train(dump, *args: str, nproc: int = 1, config: str = TEST_CONFIG) -> subprocess.CompletedProcess:
+    """``torchrun train.py --job.config_file config --job.dump_folder dump *args``; asserts success."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
+           "train.py", "--job.config_file", config, "--job.dump_folder", str(dump), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def metric_rows(dump) -> list[dict]:
+    """Every line of ``<dump>/metrics.jsonl``."""
+    with open(os.path.join(dump, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(dump) -> dict[int, float]:
+    """Training loss per logged step."""
+    key = "loss_metrics/global_avg_loss"
+    return {r["step"]: r[key] for r in metric_rows(dump) if key in r}
