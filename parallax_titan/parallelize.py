@@ -17,7 +17,12 @@ from torchtitan.models.llama4.infra.parallelize import apply_compile
 from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 from torchtitan.tools.logging import logger
 
+import kernels.parallax.ops  # noqa: F401  (registers torch.ops.parallax_titan.*)
 from parallax_titan.compat import force_sum_reductions, on_cpu
+
+# Selective op-level activation checkpointing keeps what TorchTitan's Qwen3 keeps (matmuls,
+# attention kernels, ...) and, like SDPA's outputs, the fused Parallax attention's outputs.
+OP_SAC_SAVE_LIST = _op_sac_save_list | {torch.ops.parallax_titan.attention_fwd.default}
 
 
 def parallelize_parallax(model: torch.nn.Module, parallel_dims, job_config) -> torch.nn.Module:
@@ -28,7 +33,7 @@ def parallelize_parallax(model: torch.nn.Module, parallel_dims, job_config) -> t
             model,
             job_config.activation_checkpoint,
             model_compile_enabled=compile_model,
-            op_sac_save_list=_op_sac_save_list,
+            op_sac_save_list=OP_SAC_SAVE_LIST,
             base_folder=job_config.job.dump_folder,
         )
     if compile_model:
