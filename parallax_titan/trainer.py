@@ -31,9 +31,9 @@ class ParallaxTrainer(Trainer):
         self._sigterm = False
         self._nonfinite = None  # device flag: a non-finite loss or gradient in this step
         self.nonfinite_steps = 0
-        if job_config.reliability.nonfinite != "off":
-            self.optimizers.step_guard = self._finite_or_skip
         reliability = job_config.reliability
+        if reliability.nonfinite != "off":
+            self.optimizers.step_guard = self._finite_or_skip
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)

@@ -113,7 +113,8 @@ def _model_errors(cfg) -> list[str]:
 
 
 def _checkpoint_errors(cfg) -> list[str]:
-    """A checkpoint folder to resume from must hold this model's weights (same variant and size)."""
+    """A checkpoint folder to resume from must hold this model's weights (same variant and size).
+    Call only for a config without model errors."""
     from parallax_titan.model import ParallaxQwen3Model
     from parallax_titan.spec import model_args_for
 
@@ -124,7 +125,7 @@ def _checkpoint_errors(cfg) -> list[str]:
         if name.startswith("step-") and name.split("-")[1].isdigit()
         and os.path.isfile(os.path.join(folder, name, ".metadata"))
     )
-    if not ckpt.enable or not steps or _model_errors(cfg):
+    if not ckpt.enable or not steps:
         return []
     import torch.distributed.checkpoint as dcp
 
@@ -189,6 +190,9 @@ def _component_errors(cfg) -> list[str]:
 
 def validate_job_config(cfg) -> None:
     """Raise :class:`ConfigError` listing every problem of a parsed JobConfig."""
-    errors = _model_errors(cfg) + _training_errors(cfg) + _component_errors(cfg) + _checkpoint_errors(cfg)
+    model_errors = _model_errors(cfg)
+    errors = model_errors + _training_errors(cfg) + _component_errors(cfg)
+    if not model_errors:
+        errors += _checkpoint_errors(cfg)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
