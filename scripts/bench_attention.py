@@ -35,25 +35,27 @@ SHAPES = [  # (B, L, Hq, Hkv, D)
 MATMULS = {"fwd": 4, "fwd_bwd": 15}  # Parallax (causal) matmuls of size L x L x D per head: fwd 4, bwd 11
 
 
-def _cfgs(triples):
+def _cfgs(quads, **flags):
     import triton
 
-    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in triples]
+    return [triton.Config({"BM": bm, "BN": bn, **flags}, num_warps=w, num_stages=s) for bm, bn, w, s in quads]
 
 
 def install_sweep():
     """Replace our autotuned kernels by ones over a wider candidate list (for choosing the short list)."""
     from kernels.parallax import fused
 
-    wide = {  # second sweep: the short fwd list, more dq and (the bottleneck) dkdv shapes
-        "_FWD_TUNED": (fused._fwd_kernel, [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3)]),
-        "_DQ_TUNED": (fused._bwd_dq_kernel, [(64, 32, 4, 4), (64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 3),
-                                             (32, 64, 4, 3), (64, 64, 4, 4)]),
-        "_DKDV_TUNED": (fused._bwd_dkdv_kernel, [(32, 128, 8, 2), (32, 128, 4, 3), (32, 128, 4, 5), (16, 128, 8, 2),
-                                                 (16, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3), (16, 64, 4, 4)]),
+    merged = [(32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3), (16, 128, 8, 2), (16, 128, 4, 3),
+              (32, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 2), (16, 64, 4, 4)]
+    wide = {  # third sweep: the column pass with q and rho as one interleaved operand (MERGED) or two
+        "_FWD_TUNED": (fused._fwd_kernel, _cfgs([(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3)])),
+        "_DQ_TUNED": (fused._bwd_dq_kernel, _cfgs([(128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2),
+                                                   (128, 64, 8, 2)])),
+        "_DKDV_TUNED": (fused._bwd_dkdv_kernel, _cfgs(merged, MERGED=True)
+                        + _cfgs([(32, 128, 8, 2), (16, 128, 4, 3), (32, 64, 4, 3)], MERGED=False)),
     }
-    for name, (kernel, triples) in wide.items():
-        setattr(fused, name, fused._autotuned(kernel, _cfgs(triples)))
+    for name, (kernel, configs) in wide.items():
+        setattr(fused, name, fused._autotuned(kernel, configs))
 
 
 def tuning_report():
@@ -158,8 +160,10 @@ def run(args):
     if args.sweep:
         install_sweep()
     table = methods(args.competitors)
+    if args.methods:
+        table = {name: table[name] for name in args.methods.split(",") if name in table}
     results = []
-    for shape in SHAPES:
+    for shape in [SHAPES[i] for i in args.shapes]:
         b, n, hq, hkv, d = shape
         tensors = make_inputs(*shape)
         entry = {"shape": dict(B=b, L=n, Hq=hq, Hkv=hkv, D=d), "agreement_vs_ours": agreement(table, tensors, hq // hkv)}
@@ -229,6 +233,9 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="autotune over a wider config list")
     parser.add_argument("--competitors", action=argparse.BooleanOptionalAction, default=True,
                         help="also time parallax-kernel and fla (their first-call autotuning takes minutes)")
+    parser.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all)")
+    parser.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))),
+                        help="indices into SHAPES (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention.py needs a CUDA GPU")
