@@ -45,14 +45,10 @@ def install_sweep():
     """Replace our autotuned kernels by ones over a wider candidate list (for choosing the short list)."""
     from kernels.parallax import fused
 
-    merged = [(32, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3), (16, 128, 8, 2), (16, 128, 4, 3),
-              (32, 64, 4, 3), (64, 64, 4, 3), (64, 128, 8, 2), (16, 64, 4, 4)]
+    merged = [(32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 2), (16, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3)]
     wide = {  # third sweep: the column pass with q and rho as one interleaved operand (MERGED) or two
-        "_FWD_TUNED": (fused._fwd_kernel, _cfgs([(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3)])),
-        "_DQ_TUNED": (fused._bwd_dq_kernel, _cfgs([(128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2),
-                                                   (128, 64, 8, 2)])),
         "_DKDV_TUNED": (fused._bwd_dkdv_kernel, _cfgs(merged, MERGED=True)
-                        + _cfgs([(32, 128, 8, 2), (16, 128, 4, 3), (32, 64, 4, 3)], MERGED=False)),
+                        + _cfgs([(32, 128, 8, 2), (16, 128, 4, 3)], MERGED=False)),
     }
     for name, (kernel, configs) in wide.items():
         setattr(fused, name, fused._autotuned(kernel, configs))

@@ -1,0 +1,43 @@
+"""scripts/trace_summary.py on a hand-made Chrome trace: groups, totals and the top list."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import trace_summary  # noqa: E402
+
+
+def _trace():
+    kernels = [("_fwd_kernel", 300), ("_bwd_dkdv_kernel", 500), ("_bwd_dq_kernel", 200),
+               ("sm90_xmma_gemm_bf16bf16_bf16f32", 800), ("ncclDevKernel_AllGather_RING_LL", 100),
+               ("triton_poi_fused_mul_0", 50), ("multi_tensor_apply_kernel", 50)]
+    events = [{"cat": "kernel", "name": n, "dur": d, "ts": i} for i, (n, d) in enumerate(kernels)]
+    events.append({"cat": "cpu_op", "name": "aten::mm", "dur": 10_000, "ts": 0})  # not GPU time
+    return {"traceEvents": events}
+
+
+def test_groups_and_shares():
+    text = trace_summary.summarize(trace_summary.kernel_events(_trace()), top=3)
+    assert "GPU kernel time in the trace: 2.00 ms over 7 kernels" in text
+    assert "| attention backward | 0.70 | 35.0% |" in text
+    assert "| matmul | 0.80 | 40.0% |" in text
+    assert "| attention forward | 0.30 | 15.0% |" in text
+    assert "| communication | 0.10 | 5.0% |" in text
+    top = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [line.split("`")[1] for line in top] == ["sm90_xmma_gemm_bf16bf16_bf16f32", "_bwd_dkdv_kernel", "_fwd_kernel"]
+
+
+def test_cli_reads_gzip_and_writes(tmp_path):
+    import gzip
+
+    path = tmp_path / "rank0_trace.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump(_trace(), fh)
+    out = tmp_path / "summary.md"
+    subprocess.run([sys.executable, str(ROOT / "scripts/trace_summary.py"), str(path), "--out", str(out)],
+                   check=True, capture_output=True)
+    assert "| matmul | 0.80 | 40.0% |" in out.read_text()
