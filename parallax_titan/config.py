@@ -1,7 +1,8 @@
 """TOML keys that Parallax-Titan adds to TorchTitan's JobConfig.
 
 TorchTitan merges same-named dataclass sections (``ConfigManager._merge_configs``), so the
-sections below extend ``[metrics]``, ``[optimizer]`` and ``[lr_scheduler]`` and add ``[parallax]``.
+sections below extend ``[training]``, ``[metrics]``, ``[optimizer]`` and ``[lr_scheduler]`` and add
+``[parallax]``.
 :data:`JobConfig` is the merged class that ``train.py`` parses every config with.
 """
 
@@ -69,6 +70,19 @@ class Model:
 
 
 @dataclass
+class Training:
+    """``[training]`` additions."""
+
+    data_order: Literal["sharded", "global"] = "sharded"
+    """Which packed sequences a data-parallel rank trains on. "sharded" (TorchTitan's): each rank
+    reads its own part of the documents, so the batches depend on the number of ranks. "global":
+    every rank reads the whole token stream and keeps sequence i when
+    ``(i // local_batch_size) % dp_world_size == dp_rank``, so step s trains on sequences
+    ``[s*G, (s+1)*G)`` (G = local batch x DP degree x gradient accumulation) on any number of
+    GPUs; each rank then tokenizes the whole stream."""
+
+
+@dataclass
 class Metrics:
     """``[metrics]`` additions."""
 
@@ -104,6 +118,7 @@ class Reliability:
 class ParallaxJobConfig:
     parallax: Parallax = field(default_factory=Parallax)
     model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
     reliability: Reliability = field(default_factory=Reliability)
     eval: Eval = field(default_factory=Eval)
     diagnostics: Diagnostics = field(default_factory=Diagnostics)

@@ -13,6 +13,11 @@ Batches come from TorchTitan's HuggingFaceTextDataset: documents are tokenized a
 yielded as ``({"input": x[:-1]}, x[1:])``. Its state (sample index or stream
 position, plus the token buffer) is saved by DCP through ParallelAwareDataloader,
 so a resumed run continues at the exact next sample.
+
+``training.data_order`` picks which sequences a data-parallel rank gets: "sharded" is TorchTitan's
+split of the documents by rank; "global" (:class:`GlobalOrderTextDataset`) has every rank read the
+whole stream and keep its slice of each global batch, so a run's batches do not depend on the
+number of GPUs.
 """
 
 import functools
@@ -20,13 +25,16 @@ import glob
 import gzip
 import json
 import os
+from dataclasses import asdict
 
 import pyarrow.parquet as pq
 from datasets import Dataset, IterableDataset, load_dataset
+from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.tools.logging import logger
 from torchtitan.hf_datasets.text_datasets import (
     DATASETS,
+    HuggingFaceTextDataset,
     build_text_dataloader,
     build_text_validation_dataloader,
 )
@@ -239,14 +247,72 @@ def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False)
         _check_file(cfg.dataset_path or DATASETS[name].path)
 
 
+def rank_keeps_sequence(index: int, dp_rank: int, dp_world_size: int, local_batch_size: int) -> bool:
+    """Global data order: whether packed sequence ``index`` of the whole stream is this rank's.
+
+    Consecutive blocks of ``local_batch_size`` sequences go to ranks 0, 1, ..., so global step s
+    (with gradient accumulation A) trains on sequences ``[s*G, (s+1)*G)``, G = local batch x
+    ranks x A, and one rank with A microbatches sees what A ranks see in one.
+    """
+    return (index // local_batch_size) % dp_world_size == dp_rank
+
+
+class GlobalOrderTextDataset(HuggingFaceTextDataset):
+    """TorchTitan's packed-sequence dataset read whole on every rank, keeping this rank's sequences.
+
+    The parent yields sequence 0, 1, 2, ... of the full stream (``dp_rank`` 0 of 1); this class
+    counts them and keeps those :func:`rank_keeps_sequence` assigns to ``dp_rank``. Its state adds
+    the count to the parent's (document index or stream position, token buffer), so a resumed run
+    continues at the exact next sequence.
+    """
+
+    def __init__(self, *, dp_rank: int, dp_world_size: int, local_batch_size: int, **kwargs):
+        super().__init__(dp_rank=0, dp_world_size=1, **kwargs)
+        self.dp_rank, self.dp_world_size, self.local_batch_size = dp_rank, dp_world_size, local_batch_size
+        self._sequence_idx = 0
+
+    def __iter__(self):
+        for sample in super().__iter__():
+            index = self._sequence_idx
+            self._sequence_idx += 1
+            if rank_keeps_sequence(index, self.dp_rank, self.dp_world_size, self.local_batch_size):
+                yield sample
+
+    def state_dict(self):
+        """The parent's state plus the index of the next sequence of the full stream."""
+        return {**super().state_dict(), "sequence_idx": self._sequence_idx}
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict`'s position."""
+        super().load_state_dict(state_dict)
+        self._sequence_idx = state_dict["sequence_idx"]
+
+
+def _build_global_order_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
+                                   infinite: bool) -> ParallelAwareDataloader:
+    """TorchTitan's ``build_text_dataloader`` with :class:`GlobalOrderTextDataset`."""
+    training = job_config.training
+    dataset = GlobalOrderTextDataset(
+        dataset_name=training.dataset, dataset_path=training.dataset_path, tokenizer=tokenizer,
+        seq_len=training.seq_len, infinite=infinite,
+        dp_rank=dp_rank, dp_world_size=dp_world_size, local_batch_size=training.local_batch_size,
+    )
+    return ParallelAwareDataloader(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size,
+                                   **{**asdict(training.dataloader), "batch_size": training.local_batch_size})
+
+
 def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
     """TrainSpec.build_dataloader_fn: checkpointable loader over ``job_config.training``.
 
     Each batch is ``({"input": LongTensor[local_batch_size, seq_len]}, labels)`` with
-    labels the inputs shifted left by one token. Ranks read disjoint documents.
+    labels the inputs shifted left by one token. With ``training.data_order = "sharded"`` ranks
+    read disjoint documents; with ``"global"`` every rank reads the whole stream and keeps its
+    slice of each global batch (:class:`GlobalOrderTextDataset`).
     """
     check_dataset_config(job_config.training, "training", _skip_bad(job_config))
     _use_bad_data_policy(job_config)
+    if job_config.training.data_order == "global":
+        return _build_global_order_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite)
     return build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=infinite)
 
 
@@ -260,6 +326,6 @@ def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job
 
 
 __all__ = [
-    "build_dataloader", "build_validation_dataloader", "check_dataset_config",
-    "load_local", "load_embedded", "load_ultrafineweb", "resolve_data_files",
+    "GlobalOrderTextDataset", "build_dataloader", "build_validation_dataloader", "check_dataset_config",
+    "load_local", "load_embedded", "load_ultrafineweb", "rank_keeps_sequence", "resolve_data_files",
 ]

@@ -146,12 +146,17 @@ def _checkpoint_errors(cfg) -> list[str]:
 
 
 def _training_errors(cfg) -> list[str]:
+    from parallax_titan.config import Training
+
     t, errors = cfg.training, []
     for key in ("steps", "seq_len", "local_batch_size"):
         if getattr(t, key) < 1:
             errors.append(f"training.{key}: expected a positive integer, got {getattr(t, key)!r}")
     if t.max_norm <= 0:
         errors.append(f"training.max_norm: expected > 0, got {t.max_norm!r}")
+    orders = typing.get_args(Training.__annotations__["data_order"])
+    if t.data_order not in orders:
+        errors.append(f"training.data_order: {t.data_order!r} is not one of {', '.join(map(repr, orders))}")
     if cfg.eval.at_end and not cfg.checkpoint.enable:
         errors.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
     from eval.suite import PAPER_SUITE

@@ -43,6 +43,7 @@ TOML_CASES = [
     ("checkpoint", "interval", 10.5, "checkpoint.interval: expected int"),
     ("lr_scheduler", "wd_anneal_gamma", "1", "lr_scheduler.wd_anneal_gamma: expected float"),
     ("training", "local_batch_size", True, "training.local_batch_size: expected int"),
+    ("training", "data_order", "random", "training.data_order: expected one of 'sharded', 'global', got 'random'"),
 ]
 
 
@@ -96,6 +97,15 @@ def test_bad_config_fails_before_the_model_is_built(overrides, message, monkeypa
     with pytest.raises(ConfigError) as info:
         ParallaxTrainer(config)
     assert message in str(info.value)
+
+
+def test_data_order_value_is_checked(monkeypatch):
+    """A data order set in code (past the TOML and command-line checks) is rejected by name."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    config = parse_config(["--job.config_file", DEMO])
+    config.training.data_order = "random"
+    with pytest.raises(ConfigError, match="training.data_order: 'random' is not one of 'sharded', 'global'"):
+        ParallaxTrainer(config)
 
 
 def test_checkpoint_of_another_variant_is_rejected(tmp_path, monkeypatch):

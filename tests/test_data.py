@@ -1,5 +1,5 @@
 """Datasets and dataloaders: batch layout against an independent token stream,
-determinism, disjoint DP ranks, exact resume, local files, clear errors."""
+determinism, disjoint DP ranks, the global data order, exact resume, local files, clear errors."""
 
 import gzip
 import json
@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torchtitan.config import JobConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS
+
+from parallax_titan.config import JobConfig
 
 from parallax_titan.data import (
     CORPUS_DIR,
@@ -19,6 +20,7 @@ from parallax_titan.data import (
     build_validation_dataloader,
     check_dataset_config,
     load_ultrafineweb,
+    rank_keeps_sequence,
 )
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, build_tokenizer
 
@@ -26,8 +28,9 @@ SEQ_LEN, BATCH = 32, 2
 TRAIN_FILE = os.path.join(CORPUS_DIR, "train.jsonl.gz")
 
 
-def make_job(dataset="default_corpus", path=None, seq_len=SEQ_LEN, batch=BATCH):
+def make_job(dataset="default_corpus", path=None, seq_len=SEQ_LEN, batch=BATCH, data_order="sharded"):
     job = JobConfig()
+    job.training.data_order = data_order
     job.model.hf_assets_path = TINY_TOKENIZER_PATH
     job.training.dataset, job.training.dataset_path = dataset, path
     job.training.seq_len, job.training.local_batch_size = seq_len, batch
@@ -112,6 +115,28 @@ def test_two_ranks_disjoint_default_corpus(tok):
     assert not torch.equal(x0, x1)
 
 
+def test_global_order_sequence_selection():
+    """Blocks of local_batch_size consecutive sequences go to ranks 0, 1, 0, 1, ..."""
+    kept = {rank: [i for i in range(16) if rank_keeps_sequence(i, rank, 2, 2)] for rank in (0, 1)}
+    assert kept == {0: [0, 1, 4, 5, 8, 9, 12, 13], 1: [2, 3, 6, 7, 10, 11, 14, 15]}
+    assert [i for i in range(8) if rank_keeps_sequence(i, 0, 1, 4)] == list(range(8))
+    by_rank = [[i for i in range(24) if rank_keeps_sequence(i, r, 3, 2)] for r in range(3)]
+    assert sorted(sum(by_rank, [])) == list(range(24)) and by_rank[2][:2] == [4, 5]
+
+
+def test_global_order_batches_do_not_depend_on_the_rank_count(tok):
+    """Step s holds sequences [s*G, (s+1)*G): 1 rank x batch 4 = 1 rank x 2 microbatches of 2 = 2 ranks x 2."""
+    one = take(build_dataloader(1, 0, tok, make_job(batch=4, data_order="global")), 3)
+    micro = take(build_dataloader(1, 0, tok, make_job(batch=2, data_order="global")), 6)
+    ranks = [take(build_dataloader(2, r, tok, make_job(batch=2, data_order="global")), 3) for r in (0, 1)]
+    for step, (x, y) in enumerate(one):
+        two_rank = stacked([ranks[0][step], ranks[1][step]])
+        accumulated = stacked(micro[2 * step:2 * step + 2])
+        for got in (two_rank, accumulated):
+            assert torch.equal(got[0], x["input"]) and torch.equal(got[1], y)
+    assert torch.equal(stacked(one)[0], reference_windows(tok, read_contents(TRAIN_FILE, 20), 12)[0])
+
+
 def write_jsonl(path, docs, extra=True):
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "wt", encoding="utf-8") as f:
@@ -156,14 +181,14 @@ def test_two_ranks_disjoint_local(tok, docs, tmp_path, n_files):
     assert sorted(texts0 + texts1) == sorted(docs[: n_files * half])
 
 
-def resume_check(tok, job, skip, n=3):
-    loader = build_dataloader(1, 0, tok, job)
+def resume_check(tok, job, skip, n=3, world=1, rank=0):
+    loader = build_dataloader(world, rank, tok, job)
     it = iter(loader)
     for _ in range(skip):
         next(it)
     state = loader.state_dict()
     expected = [next(it) for _ in range(n)]
-    resumed = build_dataloader(1, 0, tok, job)
+    resumed = build_dataloader(world, rank, tok, job)
     resumed.load_state_dict(state)
     got = take(resumed, n)
     for (ex, ey), (gx, gy) in zip(expected, got):
@@ -172,6 +197,11 @@ def resume_check(tok, job, skip, n=3):
 
 def test_resume_default_corpus(tok):
     resume_check(tok, make_job(), skip=40)
+
+
+def test_resume_global_order(tok):
+    """Rank 0 of 2 in the global order resumes at its exact next sequence (mid global batch)."""
+    resume_check(tok, make_job(data_order="global"), skip=40, world=2, rank=0)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

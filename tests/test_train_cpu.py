@@ -1,5 +1,6 @@
 """End-to-end CPU training through torchrun: 1 rank, 2-rank FSDP2 (gloo) and selective activation
-checkpointing agree, loss falls, checkpoints, TensorBoard logs and metrics.jsonl are written."""
+checkpointing agree, loss falls, checkpoints, TensorBoard logs and metrics.jsonl are written; with
+``training.data_order = "global"`` 2 ranks train on the 1-rank run's sequences."""
 
 from __future__ import annotations
 
@@ -39,19 +40,25 @@ def identical_samples(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def seed_start(tmp_path_factory):
+    """Arguments that start a run from one step-0 checkpoint: the random init of sharded
+    parameters depends on the world size, a seed checkpoint does not."""
+    seed = tmp_path_factory.mktemp("seed")
+    train(seed, "--training.dataset", "default_corpus", "--checkpoint.create_seed_checkpoint")
+    return ("--checkpoint.initial_load_path", os.path.join(seed, "checkpoint", "step-0"))
+
+
 def run(nproc: int, dump: str, data: str, steps: int, *extra: str):
     return train(dump, "--training.steps", str(steps), "--training.local_batch_size", str(4 // nproc),
                  "--training.seq_len", str(SEQ_LEN), "--training.dataset_path", data, *extra, nproc=nproc)
 
 
-def test_two_rank_fsdp_matches_one_rank(tmp_path, identical_samples):
-    seed, one, two, ac = (str(tmp_path / name) for name in ("seed", "one", "two", "ac"))
-    # Random init of sharded parameters depends on the world size; a seed checkpoint does not.
-    run(1, seed, identical_samples, 1, "--checkpoint.create_seed_checkpoint")
-    start = ("--checkpoint.initial_load_path", os.path.join(seed, "checkpoint", "step-0"))
-    run(1, one, identical_samples, 3, *start)
-    run(2, two, identical_samples, 3, *start)
-    run(1, ac, identical_samples, 3, *start, "--activation_checkpoint.mode", "selective",
+def test_two_rank_fsdp_matches_one_rank(tmp_path, identical_samples, seed_start):
+    one, two, ac = (str(tmp_path / name) for name in ("one", "two", "ac"))
+    run(1, one, identical_samples, 3, *seed_start)
+    run(2, two, identical_samples, 3, *seed_start)
+    run(1, ac, identical_samples, 3, *seed_start, "--activation_checkpoint.mode", "selective",
         "--activation_checkpoint.selective_ac_option", "op")
     l1, l2 = losses(one), losses(two)
     assert losses(ac) == pytest.approx(l1, rel=1e-6)  # recomputation changes no number
@@ -62,3 +69,18 @@ def test_two_rank_fsdp_matches_one_rank(tmp_path, identical_samples):
 
     assert glob.glob(os.path.join(one, "checkpoint", "step-3", ".metadata"))
     assert glob.glob(os.path.join(one, "tb", "*", "events.out.tfevents.*"))
+
+
+def test_global_data_order_two_ranks_match_one_rank(tmp_path, seed_start):
+    """data_order = "global": 2 ranks x local batch 2 see the sequences of 1 rank x local batch 4, also
+    when the 2-rank run stops after step 2 (rank 0 mid-way through a global batch) and resumes."""
+    args = ("--training.dataset", "default_corpus", "--training.data_order", "global", "--training.steps", "3",
+            *seed_start)
+    train(tmp_path / "one", *args, "--training.local_batch_size", "4", "--checkpoint.load_only")
+    two = ("--training.local_batch_size", "2", "--checkpoint.interval", "100")
+    train(tmp_path / "two", *args, *two, "--reliability.stop_at_step", "2", nproc=2)
+    result = train(tmp_path / "two", *args, *two, nproc=2)
+    assert "Training starts at step 3" in result.stdout + result.stderr
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    assert two == pytest.approx(one, rel=1e-5), (one, two)
