@@ -30,6 +30,7 @@ def summarize(run_dir: str, skip: int) -> dict:
 
 
 def markdown(rows: list[dict], baseline: str) -> str:
+    """One table row per run: tokens/s per GPU and its ratio to ``baseline``, MFU, memory, losses."""
     base = next(r for r in rows if r["run"] == baseline)["tokens_per_s"]
     lines = ["| run | tokens/s/GPU | vs " + baseline + " | MFU % | peak mem GiB | first loss | last loss |",
              "|---|---|---|---|---|---|---|"]
@@ -41,6 +42,16 @@ def markdown(rows: list[dict], baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_summary(rows: list[dict], baseline: str, out: str) -> str:
+    """Write ``out``.md (the markdown table) and ``out``.json (the rows); return the table."""
+    table = markdown(rows, baseline)
+    with open(out + ".md", "w") as f:
+        f.write(table)
+    with open(out + ".json", "w") as f:
+        json.dump(rows, f, indent=1)
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+")
@@ -49,12 +60,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="writes OUT.md and OUT.json")
     args = parser.parse_args()
     rows = [summarize(r, args.skip) for r in args.runs]
-    table = markdown(rows, args.baseline)
-    print(table)
-    with open(args.out + ".md", "w") as f:
-        f.write(table)
-    with open(args.out + ".json", "w") as f:
-        json.dump(rows, f, indent=1)
+    print(write_summary(rows, args.baseline, args.out))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,83 @@
+"""scripts/bench_train.py: command line, the train.py commands it runs, the scaling report on
+fabricated metrics, and (slow) a real --scaling 2 check on CPU ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scripts.bench_train import TIMEOUT_EXIT, parse_args, run_logged, scaling_report, train_command, write_scaling
+from scripts.summarize_runs import summarize
+from tests._train_runs import REPO, TEST_CONFIG
+
+
+def test_defaults_and_options(monkeypatch):
+    monkeypatch.setenv("OUT", "/tmp/bench_out")
+    args = parse_args(["transformer", "parallax"])
+    assert args.variants == ["transformer", "parallax"] and args.out == "/tmp/bench_out"
+    assert (args.ngpu, args.steps, args.recipe, args.flavor, args.local_batch, args.run_timeout, args.scaling) == (
+        1, 30, "muon_wsd", "0.6B", 4, 420, 0)
+    args = parse_args(["parallax", "--ngpu", "8", "--steps", "300", "--recipe", "adamw_wsd", "--flavor", "1.7B",
+                       "--local-batch", "2", "--extra", "--compile.no-enable --training.seq_len 2048",
+                       "--name-prefix", "x_", "--run-timeout", "60", "--out", "/tmp/o"])
+    cmd = train_command(args, "parallax", "x_parallax", args.ngpu)
+    assert "--nproc_per_node=8" in cmd and cmd[cmd.index("train.py") + 2] == "configs/paper/1.7B/parallax_adamw_wsd.toml"
+    assert cmd[cmd.index("--training.local_batch_size") + 1] == "2"
+    assert cmd[cmd.index("--job.dump_folder") + 1] == "/tmp/o/x_parallax"
+    assert cmd[-3:] == ["--compile.no-enable", "--training.seq_len", "2048"]  # --extra comes last
+    assert parse_args(["parallax", "--extra", "--compile.no-enable", "--steps", "5"]).extra == "--compile.no-enable"
+
+
+@pytest.mark.parametrize("argv", [["parallax", "--scaling", "1"], ["transformer", "parallax", "--scaling", "2"],
+                                  ["parallax", "--scaling", "2", "--ngpu", "2"]])
+def test_bad_scaling_options_are_refused(argv):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+
+
+def test_run_past_its_timeout_is_stopped(tmp_path):
+    log = tmp_path / "run.log"
+    cmd = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    assert run_logged(cmd, str(log), timeout=2) == TIMEOUT_EXIT
+    assert "started" in log.read_text()
+
+
+def fake_run(folder, tokens_per_s: list[float], losses: list[float]) -> str:
+    """A run folder whose metrics.jsonl logs these per-step throughputs and losses."""
+    os.makedirs(folder)
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+        for step, (tps, loss) in enumerate(zip(tokens_per_s, losses), start=1):
+            f.write(json.dumps({"step": step, "loss_metrics/global_avg_loss": loss, "throughput(tps)": tps,
+                                "mfu(%)": tps / 2000, "memory/max_reserved(GiB)": 40.0}) + "\n")
+            f.write(json.dumps({"step": step, "lr": 1e-3}) + "\n")
+    return str(folder)
+
+
+def test_scaling_report_on_fabricated_metrics(tmp_path):
+    one = fake_run(tmp_path / "p_1gpu_accum2", [10.0, 1000.0, 1000.0, 1000.0], [10.0, 8.0, 6.0, 5.0])
+    two = fake_run(tmp_path / "p_2gpu", [5.0, 900.0, 950.0, 1000.0], [10.0, 8.0, 6.03, 5.0])
+    report = scaling_report(summarize(one, 2), summarize(two, 2), 2)
+    assert report["per_gpu_efficiency"] == pytest.approx(0.975)  # steps 3-4 only: (950 + 1000) / 2000
+    assert report["max_abs_diff"] == pytest.approx(0.03) and report["max_rel_diff"] == pytest.approx(0.005)
+    assert [r["step"] for r in report["losses"]] == [1, 2, 3, 4]
+    text = write_scaling(report, str(tmp_path / "scaling"))
+    assert "**0.975** (meets the goal 0.90)" in text and "| 3 | 6.000000 | 6.030000 | 0.03 | 0.005 |" in text
+    assert json.loads((tmp_path / "scaling.json").read_text())["per_gpu_efficiency"] == pytest.approx(0.975)
+
+
+@pytest.mark.slow
+def test_scaling_check_runs_on_cpu_ranks(tmp_path):
+    """--scaling 2 on the tiny CPU config: 1 rank with accumulation 2 and 2 gloo ranks agree."""
+    cmd = [sys.executable, "scripts/bench_train.py", "parallax", "--config", TEST_CONFIG, "--flavor", "debug",
+           "--steps", "4", "--local-batch", "2", "--scaling", "2", "--out", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "scaling.json").read_text())
+    assert [r["step"] for r in report["losses"]] == [1, 2, 3, 4]
+    assert report["max_rel_diff"] < 1e-5 and report["per_gpu_efficiency"] > 0
+    assert (tmp_path / "scaling.md").is_file() and (tmp_path / "parallax_2gpu.log").is_file()
