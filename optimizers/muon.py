@@ -15,7 +15,6 @@ gathers FSDP2 shards to one owner rank per matrix.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -157,23 +156,25 @@ class MuonAdamW(torch.optim.Optimizer):
         return [(p, spec, by_param[id(p)], w) for p, spec, _, w in work]
 
     def _adam_update(self, group, live):
+        """Adam (bias-corrected; decay is applied before, by _apply_ordinary_decay) through PyTorch's
+        fused kernel: one pass over param, grad and moments per (device, dtype) bucket instead of
+        seven foreach passes (measured: the embedding's Adam step took ~7% of a 0.6B step)."""
         beta1, beta2 = group["betas"]
-        ps, grads, m1, m2, steps = [], [], [], [], []
+        buckets: dict = {}
         for p in live:
             state = self.state[p]
             if "exp_avg" not in state:
-                state["step"] = torch.tensor(0.0)
+                state["step"] = torch.tensor(0.0)  # on the CPU: checkpoints stay device-free
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
             state["step"] += 1
-            ps.append(_local(p)), grads.append(_local(p.grad))
-            m1.append(_local(state["exp_avg"])), m2.append(_local(state["exp_avg_sq"]))
-            steps.append(state["step"].item())
-        torch._foreach_lerp_(m1, grads, 1 - beta1)
-        torch._foreach_mul_(m2, beta2)
-        torch._foreach_addcmul_(m2, grads, grads, value=1 - beta2)
-        denom = torch._foreach_sqrt(m2)
-        torch._foreach_div_(denom, [math.sqrt(1 - beta2**t) for t in steps])
-        torch._foreach_add_(denom, group["eps"])
-        lr = float(group["lr"])
-        torch._foreach_addcdiv_(ps, m1, denom, [-lr / (1 - beta1**t) for t in steps])
+            local = _local(p)
+            bucket = buckets.setdefault((local.device, local.dtype), ([], [], [], [], []))
+            for lst, t in zip(bucket[:4], (local, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]))):
+                lst.append(t)
+            bucket[4].append(float(state["step"]))
+        for (device, _), (ps, grads, m1, m2, steps) in buckets.items():
+            on_device = {t: torch.tensor(t, dtype=torch.float32, device=device) for t in set(steps)}
+            torch._fused_adamw_(ps, grads, m1, m2, [], [on_device[t] for t in steps], lr=float(group["lr"]),
+                                beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], amsgrad=False,
+                                maximize=False)

@@ -35,20 +35,16 @@ SHAPES = [  # (B, L, Hq, Hkv, D)
 MATMULS = {"fwd": 4, "fwd_bwd": 15}  # Parallax (causal) matmuls of size L x L x D per head: fwd 4, bwd 11
 
 
-def _cfgs(quads, **flags):
-    import triton
-
-    return [triton.Config({"BM": bm, "BN": bn, **flags}, num_warps=w, num_stages=s) for bm, bn, w, s in quads]
-
-
 def install_sweep():
     """Replace our autotuned kernels by ones over a wider candidate list (for choosing the short list)."""
     from kernels.parallax import fused
 
-    merged = [(32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 8, 2), (16, 128, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3)]
-    wide = {  # third sweep: the column pass with q and rho as one interleaved operand (MERGED) or two
-        "_DKDV_TUNED": (fused._bwd_dkdv_kernel, _cfgs(merged, MERGED=True)
-                        + _cfgs([(32, 128, 8, 2), (16, 128, 4, 3)], MERGED=False)),
+    both = fused._both_orders
+    wide = {  # tile shapes around the short lists' winners, each in both program orders
+        "_FWD_TUNED": (fused._fwd_kernel, both([(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 2)])),
+        "_DQ_TUNED": (fused._bwd_dq_kernel, both([(128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2)])),
+        "_DKDV_TUNED": (fused._bwd_dkdv_kernel, both([(32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3),
+                                                      (32, 64, 4, 3), (16, 128, 8, 2)])),
     }
     for name, (kernel, configs) in wide.items():
         setattr(fused, name, fused._autotuned(kernel, configs))

@@ -37,8 +37,8 @@ INTERPRET_CASES = {
     "aligned_bm32_bn16": (2, 64, 4, 1, 32, "float32", 1.0, None, {"BM": 32, "BN": 16, **SMALL}),
 }  # no bf16 here: triton 3.9's interpreter computes bf16 tl.dot wrongly (bf16 runs in the GPU tests)
 TOL = {"float32": 2e-5, "float16": 5e-3}
-# the column pass's two operand layouts (q, rho as one interleaved tile, or separate tiles) on some cases
-UNMERGED_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "fp16", "aligned_batch3")
+# the head-major program order (the default explicit config runs the global order) on some cases
+HEAD_MAJOR_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "aligned_batch3", "aligned_bm32_bn16")
 
 
 def make_case(shape_b, n, hq, hkv, d, dtype, rho_scale, seed):
@@ -66,10 +66,11 @@ def _interpret_main(out_path):
         o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=cfg)
         grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=cfg)
         results[name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
-        if name in UNMERGED_CASES:
-            dkdv = {**(cfg or fused.INTERPRET_CONFIG), "MERGED": False}
-            grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=dkdv)
-            results[name + "_unmerged"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
+        if name in HEAD_MAJOR_CASES:
+            hm = {**(cfg or fused.INTERPRET_CONFIG), "GLOBAL_ORDER": False}
+            o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=hm)
+            grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=hm, dkdv_config=hm)
+            results[name + "_head_major"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
     results["compiled"] = _custom_op_case(parallax_attention, compiled=True)
     results["opcheck"] = _opcheck()
@@ -146,9 +147,9 @@ def check(result, cu, tol, upstream=None):
         assert g.dtype == x.dtype and g.shape == x.shape, name
 
 
-@pytest.mark.parametrize("name", list(INTERPRET_CASES) + [n + "_unmerged" for n in UNMERGED_CASES])
+@pytest.mark.parametrize("name", list(INTERPRET_CASES) + [n + "_head_major" for n in HEAD_MAJOR_CASES])
 def test_interpreted_kernels_match_fp64(interpreted, name):
-    _, _, _, _, _, dtype, _, lengths, _ = INTERPRET_CASES[name.removesuffix("_unmerged")]
+    _, _, _, _, _, dtype, _, lengths, _ = INTERPRET_CASES[name.removesuffix("_head_major")]
     res = interpreted[name]
     assert res["out"].dtype == getattr(torch, dtype)
     check(res, cu_from_lengths(lengths), TOL[dtype])
@@ -250,17 +251,20 @@ def test_gpu_compiled_block_matches_eager():
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("merged", [True, False])
+@pytest.mark.parametrize("global_order", [True, False])
 @pytest.mark.parametrize("d", [128, 64])
-def test_gpu_column_pass_layouts_match_fp64(merged, d):
-    """Both column-pass operand layouts (q, rho interleaved in one tile, or two tiles), at tuned-size tiles."""
+def test_gpu_program_orders_match_fp64(global_order, d):
+    """Both program orders (global heaviest-first, head-major) at the tuned tile sizes."""
     from kernels.parallax import fused
 
-    (q, r, k, v), do = _cuda_inputs(2, 1000, 8, 4, d, torch.bfloat16, seed=5)
+    (q, r, k, v), do = _cuda_inputs(2, 1024, 8, 4, d, torch.bfloat16, seed=5)
     scale = d ** -0.5
-    saved = fused.forward(q, r, k, v, scale)
-    cfg = {"BM": 32, "BN": 128 if d == 128 else 64, "num_warps": 8 if d == 128 else 4, "num_stages": 2,
-           "MERGED": merged}
-    dk, dv = fused.backward(do, q, r, k, v, *saved, scale, dkdv_config=cfg)[2:]
-    ref = _run("reference", [q, r, k, v], do, dtype=torch.float64)[1][2:]
-    assert rel_err(dk, ref[0]) < 2e-2 and rel_err(dv, ref[1]) < 2e-2
+    fwd = {"BM": 128 if d == 128 else 64, "BN": 64, "num_warps": 8 if d == 128 else 4, "num_stages": 3}
+    dq = {"BM": 128 if d == 128 else 64, "BN": 32 if d == 128 else 64, "num_warps": 8 if d == 128 else 4,
+          "num_stages": 3}
+    dkdv = {"BM": 32 if d == 128 else 16, "BN": 128, "num_warps": 8 if d == 128 else 4, "num_stages": 2}
+    order = {"GLOBAL_ORDER": global_order}
+    saved = fused.forward(q, r, k, v, scale, config={**fwd, **order})
+    grads = fused.backward(do, q, r, k, v, *saved, scale, dq_config={**dq, **order}, dkdv_config={**dkdv, **order})
+    ref_out, ref_grads = _run("reference", [q, r, k, v], do, dtype=torch.float64)
+    _compare((saved[0], grads), (ref_out, ref_grads), 2e-2)

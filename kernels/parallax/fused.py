@@ -27,7 +27,7 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # sizes vary between calls: one compiled kernel for all of them (strides stay specialised)
-_NO_SPECIALIZE = ["T", "L", "HQ", "GROUP", "TUNE_T"]
+_NO_SPECIALIZE = ["T", "L", "HQ", "GROUP", "TUNE_T", "TUNE_L"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -60,26 +60,28 @@ def _row_phases(DOCS, m0, T, L, BM: tl.constexpr, BN: tl.constexpr, VARLEN: tl.c
 
 
 @triton.jit
-def _tile_order(T, L, NH, TILE: tl.constexpr, VARLEN: tl.constexpr, FIRST_HEAVY: tl.constexpr):
-    """(tile start, head) of this program on a 1-D grid of cdiv(T, TILE) * NH programs, the costliest
-    tiles of every document and head launched first (longest-processing-time order: a short tail).
+def _tile_order(T, L, NH, TILE: tl.constexpr, VARLEN: tl.constexpr, FIRST_HEAVY: tl.constexpr,
+                GLOBAL: tl.constexpr):
+    """(tile start, head) of this program on a 1-D grid of cdiv(T, TILE) * NH programs.
 
     Under causal masking a query tile costs its position in its document (latest heaviest) and a
-    key tile the rest of its document (earliest heaviest, FIRST_HEAVY). With equal documents whose
-    length is a multiple of TILE, the order is global across documents and heads; otherwise
-    (varlen, ragged) it is per head along the packed axis.
+    key tile the rest of its document (earliest heaviest, FIRST_HEAVY). Head-major order (GLOBAL
+    False) runs each head's tiles together, latest-first along the packed axis, so a head's K/V
+    stay in L2. GLOBAL launches the costliest tiles of all documents and heads first (longest
+    processing time first, a short tail), for equal documents whose length is a multiple of TILE;
+    which wins depends on the shape (measured, docs/kernels.md), so the autotuner picks.
     """
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(T, TILE)
-    if (not VARLEN) and (L % TILE == 0):
+    if GLOBAL and (not VARLEN) and (L % TILE == 0):
         per_doc = L // TILE
         rank = pid // (NH * (T // L))
         rest = pid % (NH * (T // L))
         head = rest % NH
         j = rank if FIRST_HEAVY else per_doc - 1 - rank
         return ((rest // NH) * per_doc + j) * TILE, head
-    tile = pid // NH
-    return (tile if FIRST_HEAVY else n_tiles - 1 - tile) * TILE, pid % NH
+    tile = pid % n_tiles
+    return (tile if FIRST_HEAVY else n_tiles - 1 - tile) * TILE, pid // n_tiles
 
 
 @triton.jit
@@ -123,10 +125,10 @@ def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, 
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, TUNE_T,
+def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, TUNE_T, TUNE_L,
                 GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                VARLEN: tl.constexpr, PREC: tl.constexpr):
-    m0, h = _tile_order(T, L, HQ, BM, VARLEN, False)
+                VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
+    m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
@@ -188,10 +190,10 @@ def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, T, L, HQ,
-                   sqt, sqh, skt, skh, scale, qk_scale, TUNE_T,
+                   sqt, sqh, skt, skh, scale, qk_scale, TUNE_T, TUNE_L,
                    GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   VARLEN: tl.constexpr, PREC: tl.constexpr):
-    m0, h = _tile_order(T, L, HQ, BM, VARLEN, False)
+                   VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
+    m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
@@ -226,19 +228,9 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
 
 # ----------------------------------------------------------------------------- backward, column pass
 @triton.jit
-def _load_qr(Q, offs_m, h, sqt, sqh, qr_off, ok_m, D: tl.constexpr, BM: tl.constexpr):
-    """[2*BM, D] tile with rows interleaved (q_i, rho_i): R sits qr_off elements after Q, same strides."""
-    rows = tl.arange(0, 2 * BM)
-    tok = tl.reshape(tl.join(offs_m, offs_m), (2 * BM,))
-    ok = tl.reshape(tl.join(ok_m, ok_m), (2 * BM,))
-    offs = tok.to(tl.int64) * sqt + h * sqh + (rows % 2).to(tl.int64) * qr_off
-    return tl.load(Q + offs[:, None] + tl.arange(0, D)[None, :], mask=ok[:, None], other=0.0)
-
-
-@triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, qr_off, HQ, lo, hi, offs_n,
-                T, L, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
-                VARLEN: tl.constexpr, PREC: tl.constexpr, MERGED: tl.constexpr):
+def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n, T, L,
+                scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+                VARLEN: tl.constexpr, PREC: tl.constexpr):
     offs_d = tl.arange(0, D)
     for m0 in range(lo, hi, BM):
         offs_m = m0 + tl.arange(0, BM)
@@ -249,17 +241,11 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
         tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
         tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
         beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
+        q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
+        r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
         # transposed orientation (keys x queries): the results feed dk, dv without transposes
-        if MERGED:
-            # q and rho share one operand tile: one dot gives both score tiles, one dot gives dk
-            qr = _load_qr(Q, offs_m, h, sqt, sqh, qr_off, ok_m, D, BM)
-            st, tt = tl.split(tl.reshape(tl.dot(k, tl.trans(qr), input_precision=PREC), (k.shape[0], BM, 2)))
-            st = st * qk_scale
-        else:
-            q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
-            r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
-            st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
-            tt = tl.dot(k, tl.trans(r), input_precision=PREC)
+        st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        tt = tl.dot(k, tl.trans(r), input_precision=PREC)
         at = tl.dot(v, tl.trans(do), input_precision=PREC)
         pt = tl.exp2(st - lse[None, :])
         if MASKED:
@@ -271,21 +257,17 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
         dv += tl.dot((pt * c).to(do.dtype), do, input_precision=PREC)
         g1 = pt * (c * delta + (beta - tau)[None, :]) * scale
         g2 = -pt * delta
-        if MERGED:
-            g = tl.reshape(tl.join(g1, g2), (k.shape[0], 2 * BM))
-            dk += tl.dot(g.to(qr.dtype), qr, input_precision=PREC)
-        else:
-            dk += tl.dot(g1.to(q.dtype), q, input_precision=PREC)
-            dk += tl.dot(g2.to(r.dtype), r, input_precision=PREC)
+        dk += tl.dot(g1.to(q.dtype), q, input_precision=PREC)
+        dk += tl.dot(g2.to(r.dtype), r, input_precision=PREC)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T, L, HQ, HKV,
-                     sqt, sqh, skt, skh, qr_off, scale, qk_scale, TUNE_T,
+                     sqt, sqh, skt, skh, scale, qk_scale, TUNE_T, TUNE_L,
                      GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     VARLEN: tl.constexpr, PREC: tl.constexpr, MERGED: tl.constexpr):
-    n0, kv_h = _tile_order(T, L, HKV, BN, VARLEN, True)
+                     VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
+    n0, kv_h = _tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
     offs_n = n0 + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     ok_n = offs_n < T
@@ -302,12 +284,12 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     dv = tl.zeros([BN, D], tl.float32)
     for g in range(GROUP):
         h = kv_h * GROUP + g
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, qr_off, HQ, lo, d_hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, MERGED)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, qr_off, HQ, d_hi, f_hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC, MERGED)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, qr_off, HQ, f_hi, hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, MERGED)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
     _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
     _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
 
@@ -317,15 +299,19 @@ def _config(bm, bn, warps, stages, **flags):
     return triton.Config({"BM": bm, "BN": bn, **flags}, num_warps=warps, num_stages=stages)
 
 
-# Short candidate lists for H200 (bf16): the D=128 and D=64 winners of two measured sweeps plus a
-# runner-up (timings in docs/kernels.md and docs/bench/attention_train.json). The choice per key is
-# cached by triton's autotune cache (cache_results) so a training start does not re-tune.
-FWD_CONFIGS = [_config(128, 64, 8, 3), _config(64, 64, 4, 3), _config(128, 128, 8, 2)]
-DQ_CONFIGS = [_config(128, 32, 8, 3), _config(64, 64, 4, 4), _config(64, 32, 4, 4), _config(64, 64, 4, 2)]
-DKDV_CONFIGS = [_config(32, 128, 8, 2, MERGED=m) for m in (True, False)] + [
-    _config(16, 128, 4, 3, MERGED=True), _config(16, 128, 4, 3, MERGED=False), _config(32, 64, 4, 3, MERGED=True)]
+def _both_orders(tiles):
+    return [_config(*t, GLOBAL_ORDER=g) for t in tiles for g in (False, True)]
+
+
+# Short candidate lists for H200 (bf16): the D=128 and D=64 tile winners of three measured sweeps,
+# each in both program orders (timings in docs/kernels.md and docs/bench/attention_train.json).
+# The key separates shapes of one token count (B4 x L4096 vs B1 x L16384 prefer different orders);
+# the choice per key is cached by triton's autotune cache (cache_results): a restart does not re-tune.
+FWD_CONFIGS = _both_orders([(128, 64, 8, 3), (64, 64, 4, 3)])
+DQ_CONFIGS = _both_orders([(128, 32, 8, 3), (64, 64, 4, 4)])
+DKDV_CONFIGS = _both_orders([(32, 128, 8, 2), (16, 128, 4, 3)])
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
-TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T"]
+TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
 
 
 def _autotuned(kernel, configs):
@@ -339,12 +325,13 @@ _DKDV_TUNED = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS)
 
 
 def _pick(kernel, tuned, config):
-    """(kernel, launch kwargs): explicit config, interpreter default, or the autotuned kernel."""
+    """(kernel, launch kwargs): explicit config (global program order unless it says), interpreter
+    default, or the autotuned kernel."""
     if config is None and INTERPRET:
         config = INTERPRET_CONFIG
     if config is None:
         return tuned, {}
-    return kernel, dict(config)
+    return kernel, {"GLOBAL_ORDER": True, **config}
 
 
 def _tokens(x):
@@ -363,14 +350,6 @@ def _same_layout(a, b):
         a, b = a.contiguous(), b.contiguous()
         return a, b, a.stride(1), a.stride(2)
     return a, b, sat, sah
-
-
-def _element_offset(q, r):
-    """Elements from q's storage start to r's (one dtype, so a whole number): the column pass reads
-    q and rho rows through one pointer base."""
-    diff = r.data_ptr() - q.data_ptr()
-    assert r.dtype == q.dtype and diff % q.element_size() == 0, (r.dtype, q.dtype, diff)
-    return diff // q.element_size()
 
 
 def _doc_tables(cu_seqlens, total, device):
@@ -396,7 +375,8 @@ def _common(q, k, scale, cu_seqlens):
         docs, doce = _doc_tables(cu_seqlens, total, q.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"  # only fp32 dots read it
     meta = dict(GROUP=hq // k.shape[2], D=d, VARLEN=varlen, PREC=prec)
-    return total, n, hq, docs, doce, meta, scale * LOG2E, triton.next_power_of_2(total)
+    tune = (triton.next_power_of_2(total), triton.next_power_of_2(n))
+    return total, n, hq, docs, doce, meta, scale * LOG2E, tune
 
 
 def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
@@ -406,7 +386,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
     Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (B, L, Hq) fp32 (lse in log2 units of
     scale * log2(e) * q.k). config: optional {"BM", "BN", "num_warps", "num_stages"} instead of autotuning.
     """
-    total, n, hq, docs, _, meta, qk_scale, tune_t = _common(q, k, scale, cu_seqlens)
+    total, n, hq, docs, _, meta, qk_scale, tune = _common(q, k, scale, cu_seqlens)
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -415,7 +395,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
     lse = torch.empty_like(tbar)
     kernel, launch = _pick(_fwd_kernel, _FWD_TUNED, config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
-    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, tune_t,
+    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, *tune,
                  **meta, **launch)
     return o, vbar, tbar, lse
 
@@ -426,7 +406,7 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (B, L, Hq) fp32 from forward.
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
     """
-    total, n, hq, docs, doce, meta, qk_scale, tune_t = _common(q, k, scale, cu_seqlens)
+    total, n, hq, docs, doce, meta, qk_scale, tune = _common(q, k, scale, cu_seqlens)
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
     do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
@@ -437,11 +417,9 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
-                 sqt, sqh, skt, skh, scale, qk_scale, tune_t, **meta, **launch)
+                 sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
     kernel, launch = _pick(_bwd_dkdv_kernel, _DKDV_TUNED, dkdv_config)
-    if kernel is _bwd_dkdv_kernel:
-        launch = {"MERGED": True, **launch}
     grid = lambda meta_: (triton.cdiv(total, meta_["BN"]) * k.shape[2],)  # noqa: E731
     kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq, k.shape[2],
-                 sqt, sqh, skt, skh, _element_offset(q, r), scale, qk_scale, tune_t, **meta, **launch)
+                 sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
     return dq, dr, dk, dv
