@@ -19,6 +19,7 @@ from torchtitan.tools.logging import logger
 
 import kernels.parallax.ops  # noqa: F401  (registers torch.ops.parallax_titan.*)
 from parallax_titan.compat import force_sum_reductions, on_cpu
+from parallax_titan.mixers import FlaMixer
 
 # Selective op-level activation checkpointing keeps what TorchTitan's Qwen3 keeps (matmuls,
 # attention kernels, ...) and, like SDPA's outputs, the fused Parallax attention's outputs.
@@ -37,7 +38,10 @@ def parallelize_parallax(model: torch.nn.Module, parallel_dims, job_config) -> t
             base_folder=job_config.job.dump_folder,
         )
     if compile_model:
-        apply_compile(model, job_config.compile, False)
+        if any(isinstance(block.attention, FlaMixer) for block in _blocks(model)):
+            compile_around_mixer(model, job_config.compile)
+        else:
+            apply_compile(model, job_config.compile, False)
     if parallel_dims.fsdp_enabled:
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         apply_fsdp(model, parallel_dims.get_mesh(names), job_config)
@@ -45,6 +49,25 @@ def parallelize_parallax(model: torch.nn.Module, parallel_dims, job_config) -> t
     elif parallel_dims.dp_replicate_enabled:
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model
+
+
+def _blocks(model: torch.nn.Module):
+    """The transformer blocks, unwrapped from activation-checkpoint wrappers."""
+    for block in model.layers.values():
+        yield getattr(block, "_checkpoint_wrapped_module", block)
+
+
+def compile_around_mixer(model: torch.nn.Module, compile_config) -> None:
+    """``torch.compile`` (fullgraph) every child of every block except its sequence mixer.
+
+    fla's Triton autograd functions cannot be traced, and TorchTitan compiles whole blocks with
+    fullgraph=True (a graph break is an error), so blocks with an fla mixer compile their norms
+    and MLP separately and run the mixer eagerly, as TorchTitan does around MoE experts.
+    """
+    for block in _blocks(model):
+        for name, child in list(block.named_children()):
+            if name != "attention":
+                setattr(block, name, torch.compile(child, backend=compile_config.backend, fullgraph=True))
 
 
 def apply_fsdp(model: torch.nn.Module, dp_mesh, job_config) -> None:
