@@ -20,7 +20,7 @@ from pathlib import Path
 
 # first matching pattern names the group; checked against the lower-cased kernel name
 GROUPS = [
-    ("attention backward", r"bwd|backward.*attn|attn.*backward|dkdv|_bwd_dq"),
+    ("attention backward", r"bwd|bprop|dot_do_o|backward.*attn|attn.*backward|dkdv|_bwd_dq"),
     ("attention forward", r"_fwd_kernel|flash|fmha|cudnn.*attn|sdpa|attention"),
     ("communication", r"nccl"),
     ("matmul", r"gemm|sm90_xmma|cutlass|wgmma|nvjet|matmul|_mm_"),

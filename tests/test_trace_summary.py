@@ -14,7 +14,8 @@ import trace_summary  # noqa: E402
 def _trace():
     kernels = [("_fwd_kernel", 300), ("_bwd_dkdv_kernel", 500), ("_bwd_dq_kernel", 200),
                ("sm90_xmma_gemm_bf16bf16_bf16f32", 800), ("ncclDevKernel_AllGather_RING_LL", 100),
-               ("triton_poi_fused_mul_0", 50), ("multi_tensor_apply_kernel", 50)]
+               ("triton_poi_fused_mul_0", 50), ("multi_tensor_apply_kernel", 50),
+               ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", 0)]
     events = [{"cat": "kernel", "name": n, "dur": d, "ts": i} for i, (n, d) in enumerate(kernels)]
     events.append({"cat": "cpu_op", "name": "aten::mm", "dur": 10_000, "ts": 0})  # not GPU time
     return {"traceEvents": events}
@@ -22,8 +23,9 @@ def _trace():
 
 def test_groups_and_shares():
     text = trace_summary.summarize(trace_summary.kernel_events(_trace()), top=3)
-    assert "GPU kernel time in the trace: 2.00 ms over 7 kernels" in text
-    assert "| attention backward | 0.70 | 35.0% |" in text
+    assert "GPU kernel time in the trace: 2.00 ms over 8 kernels" in text
+    assert "| attention backward | 0.70 | 35.0% |" in text  # cuDNN's flash_bprop counts here too
+    assert trace_summary.group_of("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma") == "attention backward"
     assert "| matmul | 0.80 | 40.0% |" in text
     assert "| attention forward | 0.30 | 15.0% |" in text
     assert "| communication | 0.10 | 5.0% |" in text
