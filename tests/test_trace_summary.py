@@ -16,8 +16,11 @@ def _trace():
                ("sm90_xmma_gemm_bf16bf16_bf16f32", 800), ("ncclDevKernel_AllGather_RING_LL", 100),
                ("triton_poi_fused_mul_0", 50), ("multi_tensor_apply_kernel", 50),
                ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", 0)]
-    events = [{"cat": "kernel", "name": n, "dur": d, "ts": i} for i, (n, d) in enumerate(kernels)]
-    events.append({"cat": "cpu_op", "name": "aten::mm", "dur": 10_000, "ts": 0})  # not GPU time
+    events = [{"cat": "kernel", "name": n, "dur": d, "ts": i, "args": {"External id": 100 + i}}
+              for i, (n, d) in enumerate(kernels)]
+    events.append({"cat": "cpu_op", "name": "aten::mm", "dur": 10_000, "ts": 0, "args": {"External id": 103}})
+    events.append({"cat": "cpu_op", "name": "ParallaxAttention", "dur": 9, "ts": 0, "args": {"External id": 101}})
+    events.append({"cat": "cpu_op", "name": "ParallaxAttention", "dur": 9, "ts": 0, "args": {"External id": 102}})
     return {"traceEvents": events}
 
 
@@ -33,6 +36,14 @@ def test_groups_and_shares():
     assert [line.split("`")[1] for line in top] == ["sm90_xmma_gemm_bf16bf16_bf16f32", "_bwd_dkdv_kernel", "_fwd_kernel"]
 
 
+def test_kernels_are_attributed_to_their_launching_op():
+    trace = _trace()
+    text = trace_summary.summarize(trace_summary.kernel_events(trace), top=2, ops=trace_summary.launching_ops(trace))
+    op_rows = text.split("| launching CPU op |")[1].splitlines()[2:]
+    assert op_rows[0] == "| `aten::mm` | 1 | 0.80 | 40.0% |"
+    assert op_rows[1] == "| `ParallaxAttention` | 2 | 0.70 | 35.0% |"
+
+
 def test_cli_reads_gzip_and_writes(tmp_path):
     import gzip
 
@@ -43,3 +54,4 @@ def test_cli_reads_gzip_and_writes(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts/trace_summary.py"), str(path), "--out", str(out)],
                    check=True, capture_output=True)
     assert "| matmul | 0.80 | 40.0% |" in out.read_text()
+    assert "| `(no CPU op)` | 5 | 0.50 | 25.0% |" in out.read_text()
