@@ -115,10 +115,13 @@ def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list) -> list
     deltas = []
     for i, spec in enumerate(specs):
         ref = updates[i] if updates[i] is not None else weights[i]
-        delta = torch.zeros(spec.shape, dtype=ref.dtype, device=ref.device)
-        if i in ortho:
-            delta.add_(ortho[i], alpha=spec.update_coeff)
-        if i in decay:
-            delta.add_(decay[i], alpha=spec.sp_coeff)
+        terms = [(ortho[i], spec.update_coeff)] if i in ortho else []
+        terms += [(decay[i], spec.sp_coeff)] if i in decay else []
+        if not terms:
+            deltas.append(torch.zeros(spec.shape, dtype=ref.dtype, device=ref.device))
+            continue
+        delta = terms[0][0].to(ref.dtype) * terms[0][1]  # a fresh tensor: ortho/decay may be views
+        for term, coeff in terms[1:]:
+            delta.add_(term, alpha=coeff)
         deltas.append(delta)
     return deltas

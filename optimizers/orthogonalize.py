@@ -56,22 +56,33 @@ def _check_matrix(G: torch.Tensor, steps: int, name: str) -> None:
         raise ValueError(f"{name}: steps must be an int >= 0; got {steps!r}")
 
 
+def _dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as a contiguous tensor of ``dtype``, in one copy at most (``.to`` alone keeps strides)."""
+    return x.to(dtype, memory_format=torch.contiguous_format).contiguous()
+
+
 def _iterate(G, coeffs, steps, dtype, safety):
-    """Run ``X <- aX + (bA + cA^2) X`` with ``A = X X^T`` in the wide orientation."""
+    """Run ``X <- aX + (bA + cA^2) X`` with ``A = X X^T`` in the wide orientation.
+
+    X is a contiguous (batch, m, n) copy, so each step is three GEMMs (two of them with the
+    scalar terms fused in as ``baddbmm``'s alpha/beta) and no elementwise pass: on a transposed
+    (tall) view those passes fell back to strided kernels, ~1 ms each at 0.6B on an H200.
+    """
     dtype = dtype or default_compute_dtype(G)
     tall = G.shape[-2] > G.shape[-1]
-    X = G.mT if tall else G
-    X = X.to(dtype)
+    X = _dense(G.mT if tall else G, dtype)
+    batch_shape = X.shape[:-2]
+    X = X.reshape(-1, *X.shape[-2:])
     # Per-matrix Frobenius norm; the eps keeps a zero matrix at zero (0/eps = 0).
     norm = torch.linalg.matrix_norm(X.float(), ord="fro", keepdim=True)
     X = X / (norm * safety + _NORM_EPS).to(dtype)
     for i in range(steps):
         a, b, c = coeffs(i)
-        A = X @ X.mT
-        B = b * A + c * (A @ A)
-        X = a * X + B @ X
-    X = X.mT if tall else X
-    return X.to(G.dtype)
+        A = torch.bmm(X, X.mT)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        X = torch.baddbmm(X, B, X, beta=a)
+    X = X.reshape(*batch_shape, *X.shape[-2:])
+    return _dense(X.mT if tall else X, G.dtype)
 
 
 def polar_express(G: torch.Tensor, steps: int = 8, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from optimizers import newton_schulz, polar_express, spectral_power
-from optimizers.orthogonalize import POLAR_EXPRESS_COEFFS
+from optimizers.orthogonalize import ORTHOGONALIZERS, POLAR_EXPRESS_COEFFS
 from optimizers.spectral import band_projectors, banded_spectral_power, matrix_power, msign
 from tests._optim_helpers import logspaced, polar_svd, rel_err, spectrum_matrix
 
@@ -127,3 +127,15 @@ def test_msign_and_band_projectors():
     # the fixed point 1 has slope -0.6: 20 steps converge to ~1e-5
     sign = torch.diag(torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64))
     torch.testing.assert_close(msign(A), sign, atol=5e-5, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (3, 40, 24), (2, 24, 40)])
+@pytest.mark.parametrize("method", ["polar_express", "newton_schulz"])
+def test_result_is_contiguous_in_the_input_layout(shape, method):
+    """Tall and batched inputs come back dense (the caller's elementwise ops then take fast paths)
+    and equal the polar factor computed through an explicit transpose."""
+    G = torch.randn(*shape, dtype=torch.float64)
+    out = ORTHOGONALIZERS[method][0](G, dtype=torch.float64)
+    assert out.is_contiguous() and out.shape == G.shape and out.dtype == G.dtype
+    flipped = ORTHOGONALIZERS[method][0](G.mT.contiguous(), dtype=torch.float64).mT
+    torch.testing.assert_close(out, flipped, rtol=1e-10, atol=1e-10)
