@@ -36,6 +36,9 @@ class ParallaxTrainer(Trainer):
             self.optimizers.step_guard = self._finite_or_skip
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
+        # Per-step agreement on stop flags goes through a CPU (gloo) group: no device sync per step.
+        multi = dist.is_initialized() and dist.get_world_size() > 1
+        self._flag_group = dist.new_group(backend="gloo") if multi else None
         self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)
         self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
         source = job_config.parallax.init_from_transformer
@@ -108,8 +111,8 @@ class ParallaxTrainer(Trainer):
 
     def _any_rank(self, flag: bool) -> bool:
         """True if ``flag`` is set on any rank (signals reach ranks at slightly different times)."""
-        if not dist.is_initialized() or dist.get_world_size() == 1:
+        if self._flag_group is None:
             return flag
-        value = torch.tensor([float(flag)], device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        value = torch.tensor([float(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._flag_group)
         return bool(value.item())

@@ -54,3 +54,39 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, straight):
     step = max(losses(tmp_path))
     assert 2 <= step < 1000 and "SIGTERM" in output
     assert os.path.isfile(tmp_path / "checkpoint" / f"step-{step}" / ".metadata")
+
+
+def _children(pid: int) -> list[int]:
+    """Direct child processes of pid (Linux /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path):
+    """Only one of two workers gets the signal; both agree (CPU flag all-reduce), save one
+    checkpoint and exit 0."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533", "train.py",
+           "--job.config_file", TEST_CONFIG, "--job.dump_folder", str(tmp_path), *ARGS, "--training.steps", "1000"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.5)
+    workers = _children(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output[-3000:]
+    step = max(losses(tmp_path))
+    assert 2 <= step < 1000 and output.count("(SIGTERM); checkpoint saved") == 2
+    assert os.path.isfile(tmp_path / "checkpoint" / f"step-{step}" / ".metadata")
