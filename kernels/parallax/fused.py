@@ -13,6 +13,8 @@ units of the scaled logits). Backward (SPEC closed form): a row pass (dq, drho; 
 tau = dO.o and beta = dO.vbar) and a column pass (dk, dv) that loops over the GQA group's
 query heads inside one program, so K/V tiles are loaded once per group and no atomics are needed.
 Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
+Every kernel runs on a 1-D grid of (tile, head) programs in one of two orders (``_tile_order``):
+head-major or globally heaviest-first; the autotuner picks per shape.
 """
 
 from __future__ import annotations
