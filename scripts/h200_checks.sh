@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU checks CI cannot run, in one call on an H200 box (the `device` tool): each named check
+# runs on its own GPU when the box has two (checks that need both GPUs run last, alone), every
+# check under the time left, and everything lands in one tarball under $OUT.
+#
+#   bash scripts/h200_checks.sh [BUDGET_SECONDS] CHECK...
+#
+# CHECK is one of
+#   kernel-tests  pytest -m gpu on the attention and decode kernels
+#   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
+#   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
+#   competitors   scripts/bench_attention.py on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
+#   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, 30 steps)
+#   mixers        scripts/bench_train.py transformer gated_deltanet kda (needs fla)
+#   optimizers    scripts/bench_optimizers.py
+#   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
+#
+# Before the call: `bash scripts/gpu_wheels.sh` (TorchTitan's wheels in .whl/), carry .whl and
+# assets (and .whl_fla / .whl_bench for the fla and competitor checks), and install them first:
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+set -uo pipefail
+cd "$(dirname "$0")/.."
+budget=${1:?usage: h200_checks.sh BUDGET_SECONDS CHECK...}
+shift
+out=${OUT:-outputs}/h200_checks
+work=$(mktemp -d)
+end=$(( $(date +%s) + budget ))
+left() { echo $(( end - $(date +%s) )); }
+
+run_check() {  # name: runs one check with the time left, logs to $work/<name>.log
+  local name=$1 t
+  t=$(( $(left) - 10 ))
+  case $name in
+    kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py \
+                    tests/test_parallax_decode.py ;;
+    fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_mixers_fla.py ;;
+    attention) timeout "$t" python3 scripts/bench_attention.py --no-competitors --out "$work/attention_train" ;;
+    competitors) timeout "$t" python3 scripts/bench_attention.py --shapes 0 --out "$work/attention_competitors" \
+                   --methods softmax_cudnn,parallax_ours,parallax_kernel_0.1.1,fla_0.6.0 ;;
+    throughput) python3 scripts/bench_train.py transformer parallax parallax_dagger --steps 30 \
+                  --run-timeout $(( t / 3 )) --out "$work/throughput" ;;
+    mixers) python3 scripts/bench_train.py transformer gated_deltanet kda --steps 60 \
+              --run-timeout $(( t / 3 )) --out "$work/mixers" ;;
+    optimizers) timeout "$t" python3 scripts/bench_optimizers.py --out "$work/optimizers.json" \
+                  --md "$work/optimizers.md" ;;
+    scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
+               --out "$work/scaling" ;;
+  esac > "$work/$name.log" 2>&1
+  echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
+}
+
+known=" kernel-tests fla-tests attention competitors throughput mixers optimizers scaling "
+for check in "$@"; do
+  [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
+done
+ngpu=${NGPU:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$work/gpus.txt"
+single=() both=()
+for check in "$@"; do
+  if [ "$check" = scaling ]; then both+=("$check"); else single+=("$check"); fi
+done
+# two lanes (one per GPU) take the single-GPU checks in turn
+for lane in 0 1; do
+  [ "$lane" -ge "$ngpu" ] && break
+  (
+    export CUDA_VISIBLE_DEVICES=$lane
+    for i in "${!single[@]}"; do
+      if [ $(( i % (ngpu > 1 ? 2 : 1) )) -eq "$lane" ]; then run_check "${single[$i]}"; fi
+    done
+  ) &
+done
+wait
+for check in "${both[@]}"; do run_check "$check"; done
+
+find "$work" -name "*.distcp" -delete
+find "$work" -type d -name checkpoint -prune -exec rm -rf {} +
+mkdir -p "$out" && tar czf "$out/h200_checks.tgz" -C "$work" .
+cat "$work/status.txt"
+for f in "$work"/*/summary.md "$work"/scaling/scaling.md "$work"/attention_train.md; do
+  [ -f "$f" ] && { echo "== $f"; head -30 "$f"; }
+done
+grep -hE "passed|failed" "$work"/*tests.log 2>/dev/null | tail -4
