@@ -18,7 +18,8 @@ import torch
 from .orthogonalize import orthogonalize
 from .spectral import banded_spectral_power
 
-__all__ = ["MatrixSpec", "update_scale", "matrix_deltas", "UPDATE_SCALES", "ORTHO_DTYPES"]
+__all__ = ["MatrixSpec", "update_scale", "matrix_deltas", "matrix_terms", "combine_terms", "UPDATE_SCALES",
+           "ORTHO_DTYPES"]
 
 UPDATE_SCALES = ("match_rms_adamw", "spectral", "none")
 ORTHO_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -62,6 +63,78 @@ def update_scale(kind: str, m: int, n: int) -> float:
     if kind == "none":
         return 1.0
     raise ValueError(f"update_scale: kind={kind!r}; expected one of {UPDATE_SCALES}")
+
+
+def _blocks(U: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """(m, n) -> (heads, head_dim, n) for per-head updates, (1, m, n) for full."""
+    m, n = U.shape
+    if head_dim:
+        return U.reshape(m // head_dim, head_dim, n)
+    return U.unsqueeze(0)
+
+
+def _batched_ortho(jobs):
+    """jobs: list of (index, spec, U). Returns {index: ortho(U)} with one call per shape."""
+    buckets = defaultdict(list)
+    for idx, spec, U in jobs:
+        blocks = _blocks(U, spec.head_dim)
+        key = (tuple(blocks.shape[1:]), spec.method, spec.steps, spec.dtype, U.dtype)
+        buckets[key].append((idx, spec, blocks))
+    out = {}
+    for (_, method, steps, dtype, _), entries in buckets.items():
+        stacked = torch.cat([b for _, _, b in entries])
+        ortho = orthogonalize(stacked, method, steps, ORTHO_DTYPES[dtype])
+        for (idx, spec, b), piece in zip(entries, ortho.split([b.shape[0] for _, _, b in entries])):
+            out[idx] = piece.reshape(spec.shape)
+    return out
+
+
+def _batched_decay(jobs):
+    """jobs: list of (index, spec, W). Returns {index: T_p(W)} batched per shape and rule."""
+    buckets = defaultdict(list)
+    for idx, spec, W in jobs:
+        buckets[(spec.shape, spec.sp_power, spec.band, spec.tau, spec.msign_steps)].append((idx, W))
+    out = {}
+    for (_, p, band, tau, msteps), entries in buckets.items():
+        terms = banded_spectral_power(torch.stack([W for _, W in entries]), p, band, tau, msteps)
+        out.update({idx: t for (idx, _), t in zip(entries, terms)})
+    return out
+
+
+def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list) -> list[torch.Tensor]:
+    """Additive deltas for full matrices.
+
+    Args:
+        specs: one ``MatrixSpec`` per matrix.
+        updates: full momentum updates ``(m, n)`` (or None when the spec has none).
+        weights: full pre-update weights ``(m, n)`` (or None when no S_p decay).
+    Returns:
+        list of ``(m, n)`` fp32-or-wider tensors, ``delta = W_new - W``.
+    """
+    ortho, decay = matrix_terms(specs, updates, weights)
+    return [combine_terms(spec, ortho.get(i), decay.get(i), updates[i] if updates[i] is not None else weights[i])
+            for i, spec in enumerate(specs)]
+
+
+def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list) -> tuple[dict, dict]:
+    """The two terms of each delta before their coefficients: ``{i: ortho(U_i)}`` for the specs
+    with an update (in U's dtype) and ``{i: T_p(W_i)}`` for those with S_p decay (W's dtype)."""
+    ortho = _batched_ortho([(i, s, u) for i, (s, u) in enumerate(zip(specs, updates)) if s.has_update])
+    decay = _batched_decay([(i, s, w) for i, (s, w) in enumerate(zip(specs, weights)) if s.has_decay])
+    return ortho, decay
+
+
+def combine_terms(spec: MatrixSpec, ortho: torch.Tensor | None, decay: torch.Tensor | None,
+                  like: torch.Tensor) -> torch.Tensor:
+    """``update_coeff * ortho + sp_coeff * decay`` (absent terms skipped) as a fresh tensor of
+    ``like``'s shape, dtype and device; the same arithmetic on whole matrices or on row pieces."""
+    terms = [(t, c) for t, c in ((ortho, spec.update_coeff), (decay, spec.sp_coeff)) if t is not None]
+    if not terms:
+        return torch.zeros_like(like)
+    delta = terms[0][0].to(like.dtype) * terms[0][1]  # fresh: the terms may be views
+    for term, coeff in terms[1:]:
+        delta.add_(term, alpha=coeff)
+    return delta
 
 
 def _blocks(U: torch.Tensor, head_dim: int) -> torch.Tensor:

@@ -2,9 +2,12 @@
 
 Orthogonalisation and S_p need whole matrices. Each matrix gets ONE owner rank
 (greedy balance by a cubic cost estimate, identical on every rank); one
-all-to-all sends every rank's row shards to the owners, the owners compute all
-their matrices (same shapes batched), and a second all-to-all returns each rank
-its rows of the deltas. Plain tensors (single process) are computed in place.
+all-to-all sends every rank's row shards to the owners (updates in the
+orthogonaliser's compute dtype, bf16 on GPUs, since it casts to it first; S_p
+weights in fp32), the owners compute both terms of their matrices (same shapes
+batched), and a second all-to-all returns each rank its rows of the two terms,
+which it combines exactly as the single-process path does. Plain tensors (single
+process) are computed in place.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from .directions import MatrixSpec, matrix_deltas
+from .directions import ORTHO_DTYPES, MatrixSpec, combine_terms, matrix_deltas, matrix_terms
+from .orthogonalize import default_compute_dtype
 
 __all__ = ["assign_owners", "shard_rows", "full_matrix_deltas"]
 
@@ -91,69 +95,92 @@ def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, pa
     return out
 
 
-def _pieces(update, weight):
-    return [t for t in (update, weight) if t is not None]
+def _update_comm_dtype(specs, updates, fallback):
+    """The dtype the orthogonaliser computes in (it casts its input to it first), when all updates
+    share one: sending updates in it moves fewer bytes and changes no result."""
+    dtypes = {ORTHO_DTYPES[s.dtype] or default_compute_dtype(u) for s, u in zip(specs, updates) if u is not None}
+    return dtypes.pop() if len(dtypes) == 1 else fallback
 
 
 def _owner_exchange(group, specs, updates, weights):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    owners = assign_owners([s.shape for s in specs], world)
+    layout = _Layout(specs, assign_owners([s.shape for s in specs], world), world, rank)
     ref = next(t for t in updates + weights if t is not None)
-    dtype = torch.promote_types(ref.dtype, torch.float32)
-    nparts = [len(_pieces(u, w)) for u, w in zip(updates, weights)]
+    wide = torch.promote_types(ref.dtype, torch.float32)
+    for i, (u, w) in enumerate(zip(updates, weights)):
+        for t in (u, w):
+            if t is not None and t.shape != (layout.rows(i, rank), specs[i].shape[1]):
+                raise RuntimeError(f"full_matrix_deltas: local shard {tuple(t.shape)} of matrix {i} does not "
+                                   f"match the chunk layout {layout.rows(i, rank), specs[i].shape[1]}")
+    udtype = _update_comm_dtype(specs, updates, wide)
+    # forward: my rows of every matrix to its owner; the owner computes both terms of its matrices
+    full_u = layout.to_owners(group, updates, udtype, ref.device)
+    full_w = layout.to_owners(group, weights, wide, ref.device)
+    ortho, decay = matrix_terms([specs[i] for i in layout.mine], [full_u.get(i) for i in layout.mine],
+                                [full_w.get(i) for i in layout.mine])
+    # backward: every rank gets its rows of both terms and combines them as the single-process path does
+    own_ortho = layout.from_owners(group, {i: ortho[k] for k, i in enumerate(layout.mine) if k in ortho},
+                                   [u is not None for u in updates], udtype, ref.device)
+    own_decay = layout.from_owners(group, {i: decay[k] for k, i in enumerate(layout.mine) if k in decay},
+                                   [w is not None for w in weights], wide, ref.device)
+    return [combine_terms(specs[i], own_ortho.get(i), own_decay.get(i), u if u is not None else w)
+            for i, (u, w) in enumerate(zip(updates, weights))]
 
-    def rows(i, q):
-        start, stop = shard_rows(specs[i].shape[0], world, q)
+
+class _Layout:
+    """Which rank owns each matrix and which rows each rank holds (Shard(0), torch.chunk)."""
+
+    def __init__(self, specs, owners, world, rank):
+        self.specs, self.owners, self.world, self.rank = specs, owners, world, rank
+        self.mine = [i for i in range(len(specs)) if owners[i] == rank]
+
+    def rows(self, i, q):
+        start, stop = shard_rows(self.specs[i].shape[0], self.world, q)
         return stop - start
 
-    for i, (u, w) in enumerate(zip(updates, weights)):
-        for t in _pieces(u, w):
-            if t.shape != (rows(i, rank), specs[i].shape[1]):
-                raise RuntimeError(f"full_matrix_deltas: local shard {tuple(t.shape)} of matrix {i} does not "
-                                   f"match the chunk layout {rows(i, rank), specs[i].shape[1]}")
-    # forward: my rows of every matrix to its owner
-    send = [[] for _ in range(world)]
-    for i, (u, w) in enumerate(zip(updates, weights)):
-        send[owners[i]].extend(t.reshape(-1).to(dtype) for t in _pieces(u, w))
-    mine = [i for i in range(len(specs)) if owners[i] == rank]
-    recv_sizes = [sum(rows(i, q) * specs[i].shape[1] * nparts[i] for i in mine) for q in range(world)]
-    received = _all_to_all(send, recv_sizes, group, ref.device, dtype)
-    full_u, full_w = _assemble(mine, specs, updates, weights, received, world, rows)
-    deltas = matrix_deltas([specs[i] for i in mine], full_u, full_w)
-    # backward: each rank's rows of the deltas
-    back = [[] for _ in range(world)]
-    for i, d in zip(mine, deltas):
-        for q in range(world):
-            start, stop = shard_rows(specs[i].shape[0], world, q)
-            back[q].append(d[start:stop].reshape(-1))
-    back_sizes = [sum(rows(i, rank) * specs[i].shape[1] for i in range(len(specs)) if owners[i] == q)
-                  for q in range(world)]
-    got = _all_to_all(back, back_sizes, group, ref.device, dtype)
-    result, offsets = [], [0] * world
-    for i in range(len(specs)):
-        q, n = owners[i], rows(i, rank) * specs[i].shape[1]
-        result.append(got[q][offsets[q]:offsets[q] + n].reshape(rows(i, rank), specs[i].shape[1]))
-        offsets[q] += n
-    return result
+    def to_owners(self, group, pieces, dtype, device):
+        """{i: full matrix} for the owned matrices that have pieces (pieces[i] None on every rank
+        or on none), gathered from every rank's row piece in ``dtype``."""
+        has = [p is not None for p in pieces]
+        if not any(has):
+            return {}
+        send = [[] for _ in range(self.world)]
+        for i, piece in enumerate(pieces):
+            if piece is not None:
+                send[self.owners[i]].append(piece.reshape(-1).to(dtype))
+        n = [s.shape[1] for s in self.specs]
+        sizes = [sum(self.rows(i, q) * n[i] for i in self.mine if has[i]) for q in range(self.world)]
+        received = _all_to_all(send, sizes, group, device, dtype)
+        full, offsets = {}, [0] * self.world
+        for i in (i for i in self.mine if has[i]):
+            parts = []
+            for q in range(self.world):
+                size = self.rows(i, q) * n[i]
+                parts.append(received[q][offsets[q]:offsets[q] + size].reshape(self.rows(i, q), n[i]))
+                offsets[q] += size
+            full[i] = torch.cat(parts)
+        return full
 
-
-def _assemble(mine, specs, updates, weights, received, world, rows):
-    """Rebuild full matrices of the owned items from every rank's row pieces."""
-    offsets = [0] * world
-    full_u, full_w = [], []
-    for i in mine:
-        m, n = specs[i].shape
-        has = [updates[i] is not None, weights[i] is not None]
-        parts = [[None] * world for _ in range(2)]
-        for q in range(world):
-            size = rows(i, q) * n
-            for k in (0, 1):
-                if has[k]:
-                    parts[k][q] = received[q][offsets[q]:offsets[q] + size].reshape(rows(i, q), n)
-                    offsets[q] += size
-        full_u.append(torch.cat(parts[0]) if has[0] else None)
-        full_w.append(torch.cat(parts[1]) if has[1] else None)
-    return full_u, full_w
+    def from_owners(self, group, terms, has, dtype, device):
+        """{i: this rank's rows of term i} for every matrix with has[i], from each owner's
+        ``terms`` (full matrices of the matrices it owns), sent in ``dtype``."""
+        if not any(has):
+            return {}
+        send = [[] for _ in range(self.world)]
+        for i in (i for i in self.mine if has[i]):
+            for q in range(self.world):
+                start, stop = shard_rows(self.specs[i].shape[0], self.world, q)
+                send[q].append(terms[i][start:stop].reshape(-1).to(dtype))
+        n = [s.shape[1] for s in self.specs]
+        sizes = [sum(self.rows(i, self.rank) * n[i] for i in range(len(self.specs)) if has[i] and self.owners[i] == q)
+                 for q in range(self.world)]
+        received = _all_to_all(send, sizes, group, device, dtype)
+        out, offsets = {}, [0] * self.world
+        for i in (i for i in range(len(self.specs)) if has[i]):
+            q, size = self.owners[i], self.rows(i, self.rank) * n[i]
+            out[i] = received[q][offsets[q]:offsets[q] + size].reshape(self.rows(i, self.rank), n[i])
+            offsets[q] += size
+        return out
 
 
 def _all_to_all(send, recv_sizes, group, device, dtype):

@@ -127,3 +127,65 @@ def test_two_rank_fsdp_matches_single_process(tmp_path):
     torch.manual_seed(0)
     init = TinyParallax().state_dict()
     assert all((ref[k] - init[k]).abs().max() > 1e-3 for k in ref if "layers.0.attention.w" in k)
+
+
+def _exchange_worker(rank, world, port, out):
+    """full_matrix_deltas on Shard(0) DTensors (bf16 orthogonaliser, S_p, per-head, uneven rows)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from optimizers import distributed
+
+    sent = []  # (dtype, elements) of every all-to-all this rank sends
+    original = distributed._all_to_all
+
+    def recording(send, recv_sizes, group, device, dtype):
+        sent.append((dtype, sum(t.numel() for s in send for t in s)))
+        return original(send, recv_sizes, group, device, dtype)
+
+    distributed._all_to_all = recording
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        specs, updates, weights = _exchange_case()
+        params = [distribute_tensor(u if u is not None else w, mesh, [Shard(0)]) for u, w in zip(updates, weights)]
+        local = [None if t is None else distribute_tensor(t, mesh, [Shard(0)]).to_local() for t in updates]
+        local_w = [None if t is None else distribute_tensor(t, mesh, [Shard(0)]).to_local() for t in weights]
+        deltas = distributed.full_matrix_deltas(specs, local, local_w, params)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, deltas)
+        if rank == 0:
+            torch.save({"deltas": [torch.cat([g[i] for g in gathered]) for i in range(len(specs))], "sent": sent}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _exchange_case():
+    from optimizers.directions import MatrixSpec
+
+    g = torch.Generator().manual_seed(3)
+    shapes = [(7, 12), (12, 7), (8, 16), (7, 12)]
+    specs = [MatrixSpec(shape=shapes[0], update_coeff=-0.1, dtype="bfloat16"),
+             MatrixSpec(shape=shapes[1], update_coeff=-0.2, dtype="bfloat16", sp_coeff=-0.05, sp_power=2),
+             MatrixSpec(shape=shapes[2], update_coeff=-0.3, dtype="bfloat16", head_dim=4),
+             MatrixSpec(shape=shapes[3], sp_coeff=-0.01, sp_power=2)]
+    updates = [torch.randn(*s, generator=g) if sp.has_update else None for s, sp in zip(shapes, specs)]
+    weights = [torch.randn(*s, generator=g) if sp.has_decay else None for s, sp in zip(shapes, specs)]
+    return specs, updates, weights
+
+
+def test_owner_exchange_equals_single_process_bit_for_bit(tmp_path):
+    """Updates travel in the orthogonaliser's dtype (bf16 here) and both terms come back to be
+    combined locally: the deltas equal the single-process ones exactly."""
+    from optimizers.directions import matrix_deltas
+
+    out = tmp_path / "deltas.pt"
+    mp.spawn(_exchange_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    specs, updates, weights = _exchange_case()
+    for i, ref in enumerate(matrix_deltas(specs, updates, weights)):
+        assert got["deltas"][i].dtype == ref.dtype and torch.equal(got["deltas"][i], ref), i
+        assert ref.abs().max() > 0
+    # rank 0's sends: updates out and orthogonalised rows back in bf16; S_p weights and terms in fp32
+    assert [dtype for dtype, _ in got["sent"]] == [torch.bfloat16, torch.float32, torch.bfloat16, torch.float32]
