@@ -154,7 +154,8 @@ def one_gpu_env() -> dict:
 
 
 def scaling(args: argparse.Namespace) -> int:
-    """``--scaling N``: seed checkpoint, then the 1-GPU (accumulation N) and N-GPU runs; exit status."""
+    """``--scaling N``: seed checkpoint, then the 1-GPU (accumulation N) and N-GPU runs of one global
+    batch, and a 1-GPU run without accumulation (the same work per GPU as each of the N); exit status."""
     n, variant = args.scaling, args.variants[0]
     base = args.name_prefix + variant
     bench_run(args, variant, f"{base}_seed", 1, "--checkpoint.enable", "--checkpoint.create_seed_checkpoint",
@@ -163,47 +164,61 @@ def scaling(args: argparse.Namespace) -> int:
     if not os.path.isdir(seed_step0):
         print(f"no seed checkpoint at {seed_step0}; see {os.path.join(args.out, base)}_seed.log")
         return 1
-    same = ("--training.data_order", "global", "--training.global_batch_size", str(args.local_batch * n),
-            "--metrics.log_freq", "1", "--checkpoint.enable", "--checkpoint.load_only",
-            "--checkpoint.initial_load_path", seed_step0)
-    single = bench_run(args, variant, f"{base}_1gpu_accum{n}", 1, *same, env=one_gpu_env())
-    multi = bench_run(args, variant, f"{base}_{n}gpu", n, *same)
-    if not (single and multi):
+    def same(global_batch):
+        return ("--training.data_order", "global", "--training.global_batch_size", str(global_batch),
+                "--metrics.log_freq", "1", "--checkpoint.enable", "--checkpoint.load_only",
+                "--checkpoint.initial_load_path", seed_step0)
+
+    single = bench_run(args, variant, f"{base}_1gpu_accum{n}", 1, *same(args.local_batch * n), env=one_gpu_env())
+    multi = bench_run(args, variant, f"{base}_{n}gpu", n, *same(args.local_batch * n))
+    plain = bench_run(args, variant, f"{base}_1gpu", 1, *same(args.local_batch), env=one_gpu_env())
+    if not (single and multi and plain):
         return 1
-    report = scaling_report(summarize(single, args.steps // 2), summarize(multi, args.steps // 2), n)
+    skip = args.steps // 2
+    report = scaling_report(summarize(single, skip), summarize(multi, skip), n, summarize(plain, skip))
     print(write_scaling(report, os.path.join(args.out, "scaling")))
     return 0
 
 
-def scaling_report(single: dict, multi: dict, n: int) -> dict:
+def scaling_report(single: dict, multi: dict, n: int, plain: dict | None = None) -> dict:
     """Compare the 1-GPU and N-GPU runs (rows of ``summarize``): losses step by step, their largest
-    absolute and relative difference, and tokens/s per GPU of N GPUs over 1 GPU."""
+    absolute and relative difference, and tokens/s per GPU of N GPUs over 1 GPU: against the 1-GPU
+    run of the same global batch (``single``, accumulation N: one optimizer step per N micro-batches)
+    and, given ``plain`` (1 GPU, no accumulation), against the same work per GPU, which isolates the
+    cost of communication."""
     steps = sorted(set(single["loss"]) & set(multi["loss"]))
     rows = [{"step": s, "loss_1gpu": single["loss"][s], "loss_ngpu": multi["loss"][s],
              "abs_diff": abs(multi["loss"][s] - single["loss"][s]),
              "rel_diff": abs(multi["loss"][s] - single["loss"][s]) / abs(single["loss"][s])} for s in steps]
     return {
         "gpus": n,
-        "runs": [single, multi],
+        "runs": [single, multi] + ([plain] if plain else []),
         "losses": rows,
         "max_abs_diff": max(r["abs_diff"] for r in rows),
         "max_rel_diff": max(r["rel_diff"] for r in rows),
         "per_gpu_efficiency": multi["tokens_per_s"] / single["tokens_per_s"],
+        "per_gpu_efficiency_same_work": multi["tokens_per_s"] / plain["tokens_per_s"] if plain else None,
         "goal": EFFICIENCY_GOAL,
     }
 
 
 def scaling_markdown(report: dict) -> str:
     """The scaling report as markdown: efficiency, the throughput table, the loss table."""
-    n, (single, multi) = report["gpus"], report["runs"]
+    n, (single, multi) = report["gpus"], report["runs"][:2]
     verdict = "meets" if report["per_gpu_efficiency"] >= report["goal"] else "misses"
+    same_work = report.get("per_gpu_efficiency_same_work")
     lines = [
         f"# Scaling: {single['run']} (1 GPU, gradient accumulation {n}) vs {multi['run']} ({n} GPUs)", "",
         f"Per-GPU efficiency (tokens/s per GPU, {n} GPUs over 1): **{report['per_gpu_efficiency']:.3f}** "
         f"({verdict} the goal {report['goal']:.2f}).", "",
+    ]
+    if same_work is not None:
+        lines += [f"Against 1 GPU without accumulation (the same work per GPU, one optimizer step per "
+                  f"micro-batch): **{same_work:.3f}**.", ""]
+    lines += [
         f"Loss difference over {len(report['losses'])} steps: max absolute {report['max_abs_diff']:.3g}, "
         f"max relative {report['max_rel_diff']:.3g}.", "",
-        markdown([single, multi], single["run"]),
+        markdown(report["runs"], single["run"]),
         f"| step | loss 1 GPU | loss {n} GPUs | abs diff | rel diff |", "|---|---|---|---|---|",
     ]
     lines += [f"| {r['step']} | {r['loss_1gpu']:.6f} | {r['loss_ngpu']:.6f} | {r['abs_diff']:.3g} | {r['rel_diff']:.3g} |"

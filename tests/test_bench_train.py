@@ -60,12 +60,16 @@ def fake_run(folder, tokens_per_s: list[float], losses: list[float]) -> str:
 def test_scaling_report_on_fabricated_metrics(tmp_path):
     one = fake_run(tmp_path / "p_1gpu_accum2", [10.0, 1000.0, 1000.0, 1000.0], [10.0, 8.0, 6.0, 5.0])
     two = fake_run(tmp_path / "p_2gpu", [5.0, 900.0, 950.0, 1000.0], [10.0, 8.0, 6.03, 5.0])
-    report = scaling_report(summarize(one, 2), summarize(two, 2), 2)
+    plain = fake_run(tmp_path / "p_1gpu", [10.0, 1300.0, 1300.0, 1300.0], [10.0, 8.0, 6.0, 5.0])
+    report = scaling_report(summarize(one, 2), summarize(two, 2), 2, summarize(plain, 2))
     assert report["per_gpu_efficiency"] == pytest.approx(0.975)  # steps 3-4 only: (950 + 1000) / 2000
+    assert report["per_gpu_efficiency_same_work"] == pytest.approx(0.75)  # 975 / 1300
     assert report["max_abs_diff"] == pytest.approx(0.03) and report["max_rel_diff"] == pytest.approx(0.005)
     assert [r["step"] for r in report["losses"]] == [1, 2, 3, 4]
     text = write_scaling(report, str(tmp_path / "scaling"))
     assert "**0.975** (meets the goal 0.90)" in text and "| 3 | 6.000000 | 6.030000 | 0.03 | 0.005 |" in text
+    assert "(the same work per GPU, one optimizer step per micro-batch): **0.750**" in text
+    assert "| p_1gpu |" in text
     assert json.loads((tmp_path / "scaling.json").read_text())["per_gpu_efficiency"] == pytest.approx(0.975)
 
 
@@ -80,4 +84,5 @@ def test_scaling_check_runs_on_cpu_ranks(tmp_path):
     report = json.loads((tmp_path / "scaling.json").read_text())
     assert [r["step"] for r in report["losses"]] == [1, 2, 3, 4]
     assert report["max_rel_diff"] < 1e-5 and report["per_gpu_efficiency"] > 0
+    assert report["per_gpu_efficiency_same_work"] > 0 and (tmp_path / "parallax_1gpu.log").is_file()
     assert (tmp_path / "scaling.md").is_file() and (tmp_path / "parallax_2gpu.log").is_file()
