@@ -271,3 +271,14 @@ def test_triton_gpu_matches_fp64(batch, length, hq, hkv, dim, ragged, rho, dtype
         tol = 2e-2 if rho > 5 else 1e-2
         assert rel_err(out, ref) < tol
     assert torch.equal(parallax_decode(q, r, k, v, cache_seqlens=lens), out)
+
+
+def test_launch_config_by_group_count():
+    """Measured H200 choices (docs/kernels_decode.md): batch 1 and 32 keep the latency configs; batch
+    128 (1024 groups at Hkv 8) takes 2 stages at D=128 and 8 warps at D=64."""
+    from kernels.parallax.decode_fused import pick_config
+
+    cpu = torch.device("cpu")  # the H200's 132 SMs are assumed off-GPU
+    assert pick_config(8, 128, cpu) == (64, 4, 3) and pick_config(256, 128, cpu) == (64, 4, 3)
+    assert pick_config(1024, 128, cpu) == (64, 4, 2) and pick_config(1024, 64, cpu) == (128, 8, 3)
+    assert pick_config(1024, 32, cpu) == (32, 4, 2)  # no measured config for this head dim

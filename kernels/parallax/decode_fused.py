@@ -30,6 +30,9 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _H200_SMS = 132
 # Per head dim: (block_n, num_warps, num_stages); from the H200 sweep (docs/kernels_decode.md).
 _CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3)}
+# Several waves of (batch, kv head) groups: more programs per SM (D=128: 2 stages, 3 fit instead
+# of 2) or more warps (D=64) hide more latency; measured at B=128 (docs/kernels_decode.md).
+_MANY_GROUPS_CONFIGS = {64: (128, 8, 3), 128: (64, 4, 2)}
 _DEFAULT_CONFIG = (32, 4, 2)
 # Fewest cache positions one split handles: below this the partial writes and
 # the merge cost more than the extra parallelism buys.
@@ -232,15 +235,25 @@ def pick_num_splits(n_groups, length, block_n, slots):
     return next(i + 1 for i, eff in enumerate(effs) if eff >= _WAVE_SLACK * best)
 
 
+def pick_config(n_groups: int, dim: int, device) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) for ``n_groups`` (batch x kv heads) groups of head dim ``dim``:
+    the many-groups configs once the groups alone fill more than two waves of one program per SM."""
+    many = n_groups > 2 * _sm_count(device)
+    return (_MANY_GROUPS_CONFIGS if many else _CONFIGS).get(dim, _DEFAULT_CONFIG)
+
+
+def _sm_count(device) -> int:
+    """Multiprocessors of a CUDA device (the H200's count elsewhere, e.g. under the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else _H200_SMS
+
+
 def resident_slots(device, block_n, dim, num_stages, elt_bytes):
     """SMs * programs per SM, the latter bounded by the K/V pipeline's shared memory."""
-    sms, smem = _H200_SMS, _SMEM_PER_SM
+    smem = _SMEM_PER_SM
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        sms = props.multi_processor_count
-        smem = getattr(props, "shared_memory_per_multiprocessor", smem)
+        smem = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_multiprocessor", smem)
     per_program = num_stages * 2 * block_n * dim * elt_bytes
-    return sms * max(1, smem // per_program)
+    return _sm_count(device) * max(1, smem // per_program)
 
 
 def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_splits=None,
@@ -262,11 +275,11 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_
     length, hkv = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
     hp = max(8, triton.next_power_of_2(group))
-    cfg = _CONFIGS.get(dim, _DEFAULT_CONFIG)
+    n_groups = batch * hkv
+    cfg = pick_config(n_groups, dim, q.device)
     block_n = block_n or cfg[0]
     num_warps = num_warps or cfg[1]
     num_stages = num_stages or cfg[2]
-    n_groups = batch * hkv
     if num_splits is None:
         slots = resident_slots(q.device, block_n, dim, num_stages, q.element_size())
         num_splits = pick_num_splits(n_groups, length, block_n, slots)
