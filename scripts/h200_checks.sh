@@ -10,6 +10,7 @@
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
 #   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
 #   competitors   scripts/bench_attention.py on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
+#   decode        scripts/bench_decode.py --check (KV-cache decode vs cuDNN, and the published kernels if carried)
 #   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, 30 steps)
 #   mixers        scripts/bench_train.py transformer gated_deltanet kda (needs fla)
 #   optimizers    scripts/bench_optimizers.py
@@ -37,6 +38,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     attention) timeout "$t" python3 scripts/bench_attention.py --no-competitors --out "$work/attention_train" ;;
     competitors) timeout "$t" python3 scripts/bench_attention.py --shapes 0 --out "$work/attention_competitors" \
                    --methods softmax_cudnn,parallax_ours,parallax_kernel_0.1.1,fla_0.6.0 ;;
+    decode) timeout "$t" python3 scripts/bench_decode.py --check --out "$work/decode" ;;
     throughput) python3 scripts/bench_train.py transformer parallax parallax_dagger --steps 30 \
                   --run-timeout $(( t / 3 )) --out "$work/throughput" ;;
     mixers) python3 scripts/bench_train.py transformer gated_deltanet kda --steps 60 \
@@ -49,7 +51,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
 }
 
-known=" kernel-tests fla-tests attention competitors throughput mixers optimizers scaling "
+known=" kernel-tests fla-tests attention competitors decode throughput mixers optimizers scaling "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
