@@ -268,3 +268,20 @@ def test_gpu_program_orders_match_fp64(global_order, d):
     grads = fused.backward(do, q, r, k, v, *saved, scale, dq_config={**dq, **order}, dkdv_config={**dkdv, **order})
     ref_out, ref_grads = _run("reference", [q, r, k, v], do, dtype=torch.float64)
     _compare((saved[0], grads), (ref_out, ref_grads), 2e-2)
+
+
+def test_small_problems_skip_autotuning(monkeypatch):
+    """Below SMALL_WORK the first listed config runs without tuning (MAD-size models compile one
+    config per kernel instead of all of them); training-size work goes to the autotuner."""
+    from kernels.parallax import fused
+
+    monkeypatch.setattr(fused, "INTERPRET", False)
+    mad = 128 * 128 * 128 * 8 * 16  # batch 128 x seq 128 tokens, 128 keys, 8 heads of 16
+    kernel, launch = fused._pick(fused._bwd_dkdv_kernel, fused._DKDV_TUNED, None, mad)
+    first = fused.DKDV_CONFIGS[0]
+    assert kernel is fused._bwd_dkdv_kernel
+    assert launch == {**first.kwargs, "num_warps": first.num_warps, "num_stages": first.num_stages}
+    train = 4 * 4096 * 4096 * 16 * 128
+    assert fused._pick(fused._bwd_dkdv_kernel, fused._DKDV_TUNED, None, train) == (fused._DKDV_TUNED, {})
+    explicit = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
+    assert fused._pick(fused._fwd_kernel, fused._FWD_TUNED, explicit, mad)[1] == {"GLOBAL_ORDER": True, **explicit}

@@ -326,11 +326,20 @@ _DQ_TUNED = _autotuned(_bwd_dq_kernel, DQ_CONFIGS)
 _DKDV_TUNED = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS)
 
 
-def _pick(kernel, tuned, config):
+# Below this much work (tokens x keys per token x heads x head dim) a kernel runs for microseconds and
+# autotuning (compiling and timing every listed config) costs more than it can save: small problems
+# (MAD's models, unit tests) take the first listed config. Training shapes are 100x above it.
+SMALL_WORK = 2**30
+
+
+def _pick(kernel, tuned, config, work):
     """(kernel, launch kwargs): explicit config (global program order unless it says), interpreter
-    default, or the autotuned kernel."""
+    default, the first listed config for small work, or the autotuned kernel."""
     if config is None and INTERPRET:
         config = INTERPRET_CONFIG
+    if config is None and work < SMALL_WORK:
+        first = tuned.configs[0]
+        config = {**first.kwargs, "num_warps": first.num_warps, "num_stages": first.num_stages}
     if config is None:
         return tuned, {}
     return kernel, {"GLOBAL_ORDER": True, **config}
@@ -378,7 +387,7 @@ def _common(q, k, scale, cu_seqlens):
     prec = "ieee" if q.dtype == torch.float32 else "tf32"  # only fp32 dots read it
     meta = dict(GROUP=hq // k.shape[2], D=d, VARLEN=varlen, PREC=prec)
     tune = (triton.next_power_of_2(total), triton.next_power_of_2(n))
-    return total, n, hq, docs, doce, meta, scale * LOG2E, tune
+    return total, n, hq, docs, doce, meta, scale * LOG2E, tune, total * min(n, total) * hq * d
 
 
 def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
@@ -388,14 +397,14 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
     Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (B, L, Hq) fp32 (lse in log2 units of
     scale * log2(e) * q.k). config: optional {"BM", "BN", "num_warps", "num_stages"} instead of autotuning.
     """
-    total, n, hq, docs, _, meta, qk_scale, tune = _common(q, k, scale, cu_seqlens)
+    total, n, hq, docs, _, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
     tbar = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     lse = torch.empty_like(tbar)
-    kernel, launch = _pick(_fwd_kernel, _FWD_TUNED, config)
+    kernel, launch = _pick(_fwd_kernel, _FWD_TUNED, config, work)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, *tune,
                  **meta, **launch)
@@ -408,7 +417,7 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (B, L, Hq) fp32 from forward.
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
     """
-    total, n, hq, docs, doce, meta, qk_scale, tune = _common(q, k, scale, cu_seqlens)
+    total, n, hq, docs, doce, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
     do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
@@ -416,11 +425,11 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     beta = torch.empty_like(tbar)
     dq, dr = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(r, memory_format=torch.contiguous_format)
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
-    kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config)
+    kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config, work)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
                  sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
-    kernel, launch = _pick(_bwd_dkdv_kernel, _DKDV_TUNED, dkdv_config)
+    kernel, launch = _pick(_bwd_dkdv_kernel, _DKDV_TUNED, dkdv_config, work)
     grid = lambda meta_: (triton.cdiv(total, meta_["BN"]) * k.shape[2],)  # noqa: E731
     kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq, k.shape[2],
                  sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
