@@ -59,10 +59,6 @@ def _mesh_group(t: DTensor):
     )
 
 
-def _local(t):
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, params: list) -> list[torch.Tensor]:
     """Local (this rank's rows) deltas for each matrix.
 
@@ -133,6 +129,7 @@ class _Layout:
     def __init__(self, specs, owners, world, rank):
         self.specs, self.owners, self.world, self.rank = specs, owners, world, rank
         self.mine = [i for i in range(len(specs)) if owners[i] == rank]
+        self.cols = [s.shape[1] for s in specs]
 
     def rows(self, i, q):
         start, stop = shard_rows(self.specs[i].shape[0], self.world, q)
@@ -148,7 +145,7 @@ class _Layout:
         for i, piece in enumerate(pieces):
             if piece is not None:
                 send[self.owners[i]].append(piece.reshape(-1).to(dtype))
-        n = [s.shape[1] for s in self.specs]
+        n = self.cols
         sizes = [sum(self.rows(i, q) * n[i] for i in self.mine if has[i]) for q in range(self.world)]
         received = _all_to_all(send, sizes, group, device, dtype)
         full, offsets = {}, [0] * self.world
@@ -171,7 +168,7 @@ class _Layout:
             for q in range(self.world):
                 start, stop = shard_rows(self.specs[i].shape[0], self.world, q)
                 send[q].append(terms[i][start:stop].reshape(-1).to(dtype))
-        n = [s.shape[1] for s in self.specs]
+        n = self.cols
         sizes = [sum(self.rows(i, self.rank) * n[i] for i in range(len(self.specs)) if has[i] and self.owners[i] == q)
                  for q in range(self.world)]
         received = _all_to_all(send, sizes, group, device, dtype)

@@ -74,7 +74,6 @@ def _tile_order(T, L, NH, TILE: tl.constexpr, VARLEN: tl.constexpr, FIRST_HEAVY:
     which wins depends on the shape (measured, docs/kernels.md), so the autotuner picks.
     """
     pid = tl.program_id(0)
-    n_tiles = tl.cdiv(T, TILE)
     if GLOBAL and (not VARLEN) and (L % TILE == 0):
         per_doc = L // TILE
         rank = pid // (NH * (T // L))
@@ -82,6 +81,7 @@ def _tile_order(T, L, NH, TILE: tl.constexpr, VARLEN: tl.constexpr, FIRST_HEAVY:
         head = rest % NH
         j = rank if FIRST_HEAVY else per_doc - 1 - rank
         return ((rest // NH) * per_doc + j) * TILE, head
+    n_tiles = tl.cdiv(T, TILE)
     tile = pid % n_tiles
     return (tile if FIRST_HEAVY else n_tiles - 1 - tile) * TILE, pid // n_tiles
 
