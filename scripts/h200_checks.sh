@@ -15,6 +15,8 @@
 #   mixers        scripts/bench_train.py transformer gated_deltanet kda (needs fla)
 #   optimizers    scripts/bench_optimizers.py
 #   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
+#   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts/trace_summary.py of it
+#   profile-2gpu  two GPUs (FSDP2), 0.6B Parallax, step 20 profiled, summaries of both ranks (runs last)
 #
 # Before the call: `bash scripts/gpu_wheels.sh` (TorchTitan's wheels in .whl/), carry .whl and
 # assets (and .whl_fla / .whl_bench for the fla and competitor checks), and install them first:
@@ -27,6 +29,17 @@ out=${OUT:-outputs}/h200_checks
 work=$(mktemp -d)
 end=$(( $(date +%s) + budget ))
 left() { echo $(( end - $(date +%s) )); }
+
+profile() {  # variant ngpu seconds: profile step 20, keep the trace summaries, drop the traces
+  local dir="$work/profile_$1_$2gpu" rank
+  python3 scripts/bench_train.py "$1" --ngpu "$2" --steps 22 --run-timeout "$3" --out "$dir" \
+    --extra "--profiling.enable_profiling --profiling.profile_freq 20 --profiling.save_traces_folder traces"
+  for rank in $(seq 0 $(( $2 - 1 ))); do
+    python3 scripts/trace_summary.py "$dir/$1/traces/iteration_20/rank${rank}_trace.json" \
+      --out "$dir/summary_rank$rank.md"
+  done
+  rm -rf "$dir/$1/traces"
+}
 
 run_check() {  # name: runs one check with the time left, logs to $work/<name>.log
   local name=$1 t
@@ -47,19 +60,21 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                   --md "$work/optimizers.md" ;;
     scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
                --out "$work/scaling" ;;
+    profile-transformer) profile transformer 1 "$t" ;;
+    profile-2gpu) profile parallax 2 "$t" ;;
   esac > "$work/$name.log" 2>&1
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
 }
 
-known=" kernel-tests fla-tests attention competitors decode throughput mixers optimizers scaling "
+known=" kernel-tests fla-tests attention competitors decode throughput mixers optimizers scaling profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
 ngpu=${NGPU:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
-nvidia-smi --query-gpu=name,memory.used --format=csv,noheader > "$work/gpus.txt"
+{ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; nvidia-smi topo -m; } > "$work/gpus.txt" 2>&1
 single=() both=()
 for check in "$@"; do
-  if [ "$check" = scaling ]; then both+=("$check"); else single+=("$check"); fi
+  case $check in scaling|profile-2gpu) both+=("$check") ;; *) single+=("$check") ;; esac
 done
 # two lanes (one per GPU) take the single-GPU checks in turn
 for lane in 0 1; do
@@ -78,7 +93,7 @@ find "$work" -name "*.distcp" -delete
 find "$work" -type d -name checkpoint -prune -exec rm -rf {} +
 mkdir -p "$out" && tar czf "$out/h200_checks.tgz" -C "$work" .
 cat "$work/status.txt"
-for f in "$work"/*/summary.md "$work"/scaling/scaling.md "$work"/attention_train.md; do
+for f in "$work"/*/summary_rank*.md "$work"/*/summary.md "$work"/scaling/scaling.md "$work"/attention_train.md; do
   [ -f "$f" ] && { echo "== $f"; head -30 "$f"; }
 done
 grep -hE "passed|failed" "$work"/*tests.log 2>/dev/null | tail -4

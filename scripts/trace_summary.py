@@ -3,8 +3,10 @@
 TorchTitan writes one trace per rank with ``--profiling.enable_profiling`` (at
 ``<dump_folder>/<save_traces_folder>/iteration_<N>/rank<R>_trace.json``); this prints the GPU
 kernel time per group (attention forward/backward, matmuls, optimizer, communication, other),
-the heaviest kernels, and the CPU ops that launched the most GPU time (kernels link to their op
-through the trace's "External id"), as markdown, and optionally writes it to a file.
+the heaviest kernels, the CPU ops that launched the most GPU time (kernels link to their op
+through the trace's "External id") and the timeline: the span from the first kernel's start to the
+last kernel's end, the time no kernel runs (GPU idle: host-bound or waiting), and the communication
+time no other kernel overlaps (exposed communication), as markdown, optionally written to a file.
 
     python scripts/trace_summary.py outputs/run/profile_traces/iteration_20/rank0_trace.json \
         [--top 25] [--out summary.md]
@@ -46,6 +48,36 @@ def launching_ops(trace: dict) -> dict[int, str]:
             if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
 
 
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint, sorted cover of (start, end) intervals."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def timeline(events: list[dict]) -> dict[str, float]:
+    """Microseconds: ``span`` (first kernel start to last kernel end), ``busy`` (some kernel runs),
+    ``idle`` (span - busy), ``communication`` (some NCCL kernel runs) and ``exposed_communication``
+    (an NCCL kernel runs and no other kernel does: communication the step waits for)."""
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events]
+    comm = _union([s for s, e in zip(spans, events) if group_of(e["name"]) == "communication"])
+    compute = _union([s for s, e in zip(spans, events) if group_of(e["name"]) != "communication"])
+    busy = _union(spans)
+    span = (busy[-1][1] - busy[0][0]) if busy else 0.0
+    overlap = _length(_union(comm + compute)) if comm else 0.0
+    exposed = overlap - _length(compute) if comm else 0.0
+    return {"span": span, "busy": _length(busy), "idle": span - _length(busy),
+            "communication": _length(comm), "exposed_communication": exposed}
+
+
 def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None) -> str:
     """Markdown: time per group (ms, share), the `top` kernels by total time and, given the
     External id -> CPU op map, the `top` launching ops by the GPU time of their kernels."""
@@ -59,6 +91,11 @@ def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None) -
              "| group | ms | share |", "|---|---|---|"]
     for group, us in sorted(by_group.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {group} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")
+    times = timeline(events)
+    lines += ["", "| timeline | ms | share of span |", "|---|---|---|"]
+    for key in ("span", "busy", "idle", "communication", "exposed_communication"):
+        lines.append(f"| {key.replace('_', ' ')} | {times[key] / 1e3:.2f} | "
+                     f"{100 * times[key] / (times['span'] or 1.0):.1f}% |")
     lines += ["", "| kernel | calls | ms | share |", "|---|---|---|---|"]
     for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"| `{name[:160]}` | {count[name]} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")

@@ -55,3 +55,15 @@ def test_cli_reads_gzip_and_writes(tmp_path):
                    check=True, capture_output=True)
     assert "| matmul | 0.80 | 40.0% |" in out.read_text()
     assert "| `(no CPU op)` | 5 | 0.50 | 25.0% |" in out.read_text()
+
+
+def test_timeline_idle_and_exposed_communication():
+    # compute 0-100 and 150-250; NCCL 80-120 (20 us exposed) and 200-230 (hidden); idle 120-150
+    events = [{"cat": "kernel", "name": n, "ts": ts, "dur": d} for n, ts, d in [
+        ("sm90_xmma_gemm", 0, 100), ("triton_poi_fused_add", 150, 100),
+        ("ncclDevKernel_AllGather", 80, 40), ("ncclDevKernel_ReduceScatter", 200, 30)]]
+    times = trace_summary.timeline(events)
+    assert times == {"span": 250, "busy": 220, "idle": 30, "communication": 70, "exposed_communication": 20}
+    text = trace_summary.summarize(events, top=1)
+    assert "| exposed communication | 0.02 | 8.0% |" in text
+    assert "| idle | 0.03 | 12.0% |" in text
