@@ -11,8 +11,9 @@
 #   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
 #   competitors   scripts/bench_attention.py on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
 #   decode        scripts/bench_decode.py --check (KV-cache decode vs cuDNN, and the published kernels if carried)
-#   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, 30 steps)
-#   mixers        scripts/bench_train.py transformer gated_deltanet kda (needs fla)
+#   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
+#   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the reference run)
+#   mixers        scripts/bench_train.py transformer parallax gated_deltanet kda, 100 steps (needs fla)
 #   optimizers    scripts/bench_optimizers.py
 #   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
 #   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts/trace_summary.py of it
@@ -47,15 +48,17 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   case $name in
     kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py \
                     tests/test_parallax_decode.py ;;
-    fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_mixers_fla.py ;;
+    fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
     attention) timeout "$t" python3 scripts/bench_attention.py --no-competitors --out "$work/attention_train" ;;
     competitors) timeout "$t" python3 scripts/bench_attention.py --shapes 0 --out "$work/attention_competitors" \
                    --methods softmax_cudnn,parallax_ours,parallax_kernel_0.1.1,fla_0.6.0 ;;
     decode) timeout "$t" python3 scripts/bench_decode.py --check --out "$work/decode" ;;
     throughput) python3 scripts/bench_train.py transformer parallax parallax_dagger --steps 30 \
                   --run-timeout $(( t / 3 )) --out "$work/throughput" ;;
-    mixers) python3 scripts/bench_train.py transformer gated_deltanet kda --steps 60 \
-              --run-timeout $(( t / 3 )) --out "$work/mixers" ;;
+    throughput-adamw) python3 scripts/bench_train.py transformer parallax parallax_dagger --steps 30 \
+                        --recipe adamw_wsd --run-timeout $(( t / 3 )) --out "$work/throughput_adamw" ;;
+    mixers) python3 scripts/bench_train.py transformer parallax gated_deltanet kda --steps 100 \
+              --run-timeout $(( t / 4 )) --out "$work/mixers" ;;
     optimizers) timeout "$t" python3 scripts/bench_optimizers.py --out "$work/optimizers.json" \
                   --md "$work/optimizers.md" ;;
     scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
@@ -66,7 +69,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
 }
 
-known=" kernel-tests fla-tests attention competitors decode throughput mixers optimizers scaling profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests attention competitors decode throughput throughput-adamw mixers optimizers scaling profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

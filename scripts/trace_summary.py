@@ -6,7 +6,9 @@ kernel time per group (attention forward/backward, matmuls, optimizer, communica
 the heaviest kernels, the CPU ops that launched the most GPU time (kernels link to their op
 through the trace's "External id") and the timeline: the span from the first kernel's start to the
 last kernel's end, the time no kernel runs (GPU idle: host-bound or waiting), and the communication
-time no other kernel overlaps (exposed communication), as markdown, optionally written to a file.
+time no other kernel overlaps (exposed communication), and what the host was inside while the GPU
+idled (the outermost and innermost host events, on the thread that launches the kernels, at the
+middle of each idle gap), as markdown, optionally written to a file.
 
     python scripts/trace_summary.py outputs/run/profile_traces/iteration_20/rank0_trace.json \
         [--top 25] [--out summary.md]
@@ -18,7 +20,7 @@ import argparse
 import gzip
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 # first matching pattern names the group; checked against the lower-cased kernel name
@@ -78,9 +80,48 @@ def timeline(events: list[dict]) -> dict[str, float]:
             "communication": _length(comm), "exposed_communication": exposed}
 
 
-def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None) -> str:
-    """Markdown: time per group (ms, share), the `top` kernels by total time and, given the
-    External id -> CPU op map, the `top` launching ops by the GPU time of their kernels."""
+HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "python_function")
+
+
+def _busy_gaps(events: list[dict], min_gap: float) -> list[tuple[float, float]]:
+    busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in events])
+    return [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= min_gap]
+
+
+def idle_causes(trace: dict, events: list[dict], min_gap: float = 10.0) -> dict[str, float]:
+    """GPU idle microseconds per "outermost > innermost" host event running at the middle of each
+    idle gap of at least ``min_gap`` us, on the thread that launched the most kernels. A
+    ``cudaStreamSynchronize``-like innermost event means a host sync; "(none)" means Python between ops."""
+    host = [e for e in trace.get("traceEvents", []) if e.get("cat") in HOST_CATS and "dur" in e]
+    launches = Counter(e.get("tid") for e in host if e["cat"] == "cuda_runtime" and "Launch" in e["name"])
+    if not launches:
+        return {}
+    tid = launches.most_common(1)[0][0]
+    host = sorted((e for e in host if e.get("tid") == tid), key=lambda e: (e["ts"], -e["dur"]))
+    out: dict[str, float] = defaultdict(float)
+    stack: list[dict] = []
+    k = 0
+    for start, end in _busy_gaps(events, min_gap):
+        mid = (start + end) / 2
+        while k < len(host) and host[k]["ts"] <= mid:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= host[k]["ts"]:
+                stack.pop()
+            stack.append(host[k])
+            k += 1
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= mid:
+            stack.pop()
+        live = [e for e in stack if e["ts"] + e["dur"] > mid]
+        outer = next((e["name"] for e in live if not e["name"].startswith("ProfilerStep")), "(none)")
+        inner = live[-1]["name"] if live else "(none)"
+        out[f"{outer} > {inner}" if inner != outer else outer] += end - start
+    return dict(out)
+
+
+def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None,
+              idle: dict[str, float] | None = None) -> str:
+    """Markdown: time per group (ms, share), the timeline, the `top` kernels by total time and, given
+    the External id -> CPU op map, the `top` launching ops by the GPU time of their kernels, and given
+    ``idle_causes``, the `top` host events the GPU idled under."""
     by_group, by_name, count = defaultdict(float), defaultdict(float), defaultdict(int)
     for e in events:
         by_group[group_of(e["name"])] += e["dur"]
@@ -108,6 +149,10 @@ def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None) -
         lines += ["", "| launching CPU op | kernels | ms | share |", "|---|---|---|---|"]
         for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:top]:
             lines.append(f"| `{op[:160]}` | {op_count[op]} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")
+    if idle:
+        lines += ["", "| host inside (outermost > innermost) while the GPU idled | ms |", "|---|---|"]
+        for where, us in sorted(idle.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"| `{where[:160]}` | {us / 1e3:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +169,8 @@ def main() -> None:
     parser.add_argument("--out", help="also write the markdown here")
     args = parser.parse_args()
     trace = load(args.trace)
-    text = summarize(kernel_events(trace), args.top, launching_ops(trace))
+    events = kernel_events(trace)
+    text = summarize(events, args.top, launching_ops(trace), idle_causes(trace, events))
     print(text)
     if args.out:
         Path(args.out).write_text(text)

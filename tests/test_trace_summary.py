@@ -67,3 +67,20 @@ def test_timeline_idle_and_exposed_communication():
     text = trace_summary.summarize(events, top=1)
     assert "| exposed communication | 0.02 | 8.0% |" in text
     assert "| idle | 0.03 | 12.0% |" in text
+
+
+def test_idle_gaps_are_attributed_to_the_host_event_running():
+    kernels = [("sm90_xmma_gemm", 0, 100), ("sm90_xmma_gemm", 300, 100), ("triton_poi_add", 450, 50)]
+    host = [("ProfilerStep#20", "user_annotation", 0, 600), ("optimizer step", "user_annotation", 90, 400),
+            ("aten::item", "cpu_op", 120, 150), ("cudaStreamSynchronize", "cuda_runtime", 130, 100),
+            ("aten::mm", "cpu_op", 280, 20), ("cudaLaunchKernel", "cuda_runtime", 285, 5),
+            ("cudaLaunchKernel", "cuda_runtime", 10, 5)]
+    trace = {"traceEvents": [{"cat": "kernel", "name": n, "ts": ts, "dur": d} for n, ts, d in kernels]
+             + [{"cat": c, "name": n, "ts": ts, "dur": d, "tid": 1} for n, c, ts, d in host]
+             + [{"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 140, "dur": 1, "tid": 2}]}
+    events = trace_summary.kernel_events(trace)
+    # gaps: 100-300 (middle 200: inside the sync) and 400-450 (middle 425: optimizer step only)
+    assert trace_summary.idle_causes(trace, events) == {"optimizer step > cudaStreamSynchronize": 200,
+                                                        "optimizer step": 50}
+    text = trace_summary.summarize(events, top=5, idle=trace_summary.idle_causes(trace, events))
+    assert "| `optimizer step > cudaStreamSynchronize` | 0.20 |" in text
