@@ -8,12 +8,13 @@
 # CHECK is one of
 #   kernel-tests  pytest -m gpu on the attention and decode kernels
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
+#   fla-match     the fla layer comparisons alone, one process per mixer under a hard time limit
 #   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
 #   competitors   scripts/bench_attention.py on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
 #   decode        scripts/bench_decode.py --check (KV-cache decode vs cuDNN, and the published kernels if carried)
 #   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the reference run)
-#   mixers        scripts/bench_train.py transformer parallax gated_deltanet kda, 100 steps (needs fla)
+#   mixers        scripts/bench_train.py gated_deltanet kda, 60 steps (needs fla; fla autotunes for minutes)
 #   optimizers    scripts/bench_optimizers.py
 #   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
 #   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts/trace_summary.py of it
@@ -55,10 +56,15 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     decode) timeout "$t" python3 scripts/bench_decode.py --check --out "$work/decode" ;;
     throughput) python3 scripts/bench_train.py transformer parallax parallax_dagger --steps 30 \
                   --run-timeout $(( t / 3 )) --out "$work/throughput" ;;
-    throughput-adamw) python3 scripts/bench_train.py transformer parallax parallax_dagger --steps 30 \
-                        --recipe adamw_wsd --run-timeout $(( t / 3 )) --out "$work/throughput_adamw" ;;
-    mixers) python3 scripts/bench_train.py transformer parallax gated_deltanet kda --steps 100 \
-              --run-timeout $(( t / 4 )) --out "$work/mixers" ;;
+    throughput-adamw) python3 scripts/bench_train.py transformer parallax --steps 30 --recipe adamw_wsd \
+                        --run-timeout $(( t / 3 )) --out "$work/throughput_adamw" ;;
+    mixers) python3 scripts/bench_train.py gated_deltanet kda --steps 60 --run-timeout $(( t / 2 )) \
+              --out "$work/mixers" ;;
+    fla-match) for id in "block_matches_fla_layer[gated_deltanet]" "block_matches_fla_layer[kda]" \
+                 "block_matches_fla_layer[mesa_net]" "block_causal_isolates_documents[kda]"; do
+                 timeout 75 python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider \
+                   "tests/test_mixers_fla.py::test_gpu_$id"; echo "$id: exit $?"
+               done ;;
     optimizers) timeout "$t" python3 scripts/bench_optimizers.py --out "$work/optimizers.json" \
                   --md "$work/optimizers.md" ;;
     scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
@@ -69,7 +75,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
 }
 
-known=" kernel-tests fla-tests attention competitors decode throughput throughput-adamw mixers optimizers scaling profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match attention competitors decode throughput throughput-adamw mixers optimizers scaling profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
