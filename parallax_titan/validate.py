@@ -157,6 +157,15 @@ def _training_errors(cfg) -> list[str]:
     orders = typing.get_args(Training.__annotations__["data_order"])
     if t.data_order not in orders:
         errors.append(f"training.data_order: {t.data_order!r} is not one of {', '.join(map(repr, orders))}")
+    loader = t.dataloader
+    if loader.num_workers not in (0, 1):
+        # every worker would replay the whole stream: our datasets are split by rank, not by worker
+        errors.append(f"training.dataloader.num_workers: expected 0 (load in the training process) or 1 "
+                      f"(one background process), got {loader.num_workers!r}")
+    if loader.prefetch_factor is not None and (loader.num_workers == 0 or loader.prefetch_factor < 1):
+        errors.append(f"training.dataloader.prefetch_factor: expected unset with num_workers = 0, or a positive "
+                      f"integer with num_workers = 1; got {loader.prefetch_factor!r} with num_workers = "
+                      f"{loader.num_workers!r}")
     if cfg.eval.at_end and not cfg.checkpoint.enable:
         errors.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
     from eval.suite import PAPER_SUITE

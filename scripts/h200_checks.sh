@@ -90,6 +90,8 @@ for lane in 0 1; do
   [ "$lane" -ge "$ngpu" ] && break
   (
     export CUDA_VISIBLE_DEVICES=$lane
+    # torchrun reads PET_MASTER_PORT: two lanes on the default port 29500 collide (EADDRINUSE)
+    export PET_MASTER_PORT=$(( 29600 + 10 * lane ))
     for i in "${!single[@]}"; do
       if [ $(( i % (ngpu > 1 ? 2 : 1) )) -eq "$lane" ]; then run_check "${single[$i]}"; fi
     done

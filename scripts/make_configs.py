@@ -80,6 +80,9 @@ def job_config(stem: str, model: str, flavor: str, parallax: dict, optimizer: di
             "global_batch_size": batch, "steps": STEPS, "max_norm": 1.0,
             "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32",
         },
+        # tokenise in one background process: in the training process it left the GPU idle
+        # ~33 ms per 0.6B step (docs/bench/train_h200/README.md)
+        "training.dataloader": {"num_workers": 1, "prefetch_factor": 2, "pin_memory": True},
         "parallelism": {"data_parallel_shard_degree": -1},
         "compile": {"enable": True, "components": ["model", "loss"]},
         "activation_checkpoint": {"mode": ac_mode},

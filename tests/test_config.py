@@ -86,6 +86,8 @@ SEMANTIC_CASES = [
     (["--optimizer.name", "SGD"], "optimizer.name"),
     (["--lr_scheduler.wd_anneal_gamma", "-1"], "lr_scheduler.wd_anneal_gamma"),
     (["--validation.enable", "--validation.dataset", "local"], "validation.dataset_path"),
+    (["--training.dataloader.num_workers", "4"], "training.dataloader.num_workers: expected 0"),
+    (["--training.dataloader.prefetch_factor", "2"], "training.dataloader.prefetch_factor: expected unset"),
 ]
 
 
@@ -138,3 +140,12 @@ def test_command_line_reports_the_key(tmp_path):
     )
     assert result.returncode == 2
     assert "model.flavr: unknown key" in result.stderr
+
+
+def test_entry_point_sets_allocator_and_tokenizer_defaults_the_user_can_override():
+    code = "import os, train; print(os.environ['PYTORCH_CUDA_ALLOC_CONF'], os.environ['TOKENIZERS_PARALLELISM'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM")}
+    run = lambda extra: subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, **extra},  # noqa: E731
+                                       capture_output=True, text=True, check=True).stdout.split()
+    assert run({}) == ["expandable_segments:True", "false"]
+    assert run({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})[0] == "max_split_size_mb:64"

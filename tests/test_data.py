@@ -204,6 +204,18 @@ def test_resume_global_order(tok):
     resume_check(tok, make_job(data_order="global"), skip=40, world=2, rank=0)
 
 
+@pytest.mark.parametrize("data_order", ["sharded", "global"])
+def test_worker_process_gives_the_same_batches_and_resumes_exactly(tok, data_order):
+    """``[training.dataloader] num_workers = 1`` (tokenising off the training loop's thread, as the
+    GPU configs do) yields the in-process loader's batches, and its state resumes exactly."""
+    job = make_job(data_order=data_order)
+    in_process = take(build_dataloader(2, 1, tok, job), 45)
+    job.training.dataloader.num_workers, job.training.dataloader.prefetch_factor = 1, 2
+    for (ex, ey), (gx, gy) in zip(in_process, take(build_dataloader(2, 1, tok, job), 45)):
+        assert torch.equal(ex["input"], gx["input"]) and torch.equal(ey, gy)
+    resume_check(tok, job, skip=40, world=2, rank=1)
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_resume_local_across_files(tok, docs, tmp_path, fmt):
     writer = write_parquet if fmt == "parquet" else write_jsonl

@@ -38,6 +38,15 @@ def test_stop_and_resume_is_exact(tmp_path, straight):
     assert losses(tmp_path) == straight  # bit-exact: same data order, schedules, optimizer state
 
 
+def test_loader_process_trains_the_same_and_resumes_exactly(tmp_path, straight):
+    """The GPU configs' ``[training.dataloader] num_workers = 1``: same losses as loading in the
+    training process, and a stop/resume through the worker's checkpointed state is exact."""
+    worker = ("--training.dataloader.num_workers", "1", "--training.dataloader.prefetch_factor", "2")
+    train(tmp_path, *ARGS, *worker, "--reliability.stop_at_step", "2")
+    train(tmp_path, *ARGS, *worker)
+    assert losses(tmp_path) == straight
+
+
 def test_sigterm_saves_and_exits_cleanly(tmp_path, straight):
     env = {**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29517", "OMP_NUM_THREADS": "1"}
