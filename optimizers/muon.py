@@ -112,8 +112,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 if spec.has_update or spec.has_decay:
                     specs.append(spec), updates.append(u), weights.append(w), params.append(p)
         if specs:
-            for p, delta in zip(params, full_matrix_deltas(specs, updates, weights, params)):
-                _local(p).add_(delta.to(p.dtype))
+            deltas = full_matrix_deltas(specs, updates, weights, params)
+            # one foreach call: a launch per matrix left the GPU idle while the host issued them
+            torch._foreach_add_([_local(p) for p in params], [d.to(p.dtype) for p, d in zip(params, deltas)])
         return loss
 
     def _matrix_work(self, group, live):
