@@ -13,6 +13,12 @@ until a mixer is built. fla's kernels are Triton kernels and need a CUDA device 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -42,6 +48,87 @@ def fla_missing(mixer: str) -> str | None:
     except ImportError as exc:
         return f"model.name = {mixer!r} needs flash-linear-attention: {FLA_INSTALL} ({exc})"
     return None
+
+
+# fla 0.6.0 refuses its gated backward kernel ``chunk_bwd_dqkwg`` (used by the gated delta rule)
+# on Hopper with these Triton versions (fla issue #640), unless its TileLang backend takes it.
+_BAD_TRITON_ON_HOPPER = ("3.4.0", "3.7.1")  # [low, high)
+
+
+def _triton_version() -> str | None:
+    """The installed Triton's ``__version__`` (what fla compares), or None without Triton."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return getattr(triton, "__version__", None)
+
+
+def _version_key(version: str):
+    try:
+        from packaging.version import Version
+
+        return Version(version)
+    except ImportError:  # packaging is not a torch dependency; compare the release numbers
+        return tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _tilelang_found() -> bool:
+    return importlib.util.find_spec("tilelang") is not None
+
+
+def _nvcc_found() -> bool:
+    """fla's ``has_usable_nvcc``: without nvcc, fla skips its TileLang backend and uses Triton."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return True
+    if shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists():
+        return True
+    try:
+        files = importlib.metadata.files("nvidia-cuda-nvcc") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    return any(f.name == "nvcc" for f in files)
+
+
+def _tilelang_missing() -> str | None:
+    """Why fla would not route ``chunk_bwd_dqkwg`` to TileLang, or None when it would."""
+    if not _tilelang_found():
+        return "tilelang is not installed"
+    if os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1" or os.environ.get("FLA_TILELANG") == "0":
+        return "tilelang is installed but switched off (FLA_TILELANG=0 or FLA_DISABLE_BACKEND_DISPATCH=1)"
+    if not _nvcc_found():
+        return "tilelang is installed but fla finds no nvcc (CUDA_HOME, PATH, /usr/local/cuda), which it needs"
+    return None
+
+
+def fla_hopper_blocker(mixer: str) -> str | None:
+    """The error message when fla 0.6.0 would refuse ``mixer``'s backward on this machine, else None.
+
+    fla 0.6.0 raises in the first backward of the gated delta rule (``chunk_bwd_dqkwg`` with a
+    gate, fla issue #640) when all of these hold, which this checks before any model is built:
+    ``mixer`` is ``gated_deltanet``; CUDA is available and the current device is Hopper (compute
+    capability 9.x); Triton is >= 3.4.0 and < 3.7.1; and fla's TileLang backend cannot take the
+    kernel (tilelang not importable, switched off by ``FLA_TILELANG=0``, or no nvcc).
+    KDA and MesaNet have their own backward kernels without that guard.
+    """
+    if mixer != "gated_deltanet" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    triton = _triton_version()
+    if major != 9 or triton is None:
+        return None
+    low, high = _BAD_TRITON_ON_HOPPER
+    if not _version_key(low) <= _version_key(triton) < _version_key(high):
+        return None
+    why_not_tilelang = _tilelang_missing()
+    if why_not_tilelang is None:
+        return None
+    return (f"model.name = {mixer!r} cannot train on {torch.cuda.get_device_name()} (sm{major}{minor}) with "
+            f"triton {triton}: fla {FLA_VERSION} refuses the gated backward kernel chunk_bwd_dqkwg on Hopper "
+            f"with triton >= {low}, < {high} (fla issue #640), and {why_not_tilelang}. Fix: install tilelang "
+            "(fla then runs that kernel with TileLang; on the no-network GPU box: "
+            "bash scripts/gpu_wheels.sh --tilelang, see docs/mixers.md) or upgrade triton to >= 3.7.1")
 
 
 def require_fla(mixer: str):

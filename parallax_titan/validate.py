@@ -77,7 +77,7 @@ def check_config_dict(data: dict, cls, prefix: str = "") -> list[str]:
 
 
 def _model_errors(cfg) -> list[str]:
-    from parallax_titan.mixers import fla_missing
+    from parallax_titan.mixers import fla_hopper_blocker, fla_missing
     from parallax_titan.model import SHAPE_KEYS
     from parallax_titan.spec import BASE_FLAVORS, VARIANTS, model_args_for
 
@@ -86,7 +86,9 @@ def _model_errors(cfg) -> list[str]:
         return [f"model.name: {name!r} is not a Parallax-Titan variant; expected one of {', '.join(VARIANTS)}"]
     if flavor not in BASE_FLAVORS:
         return [f"model.flavor: {flavor!r} is unknown; expected one of {', '.join(BASE_FLAVORS)}"]
-    missing = fla_missing(name)  # before any model build: the fla mixers are an optional install
+    # before any model build: the fla mixers are an optional install, and fla 0.6.0's GDN backward
+    # stops on Hopper with triton < 3.7.1 unless tilelang is there (after minutes of compiling)
+    missing = fla_missing(name) or fla_hopper_blocker(name)
     if missing:
         return [missing]
     errors = [f"model.{k}: expected a positive integer, got {getattr(cfg.model, k)!r}"

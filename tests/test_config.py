@@ -149,3 +149,15 @@ def test_entry_point_sets_allocator_and_tokenizer_defaults_the_user_can_override
                                        capture_output=True, text=True, check=True).stdout.split()
     assert run({}) == ["expandable_segments:True", "false"]
     assert run({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})[0] == "max_split_size_mb:64"
+
+
+def test_fla_hopper_blocker_stops_the_run_before_the_model_is_built(monkeypatch):
+    import parallax_titan.mixers as mixers
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(mixers, "fla_missing", lambda name: None)
+    monkeypatch.setattr(mixers, "fla_hopper_blocker",
+                        lambda name: f"model.name = {name!r} cannot train on this GPU" if name == "gated_deltanet" else None)
+    config = parse_config(["--job.config_file", DEMO, "--model.name", "gated_deltanet"])
+    with pytest.raises(ConfigError, match="model.name = 'gated_deltanet' cannot train on this GPU"):
+        ParallaxTrainer(config)

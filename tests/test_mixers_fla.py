@@ -2,8 +2,9 @@
 
 CPU tests cover what runs without a GPU (fla's Triton kernels do not: no CPU driver, and the
 Triton interpreter fails inside fla's chunked delta-rule kernel): construction, sizes, init,
-routing, the missing-fla error. ``gpu`` tests compare with fla's own layer, check causality and
-packed documents, and train 1 vs 2 ranks with FSDP2 through the trainer.
+routing, the missing-fla error, the Hopper + triton check (needs neither fla nor a GPU). ``gpu``
+tests compare with fla's own layer, check causality and packed documents, and train 1 vs 2 ranks
+with FSDP2 through the trainer.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 import torch
 
 from optimizers.routing import RoutingConfig, build_param_groups
-from parallax_titan.mixers import FLA_INSTALL, FLA_MIXERS, VARLEN_MIXERS, fla_missing, fla_settings
+from parallax_titan import mixers
+from parallax_titan.mixers import (FLA_INSTALL, FLA_MIXERS, VARLEN_MIXERS, fla_hopper_blocker, fla_missing,
+                                   fla_settings)
 from parallax_titan.model import DocumentBoundaries, ParallaxQwen3Model
 from tests._train_runs import losses, train
 from parallax_titan.spec import BASE_FLAVORS, variant_args
@@ -63,6 +66,57 @@ def test_missing_fla_gives_install_hint(monkeypatch):
     assert _model_errors(cfg) == [fla_missing("gated_deltanet")]
     with pytest.raises(ImportError, match="pip install flash-linear-attention==0.6.0"):
         build_meta("mesa_net")
+
+
+HOPPER = dict(mixer="gated_deltanet", cuda=True, capability=(9, 0), triton="3.6.0", tilelang=False, nvcc=True,
+              env={})
+
+
+@pytest.mark.parametrize("case, expected", [
+    pytest.param({}, ["model.name = 'gated_deltanet'", "triton 3.6.0", "NVIDIA H200", "chunk_bwd_dqkwg", "#640",
+                      "tilelang is not installed", "scripts/gpu_wheels.sh --tilelang", "triton to >= 3.7.1"],
+                 id="h200-triton3.6.0-no-tilelang"),
+    pytest.param({"triton": "3.4.0"}, ["triton 3.4.0"], id="triton3.4.0"),
+    pytest.param({"triton": "3.7.0+git1234"}, ["triton 3.7.0+git1234"], id="triton3.7.0-local"),
+    pytest.param({"tilelang": True}, None, id="tilelang"),
+    pytest.param({"tilelang": True, "nvcc": False}, ["finds no nvcc"], id="tilelang-no-nvcc"),
+    pytest.param({"tilelang": True, "env": {"FLA_TILELANG": "0"}}, ["switched off"], id="tilelang-off"),
+    pytest.param({"triton": "3.7.1"}, None, id="triton3.7.1"),
+    pytest.param({"triton": "3.8.0"}, None, id="triton3.8.0"),
+    pytest.param({"triton": "3.3.1"}, None, id="triton3.3.1"),
+    pytest.param({"triton": None}, None, id="no-triton"),
+    pytest.param({"capability": (8, 0)}, None, id="ampere"),
+    pytest.param({"capability": (10, 0)}, None, id="blackwell"),
+    pytest.param({"cuda": False}, None, id="no-cuda"),
+    pytest.param({"mixer": "kda"}, None, id="kda"),
+    pytest.param({"mixer": "mesa_net"}, None, id="mesa_net"),
+    pytest.param({"mixer": "parallax"}, None, id="parallax"),
+])
+def test_hopper_blocker_refuses_gated_deltanet_backward_fla_would_refuse(monkeypatch, case, expected):
+    """No GPU, Triton nor fla needed: every probe fla_hopper_blocker makes is patched."""
+    c = {**HOPPER, **case}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: c["cuda"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: c["capability"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(mixers, "_triton_version", lambda: c["triton"])
+    monkeypatch.setattr(mixers, "_tilelang_found", lambda: c["tilelang"])
+    monkeypatch.setattr(mixers, "_nvcc_found", lambda: c["nvcc"])
+    for name in ("FLA_TILELANG", "FLA_DISABLE_BACKEND_DISPATCH"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in c["env"].items():
+        monkeypatch.setenv(name, value)
+    message = fla_hopper_blocker(c["mixer"])
+    if expected is None:
+        assert message is None
+    else:
+        assert message is not None and all(part in message for part in expected), message
+
+
+def test_triton_versions_compare_without_packaging(monkeypatch):
+    monkeypatch.setitem(sys.modules, "packaging.version", None)  # import now raises ImportError
+    key = mixers._version_key
+    assert key("3.4.0") <= key("3.6.0+git1") < key("3.7.1") <= key("3.7.1") < key("3.10.0")
+    assert not key("3.4.0") <= key("3.3.1")
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -149,6 +203,11 @@ def test_gpu_block_matches_fla_layer(fla_layers, mixer):
     theirs(x)
     torch.testing.assert_close(ours(x, model.rope_cache), theirs(x)[0], rtol=1e-6, atol=1e-6)
     logits = model(torch.randint(0, 4096, (2, 64), device="cuda"))
+    blocked = fla_hopper_blocker(mixer)
+    if blocked:  # config validation refuses this run; fla must refuse its backward the same way
+        with pytest.raises(RuntimeError, match="chunk_bwd_dqkwg"):
+            logits.float().square().mean().backward()
+        return
     logits.float().square().mean().backward()
     assert torch.isfinite(logits).all()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
@@ -186,7 +245,9 @@ def test_gpu_block_causal_isolates_documents(fla_layers, mixer):
 
 
 def _train(nproc: int, dump: str, *extra: str) -> dict[int, float]:
-    train(dump, "--model.name", "gated_deltanet", "--training.steps", "4",
+    # GDN where fla can train it here; else Mamba2 (fla's layer on its PyTorch path)
+    mixer = "mamba2" if fla_hopper_blocker("gated_deltanet") else "gated_deltanet"
+    train(dump, "--model.name", mixer, "--training.steps", "4",
           "--training.local_batch_size", str(4 // nproc), "--training.dataset", "default_corpus", *extra,
           nproc=nproc)
     return losses(dump)
