@@ -91,31 +91,53 @@ class MuonAdamW(torch.optim.Optimizer):
         return group["weight_decay"] + extra
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, guard=None):
+        """One update. ``guard``: optional callable; returning False skips the update, leaving
+        parameters and state as they were. It is called after every read-only part of the step
+        (momentum, orthogonalisation, S_p terms) has been issued and before anything is written, so
+        a guard that waits for the device (a non-finite check) waits while that work runs."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        specs, updates, weights, params = [], [], [], []
+        plan = self._plan()
+        if guard is not None and not guard():
+            return loss
+        self._commit(*plan)
+        return loss
+
+    def _plan(self):
+        """Read-only half of a step: (per group (group, live params, new momentum or None),
+        params with full-matrix work, their deltas)."""
+        groups, specs, updates, weights, params = [], [], [], [], []
         for group in self.param_groups:
             live = [p for p in group["params"] if p.grad is not None]
             if not live:
                 continue
             work = self._matrix_work(group, live)
-            self._apply_ordinary_decay(group, live)
+            momentum = None
             if group["algo"] == "adamw":
-                self._adam_update(group, live)
                 work = [(p, spec, None, w) for p, spec, _, w in work]
             else:
-                work = self._muon_momentum(group, live, work)
+                momentum, work = self._muon_momentum(group, live, work)
+            groups.append((group, live, momentum))
             for p, spec, u, w in work:
                 if spec.has_update or spec.has_decay:
                     specs.append(spec), updates.append(u), weights.append(w), params.append(p)
-        if specs:
-            deltas = full_matrix_deltas(specs, updates, weights, params)
+        deltas = full_matrix_deltas(specs, updates, weights, params) if specs else []
+        return groups, params, deltas
+
+    def _commit(self, groups, params, deltas):
+        """Write half of a step: ordinary decay, Adam, momentum buffers, then the matrix deltas."""
+        for group, live, momentum in groups:
+            self._apply_ordinary_decay(group, live)
+            if group["algo"] == "adamw":
+                self._adam_update(group, live)
+            else:
+                torch._foreach_copy_(*momentum)
+        if params:
             # one foreach call: a launch per matrix left the GPU idle while the host issued them
             torch._foreach_add_([_local(p) for p in params], [d.to(p.dtype) for p, d in zip(params, deltas)])
-        return loss
 
     def _matrix_work(self, group, live):
         """(param, spec, None, pre-update local weight or None) for each 2-D param needing full-matrix work."""
@@ -142,19 +164,21 @@ class MuonAdamW(torch.optim.Optimizer):
             torch._foreach_mul_([_local(p) for p in live], factor)
 
     def _muon_momentum(self, group, live, work):
+        """((buffers, new buffers), work with updates): B' = mu B + G, U = G + mu B' (Nesterov) or
+        B', computed out of place so that nothing is written before the step's guard."""
         mu = group["momentum"]
         bufs = []
         for p in live:
             state = self.state[p]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)
+                state["momentum_buffer"] = torch.zeros_like(p)  # zeros: as if there were no state
             bufs.append(_local(state["momentum_buffer"]))
         grads = [_local(p.grad) for p in live]
-        torch._foreach_mul_(bufs, mu)
-        torch._foreach_add_(bufs, grads)
-        upd = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs
+        new = torch._foreach_mul(bufs, mu)
+        torch._foreach_add_(new, grads)
+        upd = torch._foreach_add(grads, new, alpha=mu) if group["nesterov"] else new
         by_param = {id(p): u for p, u in zip(live, upd)}
-        return [(p, spec, by_param[id(p)], w) for p, spec, _, w in work]
+        return (bufs, new), [(p, spec, by_param[id(p)], w) for p, spec, _, w in work]
 
     def _adam_update(self, group, live):
         """Adam (bias-corrected; decay is applied before, by _apply_ordinary_decay) through PyTorch's

@@ -66,8 +66,10 @@ def routing_config(cfg, model: nn.Module) -> RoutingConfig:
 class ParallaxOptimizersContainer(OptimizersContainer):
     """One ``MuonAdamW`` per model part; state_dict/load_state_dict are TorchTitan's (DCP).
 
-    ``step_guard``, when set, is called before every step; returning False skips the update
-    (the trainer uses it to skip steps with a non-finite loss or gradient).
+    ``step_guard``, when set, is asked once per step, after each optimizer has issued the
+    read-only part of its step (momentum, orthogonalisation) and before anything is written;
+    returning False skips the update (the trainer uses it to skip steps with a non-finite loss or
+    gradient). Its host sync then waits while that work runs instead of before it.
     """
 
     step_guard = None
@@ -84,9 +86,17 @@ class ParallaxOptimizersContainer(OptimizersContainer):
         self._post_init(all_params, {"lr": optimizer_config.lr})
 
     def step(self, *args, **kwargs) -> None:
-        if self.step_guard is not None and not self.step_guard():
-            return
-        super().step(*args, **kwargs)
+        if self.step_guard is None:
+            return super().step(*args, **kwargs)
+        decision: list[bool] = []
+
+        def once() -> bool:  # one answer for all model parts: the guard reads and clears a flag
+            if not decision:
+                decision.append(bool(self.step_guard()))
+            return decision[0]
+
+        for optimizer in self.optimizers:
+            optimizer.step(*args, guard=once, **kwargs)
 
     def schedule_metrics(self) -> dict[str, float]:
         """Per group: lr, effective ordinary decay and S_p decay per step (for TensorBoard)."""

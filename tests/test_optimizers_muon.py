@@ -151,3 +151,50 @@ def test_headwise_parse_and_errors():
         parse_headwise("HXF")
     with pytest.raises(ValueError, match="head_dim"):
         build_param_groups(TinyParallax(), RoutingConfig(headwise="HHH", head_dim=0))
+
+
+def _guarded_setup():
+    torch.manual_seed(1)
+    mats = [nn.Parameter(torch.randn(24, 16) / 4), nn.Parameter(torch.randn(16, 40) / 4)]
+    vec = nn.Parameter(torch.randn(16))
+    opt = MuonAdamW([{"params": mats, "algo": "muon", "sp_power": 2, "sp_coeff": 0.05, "weight_decay": 0.1},
+                     {"params": [vec], "algo": "adamw", "weight_decay": 0.1}], lr=0.02, ortho_dtype="float32")
+    params = mats + [vec]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()  # state exists before the guarded step
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return opt, params
+
+
+def _snapshot(opt, params):
+    return [p.detach().clone() for p in params] + [
+        v.clone() for p in params for v in opt.state[p].values() if torch.is_tensor(v)]
+
+
+def test_refusing_guard_leaves_parameters_and_state_untouched_and_runs_after_the_reads(monkeypatch):
+    import optimizers.muon as muon
+
+    opt, params = _guarded_setup()
+    before = _snapshot(opt, params)
+    calls = []
+    real = muon.full_matrix_deltas
+    monkeypatch.setattr(muon, "full_matrix_deltas", lambda *a: calls.append("deltas") or real(*a))
+
+    def guard():
+        calls.append("guard")
+        assert all(torch.equal(a, b) for a, b in zip(_snapshot(opt, params), before))  # nothing written yet
+        return False
+
+    opt.step(guard=guard)
+    assert calls == ["deltas", "guard"]  # the orthogonalisation and S_p work is issued before the guard
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(opt, params), before))
+
+
+def test_accepting_guard_gives_the_unguarded_step_bit_for_bit():
+    opt_a, params_a = _guarded_setup()
+    opt_b, params_b = _guarded_setup()
+    opt_a.step()
+    opt_b.step(guard=lambda: True)
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(opt_a, params_a), _snapshot(opt_b, params_b)))
