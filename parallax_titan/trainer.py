@@ -22,6 +22,40 @@ from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_fig
 from parallax_titan.validate import validate_job_config
 
 
+class FlagToHost:
+    """A device flag read on the host without draining the stream behind it.
+
+    ``start(flag)`` queues a copy of the bool scalar ``flag`` (or None: no flag) into pinned host
+    memory and records an event; ``get()`` waits for that event only, so work queued on the stream
+    after ``start`` (the optimizer's orthogonalisation) keeps running. CPU tensors are read directly.
+    """
+
+    def __init__(self) -> None:
+        self._host = self._event = self._pinned = None
+        self.started = False
+
+    def start(self, flag: torch.Tensor | None) -> None:
+        self.started = True
+        if flag is None or not flag.is_cuda:
+            self._host, self._event = flag, None
+            return
+        if self._pinned is None:  # one pinned byte for the run: get() always waits before reuse
+            self._pinned = torch.empty((), dtype=torch.bool, pin_memory=True)
+        self._host = self._pinned
+        self._host.copy_(flag, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def get(self) -> bool:
+        """The flag's value (False for no flag); clears the state for the next ``start``."""
+        if self._event is not None:
+            self._event.synchronize()
+        value = bool(self._host) if self._host is not None else False
+        self._host = self._event = None
+        self.started = False
+        return value
+
+
 class ParallaxTrainer(Trainer):
     def __init__(self, job_config):
         validate_job_config(job_config)
@@ -32,7 +66,9 @@ class ParallaxTrainer(Trainer):
         self._nonfinite = None  # device flag: a non-finite loss or gradient in this step
         self.nonfinite_steps = 0
         reliability = job_config.reliability
+        self._flag_to_host = FlagToHost()
         if reliability.nonfinite != "off":
+            self.optimizers.step_guard_arm = lambda: self._flag_to_host.start(self._nonfinite)
             self.optimizers.step_guard = self._finite_or_skip
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -53,8 +89,9 @@ class ParallaxTrainer(Trainer):
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
         )
         if self.job_config.reliability.nonfinite != "off":
-            # Kept on the device: one host sync per step, in the optimizer-step guard. The norms
-            # are taken before clipping, which turns every gradient NaN once one is.
+            # Kept on the device; the optimizer-step guard reads it through FlagToHost, started
+            # before the optimizer issues its work, so the host waits for the backward only. The
+            # norms are taken before clipping, which turns every gradient NaN once one is.
             names, grads = zip(*self._named_grads())
             self._grad_norms = (names, torch.stack(torch._foreach_norm(list(grads))))
             bad = ~torch.isfinite(loss).all() | ~torch.isfinite(self._grad_norms[1]).all()
@@ -70,8 +107,10 @@ class ParallaxTrainer(Trainer):
 
     def _finite_or_skip(self) -> bool:
         """Optimizer-step guard: False (skip the update) after a non-finite loss or gradient."""
-        flag, self._nonfinite = self._nonfinite, None
-        if flag is None or not self._any_rank(bool(flag.item())):
+        if not self._flag_to_host.started:
+            self._flag_to_host.start(self._nonfinite)
+        self._nonfinite = None
+        if not self._any_rank(self._flag_to_host.get()):
             return True
         self.nonfinite_steps += 1
         names, norms = self._grad_norms

@@ -6,7 +6,7 @@
 #   bash scripts/h200_checks.sh [BUDGET_SECONDS] CHECK...
 #
 # CHECK is one of
-#   kernel-tests  pytest -m gpu on the attention and decode kernels
+#   kernel-tests  pytest -m gpu on the attention and decode kernels (and the trainer's flag copy)
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
 #   fla-match     the fla layer comparisons alone, one process per mixer under a hard time limit
 #   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
@@ -47,7 +47,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   local name=$1 t
   t=$(( $(left) - 10 ))
   case $name in
-    kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py \
+    kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py tests/test_nonfinite.py \
                     tests/test_parallax_decode.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
     attention) timeout "$t" python3 scripts/bench_attention.py --no-competitors --out "$work/attention_train" ;;

@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,3 +41,31 @@ def test_stop_policy_saves_and_stops(tmp_path):
 def test_off_policy_lets_nan_through(tmp_path):
     out, _ = run(tmp_path, "off")
     assert not out["finite_params"]
+
+
+def test_flag_to_host_reads_cpu_flags_and_none():
+    import torch
+
+    from parallax_titan.trainer import FlagToHost
+
+    reader = FlagToHost()
+    for flag, expected in ((torch.tensor(True), True), (torch.tensor(False), False), (None, False)):
+        reader.start(flag)
+        assert reader.started and reader.get() is expected and not reader.started
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flag_to_host_waits_for_the_flag_not_for_later_work():
+    from parallax_titan.trainer import FlagToHost
+
+    flag = torch.zeros((), dtype=torch.bool, device="cuda")
+    flag |= torch.tensor(True, device="cuda")
+    reader = FlagToHost()
+    reader.start(flag)
+    a = torch.randn(8192, 8192, device="cuda")
+    for _ in range(20):  # queued after start: get() must not wait for it
+        a = a @ a / 100
+    assert reader.get() is True
+    assert not torch.cuda.current_stream().query()  # the matmuls are still running
+    torch.cuda.synchronize()
