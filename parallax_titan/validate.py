@@ -182,6 +182,42 @@ def _training_errors(cfg) -> list[str]:
     return errors
 
 
+FLOAT8 = "quantize.linear.float8"
+
+
+def _converter_errors(cfg) -> list[str]:
+    """``model.converters`` (TorchTitan's model converters, e.g. float8 linears through torchao)."""
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls as registry
+
+    import torchtitan.components.quantization  # noqa: F401  (registers the quantization converters)
+
+    errors = [f"model.converters: {name!r} is not a TorchTitan model converter; expected one of "
+              f"{', '.join(map(repr, sorted(registry)))}" for name in cfg.model.converters if name not in registry]
+    if FLOAT8 in cfg.model.converters:
+        errors += _float8_errors(cfg)
+    return errors
+
+
+def _float8_errors(cfg) -> list[str]:
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return [f"model.converters: {FLOAT8!r} needs torchao (pip install torchao==0.18.0)"]
+    emulate = cfg.quantize.linear.float8.emulate
+    if not torch.cuda.is_available():
+        return [] if emulate else [
+            f"model.converters: {FLOAT8!r} on a machine without CUDA needs quantize.linear.float8.emulate = "
+            "true (float8 matmuls need an sm89+ GPU; emulation is for tests)"]
+    capability = torch.cuda.get_device_capability()
+    if capability < (8, 9) and not emulate:
+        return [f"model.converters: {FLOAT8!r} needs an sm89+ GPU (Ada, Hopper); this one is sm"
+                f"{capability[0]}{capability[1]}; quantize.linear.float8.emulate = true emulates it (for tests)"]
+    if emulate and cfg.compile.enable and "model" in cfg.compile.components:
+        return ["quantize.linear.float8.emulate = true does not work with compile.enable = true and 'model' "
+                "in compile.components (TorchTitan's rule); use the hardware float8 path or disable compile"]
+    return []
+
+
 def _component_errors(cfg) -> list[str]:
     from parallax_titan.data import check_dataset_config
     from parallax_titan.diagnostics.runner import validate_diagnostics
@@ -207,7 +243,7 @@ def _component_errors(cfg) -> list[str]:
 def validate_job_config(cfg) -> None:
     """Raise :class:`ConfigError` listing every problem of a parsed JobConfig."""
     model_errors = _model_errors(cfg)
-    errors = model_errors + _training_errors(cfg) + _component_errors(cfg)
+    errors = model_errors + _training_errors(cfg) + _converter_errors(cfg) + _component_errors(cfg)
     if not model_errors:
         errors += _checkpoint_errors(cfg)
     if errors:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download the pure-Python wheels the H200 box lacks (Python 3.12, no network there) into .whl/.
+# Download the wheels the H200 box lacks (pure Python, and torchao: abi3, float8 linears) (Python 3.12, no network there) into .whl/.
 # On the box: python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
 #             export PYTHONPATH=/tmp/site
 #
@@ -19,7 +19,7 @@ case "${1:-}" in
   "")
     mkdir -p .whl
     "${download[@]}" -d .whl torchtitan==0.2.2 torchdata==0.11.0 tyro==1.0.17 docstring-parser==0.18.0 \
-      typeguard==4.6.1 tomli==2.5.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
+      typeguard==4.6.1 tomli==2.5.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 torchao==0.18.0
     ls .whl ;;
   --tilelang)
     mkdir -p .whl_tilelang .whl_z3

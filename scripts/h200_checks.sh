@@ -14,6 +14,7 @@
 #   decode        scripts/bench_decode.py --check (KV-cache decode vs cuDNN, and the published kernels if carried)
 #   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the reference run)
+#   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
 #   mixers        scripts/bench_train.py gated_deltanet kda, 60 steps (needs fla; fla autotunes for minutes)
 #   optimizers    scripts/bench_optimizers.py
 #   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
@@ -58,6 +59,9 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                   --run-timeout $(( t / 3 )) --out "$work/throughput" ;;
     throughput-adamw) python3 scripts/bench_train.py transformer parallax --steps 30 --recipe adamw_wsd \
                         --run-timeout $(( t / 3 )) --out "$work/throughput_adamw" ;;
+    throughput-float8) python3 scripts/bench_train.py transformer parallax --steps 30 --name-prefix float8_ \
+                         --extra "--model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output" \
+                         --run-timeout $(( t / 3 )) --out "$work/throughput_float8" ;;
     mixers) python3 scripts/bench_train.py gated_deltanet kda --steps 60 --run-timeout $(( t / 2 )) \
               --out "$work/mixers" ;;
     fla-match) for id in "block_matches_fla_layer[kda]" "block_matches_fla_layer[mesa_net]" \
@@ -78,7 +82,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
 }
 
-known=" kernel-tests fla-tests fla-match attention competitors decode throughput throughput-adamw mixers optimizers scaling profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match attention competitors decode throughput throughput-adamw throughput-float8 mixers optimizers scaling profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

@@ -87,6 +87,8 @@ SEMANTIC_CASES = [
     (["--lr_scheduler.wd_anneal_gamma", "-1"], "lr_scheduler.wd_anneal_gamma"),
     (["--validation.enable", "--validation.dataset", "local"], "validation.dataset_path"),
     (["--training.dataloader.num_workers", "4"], "training.dataloader.num_workers: expected 0"),
+    (["--model.converters", "quantize.linear.fp4"], "model.converters: 'quantize.linear.fp4' is not a TorchTitan"),
+    (["--model.converters", "quantize.linear.float8"], "needs quantize.linear.float8.emulate = true"),
     (["--training.dataloader.prefetch_factor", "2"], "training.dataloader.prefetch_factor: expected unset"),
 ]
 

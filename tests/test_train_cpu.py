@@ -84,3 +84,31 @@ def test_global_data_order_two_ranks_match_one_rank(tmp_path, seed_start):
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == [1, 2, 3]
     assert two == pytest.approx(one, rel=1e-5), (one, two)
+
+
+FLOAT8 = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
+          "--optimizer.name", "Muon")
+
+
+def test_float8_linears_train_alike_on_one_and_two_ranks(tmp_path, identical_samples, seed_start):
+    """TorchTitan's float8 converter (torchao, emulated on the CPU) with our model and Muon: 2 ranks
+    with float8 FSDP all-gathers (scales precomputed after each step) compute the 1-rank forward,
+    and the losses differ from full precision by the float8 rounding only."""
+    pytest.importorskip("torchao.float8")
+    plain, one, two = (str(tmp_path / name) for name in ("plain", "one", "two"))
+    run(1, plain, identical_samples, 3, *seed_start, "--optimizer.name", "Muon")
+    log = run(1, one, identical_samples, 3, *seed_start, *FLOAT8)
+    run(2, two, identical_samples, 3, *seed_start, *FLOAT8, "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+        "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp")
+    assert "Swapped to Float8Linear" in log.stdout + log.stderr
+    l0, l1, l2 = losses(plain), losses(one), losses(two)
+    assert sorted(l1) == sorted(l2) == [1, 2, 3]
+    assert l2[1] == pytest.approx(l1[1], rel=1e-6), (l1, l2)  # same weights and data: same forward
+    for step in l1:
+        # After an update they part slightly: measured 0.16% at step 2, with or without float8
+        # all-gathers, against 1e-6 without float8. Muon orthogonalises these near rank-one
+        # gradients (identical samples), which amplifies small gradient differences; which float8
+        # op rounds differently per world size is not traced yet.
+        assert l2[step] == pytest.approx(l1[step], rel=1e-2), (l1, l2)
+        assert l1[step] == pytest.approx(l0[step], rel=0.05)
+    assert max(abs(l1[s] - l0[s]) / l0[s] for s in l1) > 1e-4  # the float8 path is really taken
