@@ -111,9 +111,7 @@ def bench_fwd_bwd(args, device, micro, seq, accum, warmup, iters):
             loss.backward()
         model.zero_grad(set_to_none=True)
 
-    t = time_fn(step, device, warmup, iters)
-    del model
-    return t
+    return time_fn(step, device, warmup, iters)
 
 
 def main():
