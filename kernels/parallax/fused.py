@@ -158,7 +158,7 @@ def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, s
     o = (1.0 + tbar)[:, None] * vbar - o2 * inv[:, None]
     _store_rows(O, o, offs_m, h, HQ * D, D, offs_d, ok_m)
     _store_rows(VBAR, vbar, offs_m, h, HQ * D, D, offs_d, ok_m)
-    stat = offs_m.to(tl.int64) * HQ + h
+    stat = h.to(tl.int64) * T + offs_m
     tl.store(TBAR + stat, tbar, mask=ok_m)
     tl.store(LSE + stat, m_i + tl.log2(d1), mask=ok_m)
 
@@ -207,7 +207,7 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
     vbar = _load_rows(VBAR, offs_m, h, HQ * D, D, offs_d, ok_m).to(tl.float32)
     tau = tl.sum(do.to(tl.float32) * o, 1)
     beta = tl.sum(do.to(tl.float32) * vbar, 1)
-    stat = offs_m.to(tl.int64) * HQ + h
+    stat = h.to(tl.int64) * T + offs_m
     tl.store(TAU + stat, tau, mask=ok_m)
     tl.store(BETA + stat, beta, mask=ok_m)
     lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
@@ -238,7 +238,7 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
         offs_m = m0 + tl.arange(0, BM)
         ok_m = offs_m < T
         do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
-        stat = offs_m.to(tl.int64) * HQ + h
+        stat = h.to(tl.int64) * T + offs_m
         lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
         tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
         tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
@@ -390,11 +390,18 @@ def _common(q, k, scale, cu_seqlens):
     return total, n, hq, docs, doce, meta, scale * LOG2E, tune, total * min(n, total) * hq * d
 
 
+def stats_buffer(q):
+    """Empty fp32 per-(head, token) statistics for q (B, L, Hq, D): shape (Hq, B * L), head-major,
+    so that a tile of consecutive tokens of one head reads and writes one contiguous run (the
+    column pass loads four of them per query tile)."""
+    return torch.empty((q.shape[2], q.shape[0] * q.shape[1]), dtype=torch.float32, device=q.device)
+
+
 def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
     """Fused causal forward.
 
     q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32, CUDA (or CPU under TRITON_INTERPRET=1).
-    Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (B, L, Hq) fp32 (lse in log2 units of
+    Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (Hq, B * L) fp32 (lse in log2 units of
     scale * log2(e) * q.k). config: optional {"BM", "BN", "num_warps", "num_stages"} instead of autotuning.
     """
     total, n, hq, docs, _, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
@@ -402,7 +409,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
     k, v, skt, skh = _same_layout(k, v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
-    tbar = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
     kernel, launch = _pick(_fwd_kernel, _FWD_TUNED, config, work)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
@@ -414,7 +421,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
 def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_config=None, dkdv_config=None):
     """Fused closed-form backward (row pass, then column pass).
 
-    do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (B, L, Hq) fp32 from forward.
+    do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (Hq, B * L) fp32 from forward.
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
     """
     total, n, hq, docs, doce, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)

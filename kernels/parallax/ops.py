@@ -20,7 +20,7 @@ from kernels.parallax import fused
 @torch.library.custom_op("parallax_titan::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, r: Tensor, k: Tensor, v: Tensor, scale: float,
                   cu_seqlens: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Returns o, vbar (B, L, Hq, D) in q's dtype and tbar, lse (B, L, Hq) fp32."""
+    """Returns o, vbar (B, L, Hq, D) in q's dtype and tbar, lse (Hq, B * L) fp32."""
     return fused.forward(q, r, k, v, scale, cu_seqlens)
 
 
@@ -28,7 +28,7 @@ def attention_fwd(q: Tensor, r: Tensor, k: Tensor, v: Tensor, scale: float,
 def _attention_fwd_fake(q, r, k, v, scale, cu_seqlens):
     fused.check_head_dim(q.shape[-1])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    stats = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    stats = fused.stats_buffer(q)
     return o, torch.empty_like(o), stats, torch.empty_like(stats)
 
 
