@@ -73,7 +73,6 @@ class ParallaxOptimizersContainer(OptimizersContainer):
     """
 
     step_guard = None
-    step_guard_arm = None  # called before the optimizers issue anything (e.g. start a flag's copy)
 
     def __init__(self, model_parts: list[nn.Module], optimizer_config) -> None:
         self.model_parts = model_parts
@@ -89,8 +88,6 @@ class ParallaxOptimizersContainer(OptimizersContainer):
     def step(self, *args, **kwargs) -> None:
         if self.step_guard is None:
             return super().step(*args, **kwargs)
-        if self.step_guard_arm is not None:
-            self.step_guard_arm()
         decision: list[bool] = []
 
         def once() -> bool:  # one answer for all model parts: the guard reads and clears a flag

@@ -26,16 +26,15 @@ class FlagToHost:
     """A device flag read on the host without draining the stream behind it.
 
     ``start(flag)`` queues a copy of the bool scalar ``flag`` (or None: no flag) into pinned host
-    memory and records an event; ``get()`` waits for that event only, so work queued on the stream
-    after ``start`` (the optimizer's orthogonalisation) keeps running. CPU tensors are read directly.
+    memory and records an event; ``get()`` waits for the latest ``start``'s event only, so work
+    queued on the stream after it (the optimizer's orthogonalisation) keeps running. CPU tensors
+    are read directly.
     """
 
     def __init__(self) -> None:
         self._host = self._event = self._pinned = None
-        self.started = False
 
     def start(self, flag: torch.Tensor | None) -> None:
-        self.started = True
         if flag is None or not flag.is_cuda:
             self._host, self._event = flag, None
             return
@@ -47,12 +46,11 @@ class FlagToHost:
         self._event.record()
 
     def get(self) -> bool:
-        """The flag's value (False for no flag); clears the state for the next ``start``."""
+        """The flag's value (False for no flag or no ``start``); clears it for the next ``start``."""
         if self._event is not None:
             self._event.synchronize()
         value = bool(self._host) if self._host is not None else False
         self._host = self._event = None
-        self.started = False
         return value
 
 
@@ -68,7 +66,6 @@ class ParallaxTrainer(Trainer):
         reliability = job_config.reliability
         self._flag_to_host = FlagToHost()
         if reliability.nonfinite != "off":
-            self.optimizers.step_guard_arm = lambda: self._flag_to_host.start(self._nonfinite)
             self.optimizers.step_guard = self._finite_or_skip
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -89,13 +86,15 @@ class ParallaxTrainer(Trainer):
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
         )
         if self.job_config.reliability.nonfinite != "off":
-            # Kept on the device; the optimizer-step guard reads it through FlagToHost, started
-            # before the optimizer issues its work, so the host waits for the backward only. The
-            # norms are taken before clipping, which turns every gradient NaN once one is.
+            # Kept on the device and copied to the host right behind this backward (FlagToHost),
+            # so the optimizer-step guard waits for the backward only, not for the optimizer work
+            # queued after it. The norms are taken before clipping, which turns every gradient NaN
+            # once one is.
             names, grads = zip(*self._named_grads())
             self._grad_norms = (names, torch.stack(torch._foreach_norm(list(grads))))
             bad = ~torch.isfinite(loss).all() | ~torch.isfinite(self._grad_norms[1]).all()
             self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+            self._flag_to_host.start(self._nonfinite)
         return loss
 
     def _named_grads(self):
@@ -107,8 +106,6 @@ class ParallaxTrainer(Trainer):
 
     def _finite_or_skip(self) -> bool:
         """Optimizer-step guard: False (skip the update) after a non-finite loss or gradient."""
-        if not self._flag_to_host.started:
-            self._flag_to_host.start(self._nonfinite)
         self._nonfinite = None
         if not self._any_rank(self._flag_to_host.get()):
             return True
