@@ -199,7 +199,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 lst.append(t)
             bucket[4].append(float(state["step"]))
         for (device, _), (ps, grads, m1, m2, steps) in buckets.items():
-            on_device = {t: torch.tensor(t, dtype=torch.float32, device=device) for t in set(steps)}
+            # a fill kernel per distinct count: torch.tensor(t, device=...) copies from pageable
+            # host memory, which synchronises the stream
+            on_device = {t: torch.full((), t, dtype=torch.float32, device=device) for t in set(steps)}
             torch._fused_adamw_(ps, grads, m1, m2, [], [on_device[t] for t in steps], lr=float(group["lr"]),
                                 beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], amsgrad=False,
                                 maximize=False)
