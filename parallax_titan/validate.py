@@ -224,12 +224,11 @@ def _component_errors(cfg) -> list[str]:
     from parallax_titan.optim_config import validate_optim_config
     from parallax_titan.tokenizer import check_tokenizer_path
 
-    errors = []
+    errors, skip_bad = [], cfg.reliability.bad_data == "skip"
     for check in (
         lambda: check_tokenizer_path(cfg.model.hf_assets_path),
-        lambda: check_dataset_config(cfg.training, skip_bad=cfg.reliability.bad_data == "skip"),
-        lambda: cfg.validation.enable
-        and check_dataset_config(cfg.validation, "validation", cfg.reliability.bad_data == "skip"),
+        lambda: check_dataset_config(cfg.training, skip_bad=skip_bad),
+        lambda: cfg.validation.enable and check_dataset_config(cfg.validation, "validation", skip_bad),
         lambda: validate_optim_config(cfg.optimizer, cfg.lr_scheduler),
         lambda: validate_diagnostics(cfg.diagnostics, cfg.training.seq_len),
     ):

@@ -26,7 +26,6 @@ first half. Results go to OUT (``--out``, else $OUT, else outputs/bench_train):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -37,7 +36,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from scripts.summarize_runs import markdown, summarize, write_summary  # noqa: E402
+from scripts.summarize_runs import markdown, summarize, write_report, write_summary  # noqa: E402
 
 EFFICIENCY_GOAL = 0.90
 TIMEOUT_EXIT = 124  # the exit status `timeout` reports
@@ -228,12 +227,7 @@ def scaling_markdown(report: dict) -> str:
 
 def write_scaling(report: dict, out: str) -> str:
     """Write ``out``.md and ``out``.json; return the markdown."""
-    text = scaling_markdown(report)
-    with open(out + ".md", "w") as f:
-        f.write(text)
-    with open(out + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    return text
+    return write_report(scaling_markdown(report), report, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,14 +42,18 @@ def markdown(rows: list[dict], baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_report(text: str, data, out: str) -> str:
+    """Write ``out``.md (``text``) and ``out``.json (``data``); return ``text``."""
+    with open(out + ".md", "w") as f:
+        f.write(text)
+    with open(out + ".json", "w") as f:
+        json.dump(data, f, indent=1)
+    return text
+
+
 def write_summary(rows: list[dict], baseline: str, out: str) -> str:
     """Write ``out``.md (the markdown table) and ``out``.json (the rows); return the table."""
-    table = markdown(rows, baseline)
-    with open(out + ".md", "w") as f:
-        f.write(table)
-    with open(out + ".json", "w") as f:
-        json.dump(rows, f, indent=1)
-    return table
+    return write_report(markdown(rows, baseline), rows, out)
 
 
 def main() -> None:
