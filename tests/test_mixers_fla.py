@@ -199,9 +199,18 @@ def test_gpu_block_matches_fla_layer(fla_layers, mixer):
     theirs.load_state_dict(ours.layer.state_dict())
     x = torch.randn(2, 100, model.model_args.dim, device="cuda")
     # The first call autotunes fla's kernels (some write their outputs in place while being timed),
-    # so both layers are compared after a warm-up call.
+    # so both layers are compared after a warm-up call. fla's own run-to-run spread (split
+    # reductions, atomics) bounds how close two runs of the same weights can be; a wiring error
+    # (other weights, a missing gate, RoPE applied) moves the output by O(1).
     theirs(x)
-    torch.testing.assert_close(ours(x, model.rope_cache), theirs(x)[0], rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        first, second = theirs(x)[0], theirs(x)[0]
+        got = ours(x, model.rope_cache)
+    spread = (first - second).abs().max().item()
+    err = (got - second).abs().max().item()
+    scale = second.abs().max().item()
+    assert err <= max(4 * spread, 1e-6 * scale), (
+        f"{mixer}: |ours - fla| = {err:.3g}, fla run-to-run {spread:.3g}, |fla| max {scale:.3g}")
 
 
 @pytest.mark.gpu
