@@ -103,25 +103,41 @@ def train_command(args: argparse.Namespace, variant: str, name: str, nproc: int,
     ]
 
 
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL 60 s later if it is still there."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run_logged(cmd: list[str], log_path: str, timeout: int, env: dict | None = None) -> int:
     """Run ``cmd`` from the repository root with its output in ``log_path``; its exit status.
 
     After ``timeout`` seconds the run's process group gets SIGTERM (SIGKILL 60 s later) and the
-    status is 124, as with ``timeout``.
+    status is 124, as with ``timeout``. The run has its own session (so the whole torchrun tree can
+    be stopped); when this process is itself stopped (SIGTERM, e.g. an outer ``timeout``, or
+    Ctrl-C) the run's group is stopped too instead of being left training on the GPU.
     """
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _stop_group(proc)
             return TIMEOUT_EXIT
+        finally:
+            if proc.poll() is None:
+                _stop_group(proc)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def bench_run(args: argparse.Namespace, variant: str, name: str, nproc: int, *overrides: str,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -44,6 +46,24 @@ def test_run_past_its_timeout_is_stopped(tmp_path):
     cmd = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
     assert run_logged(cmd, str(log), timeout=2) == TIMEOUT_EXIT
     assert "started" in log.read_text()
+
+
+def test_stopping_the_benchmark_stops_its_run(tmp_path):
+    """An outer `timeout` (SIGTERM) on bench_train must not leave its torchrun training on the GPU."""
+    pid_file, log = tmp_path / "child.pid", tmp_path / "run.log"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = ("import sys; from scripts.bench_train import run_logged; "
+              f"run_logged([sys.executable, '-c', {child!r}], {str(log)!r}, timeout=120)")
+    bench = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO)
+    deadline = time.time() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.time() < deadline, "the run never started"
+        time.sleep(0.1)
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=30) != 0
+    run_pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(run_pid, 0)
 
 
 def fake_run(folder, tokens_per_s: list[float], losses: list[float]) -> str:
