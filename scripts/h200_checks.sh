@@ -8,7 +8,8 @@
 # CHECK is one of
 #   kernel-tests  pytest -m gpu on the attention and decode kernels (and the trainer's flag copy)
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
-#   fla-match     the failing fla GPU tests one process each, under a hard limit (FLA_TIMEOUT, 150 s)
+#   fla-match     the fla GPU tests not yet seen passing, one process each, under a hard limit (FLA_TIMEOUT, 150 s)
+#   fla-fsdp      the fla mixer's 1- vs 2-rank FSDP2 test (needs 2 GPUs and minutes: three train.py runs compile fla)
 #   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
 #   competitors   scripts/bench_attention.py on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
 #   decode        scripts/bench_decode.py --check (KV-cache decode vs cuDNN, and the published kernels if carried)
@@ -64,14 +65,16 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                          --run-timeout $(( t / 3 )) --out "$work/throughput_float8" ;;
     mixers) python3 scripts/bench_train.py gated_deltanet kda --steps 60 --run-timeout $(( t / 2 )) \
               --out "$work/mixers" ;;
-    fla-match) for id in "block_matches_fla_layer[kda]" "block_matches_fla_layer[mesa_net]" \
-                 "block_backward_gives_finite_gradients_to_every_parameter[kda]" \
-                 "block_backward_gives_finite_gradients_to_every_parameter[gated_deltanet]" \
-                 "block_causal_isolates_documents[kda]"; do
+    fla-match) for id in "block_backward_gives_finite_gradients_to_every_parameter[kda]" \
+                 "block_backward_gives_finite_gradients_to_every_parameter[mamba2]" \
+                 "block_backward_gives_finite_gradients_to_every_parameter[mesa_net]" \
+                 "block_causal_isolates_documents[kda]" "block_causal_isolates_documents[mesa_net]"; do
                  # a hard limit per process: pytest-timeout could not stop fla's compiles
                  timeout "${FLA_TIMEOUT:-150}" python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider \
                    "tests/test_mixers_fla.py::test_gpu_$id"; echo "$id: exit $?"
                done ;;
+    fla-fsdp) timeout "$t" python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider tests/test_mixers_fla.py \
+                -k two_rank_fsdp ;;
     optimizers) timeout "$t" python3 scripts/bench_optimizers.py --out "$work/optimizers.json" \
                   --md "$work/optimizers.md" ;;
     scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
@@ -82,7 +85,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
 }
 
-known=" kernel-tests fla-tests fla-match attention competitors decode throughput throughput-adamw throughput-float8 mixers optimizers scaling profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 mixers optimizers scaling profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
@@ -90,7 +93,7 @@ ngpu=${NGPU:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
 { nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; nvidia-smi topo -m; } > "$work/gpus.txt" 2>&1
 single=() both=()
 for check in "$@"; do
-  case $check in scaling|profile-2gpu) both+=("$check") ;; *) single+=("$check") ;; esac
+  case $check in scaling|profile-2gpu|fla-fsdp) both+=("$check") ;; *) single+=("$check") ;; esac
 done
 # two lanes (one per GPU) take the single-GPU checks in turn
 for lane in 0 1; do
