@@ -273,10 +273,11 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, DQA, DRA, h,
         dk += tl.dot(g1, q, input_precision=PREC)
         dk += tl.dot(g2, r, input_precision=PREC)
         if ONE_PASS:  # this key tile's share of dq and drho; every key tile of the row adds its own
-            rows = DQA + offs_m.to(tl.int64)[:, None] * (HQ * D) + h * D + offs_d[None, :]
-            tl.atomic_add(rows, tl.dot(tl.trans(g1), k, input_precision=PREC), mask=ok_m[:, None], sem="relaxed")
-            rows = DRA + offs_m.to(tl.int64)[:, None] * (HQ * D) + h * D + offs_d[None, :]
-            tl.atomic_add(rows, tl.dot(tl.trans(g2), k, input_precision=PREC), mask=ok_m[:, None], sem="relaxed")
+            # transposed, (D x BM) = k^T g: M = D keeps the tensor-core tile full (BM is 16-32 here)
+            cols = offs_m.to(tl.int64)[None, :] * (HQ * D) + h * D + offs_d[:, None]
+            kt = tl.trans(k)
+            tl.atomic_add(DQA + cols, tl.dot(kt, g1, input_precision=PREC), mask=ok_m[None, :], sem="relaxed")
+            tl.atomic_add(DRA + cols, tl.dot(kt, g2, input_precision=PREC), mask=ok_m[None, :], sem="relaxed")
     return dk, dv
 
 
