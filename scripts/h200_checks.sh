@@ -16,7 +16,8 @@
 #   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the reference run)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
-#   mixers        scripts/bench_train.py gated_deltanet kda, 60 steps (needs fla; fla autotunes for minutes)
+#   mixer-gdn / mixer-kda  scripts/bench_train.py on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
+#                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts/bench_optimizers.py
 #   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
 #   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts/trace_summary.py of it
@@ -63,8 +64,9 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     throughput-float8) python3 scripts/bench_train.py transformer parallax --steps 30 --name-prefix float8_ \
                          --extra "--model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output" \
                          --run-timeout $(( t / 3 )) --out "$work/throughput_float8" ;;
-    mixers) python3 scripts/bench_train.py gated_deltanet kda --steps 60 --run-timeout $(( t / 2 )) \
-              --out "$work/mixers" ;;
+    mixer-gdn|mixer-kda) mixer=${name#mixer-}; [ "$mixer" = gdn ] && mixer=gated_deltanet
+              python3 scripts/bench_train.py "$mixer" --steps "${MIXER_STEPS:-300}" --run-timeout "$t" \
+                --out "$work/$name" ;;
     fla-match) for id in "block_backward_gives_finite_gradients_to_every_parameter[kda]" \
                  "block_backward_gives_finite_gradients_to_every_parameter[mamba2]" \
                  "block_backward_gives_finite_gradients_to_every_parameter[mesa_net]" \
@@ -85,7 +87,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 mixers optimizers scaling profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 mixer-gdn mixer-kda optimizers scaling profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
