@@ -1,0 +1,116 @@
+"""Compile our Triton attention kernels for Hopper (sm_90) on a machine without a GPU and report what
+each launch configuration costs in resources: registers per thread, local-memory stack (spills),
+spill stores/loads and wgmma instructions in the SASS, and shared memory.
+
+Triton's wheel carries ptxas and cuobjdump, so this needs no CUDA device or driver. It answers
+"does this config spill, does it fit in shared memory" before any GPU time is spent; it does not
+predict speed (the row pass spills more than the column pass and runs faster, docs/kernels.md).
+
+    python scripts/kernel_resources.py                       # every config of the shipped short lists
+    python scripts/kernel_resources.py --kernel dkdv --config 32,128,8,2 --d 128 64
+
+The GPU box runs triton 3.6; a CPU environment with another version can match it with
+`pip install --no-deps --target /tmp/triton36 triton==3.6.0` and `PYTHONPATH=/tmp/triton36`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is what runs
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels.parallax import fused  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA", "DQA", "DRA"}
+INT_POINTERS = {"DOCS", "DOCE"}
+BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
+FLOATS = {"scale", "qk_scale"}
+KERNELS = {  # name -> (JIT function, shipped configs, extra constexprs)
+    "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS, {}),
+    "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS, {}),
+    "dkdv": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS, {"ONE_PASS": False}),
+    "dkdv_one_pass": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS, {"ONE_PASS": True}),
+}
+
+
+def signature(kernel, constexprs: dict) -> dict:
+    """Triton signature of ``kernel`` for bf16 tensors, fp32 statistics and int32 sizes."""
+    def kind(name):
+        if name in constexprs:
+            return "constexpr"
+        if name in FP32_POINTERS:
+            return "*fp32"
+        if name in INT_POINTERS:
+            return "*i32"
+        if name in BF16_POINTERS:
+            return "*bf16"
+        return "fp32" if name in FLOATS else "i32"
+    return {name: kind(name) for name in kernel.arg_names}
+
+
+def _tool(name: str, cubin: bytes, *flags: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(TOOLS / name), *flags, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def _opcodes(sass: str) -> list[str]:
+    """Instruction mnemonics of a cuobjdump -sass listing (predicates dropped)."""
+    out = []
+    for line in sass.splitlines():
+        parts = line.split("*/", 1)[1].split() if line.strip().startswith("/*") and "*/" in line else []
+        parts = parts[1:] if parts and parts[0].startswith("@") else parts
+        if parts:
+            out.append(parts[0])
+    return out
+
+
+def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes."""
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs),
+                              target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    cubin = compiled.asm["cubin"]
+    usage = next(line for line in _tool("cuobjdump", cubin, "--dump-resource-usage").splitlines() if "REG:" in line)
+    fields = dict(item.split(":", 1) for item in usage.split() if ":" in item)
+    ops = _opcodes(_tool("cuobjdump", cubin, "-sass"))
+    return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]),
+            "spill_stores": sum(op.startswith("STL") for op in ops), "spill_loads": sum(op.startswith("LDL") for op in ops),
+            "wgmma": sum(op.startswith("HGMMA") for op in ops), "shared": compiled.metadata.shared}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=sorted(KERNELS), nargs="+", default=sorted(KERNELS))
+    parser.add_argument("--config", help="BM,BN,num_warps,num_stages instead of the shipped lists")
+    parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
+    args = parser.parse_args(argv)
+    print(f"triton {triton.__version__}, sm_90, bf16")
+    print("| kernel | D | BM x BN | warps | stages | registers | stack B | spill st/ld | wgmma | shared B |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.kernel:
+        kernel, configs, extra = KERNELS[name]
+        tiles = ([tuple(int(x) for x in args.config.split(","))] if args.config else
+                 sorted({(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages) for c in configs}))
+        for d in args.d:
+            for bm, bn, warps, stages in tiles:
+                constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, **extra)
+                r = resources(kernel, constexprs, warps, stages)
+                print(f"| {name} | {d} | {bm} x {bn} | {warps} | {stages} | {r['registers']} | {r['stack']} "
+                      f"| {r['spill_stores']}/{r['spill_loads']} | {r['wgmma']} | {r['shared']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
