@@ -30,6 +30,9 @@ GROUPS = [
     ("communication", r"nccl"),
     ("matmul", r"gemm|sm90_xmma|cutlass|wgmma|nvjet|matmul|_mm_"),
     ("optimizer / foreach", r"foreach|multi_tensor|adam"),
+    # Inductor's fused pointwise/reduction kernels name the ops they fuse, often `_to_copy` (a dtype
+    # cast folded into a norm or the loss): they are compute, not copies
+    ("other (elementwise, norms, loss)", r"^triton_(poi|red|per)_"),
     ("copy / cast", r"copy|cast|convert"),
 ]
 

@@ -29,6 +29,9 @@ def test_groups_and_shares():
     assert "GPU kernel time in the trace: 2.00 ms over 8 kernels" in text
     assert "| attention backward | 0.70 | 35.0% |" in text  # cuDNN's flash_bprop counts here too
     assert trace_summary.group_of("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma") == "attention backward"
+    fused_norm = "triton_per_fused__fused_rms_norm__fused_rms_norm_backward__to_copy__unsafe_view_add_view_8"
+    assert trace_summary.group_of(fused_norm) == "other (elementwise, norms, loss)"
+    assert trace_summary.group_of("void at::native::direct_copy_kernel_cuda") == "copy / cast"
     assert "| matmul | 0.80 | 40.0% |" in text
     assert "| attention forward | 0.30 | 15.0% |" in text
     assert "| communication | 0.10 | 5.0% |" in text
