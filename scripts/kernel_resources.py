@@ -40,7 +40,7 @@ KERNELS = {  # name -> (JIT function, shipped configs, extra constexprs)
     "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS, {}),
     "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS, {}),
     "dkdv": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS, {"ONE_PASS": False}),
-    "dkdv_one_pass": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS, {"ONE_PASS": True}),
+    "dkdv_one_pass": (fused._bwd_dkdv_kernel, fused.ONE_PASS_CONFIGS, {"ONE_PASS": True}),
 }
 
 
