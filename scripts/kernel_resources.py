@@ -22,10 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is what runs
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.parallax import fused  # noqa: E402
@@ -86,9 +85,9 @@ def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict
     usage = next(line for line in _tool("cuobjdump", cubin, "--dump-resource-usage").splitlines() if "REG:" in line)
     fields = dict(item.split(":", 1) for item in usage.split() if ":" in item)
     ops = _opcodes(_tool("cuobjdump", cubin, "-sass"))
-    return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]),
-            "spill_stores": sum(op.startswith("STL") for op in ops), "spill_loads": sum(op.startswith("LDL") for op in ops),
-            "wgmma": sum(op.startswith("HGMMA") for op in ops), "shared": compiled.metadata.shared}
+    count = lambda prefix: sum(op.startswith(prefix) for op in ops)  # noqa: E731
+    return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]), "spill_stores": count("STL"),
+            "spill_loads": count("LDL"), "wgmma": count("HGMMA"), "shared": compiled.metadata.shared}
 
 
 def main(argv=None) -> None:
@@ -97,6 +96,7 @@ def main(argv=None) -> None:
     parser.add_argument("--config", help="BM,BN,num_warps,num_stages instead of the shipped lists")
     parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
     args = parser.parse_args(argv)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is its default
     print(f"triton {triton.__version__}, sm_90, bf16")
     print("| kernel | D | BM x BN | warps | stages | registers | stack B | spill st/ld | wgmma | shared B |")
     print("|---|---|---|---|---|---|---|---|---|---|")

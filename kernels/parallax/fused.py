@@ -484,7 +484,8 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
         _launch_dkdv(kernel, launch, q, r, k, v, do, tbar, lse, tau, beta, dk, dv, dq_acc, dr_acc, docs, doce,
                      total, n, hq, sqt, sqh, skt, skh, scale, qk_scale, tune, meta, True)
         return dq_acc.to(q.dtype), dr_acc.to(r.dtype), dk, dv
-    dq, dr = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(r, memory_format=torch.contiguous_format)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dr = torch.empty_like(r, memory_format=torch.contiguous_format)
     kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config, work)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,

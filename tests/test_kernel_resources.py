@@ -1,0 +1,31 @@
+"""scripts/kernel_resources.py: compiling our kernels for sm_90 without a GPU, and reading the SASS."""
+
+from kernels.parallax import fused
+from scripts import kernel_resources as kr
+
+
+def test_signature_types_every_argument():
+    consts = {"D": 64, "BM": 128, "BN": 64, "VARLEN": False, "PREC": "tf32", "GLOBAL_ORDER": True}
+    sig = kr.signature(fused._fwd_kernel, consts)
+    assert list(sig) == fused._fwd_kernel.arg_names
+    assert sig["Q"] == "*bf16" and sig["TBAR"] == "*fp32" and sig["DOCS"] == "*i32"
+    assert sig["qk_scale"] == "fp32" and sig["T"] == "i32" and sig["D"] == "constexpr"
+
+
+def test_opcodes_drop_addresses_and_predicates():
+    sass = """
+        /*0010*/                   LDL.64 R2, [R1+0x8] ;               /* 0x000fe20000100a00 */
+        /*0020*/              @!P0 STL [R1+0x10], R4 ;                /* 0x0001e80000100800 */
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        .text._fwd_kernel:
+    """
+    assert kr._opcodes(sass) == ["LDL.64", "STL", "HGMMA.64x64x16.F32.BF16"]
+
+
+def test_forward_compiles_for_hopper_tensor_cores():
+    consts = dict(D=64, BM=128, BN=64, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True)
+    res = kr.resources(fused._fwd_kernel, consts, num_warps=8, num_stages=3)
+    assert res["wgmma"] > 0  # sm_90 code: Hopper's warpgroup MMA, not the sm_80 mma.sync path
+    assert 0 < res["registers"] <= 255
+    assert 0 < res["shared"] <= 232448  # H100/H200 opt-in shared memory per block
+    assert res["stack"] >= 0 and res["spill_stores"] >= 0
