@@ -132,9 +132,8 @@ def run_logged(cmd: list[str], log_path: str, timeout: int, env: dict | None = N
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop_group(proc)
             return TIMEOUT_EXIT
-        finally:
+        finally:  # past the timeout, or this process stopped: the run must not outlive it
             if proc.poll() is None:
                 _stop_group(proc)
             signal.signal(signal.SIGTERM, previous)

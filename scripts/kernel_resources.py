@@ -58,12 +58,13 @@ def signature(kernel, constexprs: dict) -> dict:
     return {name: kind(name) for name in kernel.arg_names}
 
 
-def _tool(name: str, cubin: bytes, *flags: str) -> str:
+def _cuobjdump(cubin: bytes, *runs: list[str]) -> list[str]:
+    """cuobjdump's output for each flag list in ``runs`` on one cubin (written to disk once)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([str(TOOLS / name), *flags, f.name], capture_output=True, text=True,
-                              check=True).stdout
+        return [subprocess.run([str(TOOLS / "cuobjdump"), *flags, f.name], capture_output=True, text=True,
+                               check=True).stdout for flags in runs]
 
 
 def _opcodes(sass: str) -> list[str]:
@@ -81,10 +82,10 @@ def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict
     """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes."""
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs),
                               target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
-    cubin = compiled.asm["cubin"]
-    usage = next(line for line in _tool("cuobjdump", cubin, "--dump-resource-usage").splitlines() if "REG:" in line)
-    fields = dict(item.split(":", 1) for item in usage.split() if ":" in item)
-    ops = _opcodes(_tool("cuobjdump", cubin, "-sass"))
+    usage, sass = _cuobjdump(compiled.asm["cubin"], ["--dump-resource-usage"], ["-sass"])
+    line = next(line for line in usage.splitlines() if "REG:" in line)
+    fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
+    ops = _opcodes(sass)
     count = lambda prefix: sum(op.startswith(prefix) for op in ops)  # noqa: E731
     return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]), "spill_stores": count("STL"),
             "spill_loads": count("LDL"), "wgmma": count("HGMMA"), "shared": compiled.metadata.shared}
