@@ -265,7 +265,8 @@ def test_gpu_block_causal_isolates_documents(fla_layers, mixer):
 def _train(nproc: int, dump: str, *extra: str) -> dict[int, float]:
     # GDN where fla can train it here; else Mamba2 (fla's layer on its PyTorch path)
     mixer = "mamba2" if fla_hopper_blocker("gated_deltanet") else "gated_deltanet"
-    train(dump, "--model.name", mixer, "--training.steps", "4",
+    # global data order: 2 ranks x 2 sequences take the 1-rank run's 4 sequences of each step
+    train(dump, "--model.name", mixer, "--training.steps", "4", "--training.data_order", "global",
           "--training.local_batch_size", str(4 // nproc), "--training.dataset", "default_corpus", *extra,
           nproc=nproc)
     return losses(dump)
