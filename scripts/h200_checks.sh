@@ -71,8 +71,10 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                  "block_backward_gives_finite_gradients_to_every_parameter[mamba2]" \
                  "block_backward_gives_finite_gradients_to_every_parameter[mesa_net]" \
                  "block_causal_isolates_documents[kda]" "block_causal_isolates_documents[mesa_net]"; do
-                 # a hard limit per process: pytest-timeout could not stop fla's compiles
-                 timeout "${FLA_TIMEOUT:-150}" python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider \
+                 # a hard limit per process (pytest-timeout could not stop fla's compiles), within the budget
+                 limit=$(( $(left) - 10 )); [ "$limit" -gt "${FLA_TIMEOUT:-150}" ] && limit=${FLA_TIMEOUT:-150}
+                 [ "$limit" -lt 30 ] && { echo "$id: not run, $(left) s left"; continue; }
+                 timeout "$limit" python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider \
                    "tests/test_mixers_fla.py::test_gpu_$id"; echo "$id: exit $?"
                done ;;
     fla-fsdp) timeout "$t" python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider tests/test_mixers_fla.py \
@@ -85,6 +87,13 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     profile-2gpu) profile parallax 2 "$t" ;;
   esac > "$work/$name.log" 2>&1
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
+  pack
+}
+
+pack() {  # the tarball of everything so far, replaced atomically: a call killed later still returns it
+  mkdir -p "$out"
+  flock "$work/.pack" tar czf "$out/.h200_checks.tgz.part" --exclude="*.distcp" --exclude=checkpoint \
+    --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
 known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 mixer-gdn mixer-kda optimizers scaling profile-transformer profile-2gpu "
@@ -112,9 +121,7 @@ done
 wait
 for check in "${both[@]}"; do run_check "$check"; done
 
-find "$work" -name "*.distcp" -delete
-find "$work" -type d -name checkpoint -prune -exec rm -rf {} +
-mkdir -p "$out" && tar czf "$out/h200_checks.tgz" -C "$work" .
+pack
 cat "$work/status.txt"
 for f in "$work"/*/summary_rank*.md "$work"/*/summary.md "$work"/scaling/scaling.md "$work"/attention_train.md; do
   [ -f "$f" ] && { echo "== $f"; head -30 "$f"; }

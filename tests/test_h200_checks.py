@@ -2,9 +2,11 @@
 and packs one tarball (on CPU the attention benchmark exits 1 at once: it needs CUDA)."""
 
 import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,3 +31,28 @@ def test_checks_run_and_land_in_one_tarball(tmp_path):
     with tarfile.open(tmp_path / "h200_checks" / "h200_checks.tgz") as tar:
         names = set(tar.getnames())
     assert {"./attention.log", "./status.txt"} <= names
+
+
+def test_a_call_killed_mid_check_still_returns_the_checks_already_done(tmp_path):
+    """The tarball is packed after every check: killing the script while `optimizers` hangs still
+    leaves attention.log (done before) in it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *bench_optimizers*) exec sleep 60 ;; esac\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path), "NGPU": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts/h200_checks.sh"), "90", "attention", "optimizers"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    tarball = tmp_path / "h200_checks" / "h200_checks.tgz"
+    try:
+        for _ in range(120):
+            if tarball.exists():
+                break
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with tarfile.open(tarball) as tar:
+        names = set(tar.getnames())
+    assert {"./attention.log", "./status.txt"} <= names and "./optimizers.log" not in names
