@@ -55,7 +55,7 @@ def tuning_report():
     from kernels.parallax import fused
 
     out = {}
-    for name in ("_FWD_TUNED", "_DQ_TUNED", "_DKDV_TUNED", "_ONE_PASS_TUNED"):
+    for name in ("_FWD_TUNED", "_DQ_TUNED", "_DKDV_TUNED"):
         tuner = getattr(fused, name)
         out[name] = {str(key): str(cfg) for key, cfg in tuner.cache.items()}
         timings = getattr(tuner, "configs_timings", None) or {}
@@ -70,26 +70,6 @@ def make_inputs(b, n, hq, hkv, d, seed=0):
     k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     r = r / math.sqrt(d)
     return q, r, k, v
-
-
-class OnePassBackward(torch.autograd.Function):
-    """Our forward with the one-pass backward (``fused.backward(one_pass=True)``), to time the two
-    backward strategies side by side; the model uses the default (two-pass) one."""
-
-    @staticmethod
-    def forward(ctx, q, r, k, v):
-        from kernels.parallax import fused
-
-        ctx.scale = 1.0 / math.sqrt(q.shape[-1])
-        saved = fused.forward(q, r, k, v, ctx.scale)
-        ctx.save_for_backward(q, r, k, v, *saved)
-        return saved[0]
-
-    @staticmethod
-    def backward(ctx, do):
-        from kernels.parallax import fused
-
-        return fused.backward(do, *ctx.saved_tensors, ctx.scale, one_pass=True)
 
 
 def methods(competitors=True):
@@ -108,7 +88,6 @@ def methods(competitors=True):
         "softmax_cudnn": ("bhld_mha", sdpa(SDPBackend.CUDNN_ATTENTION)),
         "softmax_flash": ("bhld_mha", sdpa(SDPBackend.FLASH_ATTENTION)),
         "parallax_ours": ("blhd", lambda q, r, k, v: parallax_attention(q, r, k, v)),
-        "parallax_ours_one_pass": ("blhd", lambda q, r, k, v: OnePassBackward.apply(q, r, k, v)),
     }
     if not competitors:
         return table

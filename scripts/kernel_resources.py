@@ -31,15 +31,14 @@ from kernels.parallax import fused  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA", "DQA", "DRA"}
+FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA"}
 INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
 KERNELS = {  # name -> (JIT function, shipped configs, extra constexprs)
     "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS, {}),
     "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS, {}),
-    "dkdv": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS, {"ONE_PASS": False}),
-    "dkdv_one_pass": (fused._bwd_dkdv_kernel, fused.ONE_PASS_CONFIGS, {"ONE_PASS": True}),
+    "dkdv": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS, {}),
 }
 
 

@@ -12,8 +12,6 @@ d1, O1, d2, O2 sharing one rescale; saves o, vbar (input dtype), tbar and lse (f
 units of the scaled logits). Backward (SPEC closed form): a row pass (dq, drho; it also writes
 tau = dO.o and beta = dO.vbar) and a column pass (dk, dv) that loops over the GQA group's
 query heads inside one program, so K/V tiles are loaded once per group and no atomics are needed.
-``backward(one_pass=True)`` instead lets the column pass also add dq and drho into fp32 buffers
-with atomics (8 matmuls per tile pair instead of 11), to be measured against the two-pass default.
 Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
 Every kernel runs on a 1-D grid of (tile, head) programs in one of two orders (``_tile_order``):
 head-major or globally heaviest-first; the autotuner picks per shape.
@@ -168,7 +166,8 @@ def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, s
 # ----------------------------------------------------------------------------- backward, row pass
 @triton.jit
 def _row_stats(O, VBAR, do, TAU, BETA, offs_m, h, T, HQ, D: tl.constexpr, ok_m):
-    """tau = dO.o and beta = dO.vbar of rows offs_m of head h (fp32, [BM]); also stored head-major."""
+    """tau = dO.o and beta = dO.vbar of rows offs_m of head h (fp32, [BM]), stored head-major; also
+    returns the rows' statistics index (head-major offsets into the (Hq, T) buffers)."""
     offs_d = tl.arange(0, D)
     o = _load_rows(O, offs_m, h, HQ * D, D, offs_d, ok_m).to(tl.float32)
     vbar = _load_rows(VBAR, offs_m, h, HQ * D, D, offs_d, ok_m).to(tl.float32)
@@ -177,7 +176,7 @@ def _row_stats(O, VBAR, do, TAU, BETA, offs_m, h, T, HQ, D: tl.constexpr, ok_m):
     stat = h.to(tl.int64) * T + offs_m
     tl.store(TAU + stat, tau, mask=ok_m)
     tl.store(BETA + stat, beta, mask=ok_m)
-    return tau, beta
+    return tau, beta, stat
 
 
 @triton.jit
@@ -219,8 +218,7 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
     q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
     r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
     do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
-    tau, beta = _row_stats(O, VBAR, do, TAU, BETA, offs_m, h, T, HQ, D, ok_m)
-    stat = h.to(tl.int64) * T + offs_m
+    tau, beta, stat = _row_stats(O, VBAR, do, TAU, BETA, offs_m, h, T, HQ, D, ok_m)
     lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
     tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
     bmt = beta - tau
@@ -241,9 +239,9 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
 
 # ----------------------------------------------------------------------------- backward, column pass
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, DQA, DRA, h, sqt, sqh, HQ, lo, hi, offs_n,
+def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
                 T, L, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
-                VARLEN: tl.constexpr, PREC: tl.constexpr, ONE_PASS: tl.constexpr):
+                VARLEN: tl.constexpr, PREC: tl.constexpr):
     offs_d = tl.arange(0, D)
     for m0 in range(lo, hi, BM):
         offs_m = m0 + tl.arange(0, BM)
@@ -272,21 +270,14 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, DQA, DRA, h,
         g2 = (-pt * delta).to(r.dtype)
         dk += tl.dot(g1, q, input_precision=PREC)
         dk += tl.dot(g2, r, input_precision=PREC)
-        if ONE_PASS:  # this key tile's share of dq and drho; every key tile of the row adds its own
-            # transposed, (D x BM) = k^T g: M = D keeps the tensor-core tile full (BM is 16-32 here)
-            cols = offs_m.to(tl.int64)[None, :] * (HQ * D) + h * D + offs_d[:, None]
-            kt = tl.trans(k)
-            tl.atomic_add(DQA + cols, tl.dot(kt, g1, input_precision=PREC), mask=ok_m[None, :], sem="relaxed")
-            tl.atomic_add(DRA + cols, tl.dot(kt, g2, input_precision=PREC), mask=ok_m[None, :], sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DQA, DRA, DOCS, DOCE, T, L, HQ, HKV,
+def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T, L, HQ, HKV,
                      sqt, sqh, skt, skh, scale, qk_scale, TUNE_T, TUNE_L,
                      GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
-                     ONE_PASS: tl.constexpr):
+                     VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
     n0, kv_h = _tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
     offs_n = n0 + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -304,25 +295,14 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DQA, DRA, DOC
     dv = tl.zeros([BN, D], tl.float32)
     for g in range(GROUP):
         h = kv_h * GROUP + g
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, DQA, DRA, h, sqt, sqh, HQ, lo, d_hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, ONE_PASS)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, DQA, DRA, h, sqt, sqh, HQ, d_hi, f_hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC, ONE_PASS)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, DQA, DRA, h, sqt, sqh, HQ, f_hi, hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, ONE_PASS)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
     _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
     _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
-
-
-@triton.jit(do_not_specialize=["T", "HQ"])
-def _bwd_stats_kernel(O, VBAR, DO, TAU, BETA, T, HQ, D: tl.constexpr, BM: tl.constexpr):
-    """tau and beta of every (token, head) before the one-pass backward; grid cdiv(T, BM) * HQ."""
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(T, BM)
-    offs_m = (pid % n_tiles) * BM + tl.arange(0, BM)
-    ok_m = offs_m < T
-    do = _load_rows(DO, offs_m, pid // n_tiles, HQ * D, D, tl.arange(0, D), ok_m)
-    _row_stats(O, VBAR, do, TAU, BETA, offs_m, pid // n_tiles, T, HQ, D, ok_m)
 
 
 # ----------------------------------------------------------------------------- launch
@@ -341,9 +321,6 @@ def _both_orders(tiles):
 FWD_CONFIGS = _both_orders([(128, 64, 8, 3), (64, 64, 4, 3)])
 DQ_CONFIGS = _both_orders([(128, 32, 8, 3), (64, 64, 4, 4)])
 DKDV_CONFIGS = _both_orders([(32, 128, 8, 2), (16, 128, 4, 3)])
-# Not yet timed: the column pass's configs plus 16 x 128 with 8 warps, the one-pass config that spills
-# least at D=128 (docs/bench/kernel_resources_sm90.md: spill counts separated the slow column-pass configs)
-ONE_PASS_CONFIGS = _both_orders([(32, 128, 8, 2), (16, 128, 8, 2), (16, 128, 4, 3)])
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
 TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
 
@@ -357,11 +334,6 @@ def _autotuned(kernel, configs, key=TUNE_KEY, **options):
 _FWD_TUNED = _autotuned(_fwd_kernel, FWD_CONFIGS)
 _DQ_TUNED = _autotuned(_bwd_dq_kernel, DQ_CONFIGS)
 _DKDV_TUNED = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS)
-# The one-pass column kernel adds into dq/drho: timing a config must start from zeros, and the
-# choice is cached apart from the two-pass one (ONE_PASS in the key).
-_ONE_PASS_TUNED = _autotuned(_bwd_dkdv_kernel, ONE_PASS_CONFIGS, key=TUNE_KEY + ["ONE_PASS"],
-                             reset_to_zero=["DQA", "DRA"])
-STATS_BM = 64
 
 
 # Below this much work (tokens x keys per token x heads x head dim) a kernel runs for microseconds and
@@ -456,16 +428,12 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
     return o, vbar, tbar, lse
 
 
-def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_config=None, dkdv_config=None,
-             one_pass=False):
+def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_config=None, dkdv_config=None):
     """Fused closed-form backward.
 
     do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (Hq, B * L) fp32 from forward.
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
-    Two passes by default: a row pass (dq, drho) then a column pass (dk, dv), 11 matmuls per tile
-    pair. ``one_pass``: a small kernel computes tau and beta, then the column pass also adds each
-    key tile's share of dq and drho into fp32 buffers with atomics (8 matmuls per tile pair, plus
-    the atomic traffic); an option to measure against the default (docs/kernels.md).
+    Two passes: a row pass (dq, drho) then a column pass (dk, dv), 11 matmuls per tile pair.
     """
     total, n, hq, docs, doce, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
     q, r, sqt, sqh = _same_layout(q, r)
@@ -474,16 +442,6 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     tau = torch.empty_like(tbar)
     beta = torch.empty_like(tbar)
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
-    if one_pass:
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dr_acc = torch.zeros_like(dq_acc)
-        stats_bm = 16 if INTERPRET else STATS_BM
-        _bwd_stats_kernel[(triton.cdiv(total, stats_bm) * hq,)](o, vbar, do, tau, beta, total, hq, D=meta["D"],
-                                                               BM=stats_bm)
-        kernel, launch = _pick(_bwd_dkdv_kernel, _ONE_PASS_TUNED, dkdv_config, work)
-        _launch_dkdv(kernel, launch, q, r, k, v, do, tbar, lse, tau, beta, dk, dv, dq_acc, dr_acc, docs, doce,
-                     total, n, hq, sqt, sqh, skt, skh, scale, qk_scale, tune, meta, True)
-        return dq_acc.to(q.dtype), dr_acc.to(r.dtype), dk, dv
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dr = torch.empty_like(r, memory_format=torch.contiguous_format)
     kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config, work)
@@ -491,14 +449,7 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
                  sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
     kernel, launch = _pick(_bwd_dkdv_kernel, _DKDV_TUNED, dkdv_config, work)
-    _launch_dkdv(kernel, launch, q, r, k, v, do, tbar, lse, tau, beta, dk, dv, dk, dv, docs, doce,
-                 total, n, hq, sqt, sqh, skt, skh, scale, qk_scale, tune, meta, False)
-    return dq, dr, dk, dv
-
-
-def _launch_dkdv(kernel, launch, q, r, k, v, do, tbar, lse, tau, beta, dk, dv, dq_acc, dr_acc, docs, doce,
-                 total, n, hq, sqt, sqh, skt, skh, scale, qk_scale, tune, meta, one_pass):
-    """The column pass on a (KV tiles x Hkv) grid; dq_acc/dr_acc are only touched when one_pass."""
     grid = lambda meta_: (triton.cdiv(total, meta_["BN"]) * k.shape[2],)  # noqa: E731
-    kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, dq_acc, dr_acc, docs, doce, total, n, hq,
-                 k.shape[2], sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, ONE_PASS=one_pass, **launch)
+    kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq,
+                 k.shape[2], sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
+    return dq, dr, dk, dv
