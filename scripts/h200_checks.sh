@@ -16,6 +16,7 @@
 #   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the reference run)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
+#   guard-ab      transformer, AdamW + WSD, with and without the non-finite guard (its host sync per step)
 #   mixer-gdn / mixer-kda  scripts/bench_train.py on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts/bench_optimizers.py
@@ -64,6 +65,10 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     throughput-float8) python3 scripts/bench_train.py transformer parallax --steps 30 --name-prefix float8_ \
                          --extra "--model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output" \
                          --run-timeout $(( t / 3 )) --out "$work/throughput_float8" ;;
+    guard-ab) for guard in skip off; do
+                python3 scripts/bench_train.py transformer --steps 30 --recipe adamw_wsd --name-prefix "guard_${guard}_" \
+                  --extra "--reliability.nonfinite $guard" --run-timeout $(( t / 2 - 5 )) --out "$work/guard_$guard"
+              done ;;
     mixer-gdn|mixer-kda) mixer=${name#mixer-}; [ "$mixer" = gdn ] && mixer=gated_deltanet
               python3 scripts/bench_train.py "$mixer" --steps "${MIXER_STEPS:-300}" --run-timeout "$t" \
                 --out "$work/$name" ;;
@@ -96,7 +101,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 mixer-gdn mixer-kda optimizers scaling profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab mixer-gdn mixer-kda optimizers scaling profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
