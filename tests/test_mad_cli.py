@@ -65,3 +65,35 @@ def test_config_errors(tmp_path):
     assert load_config("configs/mad/paper_baseline.toml").train.lrs == [5e-3, 1e-3, 5e-4]
     assert len(load_config("configs/mad/paper_baseline.toml").settings()) == 66
     assert len(load_config("configs/mad/paper_hard.toml").settings()) == 12
+
+
+def test_mixers_come_from_the_toml_unless_the_cli_names_them(tmp_path, monkeypatch):
+    """[grid] mixers picks the mixers (the paper config lists its five); --mixers overrides it; an
+    unknown name, or an fla mixer without flash-linear-attention, stops before any run, naming the key."""
+    import importlib.util
+    import sys
+
+    paper = load_config("configs/mad/paper_baseline.toml")
+    assert paper.mixers == ["attention", "parallax", "gated_deltanet", "mamba2", "mesa_net"]
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY.replace("[grid]\n", '[grid]\nmixers = ["parallax"]\n'))
+    out = tmp_path / "out"
+    assert main(["--config", str(cfg), "--out", str(out), "--device", "cpu"]) == 0
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert {r["mixer"] for r in runs} == {"parallax"}
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY.replace("[grid]\n", '[grid]\nmixers = ["lstm"]\n'))
+    with pytest.raises(SystemExit, match=r"\[grid\] mixers = \['lstm'\]: unknown \['lstm'\]"):
+        main(["--config", str(bad), "--out", str(tmp_path / "o2"), "--device", "cpu"])
+    with pytest.raises(SystemExit, match="--mixers = \\['attention', 'gru'\\]"):
+        main(["--config", str(cfg), "--mixers", "attention,gru", "--out", str(tmp_path / "o3"), "--device", "cpu"])
+    if importlib.util.find_spec("fla") is not None:  # installed (scripts/test.sh): a CPU run is refused up front
+        with pytest.raises(SystemExit, match=r"mixers \['mamba2'\] run fla's Triton kernels, which need CUDA"):
+            main(["--config", str(cfg), "--mixers", "mamba2", "--out", str(tmp_path / "o5"), "--device", "cpu"])
+    monkeypatch.setitem(sys.modules, "fla.layers", None)  # flash-linear-attention not importable
+    fla = tmp_path / "fla.toml"
+    fla.write_text(TINY.replace("[grid]\n", '[grid]\nmixers = ["attention", "mamba2"]\n'))
+    with pytest.raises(SystemExit, match=r"\[grid\] mixers = \['attention', 'mamba2'\]: \['mamba2'\] need flash-linear"):
+        main(["--config", str(fla), "--out", str(tmp_path / "o4"), "--device", "cpu"])
+    assert load_config(str(fla)).mixers == ["attention", "mamba2"]  # --mixers may still replace them
+    assert not any((tmp_path / d).exists() for d in ("o2", "o3", "o4", "o5"))

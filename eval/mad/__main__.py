@@ -11,8 +11,9 @@ import dataclasses
 import os
 import sys
 
-from eval.mad.grid import SWEEPS, RunConfig, load_config
+from eval.mad.grid import SWEEPS, RunConfig, check_mixers, load_config
 from eval.mad.models import MIXERS
+from parallax_titan.mixers import FLA_MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
 
@@ -33,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/mad/paper_baseline.toml", help="TOML run config")
     p.add_argument("--tasks", default=None, help="'all' or comma list (names or ICR, FCR, ...)")
-    p.add_argument("--mixers", default="attention,parallax", help=f"comma list from {sorted(MIXERS)}")
+    p.add_argument("--mixers", default=None,
+                   help=f"comma list from {sorted(MIXERS)} (overrides [grid] mixers; default attention,parallax)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--sweep", choices=SWEEPS, default=None, help="override [grid] sweep")
     p.add_argument("--epochs", type=int, default=None, help="override [train] epochs")
@@ -58,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
 def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
     if args.tasks:
         cfg.tasks = _parse_tasks(args.tasks)
+    if args.mixers:
+        cfg.mixers = [m.strip() for m in args.mixers.split(",")]
     if args.sweep:
         cfg.sweep = args.sweep
     if args.epochs:
@@ -81,11 +85,12 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    cfg = _apply_overrides(load_config(args.config), args)
-    mixers = [m.strip() for m in args.mixers.split(",")]
-    bad = [m for m in mixers if m not in MIXERS]
-    if bad:
-        raise SystemExit(f"--mixers: unknown {bad}; expected some of {sorted(MIXERS)}")
+    try:  # a bad config or option stops here, before any run, with the key named
+        cfg = _apply_overrides(load_config(args.config), args)
+        check_mixers(cfg.mixers, "--mixers" if args.mixers else f"{args.config}: [grid] mixers")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    mixers = cfg.mixers
     title = args.title or f"MAD ({cfg.sweep} sweep): {', '.join(mixers)}"
     config = {"argv": sys.argv[1:] if argv is None else list(argv), "sweep": cfg.sweep,
               **dataclasses.asdict(cfg)}
@@ -95,6 +100,9 @@ def main(argv=None) -> int:
         from eval.mad.runner import run_grid
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        on_fla = [m for m in mixers if MIXERS[m][0] in FLA_MIXERS]
+        if on_fla and not device.startswith("cuda"):
+            raise SystemExit(f"mixers {on_fla} run fla's Triton kernels, which need CUDA; got device {device!r}")
         run_grid(cfg, mixers, args.out, device=device, workers=args.workers, threads=args.threads,
                  deadline=args.deadline)
     runs = load_runs(os.path.join(args.out, "runs.jsonl"))

@@ -95,6 +95,7 @@ class RunConfig:
     """A whole grid: tasks, sweep, dataset overrides, training and model settings."""
 
     tasks: list = field(default_factory=lambda: list(TASKS))
+    mixers: list = field(default_factory=lambda: ["attention", "parallax"])  # names of eval.mad.models.MIXERS
     sweep: str = "mad"
     seed: int = 12345
     data: dict = field(default_factory=dict)  # e.g. {"num_test_examples": 256}
@@ -104,6 +105,20 @@ class RunConfig:
     def settings(self) -> list[TaskSetting]:
         """Every task setting of the grid, task by task."""
         return [s for t in self.tasks for s in task_settings(t, self.sweep, self.seed, **self.data)]
+
+
+def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
+    """Rejects unknown MAD mixers and, with ``installed``, fla mixers when flash-linear-attention
+    is missing, naming ``where`` (the TOML key or the CLI option) before any run starts."""
+    from eval.mad.models import MIXERS
+    from parallax_titan.mixers import FLA_INSTALL, fla_missing
+
+    unknown = [m for m in mixers if m not in MIXERS]
+    if unknown or not mixers:
+        raise ValueError(f"{where} = {mixers!r}: unknown {unknown}; expected a non-empty list from {sorted(MIXERS)}")
+    missing = [m for m in mixers if installed and fla_missing(MIXERS[m][0])]
+    if missing:
+        raise ValueError(f"{where} = {mixers!r}: {missing} need flash-linear-attention ({FLA_INSTALL}) and CUDA")
 
 
 def _fill(cls, values: dict, section: str):
@@ -125,6 +140,7 @@ def load_config(path: str) -> RunConfig:
     if grid.get("tasks") == "all":
         grid["tasks"] = list(TASKS)
     cfg = _fill(RunConfig, grid, "grid")
+    check_mixers(cfg.mixers, f"{path}: [grid] mixers", installed=False)  # --mixers may replace them
     cfg.data = dict(raw.get("data", {}))
     cfg.train = _fill(TrainConfig, raw.get("train", {}), "train")
     cfg.model = _fill(ModelConfig, raw.get("model", {}), "model")
