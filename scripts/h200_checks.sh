@@ -21,6 +21,8 @@
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts/bench_optimizers.py
 #   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
+#   scaling-noreshard  the same with FSDP keeping the gathered parameters from forward to backward
+#                 (parallelism.fsdp_reshard_after_forward = "never": one all-gather per step, not two)
 #   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts/trace_summary.py of it
 #   profile-2gpu  two GPUs (FSDP2), 0.6B Parallax, step 20 profiled, summaries of both ranks (runs last)
 #
@@ -88,6 +90,8 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                   --md "$work/optimizers.md" ;;
     scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
                --out "$work/scaling" ;;
+    scaling-noreshard) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
+                         --extra "--parallelism.fsdp_reshard_after_forward never" --out "$work/scaling_noreshard" ;;
     profile-transformer) profile transformer 1 "$t" ;;
     profile-2gpu) profile parallax 2 "$t" ;;
   esac > "$work/$name.log" 2>&1
@@ -101,7 +105,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab mixer-gdn mixer-kda optimizers scaling profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab mixer-gdn mixer-kda optimizers scaling scaling-noreshard profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
@@ -128,7 +132,7 @@ for check in "${both[@]}"; do run_check "$check"; done
 
 pack
 cat "$work/status.txt"
-for f in "$work"/*/summary_rank*.md "$work"/*/summary.md "$work"/scaling/scaling.md "$work"/attention_train.md; do
+for f in "$work"/*/summary_rank*.md "$work"/*/summary.md "$work"/scaling*/scaling.md "$work"/attention_train.md; do
   [ -f "$f" ] && { echo "== $f"; head -30 "$f"; }
 done
 grep -hE "passed|failed" "$work"/*tests.log 2>/dev/null | tail -4
