@@ -112,8 +112,7 @@ def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list) -> list
         list of ``(m, n)`` fp32-or-wider tensors, ``delta = W_new - W``.
     """
     ortho, decay = matrix_terms(specs, updates, weights)
-    return [combine_terms(spec, ortho.get(i), decay.get(i), updates[i] if updates[i] is not None else weights[i])
-            for i, spec in enumerate(specs)]
+    return combine_terms(specs, ortho, decay, [u if u is not None else w for u, w in zip(updates, weights)])
 
 
 def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list) -> tuple[dict, dict]:
@@ -124,15 +123,21 @@ def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list) -> tuple
     return ortho, decay
 
 
-def combine_terms(spec: MatrixSpec, ortho: torch.Tensor | None, decay: torch.Tensor | None,
-                  like: torch.Tensor) -> torch.Tensor:
-    """``update_coeff * ortho + sp_coeff * decay`` (absent terms skipped) as a fresh tensor of
-    ``like``'s shape, dtype and device; the same arithmetic on whole matrices or on row pieces."""
-    terms = [(t, c) for t, c in ((ortho, spec.update_coeff), (decay, spec.sp_coeff)) if t is not None]
-    if not terms:
-        return torch.zeros_like(like)
-    delta = terms[0][0].to(like.dtype) * terms[0][1]  # fresh: the terms may be views
-    for term, coeff in terms[1:]:
-        delta.add_(term, alpha=coeff)
-    return delta
-
+def combine_terms(specs: list[MatrixSpec], ortho: dict, decay: dict, likes: list) -> list[torch.Tensor]:
+    """``update_coeff * ortho[i] + sp_coeff * decay[i]`` (absent terms skipped) for every matrix, as
+    fresh tensors of ``likes[i]``'s shape, dtype and device; the same arithmetic on whole matrices
+    or on row pieces. A few foreach calls for all matrices: a multiply per matrix left the GPU idle
+    while the host issued them."""
+    deltas: list = [None] * len(specs)
+    first = [(i, ortho[i], s.update_coeff) if i in ortho else (i, decay[i], s.sp_coeff)
+             for i, s in enumerate(specs) if i in ortho or i in decay]
+    if first:
+        scaled = torch._foreach_mul([t.to(likes[i].dtype) for i, t, _ in first], [c for _, _, c in first])
+        for (i, _, _), delta in zip(first, scaled):
+            deltas[i] = delta
+    second: dict = defaultdict(list)  # the S_p term of matrices that also have an update, by coefficient
+    for i in (i for i in ortho if i in decay):
+        second[specs[i].sp_coeff].append(i)
+    for coeff, idx in second.items():
+        torch._foreach_add_([deltas[i] for i in idx], [decay[i].to(deltas[i].dtype) for i in idx], alpha=coeff)
+    return [d if d is not None else torch.zeros_like(like) for d, like in zip(deltas, likes)]

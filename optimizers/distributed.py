@@ -115,12 +115,14 @@ def _owner_exchange(group, specs, updates, weights):
     ortho, decay = matrix_terms([specs[i] for i in layout.mine], [full_u.get(i) for i in layout.mine],
                                 [full_w.get(i) for i in layout.mine])
     # backward: every rank gets its rows of both terms and combines them as the single-process path does
+    # the orthogonalised rows arrive in udtype and are widened in one cast for all matrices
+    likes = {t.dtype for t in updates if t is not None}
     own_ortho = layout.from_owners(group, {i: ortho[k] for k, i in enumerate(layout.mine) if k in ortho},
-                                   [u is not None for u in updates], udtype, ref.device)
+                                   [u is not None for u in updates], udtype, ref.device,
+                                   as_dtype=likes.pop() if len(likes) == 1 else None)
     own_decay = layout.from_owners(group, {i: decay[k] for k, i in enumerate(layout.mine) if k in decay},
                                    [w is not None for w in weights], wide, ref.device)
-    return [combine_terms(specs[i], own_ortho.get(i), own_decay.get(i), u if u is not None else w)
-            for i, (u, w) in enumerate(zip(updates, weights))]
+    return combine_terms(specs, own_ortho, own_decay, [u if u is not None else w for u, w in zip(updates, weights)])
 
 
 class _Layout:
@@ -144,7 +146,7 @@ class _Layout:
         send = [[] for _ in range(self.world)]
         for i, piece in enumerate(pieces):
             if piece is not None:
-                send[self.owners[i]].append(piece.reshape(-1).to(dtype))
+                send[self.owners[i]].append(piece.reshape(-1))
         n = self.cols
         sizes = [sum(self.rows(i, q) * n[i] for i in self.mine if has[i]) for q in range(self.world)]
         received = _all_to_all(send, sizes, group, device, dtype)
@@ -158,7 +160,7 @@ class _Layout:
             full[i] = torch.cat(parts)
         return full
 
-    def from_owners(self, group, terms, has, dtype, device):
+    def from_owners(self, group, terms, has, dtype, device, as_dtype=None):
         """{i: this rank's rows of term i} for every matrix with has[i], from each owner's
         ``terms`` (full matrices of the matrices it owns), sent in ``dtype``."""
         if not any(has):
@@ -167,11 +169,11 @@ class _Layout:
         for i in (i for i in self.mine if has[i]):
             for q in range(self.world):
                 start, stop = shard_rows(self.specs[i].shape[0], self.world, q)
-                send[q].append(terms[i][start:stop].reshape(-1).to(dtype))
+                send[q].append(terms[i][start:stop].reshape(-1))
         n = self.cols
         sizes = [sum(self.rows(i, self.rank) * n[i] for i in range(len(self.specs)) if has[i] and self.owners[i] == q)
                  for q in range(self.world)]
-        received = _all_to_all(send, sizes, group, device, dtype)
+        received = _all_to_all(send, sizes, group, device, dtype, as_dtype)
         out, offsets = {}, [0] * self.world
         for i in (i for i in range(len(self.specs)) if has[i]):
             q, size = self.owners[i], self.rows(i, self.rank) * n[i]
@@ -180,11 +182,12 @@ class _Layout:
         return out
 
 
-def _all_to_all(send, recv_sizes, group, device, dtype):
-    """Variable-size all-to-all of flat tensors; returns the per-source received pieces."""
-    send_flat = [torch.cat(s) if s else torch.empty(0, dtype=dtype, device=device) for s in send]
+def _all_to_all(send, recv_sizes, group, device, dtype, as_dtype=None):
+    """Variable-size all-to-all of flat tensors, sent in ``dtype`` (one cast per destination, not per
+    piece); returns the per-source received pieces, cast to ``as_dtype`` first when given."""
+    send_flat = [torch.cat(s).to(dtype) if s else torch.empty(0, dtype=dtype, device=device) for s in send]
     inp = torch.cat(send_flat)
     out = torch.empty(sum(recv_sizes), dtype=dtype, device=device)
     dist.all_to_all_single(out, inp, output_split_sizes=recv_sizes,
                            input_split_sizes=[t.numel() for t in send_flat], group=group)
-    return list(out.split(recv_sizes))
+    return list((out if as_dtype is None else out.to(as_dtype)).split(recv_sizes))

@@ -139,9 +139,9 @@ def _exchange_worker(rank, world, port, out):
     sent = []  # (dtype, elements) of every all-to-all this rank sends
     original = distributed._all_to_all
 
-    def recording(send, recv_sizes, group, device, dtype):
+    def recording(send, recv_sizes, group, device, dtype, *rest):
         sent.append((dtype, sum(t.numel() for s in send for t in s)))
-        return original(send, recv_sizes, group, device, dtype)
+        return original(send, recv_sizes, group, device, dtype, *rest)
 
     distributed._all_to_all = recording
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
