@@ -13,9 +13,9 @@ import sys
 
 from eval.mad.grid import SWEEPS, RunConfig, check_mixers, load_config
 from eval.mad.models import MIXERS
-from parallax_titan.mixers import FLA_MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
+from parallax_titan.mixers import FLA_MIXERS
 
 
 def _parse_tasks(text: str) -> list[str]:
@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:  # a bad config or option stops here, before any run, with the key named
         cfg = _apply_overrides(load_config(args.config), args)
-        check_mixers(cfg.mixers, "--mixers" if args.mixers else f"{args.config}: [grid] mixers")
+        check_mixers(cfg.mixers, "--mixers" if args.mixers else f"{args.config}: [grid] mixers",
+                     installed=not args.report_only)  # rebuilding tables needs no fla
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     mixers = cfg.mixers
