@@ -7,6 +7,7 @@ ratios against the first variant::
     python scripts/bench_train.py transformer parallax --ngpu 8 --steps 300     # the 8-GPU run
     python scripts/bench_train.py parallax --name-prefix reference_ \\
         --extra "--parallax.attn_backend reference --compile.no-enable"
+    python scripts/bench_train.py titan_qwen3 transformer --recipe adamw_wsd   # TorchTitan's own trainer first
 
 Scaling (``--scaling N``): the first variant (a) on 1 GPU with local batch B and gradient
 accumulation N (global batch B x N) and (b) on N GPUs with local batch B, both with
@@ -84,18 +85,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# TorchTitan's own trainer and Qwen3 on the Transformer's config (scripts/titan_reference.py)
+REFERENCE = "titan_qwen3"
+
+
 def config_args(args: argparse.Namespace, variant: str) -> list[str]:
     """The config file of ``variant`` (and with ``--config``, the model overrides)."""
     if args.config:
         return ["--job.config_file", args.config, "--model.name", variant, "--model.flavor", args.flavor]
-    return ["--job.config_file", os.path.join("configs", "paper", args.flavor, f"{variant}_{args.recipe}.toml")]
+    config = "transformer" if variant == REFERENCE else variant
+    return ["--job.config_file", os.path.join("configs", "paper", args.flavor, f"{config}_{args.recipe}.toml")]
 
 
 def train_command(args: argparse.Namespace, variant: str, name: str, nproc: int, *overrides: str) -> list[str]:
-    """``torchrun train.py`` for one benchmark run; ``overrides`` come before ``--extra``."""
+    """``torchrun train.py`` (or the TorchTitan reference) for one benchmark run; ``overrides``
+    come before ``--extra``."""
+    entry = os.path.join("scripts", "titan_reference.py") if variant == REFERENCE else "train.py"
     return [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
-        "train.py", *config_args(args, variant),
+        entry, *config_args(args, variant),
         "--training.dataset", "default_corpus", "--training.steps", str(args.steps),
         "--training.global_batch_size", "-1", "--training.local_batch_size", str(args.local_batch),
         "--checkpoint.no-enable", "--metrics.log_freq", "5", "--metrics.no-progress-bar",

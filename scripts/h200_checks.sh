@@ -17,6 +17,8 @@
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the reference run)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
 #   guard-ab      transformer, AdamW + WSD, with and without the non-finite guard (its host sync per step)
+#   reference     TorchTitan's own trainer and Qwen3 (scripts/titan_reference.py) beside our transformer,
+#                 AdamW + WSD: the 43% MFU anchor and ours in one invocation
 #   mixer-gdn / mixer-kda  scripts/bench_train.py on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts/bench_optimizers.py
@@ -71,6 +73,8 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                 python3 scripts/bench_train.py transformer --steps 30 --recipe adamw_wsd --name-prefix "guard_${guard}_" \
                   --extra "--reliability.nonfinite $guard" --run-timeout $(( t / 2 - 5 )) --out "$work/guard_$guard"
               done ;;
+    reference) python3 scripts/bench_train.py titan_qwen3 transformer --steps 30 --recipe adamw_wsd \
+                 --run-timeout $(( t / 2 - 5 )) --out "$work/reference" ;;
     mixer-gdn|mixer-kda) mixer=${name#mixer-}; [ "$mixer" = gdn ] && mixer=gated_deltanet
               python3 scripts/bench_train.py "$mixer" --steps "${MIXER_STEPS:-300}" --run-timeout "$t" \
                 --out "$work/$name" ;;
@@ -105,7 +109,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab mixer-gdn mixer-kda optimizers scaling scaling-noreshard profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers scaling scaling-noreshard profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

@@ -106,3 +106,24 @@ def test_scaling_check_runs_on_cpu_ranks(tmp_path):
     assert report["max_rel_diff"] < 1e-5 and report["per_gpu_efficiency"] > 0
     assert report["per_gpu_efficiency_same_work"] > 0 and (tmp_path / "parallax_1gpu.log").is_file()
     assert (tmp_path / "scaling.md").is_file() and (tmp_path / "parallax_2gpu.log").is_file()
+
+
+def test_torchtitan_reference_runs_beside_ours(tmp_path):
+    """``titan_qwen3``: TorchTitan's own Trainer and Qwen3 (scripts/titan_reference.py) on the
+    Transformer's config, summarised in the same table as our run."""
+    args = parse_args(["titan_qwen3", "transformer", "--recipe", "adamw_wsd"])
+    cmd = train_command(args, "titan_qwen3", "titan_qwen3", 1)
+    entry = cmd.index(os.path.join("scripts", "titan_reference.py"))
+    assert cmd[entry + 1:entry + 3] == ["--job.config_file", "configs/paper/0.6B/transformer_adamw_wsd.toml"]
+    assert "train.py" in train_command(args, "transformer", "transformer", 1)
+    cmd = [sys.executable, "scripts/bench_train.py", "titan_qwen3", "transformer", "--config", TEST_CONFIG,
+           "--flavor", "debug", "--steps", "4", "--local-batch", "2", "--out", str(tmp_path),
+           "--extra", "--training.dataset default_corpus --metrics.log_freq 1"]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert [r["run"] for r in rows] == ["titan_qwen3", "transformer"]
+    assert all(r["tokens_per_s"] > 0 and len(r["loss"]) == 4 for r in rows)
+    assert "Building titan_qwen3 debug" in (tmp_path / "titan_qwen3.log").read_text()  # TorchTitan's spec
+    assert "Building transformer debug" in (tmp_path / "transformer.log").read_text()

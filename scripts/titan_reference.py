@@ -1,0 +1,73 @@
+"""TorchTitan's own trainer and Qwen3 model: the reference our Transformer's throughput is held to.
+
+    torchrun --nproc_per_node=1 scripts/titan_reference.py \\
+        --job.config_file configs/paper/0.6B/transformer_adamw_wsd.toml --training.dataset default_corpus
+    python scripts/bench_train.py titan_qwen3 transformer --recipe adamw_wsd   # both, one invocation
+
+``torchtitan.train.Trainer`` runs TorchTitan's ``qwen3`` train spec unchanged (its model,
+parallelize, optimizers, lr schedule, data loader, loss), registered as ``titan_qwen3`` with two
+additions so that it reads the data our runs read and writes the file ``bench_train.py``
+summarises: the embedded corpus as a dataset (``parallax_titan.data`` registers it on import)
+and ``metrics.jsonl`` through the spec's metrics-processor hook. The TOML is parsed with our
+JobConfig, a superset of TorchTitan's; the Trainer ignores the sections it does not know (our
+non-finite guard, diagnostics, probe settings), so none of our trainer's additions run. The
+issue's 43% MFU anchor (Qwen3-0.6B, fused AdamW) was measured with this trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the loader process forks after tokenizing
+
+import torch.distributed as dist  # noqa: E402
+from torchtitan.config import ConfigManager  # noqa: E402
+from torchtitan.models.qwen3 import qwen3_args  # noqa: E402
+from torchtitan.protocols.train_spec import get_train_spec, register_train_spec  # noqa: E402
+from torchtitan.tools.logging import init_logger  # noqa: E402
+from torchtitan.train import Trainer  # noqa: E402
+
+import parallax_titan.data  # noqa: E402,F401  (registers default_corpus in TorchTitan's datasets)
+from parallax_titan.compat import configure_for_host  # noqa: E402
+from parallax_titan.config import JobConfig  # noqa: E402
+from parallax_titan.metrics import build_metrics_processor  # noqa: E402
+
+NAME = "titan_qwen3"
+# TorchTitan's flavors, plus a small one for CPU tests (the tiny tokenizer has 4096 tokens)
+FLAVORS = {**qwen3_args, "debug": dataclasses.replace(qwen3_args["debugmodel"], vocab_size=4096, n_layers=2)}
+
+
+class ReferenceTrainer(Trainer):
+    """TorchTitan's Trainer; on a CPU-only host with the device shims train.py uses (none on CUDA)."""
+
+    def __init__(self, job_config):
+        configure_for_host(job_config)
+        super().__init__(job_config)
+
+
+def register() -> None:
+    """``titan_qwen3``: TorchTitan's qwen3 spec with our metrics processor (metrics.jsonl)."""
+    spec = dataclasses.replace(get_train_spec("qwen3"), model_args=FLAVORS,
+                               build_metrics_processor_fn=build_metrics_processor)
+    register_train_spec(NAME, spec)
+
+
+def main(argv: list[str]) -> None:
+    init_logger()
+    register()
+    config = ConfigManager(JobConfig).parse_args([*argv, "--model.name", NAME])
+    trainer = ReferenceTrainer(config)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
