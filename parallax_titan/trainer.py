@@ -22,36 +22,51 @@ from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_fig
 from parallax_titan.validate import validate_job_config
 
 
-class FlagToHost:
-    """A device flag read on the host without draining the stream behind it.
+class StepFlags:
+    """Per-step flags (non-finite, SIGTERM) that every rank agrees on without a host barrier.
 
-    ``start(flag)`` queues a copy of the bool scalar ``flag`` (or None: no flag) into pinned host
-    memory and records an event; ``get()`` waits for the latest ``start``'s event only, so work
-    queued on the stream after it (the optimizer's orthogonalisation) keeps running. CPU tensors
-    are read directly.
+    ``start(flags)`` max-reduces the (2,) float tensor ``flags`` across ranks with a collective
+    queued behind the backward (nothing on one rank) and queues its copy into pinned host memory,
+    one buffer per step parity; ``read(lag)`` waits for that copy of this step (lag 0) or of the
+    step before (lag 1) only, so work queued after it keeps running, and it never waits for another
+    rank's host (a gloo all-reduce per step did: the ranks' hosts met there every step). CPU tensors
+    are read directly. ``next_step()`` moves on; a step's flags are read at most once.
     """
 
     def __init__(self) -> None:
-        self._host = self._event = self._pinned = None
+        self._step = 0
+        self._slots: list = [None, None]  # per step parity: (host tensor, event or None)
+        self._pinned: list = [None, None]
+        self._multi = dist.is_initialized() and dist.get_world_size() > 1
 
-    def start(self, flag: torch.Tensor | None) -> None:
-        if flag is None or not flag.is_cuda:
-            self._host, self._event = flag, None
+    def start(self, flags: torch.Tensor) -> None:
+        if self._multi:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        k = self._step % 2
+        if not flags.is_cuda:
+            self._slots[k] = (flags, None)
             return
-        if self._pinned is None:  # one pinned byte for the run: get() always waits before reuse
-            self._pinned = torch.empty((), dtype=torch.bool, pin_memory=True)
-        self._host = self._pinned
-        self._host.copy_(flag, non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record()
+        if self._pinned[k] is None:
+            self._pinned[k] = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+        self._pinned[k].copy_(flags, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._slots[k] = (self._pinned[k], event)
 
-    def get(self) -> bool:
-        """The flag's value (False for no flag or no ``start``); clears it for the next ``start``."""
-        if self._event is not None:
-            self._event.synchronize()
-        value = bool(self._host) if self._host is not None else False
-        self._host = self._event = None
-        return value
+    def read(self, lag: int = 0) -> tuple[bool, ...] | None:
+        """The flags of this step (lag 0) or the previous one (lag 1) as bools, None if not started."""
+        k = (self._step - lag) % 2
+        if lag > self._step or self._slots[k] is None:
+            return None
+        host, event = self._slots[k]
+        if event is not None:
+            event.synchronize()
+        self._slots[k] = None
+        return tuple(bool(v) for v in host.tolist())
+
+    def next_step(self) -> None:
+        self._step += 1
+        self._slots[self._step % 2] = None  # two steps old: unread flags are dropped, the buffer reused
 
 
 class ParallaxTrainer(Trainer):
@@ -64,14 +79,12 @@ class ParallaxTrainer(Trainer):
         self._nonfinite = None  # device flag: a non-finite loss or gradient in this step
         self.nonfinite_steps = 0
         reliability = job_config.reliability
-        self._flag_to_host = FlagToHost()
+        self._flags = StepFlags()
+        self._agreed_sigterm = False  # SIGTERM as every rank saw it in the flags read this step
         if reliability.nonfinite != "off":
             self.optimizers.step_guard = self._finite_or_skip
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
-        # Per-step agreement on stop flags goes through a CPU (gloo) group: no device sync per step.
-        multi = dist.is_initialized() and dist.get_world_size() > 1
-        self._flag_group = dist.new_group(backend="gloo") if multi else None
         self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)
         self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
         source = job_config.parallax.init_from_transformer
@@ -86,7 +99,7 @@ class ParallaxTrainer(Trainer):
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
         )
         if self.job_config.reliability.nonfinite != "off":
-            # Kept on the device and copied to the host right behind this backward (FlagToHost),
+            # Kept on the device and copied to the host right behind this backward (StepFlags),
             # so the optimizer-step guard waits for the backward only, not for the optimizer work
             # queued after it. The norms are taken before clipping, which turns every gradient NaN
             # once one is.
@@ -94,7 +107,10 @@ class ParallaxTrainer(Trainer):
             self._grad_norms = (names, torch.stack(torch._foreach_norm(list(grads))))
             bad = ~torch.isfinite(loss).all() | ~torch.isfinite(self._grad_norms[1]).all()
             self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
-            self._flag_to_host.start(self._nonfinite)
+        nonfinite = self._nonfinite if self._nonfinite is not None else torch.zeros((), device=loss.device)
+        # a fill kernel, not a host-to-device copy (that would synchronise the stream)
+        sigterm = torch.full((), float(self._sigterm), device=loss.device)
+        self._flags.start(torch.stack([nonfinite.float(), sigterm]))
         return loss
 
     def _named_grads(self):
@@ -107,7 +123,8 @@ class ParallaxTrainer(Trainer):
     def _finite_or_skip(self) -> bool:
         """Optimizer-step guard: False (skip the update) after a non-finite loss or gradient."""
         self._nonfinite = None
-        if not self._any_rank(self._flag_to_host.get()):
+        nonfinite, self._agreed_sigterm = self._flags.read()
+        if not nonfinite:
             return True
         self.nonfinite_steps += 1
         names, norms = self._grad_norms
@@ -135,8 +152,17 @@ class ParallaxTrainer(Trainer):
         )
         if self.step == self.job_config.reliability.stop_at_step:
             self._stop_reason = f"reliability.stop_at_step = {self.step}"
-        if self._any_rank(self._sigterm):
+        if self._sigterm_on_every_rank():
             self._stop_reason = "SIGTERM"
+        self._flags.next_step()
+
+    def _sigterm_on_every_rank(self) -> bool:
+        """SIGTERM as all ranks agree on it: from this step's flags when the guard read them, else
+        from the previous step's (read without waiting for this step's work: one step later)."""
+        if self.job_config.reliability.nonfinite != "off":
+            return self._agreed_sigterm
+        flags = self._flags.read(lag=1)
+        return flags is not None and flags[1]
 
     def should_continue_training(self) -> bool:
         if self._stop_reason is None:
@@ -144,11 +170,3 @@ class ParallaxTrainer(Trainer):
         save_checkpoint_now(self.checkpointer, self.step)
         logger.info(f"Stopping after step {self.step} ({self._stop_reason}); checkpoint saved, rerun to resume")
         return False
-
-    def _any_rank(self, flag: bool) -> bool:
-        """True if ``flag`` is set on any rank (signals reach ranks at slightly different times)."""
-        if self._flag_group is None:
-            return flag
-        value = torch.tensor([float(flag)])
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._flag_group)
-        return bool(value.item())

@@ -42,31 +42,38 @@ def test_off_policy_lets_nan_through(tmp_path):
     assert not out["finite_params"]
 
 
-def test_flag_to_host_reads_cpu_flags_and_none():
-    from parallax_titan.trainer import FlagToHost
+def test_step_flags_read_this_step_or_the_last_once():
+    from parallax_titan.trainer import StepFlags
 
-    reader = FlagToHost()
-    for flag, expected in ((torch.tensor(True), True), (torch.tensor(False), False), (None, False)):
-        reader.start(flag)
-        assert reader.get() is expected
-        assert reader.get() is False  # cleared: no value until the next start
-    reader.start(torch.tensor(False))
-    reader.start(torch.tensor(True))  # gradient accumulation: the latest start wins
-    assert reader.get() is True
+    flags = StepFlags()  # one process: no collective
+    assert flags.read() is None and flags.read(lag=1) is None  # nothing started yet
+    flags.start(torch.tensor([0.0, 0.0]))
+    flags.start(torch.tensor([1.0, 0.0]))  # gradient accumulation: the latest start of a step wins
+    assert flags.read() == (True, False)
+    assert flags.read() is None  # read once
+    flags.next_step()
+    flags.start(torch.tensor([0.0, 1.0]))
+    flags.next_step()
+    flags.start(torch.tensor([1.0, 1.0]))
+    assert flags.read(lag=1) == (False, True)  # the step before, unread until now
+    assert flags.read() == (True, True)
+    flags.next_step()
+    flags.next_step()
+    assert flags.read(lag=1) is None  # two steps old: dropped
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_flag_to_host_waits_for_the_flag_not_for_later_work():
-    from parallax_titan.trainer import FlagToHost
+def test_step_flags_wait_for_the_flags_not_for_later_work():
+    from parallax_titan.trainer import StepFlags
 
-    flag = torch.zeros((), dtype=torch.bool, device="cuda")
-    flag |= torch.tensor(True, device="cuda")
-    reader = FlagToHost()
-    reader.start(flag)
+    bad = torch.zeros((), device="cuda")
+    bad += 1
+    reader = StepFlags()
+    reader.start(torch.stack([bad, torch.zeros((), device="cuda")]))
     a = torch.randn(8192, 8192, device="cuda")
-    for _ in range(20):  # queued after start: get() must not wait for it
+    for _ in range(20):  # queued after start: read() must not wait for it
         a = a @ a / 100
-    assert reader.get() is True
+    assert reader.read() == (True, False)
     assert not torch.cuda.current_stream().query()  # the matmuls are still running
     torch.cuda.synchronize()

@@ -80,11 +80,13 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path):
-    """Only one of two workers gets the signal; both agree (CPU flag all-reduce), save one
+@pytest.mark.parametrize("nonfinite", ["skip", "off"])  # the flags read by the guard, or a step later
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path, nonfinite):
+    """Only one of two workers gets the signal; both agree (the step flags' all-reduce), save one
     checkpoint and exit 0."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533", "train.py",
-           "--job.config_file", TEST_CONFIG, "--job.dump_folder", str(tmp_path), *ARGS, "--training.steps", "1000"]
+           "--job.config_file", TEST_CONFIG, "--job.dump_folder", str(tmp_path), *ARGS, "--training.steps", "1000",
+           "--reliability.nonfinite", nonfinite]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = tmp_path / "metrics.jsonl"
