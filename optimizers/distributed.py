@@ -116,10 +116,10 @@ def _owner_exchange(group, specs, updates, weights):
                                 [full_w.get(i) for i in layout.mine])
     # backward: every rank gets its rows of both terms and combines them as the single-process path does
     # the orthogonalised rows arrive in udtype and are widened in one cast for all matrices
-    likes = {t.dtype for t in updates if t is not None}
+    update_dtypes = {t.dtype for t in updates if t is not None}
     own_ortho = layout.from_owners(group, {i: ortho[k] for k, i in enumerate(layout.mine) if k in ortho},
                                    [u is not None for u in updates], udtype, ref.device,
-                                   as_dtype=likes.pop() if len(likes) == 1 else None)
+                                   as_dtype=update_dtypes.pop() if len(update_dtypes) == 1 else None)
     own_decay = layout.from_owners(group, {i: decay[k] for k, i in enumerate(layout.mine) if k in decay},
                                    [w is not None for w in weights], wide, ref.device)
     return combine_terms(specs, own_ortho, own_decay, [u if u is not None else w for u, w in zip(updates, weights)])

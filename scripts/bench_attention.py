@@ -141,7 +141,7 @@ def agreement(table, tensors, group):
     ours = table["parallax_ours"][1](*tensors).float()
     res = {}
     for name, (layout, fn) in table.items():
-        if name.startswith("parallax") and not name.startswith("parallax_ours"):
+        if name.startswith("parallax") and name != "parallax_ours":
             out = fn(*to_layout(tensors, layout, group))
             out = out.transpose(1, 2) if layout.startswith("bhld") else out
             res[name] = ((out.float() - ours).norm() / ours.norm()).item()

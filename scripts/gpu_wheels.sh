@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Download the wheels the H200 box lacks (pure Python, and torchao: abi3, float8 linears) (Python 3.12, no network there) into .whl/.
+# Download the wheels the H200 box lacks (Python 3.12, no network there) into .whl/: pure Python,
+# plus torchao (an abi3 wheel; float8 linears).
 # On the box: python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
 #             export PYTHONPATH=/tmp/site
 #

@@ -35,10 +35,10 @@ FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA"}
 INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
-KERNELS = {  # name -> (JIT function, shipped configs, extra constexprs)
-    "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS, {}),
-    "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS, {}),
-    "dkdv": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS, {}),
+KERNELS = {  # name -> (JIT function, shipped configs)
+    "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS),
+    "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS),
+    "dkdv": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS),
 }
 
 
@@ -101,12 +101,12 @@ def main(argv=None) -> None:
     print("| kernel | D | BM x BN | warps | stages | registers | stack B | spill st/ld | wgmma | shared B |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.kernel:
-        kernel, configs, extra = KERNELS[name]
+        kernel, configs = KERNELS[name]
         tiles = ([tuple(int(x) for x in args.config.split(","))] if args.config else
                  sorted({(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages) for c in configs}))
         for d in args.d:
             for bm, bn, warps, stages in tiles:
-                constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, **extra)
+                constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True)
                 r = resources(kernel, constexprs, warps, stages)
                 print(f"| {name} | {d} | {bm} x {bn} | {warps} | {stages} | {r['registers']} | {r['stack']} "
                       f"| {r['spill_stores']}/{r['spill_loads']} | {r['wgmma']} | {r['shared']} |", flush=True)

@@ -325,10 +325,9 @@ INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
 TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
 
 
-def _autotuned(kernel, configs, key=TUNE_KEY, **options):
-    if "cache_results" in inspect.signature(triton.autotune).parameters:
-        options["cache_results"] = True
-    return triton.autotune(configs=configs, key=key, **options)(kernel)
+def _autotuned(kernel, configs):
+    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    return triton.autotune(configs=configs, key=TUNE_KEY, **extra)(kernel)
 
 
 _FWD_TUNED = _autotuned(_fwd_kernel, FWD_CONFIGS)
