@@ -12,12 +12,9 @@ import os
 import sys
 import tomllib
 
-# Defaults a user's environment overrides. Expandable segments: the caching allocator grows segments
-# instead of calling cudaMalloc for new block sizes (TorchTitan's launcher sets the same; in a 2-GPU
-# 0.6B profile ~16 ms per step of GPU idle sat in allocations inside the optimizer step). Tokenizer
-# threads off: the data loader process is forked after the tokenizer was used.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from parallax_titan.launch_env import set_defaults  # imports no torch
+
+set_defaults()  # before torch: the allocator reads its setting once
 
 import torch  # noqa: E402  (after the allocator setting)
 from torchtitan.config import ConfigManager  # noqa: E402

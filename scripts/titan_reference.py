@@ -22,7 +22,9 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the loader process forks after tokenizing
+from parallax_titan.launch_env import set_defaults  # noqa: E402  (imports no torch)
+
+set_defaults()  # the same environment as train.py (and TorchTitan's own launcher's allocator setting)
 
 import torch.distributed as dist  # noqa: E402
 from torchtitan.config import ConfigManager  # noqa: E402
