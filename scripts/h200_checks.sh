@@ -117,7 +117,7 @@ ngpu=${NGPU:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
 { nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; nvidia-smi topo -m; } > "$work/gpus.txt" 2>&1
 single=() both=()
 for check in "$@"; do
-  case $check in scaling|profile-2gpu|fla-fsdp) both+=("$check") ;; *) single+=("$check") ;; esac
+  case $check in scaling|scaling-noreshard|profile-2gpu|fla-fsdp) both+=("$check") ;; *) single+=("$check") ;; esac
 done
 # two lanes (one per GPU) take the single-GPU checks in turn
 for lane in 0 1; do
