@@ -35,6 +35,7 @@ FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA"}
 INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
+STRIDES = {"sqt", "sqh", "skt", "skh"}
 KERNELS = {  # name -> (JIT function, shipped configs)
     "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS),
     "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS),
@@ -77,10 +78,19 @@ def _opcodes(sass: str) -> list[str]:
     return out
 
 
+def aligned(kernel, constexprs: dict) -> dict:
+    """The launch-time specialisation of a real call: pointers and token/head strides divisible by 16
+    (without it loads do not vectorise and the register counts are not the GPU's)."""
+    names = [n for n in kernel.arg_names if n not in constexprs]
+    return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+            if n in names and (n in FP32_POINTERS | INT_POINTERS | BF16_POINTERS or n in STRIDES)}
+
+
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
     """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes."""
-    compiled = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs),
-                              target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    source = ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs,
+                       attrs=aligned(kernel, constexprs))
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
     usage, sass = _cuobjdump(compiled.asm["cubin"], ["--dump-resource-usage"], ["-sass"])
     line = next(line for line in usage.splitlines() if "REG:" in line)
     fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
