@@ -189,17 +189,17 @@ def check(fns):
 
 
 # ---------------------------------------------------------------- tuning sweep
-SWEEP_ALT_CONFIGS = {128: [(64, 4, 2), (64, 4, 4)], 64: [(64, 4, 3), (128, 8, 3)]}
+SWEEP_ALT_CONFIGS = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (128, 4, 2)], 64: [(64, 4, 3), (128, 8, 3), (32, 4, 3)]}
 SWEEP_SHAPES = [(1, 32768), (32, 16384), (128, 16384)]
 
 
-def sweep():
-    """At a few shapes: the default launch configuration with the heuristic's
+def sweep(shapes=SWEEP_SHAPES):
+    """At the (batch, length) shapes: the default launch configuration with the heuristic's
     split count and with other split counts, and other configurations."""
     rows = []
     for dim, alts in SWEEP_ALT_CONFIGS.items():
         default = decode_fused._CONFIGS[dim]
-        for batch, length in SWEEP_SHAPES:
+        for batch, length in shapes:
             nb = kv_bytes(batch, length, dim)
             sets = make_sets(batch, length, dim, n_sets_for(nb))
             trials = []
@@ -208,8 +208,11 @@ def sweep():
                 heur = decode_fused.pick_num_splits(batch * HKV, length, bn, slots)
                 trials.append(((bn, warps, stages), heur, True))
             heur = trials[0][1]
-            for splits in sorted({1, 2, min(2 * heur, decode_fused.MAX_SPLITS)} - {heur}):
+            for splits in sorted({1, 2, max(1, heur // 2), 32, 48, decode_fused.MAX_SPLITS,
+                                  min(2 * heur, decode_fused.MAX_SPLITS)} - {heur}):
                 trials.append((default, splits, True))
+                if batch == 1:  # short chunks: a smaller block keeps the pipeline full
+                    trials += [(alt, splits, True) for alt in alts]
             if heur > 1:
                 trials.append((default, heur, False))
             for (bn, warps, stages), splits, fused in trials:
@@ -287,6 +290,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="correctness vs fp64 and competitors first")
     parser.add_argument("--sweep", action="store_true", help="tuning sweep of our launch configuration")
+    parser.add_argument("--sweep-shapes", nargs="+", default=[f"{b}x{n}" for b, n in SWEEP_SHAPES],
+                        help="BATCHxLENGTH shapes of the sweep")
     parser.add_argument("--no-bench", action="store_true", help="skip the full benchmark table")
     parser.add_argument("--out", default="docs/bench", help="folder for attention_decode.{json,md}")
     args = parser.parse_args()
@@ -306,7 +311,7 @@ def main():
         result["check"] = check(fns)
         log(f"check done {time.time() - t0:.0f}s")
     if args.sweep:
-        result["sweep"] = sweep()
+        result["sweep"] = sweep([tuple(int(x) for x in shape.split("x")) for shape in args.sweep_shapes])
         log(f"sweep done {time.time() - t0:.0f}s")
     if not args.no_bench:
         result["bench"] = bench(fns)
