@@ -302,7 +302,7 @@ def main():
     meta = dict(command="python scripts/bench_decode.py " + " ".join(sys.argv[1:]),
                 gpu=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
                 configs={str(k): v for k, v in decode_fused._CONFIGS.items()},
-                wave_slack=decode_fused._WAVE_SLACK, min_chunk=decode_fused._MIN_CHUNK)
+                min_chunk=decode_fused._MIN_CHUNK)
     meta["copy_tbps"] = copy_bandwidth()
     log("meta", meta)
     result = dict(meta=meta)

@@ -282,3 +282,25 @@ def test_launch_config_by_group_count():
     assert pick_config(8, 128, cpu) == (64, 4, 3) and pick_config(256, 128, cpu) == (64, 4, 3)
     assert pick_config(1024, 128, cpu) == (64, 4, 2) and pick_config(1024, 64, cpu) == (128, 8, 3)
     assert pick_config(1024, 32, cpu) == (32, 4, 2)  # no measured config for this head dim
+
+
+@pytest.mark.parametrize("n_groups, length, block_n, slots", [
+    (8, 4096, 64, 264), (8, 16384, 64, 264), (8, 32768, 128, 264), (8, 100, 64, 264),
+    (128, 16384, 64, 264), (256, 16384, 64, 264), (1024, 4096, 64, 396), (3, 50_000, 32, 16),
+])
+def test_split_count_is_the_shortest_one_wave_split(n_groups, length, block_n, slots):
+    """pick_num_splits against a brute force over every count: all programs in one wave, at least
+    _MIN_CHUNK positions per split, and no other admissible count walks fewer blocks per split
+    (or as few with fewer splits); one split once the groups alone fill a wave."""
+    from kernels.parallax import decode_fused as dec
+
+    splits = dec.pick_num_splits(n_groups, length, block_n, slots)
+    blocks = lambda s: -(-(-(-length // s)) // block_n)  # noqa: E731
+    admissible = [s for s in range(1, dec.MAX_SPLITS + 1)
+                  if n_groups * s <= slots and (s == 1 or -(-length // s) >= dec._MIN_CHUNK)]
+    best = min(admissible or [1], key=lambda s: (blocks(s), s))
+    assert splits == best
+    if n_groups * 2 > slots:
+        assert splits == 1
+    if (n_groups, length, block_n) == (8, 16384, 64):
+        assert splits == 32 and blocks(32) == 8  # equal chunks of 512, not a ragged 29
