@@ -29,3 +29,13 @@ def test_forward_compiles_for_hopper_tensor_cores():
     assert 0 < res["registers"] <= 255
     assert 0 < res["shared"] <= 232448  # H100/H200 opt-in shared memory per block
     assert res["stack"] >= 0 and res["spill_stores"] >= 0
+
+
+def test_alignment_covers_pointers_and_strides_only():
+    """A real launch specialises 16-divisible pointers and strides; sizes that vary per call and the
+    float scales are never specialised, so they must not be marked."""
+    consts = {"D": 64, "BM": 128, "BN": 64, "VARLEN": False, "PREC": "tf32", "GLOBAL_ORDER": True}
+    names = fused._fwd_kernel.arg_names
+    marked = {names[i] for (i,) in kr.aligned(fused._fwd_kernel, consts)}
+    assert {"Q", "R", "K", "V", "O", "TBAR", "LSE", "DOCS", "sqt", "sqh", "skt", "skh"} <= marked
+    assert not marked & {"T", "L", "HQ", "GROUP", "qk_scale", "D", "BM"}

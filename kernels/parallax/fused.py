@@ -241,7 +241,7 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
                 T, L, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
-                VARLEN: tl.constexpr, PREC: tl.constexpr, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
+                VARLEN: tl.constexpr, PREC: tl.constexpr):
     offs_d = tl.arange(0, D)
     for m0 in range(lo, hi, BM):
         offs_m = m0 + tl.arange(0, BM)
@@ -250,28 +250,26 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
         stat = h.to(tl.int64) * T + offs_m
         lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
         tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
+        tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
+        beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
         q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
         r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
         # transposed orientation (keys x queries): the results feed dk, dv without transposes
         st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         tt = tl.dot(k, tl.trans(r), input_precision=PREC)
+        at = tl.dot(v, tl.trans(do), input_precision=PREC)
         pt = tl.exp2(st - lse[None, :])
         if MASKED:
             ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
             ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= ds_row[None, :]) & ok_m[None, :]
             pt = tl.where(ok, pt, 0.0)
+        delta = at - beta[None, :]
         c = 1.0 + tbar[None, :] - tt
-        if WANT_DV:
-            dv += tl.dot((pt * c).to(do.dtype), do, input_precision=PREC)
-        if WANT_DK:
-            tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
-            beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
-            at = tl.dot(v, tl.trans(do), input_precision=PREC)
-            delta = at - beta[None, :]
-            g1 = (pt * (c * delta + (beta - tau)[None, :]) * scale).to(q.dtype)
-            g2 = (-pt * delta).to(r.dtype)
-            dk += tl.dot(g1, q, input_precision=PREC)
-            dk += tl.dot(g2, r, input_precision=PREC)
+        dv += tl.dot((pt * c).to(do.dtype), do, input_precision=PREC)
+        g1 = (pt * (c * delta + (beta - tau)[None, :]) * scale).to(q.dtype)
+        g2 = (-pt * delta).to(r.dtype)
+        dk += tl.dot(g1, q, input_precision=PREC)
+        dk += tl.dot(g2, r, input_precision=PREC)
     return dk, dv
 
 
@@ -279,8 +277,7 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
 def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T, L, HQ, HKV,
                      sqt, sqh, skt, skh, scale, qk_scale, TUNE_T, TUNE_L,
                      GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
-                     WANT_DK: tl.constexpr = True, WANT_DV: tl.constexpr = True):
+                     VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
     n0, kv_h = _tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
     offs_n = n0 + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -299,15 +296,13 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     for g in range(GROUP):
         h = kv_h * GROUP + g
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, WANT_DK, WANT_DV)
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC, WANT_DK, WANT_DV)
+                             offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC)
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, WANT_DK, WANT_DV)
-    if WANT_DK:
-        _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
-    if WANT_DV:
-        _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
+                             offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC)
+    _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
+    _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
 
 
 # ----------------------------------------------------------------------------- launch
