@@ -15,13 +15,19 @@ accumulation N (global batch B x N) and (b) on N GPUs with local batch B, both w
 
     python scripts/bench_train.py parallax --scaling 2 --steps 30
 
+Resume (``--resume K``): the first variant on one GPU straight for ``--steps`` steps, and the same
+run stopped at step K (``reliability.stop_at_step``, which saves a full checkpoint) and rerun with
+the same command, which resumes from it; the losses of the two step by step (``resume.md``)::
+
+    python scripts/bench_train.py parallax --resume 8 --steps 16
+
 Every run is ``torchrun train.py`` on ``configs/paper/<flavor>/<variant>_<recipe>.toml`` (or one
 ``--config`` for every variant, with the variant and flavor set on the command line) on the
 embedded corpus; with the paper configs it needs the Qwen3 tokenizer in assets/ (no network) and
 uses the config's compile and FSDP2. Throughput and MFU are means over the logged steps after the
 first half. Results go to OUT (``--out``, else $OUT, else outputs/bench_train):
 ``<run>/metrics.jsonl``, ``<run>.log``, ``summary.md``/``summary.json``, and with ``--scaling``
-``scaling.md``/``scaling.json``.
+``scaling.md``/``scaling.json`` (``--resume``: ``resume.md``/``resume.json``).
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the variant and --flavor are passed as --model.name and --model.flavor")
     parser.add_argument("--scaling", type=int, default=0, metavar="N",
                         help="scaling check of the first variant: 1 GPU with gradient accumulation N vs N GPUs")
+    parser.add_argument("--resume", type=int, default=0, metavar="K",
+                        help="resume check of the first variant: straight vs stopped at step K and rerun")
     args = parser.parse_args(_glue_extra(sys.argv[1:] if argv is None else argv))
     args.out = os.path.abspath(args.out)
     args.config = args.config and os.path.abspath(args.config)
@@ -82,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--scaling {args.scaling}: expected a number of GPUs >= 2")
         if len(args.variants) > 1 or args.ngpu != 1:
             parser.error("--scaling measures one variant on 1 and N GPUs; give one variant and no --ngpu")
+    if args.resume and not (0 < args.resume < args.steps and len(args.variants) == 1 and not args.scaling):
+        parser.error(f"--resume {args.resume}: expected one variant, no --scaling and 0 < K < --steps ({args.steps})")
     return args
 
 
@@ -148,11 +158,13 @@ def run_logged(cmd: list[str], log_path: str, timeout: int, env: dict | None = N
 
 
 def bench_run(args: argparse.Namespace, variant: str, name: str, nproc: int, *overrides: str,
-              env: dict | None = None) -> str | None:
-    """One run into ``OUT/name`` (emptied first); its folder, or None when it logged no step."""
+              env: dict | None = None, fresh: bool = True) -> str | None:
+    """One run into ``OUT/name`` (emptied first unless not ``fresh``: a rerun that resumes); its
+    folder, or None when it logged no step."""
     folder = os.path.join(args.out, name)
-    shutil.rmtree(folder, ignore_errors=True)
-    log_path = folder + ".log"
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+    log_path = folder + (".log" if fresh else ".rerun.log")
     status = run_logged(train_command(args, variant, name, nproc, *overrides), log_path, args.run_timeout, env)
     with open(log_path) as f:
         steps = sum("step:" in line for line in f)
@@ -253,10 +265,50 @@ def write_scaling(report: dict, out: str) -> str:
     return write_report(scaling_markdown(report), report, out)
 
 
+def resume_check(args: argparse.Namespace) -> int:
+    """``--resume K``: one straight run, one stopped at step K and rerun (resuming); exit status."""
+    variant, k = args.variants[0], args.resume
+    base = args.name_prefix + variant
+    common = ("--metrics.log_freq", "1", "--checkpoint.enable", "--checkpoint.interval", str(10 * args.steps),
+              "--reliability.stop_at_step", str(k))
+    straight = bench_run(args, variant, f"{base}_straight", 1, "--metrics.log_freq", "1", env=one_gpu_env())
+    stopped = bench_run(args, variant, f"{base}_resumed", 1, *common, env=one_gpu_env())
+    resumed = stopped and bench_run(args, variant, f"{base}_resumed", 1, *common, env=one_gpu_env(), fresh=False)
+    if not (straight and resumed):
+        return 1
+    report = resume_report(summarize(straight, 0)["loss"], summarize(resumed, 0)["loss"], k)
+    print(write_report(resume_markdown(report), report, os.path.join(args.out, "resume")))
+    return 0 if report["steps_compared"] == args.steps - k else 1
+
+
+def resume_report(straight: dict, resumed: dict, k: int) -> dict:
+    """Losses (step -> loss) of the straight and the stopped-at-K-and-resumed run: the steps after K
+    side by side, how many are bit-identical, the largest absolute and relative difference."""
+    steps = sorted(s for s in set(straight) & set(resumed) if s > k)
+    rows = [{"step": s, "straight": straight[s], "resumed": resumed[s], "abs_diff": abs(resumed[s] - straight[s]),
+             "rel_diff": abs(resumed[s] - straight[s]) / abs(straight[s])} for s in steps]
+    return {"stopped_at": k, "steps_compared": len(rows), "identical": sum(r["abs_diff"] == 0 for r in rows),
+            "max_abs_diff": max((r["abs_diff"] for r in rows), default=None),
+            "max_rel_diff": max((r["rel_diff"] for r in rows), default=None), "losses": rows}
+
+
+def resume_markdown(report: dict) -> str:
+    """The resume report as markdown: the summary line and the loss table."""
+    lines = [f"# Resume: stopped at step {report['stopped_at']} and rerun vs one straight run", "",
+             f"{report['steps_compared']} steps after the stop compared: {report['identical']} bit-identical, "
+             f"max absolute difference {report['max_abs_diff']:.3g}, max relative {report['max_rel_diff']:.3g}.", "",
+             "| step | loss straight | loss resumed | abs diff | rel diff |", "|---|---|---|---|---|"]
+    lines += [f"| {r['step']} | {r['straight']:.6f} | {r['resumed']:.6f} | {r['abs_diff']:.3g} | {r['rel_diff']:.3g} |"
+              for r in report["losses"]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark the command line asks for; the exit status (1 when a run failed)."""
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.resume:
+        return resume_check(args)
     return scaling(args) if args.scaling else throughput(args)
 
 

@@ -22,6 +22,8 @@
 #   mixer-gdn / mixer-kda  scripts/bench_train.py on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts/bench_optimizers.py
+#   resume        scripts/bench_train.py parallax --resume 8 --steps 16 (one GPU: a run stopped at step 8
+#                 and rerun against a straight one, losses step by step)
 #   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
 #   scaling-noreshard  the same with FSDP keeping the gathered parameters from forward to backward
 #                 (parallelism.fsdp_reshard_after_forward = "never": one all-gather per step, not two)
@@ -92,6 +94,8 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                 -k two_rank_fsdp ;;
     optimizers) timeout "$t" python3 scripts/bench_optimizers.py --out "$work/optimizers.json" \
                   --md "$work/optimizers.md" ;;
+    resume) python3 scripts/bench_train.py parallax --resume 8 --steps 16 --run-timeout $(( t / 3 - 5 )) \
+              --out "$work/resume" ;;
     scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
                --out "$work/scaling" ;;
     scaling-noreshard) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
@@ -109,7 +113,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers scaling scaling-noreshard profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers resume scaling scaling-noreshard profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

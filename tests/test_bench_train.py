@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from scripts.bench_train import TIMEOUT_EXIT, parse_args, run_logged, scaling_report, train_command, write_scaling
+from scripts.bench_train import (TIMEOUT_EXIT, parse_args, resume_markdown, resume_report, run_logged, scaling_report,
+                                 train_command, write_scaling)
 from scripts.summarize_runs import summarize
 from tests._train_runs import REPO, TEST_CONFIG
 
@@ -35,7 +36,9 @@ def test_defaults_and_options(monkeypatch):
 
 
 @pytest.mark.parametrize("argv", [["parallax", "--scaling", "1"], ["transformer", "parallax", "--scaling", "2"],
-                                  ["parallax", "--scaling", "2", "--ngpu", "2"]])
+                                  ["parallax", "--scaling", "2", "--ngpu", "2"], ["parallax", "--resume", "30"],
+                                  ["transformer", "parallax", "--resume", "3"], ["parallax", "--resume", "-1"],
+                                  ["parallax", "--resume", "3", "--scaling", "2"]])
 def test_bad_scaling_options_are_refused(argv):
     with pytest.raises(SystemExit):
         parse_args(argv)
@@ -91,6 +94,32 @@ def test_scaling_report_on_fabricated_metrics(tmp_path):
     assert "(the same work per GPU, one optimizer step per micro-batch): **0.750**" in text
     assert "| p_1gpu |" in text
     assert json.loads((tmp_path / "scaling.json").read_text())["per_gpu_efficiency"] == pytest.approx(0.975)
+
+
+def test_resume_report_compares_the_steps_after_the_stop():
+    straight = {1: 10.0, 2: 9.0, 3: 8.0, 4: 7.0}
+    resumed = {1: 10.0, 2: 9.0, 3: 8.0, 4: 7.07}
+    report = resume_report(straight, resumed, 2)
+    assert [r["step"] for r in report["losses"]] == [3, 4] and report["identical"] == 1
+    assert report["max_abs_diff"] == pytest.approx(0.07) and report["max_rel_diff"] == pytest.approx(0.01)
+    assert "2 steps after the stop compared: 1 bit-identical" in resume_markdown(report)
+    assert resume_report(straight, {1: 10.0, 2: 9.0}, 2)["steps_compared"] == 0  # the rerun never logged
+
+
+@pytest.mark.slow
+def test_resume_check_is_exact_on_cpu(tmp_path):
+    """--resume 2 on the tiny CPU config: stopped at step 2, rerun with the same command, every later
+    loss bit-identical to the straight run's (fp32 on CPU), and a checkpoint at the stop."""
+    cmd = [sys.executable, "scripts/bench_train.py", "parallax", "--config", TEST_CONFIG, "--flavor", "debug",
+           "--steps", "4", "--local-batch", "2", "--resume", "2", "--out", str(tmp_path),
+           "--extra", "--training.dataset default_corpus"]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "resume.json").read_text())
+    assert report["steps_compared"] == 2 and report["identical"] == 2
+    assert (tmp_path / "parallax_resumed" / "checkpoint" / "step-2" / ".metadata").is_file()
+    assert "Training starts at step 3" in (tmp_path / "parallax_resumed.rerun.log").read_text()
 
 
 @pytest.mark.slow
