@@ -106,16 +106,21 @@ def test_resume_report_compares_the_steps_after_the_stop():
     assert resume_report(straight, {1: 10.0, 2: 9.0}, 2)["steps_compared"] == 0  # the rerun never logged
 
 
+def _bench_on_cpu(tmp_path, *args):
+    """scripts/bench_train.py on the tiny CPU config (debug flavor, 4 steps, local batch 2) into
+    tmp_path; fails the test unless it exits 0."""
+    cmd = [sys.executable, "scripts/bench_train.py", *args, "--config", TEST_CONFIG, "--flavor", "debug",
+           "--steps", "4", "--local-batch", "2", "--out", str(tmp_path)]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_resume_check_is_exact_on_cpu(tmp_path):
     """--resume 2 on the tiny CPU config: stopped at step 2, rerun with the same command, every later
     loss bit-identical to the straight run's (fp32 on CPU), and a checkpoint at the stop."""
-    cmd = [sys.executable, "scripts/bench_train.py", "parallax", "--config", TEST_CONFIG, "--flavor", "debug",
-           "--steps", "4", "--local-batch", "2", "--resume", "2", "--out", str(tmp_path),
-           "--extra", "--training.dataset default_corpus"]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _bench_on_cpu(tmp_path, "parallax", "--resume", "2", "--extra", "--training.dataset default_corpus")
     report = json.loads((tmp_path / "resume.json").read_text())
     assert report["steps_compared"] == 2 and report["identical"] == 2
     assert (tmp_path / "parallax_resumed" / "checkpoint" / "step-2" / ".metadata").is_file()
@@ -125,11 +130,7 @@ def test_resume_check_is_exact_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_scaling_check_runs_on_cpu_ranks(tmp_path):
     """--scaling 2 on the tiny CPU config: 1 rank with accumulation 2 and 2 gloo ranks agree."""
-    cmd = [sys.executable, "scripts/bench_train.py", "parallax", "--config", TEST_CONFIG, "--flavor", "debug",
-           "--steps", "4", "--local-batch", "2", "--scaling", "2", "--out", str(tmp_path)]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stdout + result.stderr
+    _bench_on_cpu(tmp_path, "parallax", "--scaling", "2")
     report = json.loads((tmp_path / "scaling.json").read_text())
     assert [r["step"] for r in report["losses"]] == [1, 2, 3, 4]
     assert report["max_rel_diff"] < 1e-5 and report["per_gpu_efficiency"] > 0
@@ -145,12 +146,8 @@ def test_torchtitan_reference_runs_beside_ours(tmp_path):
     entry = cmd.index(os.path.join("scripts", "titan_reference.py"))
     assert cmd[entry + 1:entry + 3] == ["--job.config_file", "configs/paper/0.6B/transformer_adamw_wsd.toml"]
     assert "train.py" in train_command(args, "transformer", "transformer", 1)
-    cmd = [sys.executable, "scripts/bench_train.py", "titan_qwen3", "transformer", "--config", TEST_CONFIG,
-           "--flavor", "debug", "--steps", "4", "--local-batch", "2", "--out", str(tmp_path),
-           "--extra", "--training.dataset default_corpus --metrics.log_freq 1"]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _bench_on_cpu(tmp_path, "titan_qwen3", "transformer",
+                  "--extra", "--training.dataset default_corpus --metrics.log_freq 1")
     rows = json.loads((tmp_path / "summary.json").read_text())
     assert [r["run"] for r in rows] == ["titan_qwen3", "transformer"]
     assert all(r["tokens_per_s"] > 0 and len(r["loss"]) == 4 for r in rows)
