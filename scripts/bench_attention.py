@@ -44,7 +44,7 @@ def install_sweep():
         "_FWD_TUNED": (fused._fwd_kernel, both([(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 2)])),
         "_DQ_TUNED": (fused._bwd_dq_kernel, both([(128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2)])),
         "_DKDV_TUNED": (fused._bwd_dkdv_kernel, both([(32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3),
-                                                      (32, 64, 4, 3), (16, 128, 8, 2)])),
+                                                      (32, 64, 4, 3), (16, 128, 8, 2)]) + fused.DKDV_ROWS_CANDIDATES),
     }
     for name, (kernel, configs) in wide.items():
         setattr(fused, name, fused._autotuned(kernel, configs))

@@ -39,3 +39,19 @@ def test_alignment_covers_pointers_and_strides_only():
     marked = {names[i] for (i,) in kr.aligned(fused._fwd_kernel, consts)}
     assert {"Q", "R", "K", "V", "O", "TBAR", "LSE", "DOCS", "sqt", "sqh", "skt", "skh"} <= marked
     assert not marked & {"T", "L", "HQ", "GROUP", "qk_scale", "D", "BM"}
+
+
+def test_inner_loops_counts_the_innermost_backward_branches():
+    """Two loops nested in a third: only the inner two count, with their instructions and HGMMAs."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0020*/                   FADD R2, R2, R3 ;
+        /*0030*/              @P0 BRA 0x10 ;
+        /*0040*/                   FMUL R2, R2, R3 ;
+        /*0050*/                   FMUL R2, R2, R3 ;
+        /*0060*/              @!P1 BRA 0x40 ;
+        /*0070*/              @P2 BRA 0x10 ;
+        /*0080*/                   EXIT ;
+    """
+    assert kr.inner_loops(sass) == [(3, 0), (3, 1)]

@@ -39,6 +39,9 @@ INTERPRET_CASES = {
 TOL = {"float32": 2e-5, "float16": 5e-3}
 # the head-major program order (the default explicit config runs the global order) on some cases
 HEAD_MAJOR_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "aligned_batch3", "aligned_bm32_bn16")
+# the column pass with queries on the rows of its tiles (ROWS, a sweep candidate) on some cases
+ROWS_CASES = ("odd_gqa2_batch2", "varlen_bm16_bn32", "varlen_bm32_bn16", "fp16", "aligned_bm32_bn16")
+VARIANTS = [n + "_head_major" for n in HEAD_MAJOR_CASES] + [n + "_rows" for n in ROWS_CASES]
 
 
 def make_case(shape_b, n, hq, hkv, d, dtype, rho_scale, seed):
@@ -71,6 +74,11 @@ def _interpret_main(out_path):
             o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=hm)
             grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=hm, dkdv_config=hm)
             results[name + "_head_major"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
+        if name in ROWS_CASES:
+            o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=cfg)
+            rows = {**(cfg or fused.INTERPRET_CONFIG), "ROWS": True}
+            grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=rows)
+            results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
     results["compiled"] = _custom_op_case(parallax_attention, compiled=True)
     results["opcheck"] = _opcheck()
@@ -147,9 +155,9 @@ def check(result, cu, tol, upstream=None):
         assert g.dtype == x.dtype and g.shape == x.shape, name
 
 
-@pytest.mark.parametrize("name", list(INTERPRET_CASES) + [n + "_head_major" for n in HEAD_MAJOR_CASES])
+@pytest.mark.parametrize("name", list(INTERPRET_CASES) + VARIANTS)
 def test_interpreted_kernels_match_fp64(interpreted, name):
-    _, _, _, _, _, dtype, _, lengths, _ = INTERPRET_CASES[name.removesuffix("_head_major")]
+    _, _, _, _, _, dtype, _, lengths, _ = INTERPRET_CASES[name.removesuffix("_head_major").removesuffix("_rows")]
     res = interpreted[name]
     assert res["out"].dtype == getattr(torch, dtype)
     check(res, cu_from_lengths(lengths), TOL[dtype])
@@ -266,6 +274,27 @@ def test_gpu_program_orders_match_fp64(global_order, d):
     order = {"GLOBAL_ORDER": global_order}
     saved = fused.forward(q, r, k, v, scale, config={**fwd, **order})
     grads = fused.backward(do, q, r, k, v, *saved, scale, dq_config={**dq, **order}, dkdv_config={**dkdv, **order})
+    ref_out, ref_grads = _run("reference", [q, r, k, v], do, dtype=torch.float64)
+    _compare((saved[0], grads), (ref_out, ref_grads), 2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("tile", [(64, 64, 4, 2), (128, 64, 8, 2)])
+@pytest.mark.parametrize("d", [128, 64])
+def test_gpu_rows_column_pass_matches_fp64(tile, d):
+    """The column pass with queries on the rows of its tiles (``ROWS``, a sweep candidate): on the
+    GPU, against fp64, at the tile shapes the sweep tries (128 x 64 does not fit at D=128)."""
+    from kernels.parallax import fused
+
+    bm, bn, warps, stages = tile
+    if d == 128 and bm == 128:
+        pytest.skip("251 KB of shared memory: more than the H200's 227 KB per block")
+    (q, r, k, v), do = _cuda_inputs(2, 1000, 8, 4, d, torch.bfloat16, seed=6)
+    scale = d ** -0.5
+    saved = fused.forward(q, r, k, v, scale)
+    rows = {"BM": bm, "BN": bn, "num_warps": warps, "num_stages": stages, "ROWS": True}
+    grads = fused.backward(do, q, r, k, v, *saved, scale, dkdv_config=rows)
     ref_out, ref_grads = _run("reference", [q, r, k, v], do, dtype=torch.float64)
     _compare((saved[0], grads), (ref_out, ref_grads), 2e-2)
 
