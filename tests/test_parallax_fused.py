@@ -280,7 +280,7 @@ def test_gpu_program_orders_match_fp64(global_order, d):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("tile", [(64, 64, 4, 2), (128, 64, 8, 2)])
+@pytest.mark.parametrize("tile", [(64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 2)])
 @pytest.mark.parametrize("d", [128, 64])
 def test_gpu_rows_column_pass_matches_fp64(tile, d):
     """The column pass with queries on the rows of its tiles (``ROWS``, a sweep candidate): on the

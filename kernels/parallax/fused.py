@@ -378,9 +378,11 @@ DKDV_CONFIGS = _both_orders([(32, 128, 8, 2), (16, 128, 4, 3)])
 # every per-query statistic instead of eight, and the compiled unmasked loop issues 0.88 (D=128,
 # 64 x 64) and 0.68 (D=64) instructions per query-key pair against 1.24 and 0.97 for the shipped
 # configs (scripts/kernel_resources.py; per-iteration instruction counts have tracked the measured
-# time of the two backward passes). Not yet timed on a GPU: `bench_attention.py --sweep` tries them
-# beside the shipped list; they join DKDV_CONFIGS once they win there.
-DKDV_ROWS_CANDIDATES = _both_orders([(64, 64, 4, 2), (128, 64, 8, 2)], ROWS=True)
+# time of the two backward passes). At D=128 two stages spill inside the loop (1232 B of stack),
+# one stage much less (424 B, 90 KB of shared memory: two programs per SM). Not yet timed on a GPU:
+# `bench_attention.py --sweep` tries them beside the shipped list; they join DKDV_CONFIGS once they
+# win there.
+DKDV_ROWS_CANDIDATES = _both_orders([(64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 2)], ROWS=True)
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
 TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
 
