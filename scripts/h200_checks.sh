@@ -11,6 +11,7 @@
 #   fla-match     the fla GPU tests not yet seen passing, one process each, under a hard limit (FLA_TIMEOUT, 150 s)
 #   fla-fsdp      the fla mixer's 1- vs 2-rank FSDP2 test (needs 2 GPUs and minutes: three train.py runs compile fla)
 #   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
+#   attention-sweep  the same, autotuning over the wider sweep lists (incl. the ROWS column-pass candidates)
 #   competitors   scripts/bench_attention.py on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
 #   decode        scripts/bench_decode.py --check (KV-cache decode vs cuDNN, and the published kernels if carried)
 #   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
@@ -61,6 +62,8 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                     tests/test_parallax_decode.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
     attention) timeout "$t" python3 scripts/bench_attention.py --no-competitors --out "$work/attention_train" ;;
+    attention-sweep) timeout "$t" python3 scripts/bench_attention.py --sweep --no-competitors \
+                       --out "$work/attention_sweep" ;;
     competitors) timeout "$t" python3 scripts/bench_attention.py --shapes 0 --out "$work/attention_competitors" \
                    --methods softmax_cudnn,parallax_ours,parallax_kernel_0.1.1,fla_0.6.0 ;;
     decode) timeout "$t" python3 scripts/bench_decode.py --check --out "$work/decode" ;;
@@ -113,7 +116,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers resume scaling scaling-noreshard profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers resume scaling scaling-noreshard profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
