@@ -83,9 +83,9 @@ def _opcodes(sass: str) -> list[str]:
 def aligned(kernel, constexprs: dict) -> dict:
     """The launch-time specialisation of a real call: pointers and token/head strides divisible by 16
     (without it loads do not vectorise and the register counts are not the GPU's)."""
-    names = [n for n in kernel.arg_names if n not in constexprs]
+    divisible = FP32_POINTERS | INT_POINTERS | BF16_POINTERS | STRIDES
     return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-            if n in names and (n in FP32_POINTERS | INT_POINTERS | BF16_POINTERS or n in STRIDES)}
+            if n in divisible and n not in constexprs}
 
 
 def inner_loops(sass: str) -> list[tuple[int, int]]:
@@ -109,7 +109,8 @@ def inner_loops(sass: str) -> list[tuple[int, int]]:
 
 
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
-    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes."""
+    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes, and
+    (instructions, wgmma) of the leanest innermost loop."""
     source = ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs,
                        attrs=aligned(kernel, constexprs))
     compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})

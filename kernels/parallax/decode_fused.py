@@ -18,7 +18,6 @@ Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
