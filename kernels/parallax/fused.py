@@ -239,21 +239,30 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
 
 # ----------------------------------------------------------------------------- backward, column pass
 @triton.jit
+def _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh, HQ, m0, T, D: tl.constexpr, BM: tl.constexpr):
+    """What the column pass reads per query tile [m0, m0 + BM) of head h: positions, their mask, the
+    q, rho and dO rows, and the per-query statistics lse, tbar, tau, beta ([BM] fp32)."""
+    offs_m = m0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    ok_m = offs_m < T
+    do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
+    stat = h.to(tl.int64) * T + offs_m
+    lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
+    tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
+    tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
+    beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
+    q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
+    r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
+    return offs_m, ok_m, q, r, do, lse, tbar, tau, beta
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
                 T, L, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
                 VARLEN: tl.constexpr, PREC: tl.constexpr):
-    offs_d = tl.arange(0, D)
     for m0 in range(lo, hi, BM):
-        offs_m = m0 + tl.arange(0, BM)
-        ok_m = offs_m < T
-        do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
-        stat = h.to(tl.int64) * T + offs_m
-        lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
-        tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
-        tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
-        beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
-        q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
-        r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
+        offs_m, ok_m, q, r, do, lse, tbar, tau, beta = _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh,
+                                                                   HQ, m0, T, D, BM)
         # transposed orientation (keys x queries): the results feed dk, dv without transposes
         st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         tt = tl.dot(k, tl.trans(r), input_precision=PREC)
@@ -279,20 +288,11 @@ def _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt,
                      VARLEN: tl.constexpr, PREC: tl.constexpr):
     """The column pass with queries on the rows (M) of the score tiles: the per-query statistics are
     row vectors (few per thread) and dk, dv take the transposed gradient tiles."""
-    offs_d = tl.arange(0, D)
     kt = tl.trans(k)
     vt = tl.trans(v)
     for m0 in range(lo, hi, BM):
-        offs_m = m0 + tl.arange(0, BM)
-        ok_m = offs_m < T
-        do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
-        stat = h.to(tl.int64) * T + offs_m
-        lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
-        tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
-        tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
-        beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
-        q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
-        r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
+        offs_m, ok_m, q, r, do, lse, tbar, tau, beta = _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh,
+                                                                   HQ, m0, T, D, BM)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         t = tl.dot(r, kt, input_precision=PREC)
         a = tl.dot(do, vt, input_precision=PREC)
