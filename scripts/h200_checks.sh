@@ -143,7 +143,8 @@ for check in "${both[@]}"; do run_check "$check"; done
 
 pack
 cat "$work/status.txt"
-for f in "$work"/*/summary_rank*.md "$work"/*/summary.md "$work"/scaling*/scaling.md "$work"/attention_train.md; do
+for f in "$work"/*/summary_rank*.md "$work"/*/summary.md "$work"/scaling*/scaling.md "$work"/resume/resume.md \
+         "$work"/attention_train.md; do
   [ -f "$f" ] && { echo "== $f"; head -30 "$f"; }
 done
 grep -hE "passed|failed" "$work"/*tests.log 2>/dev/null | tail -4

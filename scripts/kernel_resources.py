@@ -111,6 +111,8 @@ def inner_loops(sass: str) -> list[tuple[int, int]]:
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
     """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes, and
     (instructions, wgmma) of the leanest innermost loop."""
+    # constexpr parameters left out take their defaults, as at a launch (e.g. the column pass's ROWS)
+    constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     source = ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs,
                        attrs=aligned(kernel, constexprs))
     compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
@@ -144,7 +146,6 @@ def main(argv=None) -> None:
         for d in args.d:
             for bm, bn, warps, stages in tiles:
                 constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, **flags)
-                constexprs.update({k: False for k in ("ROWS",) if k in kernel.arg_names and k not in flags})
                 r = resources(kernel, constexprs, warps, stages)
                 print(f"| {name} | {d} | {bm} x {bn} | {warps} | {stages} | {r['registers']} | {r['stack']} "
                       f"| {r['spill_stores']}/{r['spill_loads']} | {r['wgmma']} | {r['shared']} "
