@@ -35,18 +35,27 @@ SHAPES = [  # (B, L, Hq, Hkv, D)
 MATMULS = {"fwd": 4, "fwd_bwd": 15}  # Parallax (causal) matmuls of size L x L x D per head: fwd 4, bwd 11
 
 
-def install_sweep():
-    """Replace our autotuned kernels by ones over a wider candidate list (for choosing the short list)."""
+def sweep_configs():
+    """name of an autotuned kernel in fused -> (its JIT kernel, the wider candidate list of the sweep):
+    tile shapes around the short lists' winners, each in both program orders."""
     from kernels.parallax import fused
 
     both = fused._both_orders
-    wide = {  # tile shapes around the short lists' winners, each in both program orders
+    return {
         "_FWD_TUNED": (fused._fwd_kernel, both([(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 2)])),
         "_DQ_TUNED": (fused._bwd_dq_kernel, both([(128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2)])),
-        "_DKDV_TUNED": (fused._bwd_dkdv_kernel, both([(32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3),
-                                                      (32, 64, 4, 3), (16, 128, 8, 2)]) + fused.DKDV_ROWS_CANDIDATES),
+        "_DKDV_TUNED": (fused._bwd_dkdv_kernel,
+                        both([(64, 64, 4, 1), (64, 64, 4, 2), (32, 128, 8, 1), (32, 128, 8, 2), (32, 64, 4, 1),
+                              (64, 32, 4, 2)], ROWS=True)
+                        + both([(32, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3)])),
     }
-    for name, (kernel, configs) in wide.items():
+
+
+def install_sweep():
+    """Replace our autotuned kernels by ones over the sweep's wider lists (for choosing the short lists)."""
+    from kernels.parallax import fused
+
+    for name, (kernel, configs) in sweep_configs().items():
         setattr(fused, name, fused._autotuned(kernel, configs))
 
 

@@ -37,11 +37,12 @@ INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
 STRIDES = {"sqt", "sqh", "skt", "skh"}
-KERNELS = {  # name -> (JIT function, shipped configs)
-    "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS),
-    "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS),
-    "dkdv": (fused._bwd_dkdv_kernel, fused.DKDV_CONFIGS),
-    "dkdv_rows": (fused._bwd_dkdv_kernel, fused.DKDV_ROWS_CANDIDATES),
+KERNELS = {  # name -> (JIT function, shipped configs, constexpr flags of a --config)
+    "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS, {}),
+    "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS, {}),
+    # the column pass in its two orientations: keys x queries, and queries on the rows (ROWS)
+    "dkdv": (fused._bwd_dkdv_kernel, [c for c in fused.DKDV_CONFIGS if not c.kwargs.get("ROWS")], {"ROWS": False}),
+    "dkdv_rows": (fused._bwd_dkdv_kernel, [c for c in fused.DKDV_CONFIGS if c.kwargs.get("ROWS")], {"ROWS": True}),
 }
 
 
@@ -139,8 +140,7 @@ def main(argv=None) -> None:
           "| leanest loop: instr / wgmma |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.kernel:
-        kernel, configs = KERNELS[name]
-        flags = {k: v for k, v in configs[0].kwargs.items() if k not in ("BM", "BN", "GLOBAL_ORDER")}
+        kernel, configs, flags = KERNELS[name]
         tiles = ([tuple(int(x) for x in args.config.split(","))] if args.config else
                  sorted({(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages) for c in configs}))
         for d in args.d:

@@ -39,7 +39,7 @@ INTERPRET_CASES = {
 TOL = {"float32": 2e-5, "float16": 5e-3}
 # the head-major program order (the default explicit config runs the global order) on some cases
 HEAD_MAJOR_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "aligned_batch3", "aligned_bm32_bn16")
-# the column pass with queries on the rows of its tiles (ROWS, a sweep candidate) on some cases
+# the column pass with queries on the rows of its tiles (ROWS, most shipped configs) on some cases
 ROWS_CASES = ("odd_gqa2_batch2", "varlen_bm16_bn32", "varlen_bm32_bn16", "fp16", "aligned_bm32_bn16")
 VARIANTS = [n + "_head_major" for n in HEAD_MAJOR_CASES] + [n + "_rows" for n in ROWS_CASES]
 
@@ -257,46 +257,65 @@ def test_gpu_compiled_block_matches_eager():
     _compare(results[1], ref, 2e-2)
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("global_order", [True, False])
-@pytest.mark.parametrize("d", [128, 64])
-def test_gpu_program_orders_match_fp64(global_order, d):
-    """Both program orders (global heaviest-first, head-major) at the tuned tile sizes."""
+def _launch(config):
+    """A triton.Config as the explicit launch kwargs fused.forward/backward take."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+_FP64 = {}  # d -> (inputs, upstream gradient, fp64 reference output and gradients), shared by the config tests
+
+
+def _config_case(d):
+    if d not in _FP64:
+        inputs, do = _cuda_inputs(2, 1000, 8, 4, d, torch.bfloat16, seed=5)
+        _FP64[d] = inputs, do, _run("reference", inputs, do, dtype=torch.float64)
+    return _FP64[d]
+
+
+def _check_configs(d, fwd=None, dq=None, dkdv=None):
     from kernels.parallax import fused
 
-    (q, r, k, v), do = _cuda_inputs(2, 1024, 8, 4, d, torch.bfloat16, seed=5)
+    (q, r, k, v), do, ref = _config_case(d)
     scale = d ** -0.5
-    fwd = {"BM": 128 if d == 128 else 64, "BN": 64, "num_warps": 8 if d == 128 else 4, "num_stages": 3}
-    dq = {"BM": 128 if d == 128 else 64, "BN": 32 if d == 128 else 64, "num_warps": 8 if d == 128 else 4,
-          "num_stages": 3}
-    dkdv = {"BM": 32 if d == 128 else 16, "BN": 128, "num_warps": 8 if d == 128 else 4, "num_stages": 2}
-    order = {"GLOBAL_ORDER": global_order}
-    saved = fused.forward(q, r, k, v, scale, config={**fwd, **order})
-    grads = fused.backward(do, q, r, k, v, *saved, scale, dq_config={**dq, **order}, dkdv_config={**dkdv, **order})
-    ref_out, ref_grads = _run("reference", [q, r, k, v], do, dtype=torch.float64)
-    _compare((saved[0], grads), (ref_out, ref_grads), 2e-2)
+    saved = fused.forward(q, r, k, v, scale, config=fwd)
+    grads = fused.backward(do, q, r, k, v, *saved, scale, dq_config=dq, dkdv_config=dkdv)
+    _compare((saved[0], grads), ref, 2e-2)
 
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("tile", [(64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 2)])
+@pytest.mark.parametrize("index", range(6))
 @pytest.mark.parametrize("d", [128, 64])
-def test_gpu_rows_column_pass_matches_fp64(tile, d):
-    """The column pass with queries on the rows of its tiles (``ROWS``, a sweep candidate): on the
-    GPU, against fp64, at the tile shapes the sweep tries (128 x 64 does not fit at D=128)."""
+def test_gpu_shipped_configs_match_fp64(index, d):
+    """Every config of the shipped lists (tile shapes, both program orders, both column-pass
+    orientations) at a ragged length, against fp64: config ``index`` of each list (cycling)."""
     from kernels.parallax import fused
 
-    bm, bn, warps, stages = tile
-    if d == 128 and bm == 128:
-        pytest.skip("251 KB of shared memory: more than the H200's 227 KB per block")
-    (q, r, k, v), do = _cuda_inputs(2, 1000, 8, 4, d, torch.bfloat16, seed=6)
-    scale = d ** -0.5
-    saved = fused.forward(q, r, k, v, scale)
-    rows = {"BM": bm, "BN": bn, "num_warps": warps, "num_stages": stages, "ROWS": True}
-    grads = fused.backward(do, q, r, k, v, *saved, scale, dkdv_config=rows)
-    ref_out, ref_grads = _run("reference", [q, r, k, v], do, dtype=torch.float64)
-    _compare((saved[0], grads), (ref_out, ref_grads), 2e-2)
+    fwd, dq, dkdv = (_launch(c[index % len(c)]) for c in (fused.FWD_CONFIGS, fused.DQ_CONFIGS, fused.DKDV_CONFIGS))
+    _check_configs(d, fwd, dq, dkdv)
+
+
+def _sweep_column_configs():
+    sys.path.insert(0, str(ROOT))
+    from scripts.bench_attention import sweep_configs
+
+    # one program order: orders change which program runs which tile, not a tile's arithmetic
+    return [_launch(c) for c in sweep_configs()["_DKDV_TUNED"][1] if c.kwargs["GLOBAL_ORDER"]]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("config", _sweep_column_configs(), ids=str)
+@pytest.mark.parametrize("d", [128, 64])
+def test_gpu_sweep_column_configs_match_fp64(config, d):
+    """The sweep's column-pass candidates (they join DKDV_CONFIGS when they win a sweep), against fp64;
+    a config that does not fit the GPU's shared memory is skipped, as the autotuner skips it."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        _check_configs(d, dkdv=config)
+    except OutOfResources as exc:
+        pytest.skip(str(exc))
 
 
 def test_small_problems_skip_autotuning(monkeypatch):

@@ -367,22 +367,18 @@ def _both_orders(tiles, **flags):
     return [_config(*t, GLOBAL_ORDER=g, **flags) for t in tiles for g in (False, True)]
 
 
-# Short candidate lists for H200 (bf16): the D=128 and D=64 tile winners of three measured sweeps,
-# each in both program orders (timings in docs/kernels.md and docs/bench/attention_train.json).
+# Short candidate lists for H200 (bf16): the D=128 and D=64 tile winners of four measured sweeps,
+# each in both program orders (timings in docs/kernels.md and docs/bench/attention_train*.json).
 # The key separates shapes of one token count (B4 x L4096 vs B1 x L16384 prefer different orders);
 # the choice per key is cached by triton's autotune cache (cache_results): a restart does not re-tune.
 FWD_CONFIGS = _both_orders([(128, 64, 8, 3), (64, 64, 4, 3)])
 DQ_CONFIGS = _both_orders([(128, 32, 8, 3), (64, 64, 4, 4)])
-DKDV_CONFIGS = _both_orders([(32, 128, 8, 2), (16, 128, 4, 3)])
-# The column pass with queries on the rows of its tiles: per query tile each thread needs two of
-# every per-query statistic instead of eight, and the compiled unmasked loop issues 0.88 (D=128,
-# 64 x 64) and 0.68 (D=64) instructions per query-key pair against 1.24 and 0.97 for the shipped
-# configs (scripts/kernel_resources.py; per-iteration instruction counts have tracked the measured
-# time of the two backward passes). At D=128 two stages spill inside the loop (1232 B of stack),
-# one stage much less (424 B, 90 KB of shared memory: two programs per SM). Not yet timed on a GPU:
-# `bench_attention.py --sweep` tries them beside the shipped list; they join DKDV_CONFIGS once they
-# win there.
-DKDV_ROWS_CANDIDATES = _both_orders([(64, 64, 4, 2), (64, 64, 4, 1), (128, 64, 8, 2)], ROWS=True)
+# The column pass mostly runs with queries on the rows of its tiles (ROWS): each thread then holds
+# two of every per-query statistic instead of eight, and the loop issues 30% fewer instructions per
+# query-key pair. It won three of the four sweep shapes (B4 L4096 D128 2.23 vs 2.50 ms; D=64 9-16%
+# faster); keys x queries at 32 x 64 kept B1 L16384 D128 (8.22 vs 8.32 ms). At D=128 one stage
+# beats two (two spill inside the loop), at D=64 two stages win.
+DKDV_CONFIGS = _both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True) + _both_orders([(32, 64, 4, 3)])
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
 TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
 
