@@ -147,4 +147,4 @@ for f in "$work"/*/summary_rank*.md "$work"/*/summary.md "$work"/scaling*/scalin
          "$work"/attention_train.md; do
   [ -f "$f" ] && { echo "== $f"; head -30 "$f"; }
 done
-grep -hE "passed|failed" "$work"/*tests.log 2>/dev/null | tail -4
+grep -hE "passed|failed" "$work"/*tests.log 2>/dev/null | tail -4 || true  # no tests in this call: still exit 0
