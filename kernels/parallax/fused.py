@@ -375,9 +375,9 @@ FWD_CONFIGS = _both_orders([(128, 64, 8, 3), (64, 64, 4, 3)])
 DQ_CONFIGS = _both_orders([(128, 32, 8, 3), (64, 64, 4, 4)])
 # The column pass mostly runs with queries on the rows of its tiles (ROWS): each thread then holds
 # two of every per-query statistic instead of eight, and the loop issues 30% fewer instructions per
-# query-key pair. It won three of the four sweep shapes (B4 L4096 D128 2.23 vs 2.50 ms; D=64 9-16%
-# faster); keys x queries at 32 x 64 kept B1 L16384 D128 (8.22 vs 8.32 ms). At D=128 one stage
-# beats two (two spill inside the loop), at D=64 two stages win.
+# query-key pair. It won three of the four sweep shapes (B4 L4096 D128 2.24 vs 2.64 ms for the
+# previous list; D=64 9-16% faster); keys x queries at 32 x 64 kept B1 L16384 D128 (8.27 vs 8.81 ms).
+# At D=128 one stage beats two (two spill inside the loop), at D=64 two stages win.
 DKDV_CONFIGS = _both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True) + _both_orders([(32, 64, 4, 3)])
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
 TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
