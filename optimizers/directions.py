@@ -112,7 +112,7 @@ def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list) -> list
         list of ``(m, n)`` fp32-or-wider tensors, ``delta = W_new - W``.
     """
     ortho, decay = matrix_terms(specs, updates, weights)
-    return combine_terms(specs, ortho, decay, [u if u is not None else w for u, w in zip(updates, weights)])
+    return combine_terms(specs, ortho, decay, updates, weights)
 
 
 def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list) -> tuple[dict, dict]:
@@ -123,11 +123,13 @@ def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list) -> tuple
     return ortho, decay
 
 
-def combine_terms(specs: list[MatrixSpec], ortho: dict, decay: dict, likes: list) -> list[torch.Tensor]:
+def combine_terms(specs: list[MatrixSpec], ortho: dict, decay: dict, updates: list,
+                  weights: list) -> list[torch.Tensor]:
     """``update_coeff * ortho[i] + sp_coeff * decay[i]`` (absent terms skipped) for every matrix, as
-    fresh tensors of ``likes[i]``'s shape, dtype and device; the same arithmetic on whole matrices
-    or on row pieces. A few foreach calls for all matrices: a multiply per matrix left the GPU idle
-    while the host issued them."""
+    fresh tensors of ``updates[i]``'s shape, dtype and device (``weights[i]``'s without an update);
+    the same arithmetic on whole matrices or on row pieces. A few foreach calls for all matrices: a
+    multiply per matrix left the GPU idle while the host issued them."""
+    likes = [u if u is not None else w for u, w in zip(updates, weights)]
     deltas: list = [None] * len(specs)
     first = [(i, ortho[i], s.update_coeff) if i in ortho else (i, decay[i], s.sp_coeff)
              for i, s in enumerate(specs) if i in ortho or i in decay]

@@ -122,7 +122,7 @@ def _owner_exchange(group, specs, updates, weights):
                                    as_dtype=update_dtypes.pop() if len(update_dtypes) == 1 else None)
     own_decay = layout.from_owners(group, {i: decay[k] for k, i in enumerate(layout.mine) if k in decay},
                                    [w is not None for w in weights], wide, ref.device)
-    return combine_terms(specs, own_ortho, own_decay, [u if u is not None else w for u, w in zip(updates, weights)])
+    return combine_terms(specs, own_ortho, own_decay, updates, weights)
 
 
 class _Layout:
