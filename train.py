@@ -10,53 +10,23 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 
 from parallax_titan.launch_env import set_defaults  # imports no torch
 
 set_defaults()  # before torch: the allocator reads its setting once
 
 import torch  # noqa: E402  (after the allocator setting)
-from torchtitan.config import ConfigManager  # noqa: E402
 from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 
-from parallax_titan.config import JobConfig  # noqa: E402
+from parallax_titan.config import ConfigError, JobConfig, load_config  # noqa: E402
 from parallax_titan.spec import register_all  # noqa: E402
 from parallax_titan.trainer import ParallaxTrainer  # noqa: E402
-from parallax_titan.validate import ConfigError, check_config_dict  # noqa: E402
-
-
-def config_file_from_argv(argv: list[str]) -> str | None:
-    """The value of ``--job.config_file`` in ``argv`` (either ``--k v`` or ``--k=v``), if any."""
-    for i, arg in enumerate(argv):
-        if arg == "--job.config_file" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--job.config_file="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def parse_config(argv: list[str]) -> JobConfig:
-    """Parse TOML + CLI into a JobConfig, rejecting unknown keys and wrong types in the TOML."""
-    path = config_file_from_argv(argv)
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"job.config_file: {path!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"job.config_file: {path!r} is not valid TOML: {exc}") from None
-        errors = check_config_dict(data, JobConfig)
-        if errors:
-            raise ConfigError(f"invalid config {path}:\n  " + "\n  ".join(errors))
-    return ConfigManager(JobConfig).parse_args(argv)
 
 
 def main(argv: list[str]) -> None:
     init_logger()
     register_all()
-    config = parse_config(argv)
+    config = load_config(argv)
     trainer = ParallaxTrainer(config)
     try:
         if config.checkpoint.create_seed_checkpoint:
@@ -78,7 +48,7 @@ def main(argv: list[str]) -> None:
 
 def evaluate_final_checkpoint(config: JobConfig, step: int) -> None:
     """Hand-off to the downstream suite (``[eval] at_end``): rank 0 scores the final checkpoint."""
-    from eval.config import run_at_end
+    from eval.at_end import run_at_end
 
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         if torch.cuda.is_available():

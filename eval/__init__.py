@@ -2,7 +2,7 @@
 
 ``eval.ParallaxLM`` (lm-eval model ``parallax_titan``) scores any checkpoint of any variant;
 ``python -m eval.lm_eval`` runs the paper's suite and writes its table (docs/eval.md).
-Attributes are imported lazily so ``eval.mad`` and ``eval.config`` do not pull in lm-eval.
+Attributes are imported lazily so ``eval.mad`` and ``eval.at_end`` do not pull in lm-eval.
 """
 
 __all__ = ["ParallaxLM"]

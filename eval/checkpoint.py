@@ -13,29 +13,26 @@ from collections.abc import Sequence
 import torch
 import torch.distributed.checkpoint as dcp
 
+from parallax_titan.config import JobConfig, load_config
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
-from parallax_titan.spec import BASE_FLAVORS, model_args_for
+from parallax_titan.spec import model_args_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_job_config(config_path: str, overrides: Sequence[str] = ()):
-    """Parse a training TOML (plus ``--section.key value`` overrides) exactly as ``train.py`` does."""
-    from train import parse_config  # the repo root is on sys.path; train.py owns the parsing rules
-
+def load_job_config(config_path: str, overrides: Sequence[str] = ()) -> JobConfig:
+    """Load and validate a training TOML (plus ``--section.key value`` overrides) as training does,
+    except that its data sources need not be readable here."""
     if not os.path.isfile(config_path):
         raise ValueError(f"config: {config_path!r} is not a file; expected a training TOML")
-    return parse_config(["--job.config_file", config_path, *overrides])
+    return load_config(["--job.config_file", config_path, *overrides], check_data=False)
 
 
-def model_args_of(job_config, max_length: int = 0) -> ParallaxModelArgs:
+def model_args_of(job_config: JobConfig, max_length: int = 0) -> ParallaxModelArgs:
     """The model arguments the trainer builds for ``job_config`` (variant, flavor, overrides).
 
     ``max_length`` > 0 replaces the training sequence length as the RoPE table size.
     """
-    flavor = job_config.model.flavor
-    if flavor not in BASE_FLAVORS:
-        raise ValueError(f"model.flavor: unknown size {flavor!r}; expected one of {sorted(BASE_FLAVORS)}")
     args = model_args_for(job_config)
     if max_length < 0:
         raise ValueError(f"max_length: got {max_length}; expected 0 (training seq_len) or a positive length")

@@ -13,7 +13,7 @@ from pathlib import Path
 import lm_eval.tasks
 from lm_eval.tasks._yaml_loader import load_yaml
 
-from eval.suite import PAPER_SUITE
+from parallax_titan.suite import PAPER_SUITE
 
 # lm-eval's YAML of each task, relative to the lm_eval/tasks folder of the pinned version.
 TASK_YAMLS = {

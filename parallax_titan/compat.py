@@ -1,4 +1,8 @@
-"""Everything that adapts TorchTitan 0.2.2 to the machines we run on, in one place.
+"""Every use of TorchTitan internals, in one place, each guarded by the pinned version.
+
+TorchTitan 0.2.2 is pinned (requirements.txt). What this module reaches into is not TorchTitan's
+public API, so each function first calls :func:`require_pinned_torchtitan`, which fails loudly on
+another version instead of misbehaving quietly.
 
 TorchTitan's trainer assumes CUDA. On a CPU-only machine (every developer box and CI) we:
 
@@ -13,10 +17,24 @@ Call :func:`configure_for_host` once, before TorchTitan's Trainer is built.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import types
 from collections import namedtuple
 
 import torch
+
+TORCHTITAN_VERSION = "0.2.2"
+
+
+@functools.cache
+def require_pinned_torchtitan() -> None:
+    """Raise RuntimeError unless the installed TorchTitan is :data:`TORCHTITAN_VERSION`."""
+    installed = importlib.metadata.version("torchtitan")
+    if installed != TORCHTITAN_VERSION:
+        raise RuntimeError(
+            f"Parallax-Titan uses TorchTitan {TORCHTITAN_VERSION} internals (parallax_titan/compat.py), but "
+            f"torchtitan {installed} is installed; pip install torchtitan=={TORCHTITAN_VERSION}")
 
 _CpuProperties = namedtuple("_CpuProperties", "total_memory")
 
@@ -58,6 +76,7 @@ def _physical_memory_bytes() -> int:
 
 
 def _patch_device_globals(device_type: str, device_module) -> None:
+    require_pinned_torchtitan()
     import torchtitan.components.metrics as metrics
     import torchtitan.distributed.parallel_dims as parallel_dims
     import torchtitan.distributed.utils as dist_utils
@@ -103,6 +122,7 @@ def save_checkpoint_now(checkpointer, step: int) -> None:
 
     from torchtitan.components.checkpoint import AsyncMode
 
+    require_pinned_torchtitan()
     if not checkpointer.enable:
         return
     checkpoint_id = checkpointer._create_checkpoint_id(step)
@@ -112,3 +132,28 @@ def save_checkpoint_now(checkpointer, step: int) -> None:
     checkpointer.dcp_save(
         checkpointer._flattened_model_states_sd(), checkpoint_id=checkpoint_id, async_mode=AsyncMode.DISABLED
     )
+
+
+def model_converter_names() -> list[str]:
+    """The names TorchTitan's model-converter registry knows (``model.converters`` values), sorted."""
+    require_pinned_torchtitan()
+    import torchtitan.components.quantization  # noqa: F401  (registers the quantization converters)
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls
+
+    return sorted(_registry_model_converter_cls)
+
+
+def qwen3_sac_save_list() -> set:
+    """The ops whose outputs TorchTitan's Qwen3 keeps under selective op-level checkpointing."""
+    require_pinned_torchtitan()
+    from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
+
+    return set(_op_sac_save_list)
+
+
+def schedule_phases(lr_schedulers) -> tuple[int, int, int]:
+    """(warmup, stable, decay) step counts of TorchTitan's warmup-stable-decay lr lambda, as it
+    computed them from ``[lr_scheduler]`` and ``training.steps`` (read back, not recomputed)."""
+    require_pinned_torchtitan()
+    keywords = lr_schedulers.schedulers[0].lr_lambdas[0].keywords
+    return keywords["warmup_steps"], keywords["stable_steps"], keywords["decay_steps"]

@@ -1,30 +1,27 @@
-"""TrainSpec glue: build MuonAdamW optimizers and WDA-aware lr schedulers for TorchTitan.
+"""TrainSpec builders: MuonAdamW optimizers and WDA-aware lr schedulers for TorchTitan.
 
-``build_optimizers`` / ``build_lr_schedulers`` have TorchTitan 0.2.2's builder
-signatures. All settings come from ``[optimizer]`` and ``[lr_scheduler]``
-(TorchTitan's keys plus those in ``parallax_titan.optim_config``).
+``build_optimizers`` / ``build_lr_schedulers`` have TorchTitan 0.2.2's builder signatures and take
+the validated typed sections ``[optimizer]`` (:class:`parallax_titan.config.Optimizer`) and
+``[lr_scheduler]`` (:class:`parallax_titan.config.LRScheduler`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torchtitan.components.lr_scheduler import LRSchedulersContainer
-from torchtitan.components.lr_scheduler import build_lr_schedulers as _titan_lr_schedulers
+from torchtitan.components.lr_scheduler import build_lr_schedulers as titan_lr_schedulers
 from torchtitan.components.optimizer import OptimizersContainer
 
 from optimizers.muon import MuonAdamW
 from optimizers.routing import RoutingConfig, build_param_groups
 from optimizers.schedules import SchedulePhases, wd_anneal_factor
-from parallax_titan.optim_config import (
-    LRScheduler,
-    Optimizer,
-    parse_multipliers,
-    validate_lr_scheduler,
-    validate_optimizer,
-    with_defaults,
-)
+from parallax_titan.compat import schedule_phases
+from parallax_titan.config import LRScheduler, Optimizer
+from parallax_titan.step_flags import StepFlags
 
 __all__ = ["ParallaxOptimizersContainer", "WDALRSchedulersContainer", "build_optimizers", "build_lr_schedulers",
            "routing_config", "model_head_dim"]
@@ -39,64 +36,95 @@ def model_head_dim(model: nn.Module) -> int:
     return dims.pop() if dims else 0
 
 
-def routing_config(cfg, model: nn.Module) -> RoutingConfig:
-    """Map the ``[optimizer]`` section onto a ``RoutingConfig`` for ``model``."""
-    x = with_defaults(cfg, Optimizer)
+def routing_config(config: Optimizer, model: nn.Module) -> RoutingConfig:
+    """The parameter routing of ``model`` that the ``[optimizer]`` section asks for."""
     return RoutingConfig(
-        use_muon=cfg.name == "Muon",
-        rules=list(x.param_rules),
-        muon_categories=tuple(x.muon_categories),
-        lr=cfg.lr,
-        lr_multipliers=parse_multipliers(x.lr_multipliers),
-        weight_decay=cfg.weight_decay,
-        no_decay_categories=tuple(x.no_decay_categories),
-        muon={"momentum": x.muon_momentum, "nesterov": x.muon_nesterov, "orthogonalizer": x.orthogonalizer,
-              "ortho_steps": x.ortho_steps, "ortho_dtype": x.ortho_dtype, "update_scale": x.muon_update_scale},
-        adam={"betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps},
-        headwise=x.muon_headwise,
-        head_dim=x.muon_head_dim or model_head_dim(model),
-        spectral={"attn": (x.spectral_power_attn, x.spectral_coeff_attn),
-                  "mlp": (x.spectral_power_mlp, x.spectral_coeff_mlp)},
-        spectral_categories=tuple(x.spectral_categories),
-        decay={"decay_coupling": x.decay_coupling, "sp_band": x.spectral_band,
-               "sp_band_tau": x.spectral_band_tau, "msign_steps": x.msign_steps},
+        use_muon=config.name == "Muon",
+        rules=list(config.param_rules),
+        muon_categories=tuple(config.muon_categories),
+        lr=config.lr,
+        lr_multipliers=config.multipliers(),
+        weight_decay=config.weight_decay,
+        no_decay_categories=tuple(config.no_decay_categories),
+        muon={"momentum": config.muon_momentum, "nesterov": config.muon_nesterov,
+              "orthogonalizer": config.orthogonalizer, "ortho_steps": config.ortho_steps,
+              "ortho_dtype": config.ortho_dtype, "update_scale": config.muon_update_scale},
+        adam={"betas": (config.beta1, config.beta2), "eps": config.eps},
+        headwise=config.muon_headwise,
+        head_dim=config.muon_head_dim or model_head_dim(model),
+        spectral={"attn": (config.spectral_power_attn, config.spectral_coeff_attn),
+                  "mlp": (config.spectral_power_mlp, config.spectral_coeff_mlp)},
+        spectral_categories=tuple(config.spectral_categories),
+        decay={"decay_coupling": config.decay_coupling, "sp_band": config.spectral_band,
+               "sp_band_tau": config.spectral_band_tau, "msign_steps": config.msign_steps},
     )
 
 
 class ParallaxOptimizersContainer(OptimizersContainer):
-    """One ``MuonAdamW`` per model part; state_dict/load_state_dict are TorchTitan's (DCP).
+    """One ``MuonAdamW`` per model part, and the one place that decides whether a step is skipped.
 
-    ``step_guard``, when set, is asked once per step, after each optimizer has issued the
-    read-only part of its step (momentum, orthogonalisation) and before anything is written;
-    returning False skips the update (the trainer uses it to skip steps with a non-finite loss or
-    gradient). Its host sync then waits while that work runs instead of before it.
+    Skip-step: with ``skip_nonfinite`` on, :meth:`step` skips the update (parameters and optimizer
+    state stay bit-identical) when any loss passed to :meth:`observe_loss` since the last step, or
+    any gradient after clipping, is not finite on any rank. The decision is made on the device and
+    handed to ``MuonAdamW.step(skip=...)``: the ranks agree through one small all-reduce queued
+    behind the gradients, and no host waits before the update is issued. Reading the decision
+    (:meth:`last_step_skipped`) waits only for that flag, while the update itself runs on the GPU;
+    a host-side check before the update would instead leave the GPU idle while the host waits.
+
+    state_dict/load_state_dict are TorchTitan's (DCP).
     """
 
-    step_guard = None
+    def __init__(self, model_parts: list[nn.Module], config: Optimizer, skip_nonfinite: bool = False) -> None:
+        part_of = {id(p): model for model in model_parts for p in model.parameters()}
 
-    def __init__(self, model_parts: list[nn.Module], optimizer_config) -> None:
-        self.model_parts = model_parts
-        self.optimizers = []
-        all_params = []
-        for model in model_parts:
-            groups = build_param_groups(model, routing_config(optimizer_config, model))
-            self.optimizers.append(MuonAdamW(groups, lr=optimizer_config.lr))
-            all_params.extend(p for g in groups for p in g["params"])
-        self._validate_length(len(model_parts))
-        self._post_init(all_params, {"lr": optimizer_config.lr})
+        def optimizer_for(params, **kwargs) -> MuonAdamW:  # TorchTitan passes one part's parameters
+            model = part_of[id(params[0])]
+            return MuonAdamW(build_param_groups(model, routing_config(config, model)), **kwargs)
+
+        super().__init__(model_parts, optimizer_for, {"lr": config.lr})
+        self.skip_nonfinite = skip_nonfinite
+        self._losses: list[torch.Tensor] = []
+        self._flags = StepFlags()
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        """Record one microbatch's loss (a device tensor) for the next step's non-finite check."""
+        if self.skip_nonfinite:
+            self._losses.append(loss.detach())
 
     def step(self, *args, **kwargs) -> None:
-        if self.step_guard is None:
+        if not self.skip_nonfinite:
             return super().step(*args, **kwargs)
-        decision: list[bool] = []
-
-        def once() -> bool:  # one answer for all model parts: the guard reads and clears a flag
-            if not decision:
-                decision.append(bool(self.step_guard()))
-            return decision[0]
-
+        skip = self._nonfinite_on_any_rank()
         for optimizer in self.optimizers:
-            optimizer.step(*args, guard=once, **kwargs)
+            optimizer.step(*args, skip=skip, **kwargs)
+
+    def _nonfinite_on_any_rank(self) -> torch.Tensor:
+        """0-dim bool device tensor: a recorded loss or a gradient is not finite on some rank."""
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in self._grads()]
+        norms = torch._foreach_norm(grads) if grads else []
+        values = [*self._losses, *norms]
+        self._losses = []
+        local = ~torch.isfinite(torch.stack([v.float() for v in values])).all()
+        return self._flags.agree(local)
+
+    def _grads(self):
+        for model in self.model_parts:
+            for param in model.parameters():
+                if param.grad is not None:
+                    yield param.grad
+
+    def last_step_skipped(self) -> bool:
+        """Whether the last :meth:`step` skipped its update (waits for that step's flag only)."""
+        return bool(self._flags.read()) if self.skip_nonfinite else False
+
+    def first_nonfinite_gradient(self) -> str:
+        """Name of this rank's first parameter with a non-finite gradient (for the report of a skip)."""
+        for k, model in enumerate(self.model_parts):
+            for name, param in model.named_parameters():
+                grad = param.grad
+                if grad is not None and not torch.isfinite(grad.to_local() if hasattr(grad, "to_local") else grad).all():
+                    return name if len(self.model_parts) == 1 else f"part {k}: {name}"
+        return "none on this rank (non-finite loss)"
 
     def schedule_metrics(self) -> dict[str, float]:
         """Per group: lr, effective ordinary decay and S_p decay per step (for TensorBoard)."""
@@ -115,18 +143,13 @@ class ParallaxOptimizersContainer(OptimizersContainer):
         return out
 
 
-def build_optimizers(model_parts: list[nn.Module], optimizer_config, parallel_dims, ft_manager=None
-                     ) -> ParallaxOptimizersContainer:
-    """TorchTitan TrainSpec ``build_optimizers_fn``: optimizer.name is 'Muon' or 'AdamW'."""
-    validate_optimizer(optimizer_config)
-    if getattr(optimizer_config, "early_step_in_backward", False):
-        raise NotImplementedError("optimizer.early_step_in_backward=True is not supported by MuonAdamW; "
-                                  "expected false")
+def build_optimizers(model_parts: list[nn.Module], optimizer_config: Optimizer, parallel_dims,
+                     ft_manager=None) -> ParallaxOptimizersContainer:
+    """TorchTitan TrainSpec ``build_optimizers_fn`` (``[optimizer]`` validated by ``load_config``).
+
+    The non-finite skip is switched on by the trainer (``[reliability] nonfinite``)."""
     if ft_manager is not None and getattr(ft_manager, "enabled", False):
-        raise NotImplementedError("TorchFT is not supported by ParallaxOptimizersContainer")
-    if parallel_dims is not None and getattr(parallel_dims, "tp_enabled", False):
-        raise NotImplementedError("tensor parallelism is not supported by the owner-rank Muon path; "
-                                  "expected FSDP / data parallel only")
+        raise NotImplementedError("fault_tolerance.enable: TorchFT is not supported by ParallaxOptimizersContainer")
     return ParallaxOptimizersContainer(model_parts, optimizer_config)
 
 
@@ -155,12 +178,9 @@ class WDALRSchedulersContainer(LRSchedulersContainer):
         self._sync_wd()
 
 
-def build_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config, training_steps: int
+def build_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: LRScheduler, training_steps: int
                         ) -> WDALRSchedulersContainer:
     """TorchTitan TrainSpec ``build_lr_schedulers_fn``: TorchTitan's WSD/cosine lr plus WDA."""
-    validate_lr_scheduler(lr_scheduler_config)
-    base = _titan_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
-    kw = base.schedulers[0].lr_lambdas[0].keywords  # TorchTitan's phase lengths, reused as is
-    phases = SchedulePhases(kw["warmup_steps"], kw["stable_steps"], kw["decay_steps"])
-    gamma = with_defaults(lr_scheduler_config, LRScheduler).wd_anneal_gamma
-    return WDALRSchedulersContainer(base.schedulers, optimizers, phases, gamma)
+    base = titan_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
+    phases = SchedulePhases(*schedule_phases(base))
+    return WDALRSchedulersContainer(base.schedulers, optimizers, phases, lr_scheduler_config.wd_anneal_gamma)

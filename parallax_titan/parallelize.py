@@ -14,16 +14,15 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.llama3.infra.parallelize import apply_ddp, disable_fsdp_gradient_division
 from torchtitan.models.llama4.infra.parallelize import apply_compile
-from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 from torchtitan.tools.logging import logger
 
 import kernels.parallax.ops  # noqa: F401  (registers torch.ops.parallax_titan.*)
-from parallax_titan.compat import force_sum_reductions, on_cpu
+from parallax_titan.compat import force_sum_reductions, on_cpu, qwen3_sac_save_list
 from parallax_titan.mixers import FlaMixer
 
 # Selective op-level activation checkpointing keeps what TorchTitan's Qwen3 keeps (matmuls,
 # attention kernels, ...) and, like SDPA's outputs, the fused Parallax attention's outputs.
-OP_SAC_SAVE_LIST = _op_sac_save_list | {torch.ops.parallax_titan.attention_fwd.default}
+OP_SAC_SAVE_LIST = qwen3_sac_save_list() | {torch.ops.parallax_titan.attention_fwd.default}
 
 
 def parallelize_parallax(model: torch.nn.Module, parallel_dims, job_config) -> torch.nn.Module:

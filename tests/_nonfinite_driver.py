@@ -8,16 +8,16 @@ import sys
 
 import torch
 
+from parallax_titan.config import load_config
 from parallax_titan.spec import register_all
 from parallax_titan.trainer import ParallaxTrainer
-from train import parse_config
 
 TARGET = "layers.1.feed_forward.w2.weight"
 
 
 def main(argv):
     register_all()
-    trainer = ParallaxTrainer(parse_config(argv))
+    trainer = ParallaxTrainer(load_config(argv))
     param = dict(trainer.model_parts[0].named_parameters())[TARGET]
     param.register_hook(lambda g: g * float("nan") if trainer.step == 2 else g)
     snapshots = {}

@@ -9,11 +9,11 @@ import tomllib
 
 import pytest
 
-from parallax_titan.config import JobConfig
+from parallax_titan.config import ConfigError, JobConfig, load_config
+from parallax_titan.config.schema import toml_problems
+from parallax_titan.resume import checkpoint_problems
 from parallax_titan.spec import register_all
 from parallax_titan.trainer import ParallaxTrainer
-from parallax_titan.validate import ConfigError, check_config_dict
-from train import parse_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo_cpu.toml")
@@ -51,12 +51,12 @@ TOML_CASES = [
 def test_toml_keys_and_types_are_checked(section, key, value, message):
     data = demo_dict()
     data.setdefault(section, {})[key] = value
-    errors = check_config_dict(data, JobConfig)
+    errors = toml_problems(data, JobConfig)
     assert any(message in e for e in errors), errors
 
 
 def test_demo_config_is_clean():
-    assert check_config_dict(demo_dict(), JobConfig) == []
+    assert toml_problems(demo_dict(), JobConfig) == []
 
 
 # CLI overrides on top of the demo config, and the key the error must name.
@@ -94,22 +94,21 @@ SEMANTIC_CASES = [
 
 
 @pytest.mark.parametrize("overrides,message", SEMANTIC_CASES)
-def test_bad_config_fails_before_the_model_is_built(overrides, message, monkeypatch):
-    # No LOCAL_RANK and no process group: getting past validation would fail differently.
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    config = parse_config(["--job.config_file", DEMO, *overrides])
+def test_bad_config_fails_before_the_model_is_built(overrides, message):
     with pytest.raises(ConfigError) as info:
-        ParallaxTrainer(config)
+        load_config(["--job.config_file", DEMO, *overrides])
     assert message in str(info.value)
 
 
-def test_data_order_value_is_checked(monkeypatch):
-    """A data order set in code (past the TOML and command-line checks) is rejected by name."""
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    config = parse_config(["--job.config_file", DEMO])
+def test_values_set_in_code_are_checked():
+    """A value set in code (past the TOML and command-line checks) is rejected by name."""
+    config = load_config(["--job.config_file", DEMO])
+    assert config.validate() == []
     config.training.data_order = "random"
-    with pytest.raises(ConfigError, match="training.data_order: 'random' is not one of 'sharded', 'global'"):
-        ParallaxTrainer(config)
+    config.parallax.gate = "sigmoid"
+    problems = config.validate()
+    assert "training.data_order: expected one of 'sharded', 'global', got 'random'" in problems
+    assert "parallax.gate: expected one of 'none', 'token', 'head', got 'sigmoid'" in problems
 
 
 def test_checkpoint_of_another_variant_is_rejected(tmp_path, monkeypatch):
@@ -124,14 +123,13 @@ def test_checkpoint_of_another_variant_is_rejected(tmp_path, monkeypatch):
         shapes = ParallaxQwen3Model(variant_args("transformer", BASE_FLAVORS["debug"])).state_dict()
     dcp.save({k: torch.zeros(v.shape) for k, v in shapes.items()},
              checkpoint_id=str(tmp_path / "checkpoint" / "step-5"))
+    # No LOCAL_RANK and no process group: getting past the check would fail differently.
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    config = parse_config(["--job.config_file", DEMO, "--job.dump_folder", str(tmp_path)])
+    config = load_config(["--job.config_file", DEMO, "--job.dump_folder", str(tmp_path)])
     with pytest.raises(ConfigError, match="checkpoint.folder: .* is from another model"):
         ParallaxTrainer(config)
-    ok = parse_config(["--job.config_file", DEMO, "--job.dump_folder", str(tmp_path), "--model.name", "transformer"])
-    from parallax_titan.validate import _checkpoint_errors
-
-    assert _checkpoint_errors(ok) == []
+    ok = load_config(["--job.config_file", DEMO, "--job.dump_folder", str(tmp_path), "--model.name", "transformer"])
+    assert checkpoint_problems(ok) == []
 
 
 def test_command_line_reports_the_key(tmp_path):
@@ -156,10 +154,8 @@ def test_entry_point_sets_allocator_and_tokenizer_defaults_the_user_can_override
 def test_fla_hopper_blocker_stops_the_run_before_the_model_is_built(monkeypatch):
     import parallax_titan.mixers as mixers
 
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setattr(mixers, "fla_missing", lambda name: None)
     monkeypatch.setattr(mixers, "fla_hopper_blocker",
                         lambda name: f"model.name = {name!r} cannot train on this GPU" if name == "gated_deltanet" else None)
-    config = parse_config(["--job.config_file", DEMO, "--model.name", "gated_deltanet"])
     with pytest.raises(ConfigError, match="model.name = 'gated_deltanet' cannot train on this GPU"):
-        ParallaxTrainer(config)
+        load_config(["--job.config_file", DEMO, "--model.name", "gated_deltanet"])

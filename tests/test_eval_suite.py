@@ -1,7 +1,6 @@
 """The ten-task paper suite, offline: lm-eval's real task configs on local fixture files, scored on
 checkpoints written by the trainer (torchrun, 1 rank, with optimizer state)."""
 
-import dataclasses
 import json
 import math
 import os
@@ -9,16 +8,15 @@ import os
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torchtitan.config import ConfigManager
 
 import eval.lm_eval as cli
-from eval.config import Eval, run_at_end
+from eval.at_end import run_at_end
 from eval.model import ParallaxLM
-from eval.suite import PAPER_SUITE
 from eval.table import COLUMNS
 from eval.tasks import local_task_config, parse_tasks, task_config
-from parallax_titan.config import JobConfig
-from parallax_titan.validate import check_config_dict
+from parallax_titan.config import ConfigError, Eval, JobConfig, load_config
+from parallax_titan.config.schema import toml_problems
+from parallax_titan.suite import PAPER_SUITE
 from tests._train_runs import REPO, train
 
 CONFIG = os.path.join(REPO, "configs", "test_cpu_2rank.toml")
@@ -96,20 +94,14 @@ def test_run_at_end_writes_under_dump_folder(run_dir, tmp_path):
     assert float(cells["Wiki ppl"]) > 1 and cells["Avg."] == cells["BoolQ"] + "*"
 
 
-@dataclasses.dataclass
-class WithEval:
-    """What parallax_titan/config.py adds to its JobConfig."""
-
-    eval: Eval = dataclasses.field(default_factory=Eval)
-
-
-def test_eval_section_merges_into_the_job_config():
-    merged = ConfigManager._merge_configs(JobConfig, WithEval)
-    assert check_config_dict({"eval": {"at_end": True, "tasks": ["boolq"], "limit": 5}}, merged) == []
-    assert check_config_dict({"eval": {"tasks": "boolq"}}, merged) != []
-    config = ConfigManager(merged).parse_args(["--job.config_file", CONFIG, "--eval.tasks", "sciq,wikitext"])
+def test_eval_section_is_part_of_the_job_config():
+    assert toml_problems({"eval": {"at_end": True, "tasks": ["boolq"], "limit": 5}}, JobConfig) == []
+    assert toml_problems({"eval": {"tasks": "boolq"}}, JobConfig) != []
+    config = load_config(["--job.config_file", CONFIG, "--eval.tasks", "sciq,wikitext"], check_data=False)
     assert config.eval.tasks == ["sciq", "wikitext"] and config.eval.at_end is False
-    assert ConfigManager(merged).parse_args(["--job.config_file", CONFIG]).eval.tasks == list(PAPER_SUITE)
+    assert load_config(["--job.config_file", CONFIG], check_data=False).eval.tasks == list(PAPER_SUITE)
+    with pytest.raises(ConfigError, match="eval.tasks: unknown"):
+        load_config(["--job.config_file", CONFIG, "--eval.tasks", "sciq,mmlu"], check_data=False)
 
 
 def test_local_configs_keep_the_real_prompts_and_metrics():

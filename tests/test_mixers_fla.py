@@ -60,10 +60,10 @@ def test_missing_fla_gives_install_hint(monkeypatch):
     message = fla_missing("kda")
     assert message.startswith("model.name = 'kda' needs flash-linear-attention: ") and FLA_INSTALL in message
     assert fla_missing("parallax") is None and fla_missing("softmax") is None
-    from parallax_titan.validate import _model_errors
+    from parallax_titan.config import Model
 
-    cfg = types.SimpleNamespace(model=types.SimpleNamespace(name="gated_deltanet", flavor="0.6B"))
-    assert _model_errors(cfg) == [fla_missing("gated_deltanet")]
+    section = Model(name="gated_deltanet", flavor="0.6B", hf_assets_path="parallax_titan/assets/tokenizer/tiny")
+    assert section.validate() == [fla_missing("gated_deltanet")]
     with pytest.raises(ImportError, match="pip install flash-linear-attention==0.6.0"):
         build_meta("mesa_net")
 

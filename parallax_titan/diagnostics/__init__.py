@@ -10,16 +10,14 @@
 * :mod:`.plots` and :mod:`.report`: figures and the markdown report of ``scripts/analyze.py``.
 """
 
-from parallax_titan.diagnostics.config import Diagnostics
+from parallax_titan.config.diagnostics import Diagnostics
 from parallax_titan.diagnostics.runner import (
     DiagnosticsResult,
     DiagnosticsRunner,
     collect,
     tensorboard_figure_logger,
-    validate_diagnostics,
 )
 
 __all__ = [
     "Diagnostics", "DiagnosticsResult", "DiagnosticsRunner", "collect", "tensorboard_figure_logger",
-    "validate_diagnostics",
 ]

@@ -1,10 +1,12 @@
 """``[diagnostics]``: periodic attention and spectral diagnostics during training.
 
-Defined without ``from __future__ import annotations`` so TorchTitan's config merge and tyro
-see real types (the lead merges this section into :data:`parallax_titan.config.JobConfig`).
+Defined without ``from __future__ import annotations`` so tyro sees real types;
+:class:`parallax_titan.config.JobConfig` holds it as ``diagnostics``.
 """
 
 from dataclasses import dataclass
+
+from parallax_titan.config.schema import value_problems
 
 
 @dataclass
@@ -55,3 +57,22 @@ class Diagnostics:
 
     figures: bool = True
     """Log depth-profile figures (``diag/depth/<metric>``) to TensorBoard as images when a writer is given."""
+
+    def validate(self) -> list[str]:
+        """Every bad key of the section; ``seq_len`` against ``training.seq_len`` is checked by the job."""
+        checks = [
+            ("freq", self.freq >= 1, ">= 1"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("seq_len", self.seq_len >= 0, ">= 0"),
+            ("max_queries", self.max_queries >= 1, ">= 1"),
+            ("corr_ridge", self.corr_ridge >= 0, ">= 0"),
+            ("spectral_freq", self.spectral_freq >= 0 and self.spectral_freq % max(1, self.freq) == 0,
+             f"0 or a multiple of diagnostics.freq = {self.freq}"),
+            ("top_k", self.top_k >= 1, ">= 1"),
+            ("cka_tokens", self.cka_tokens >= 2, ">= 2"),
+        ]
+        problems = value_problems(self, "diagnostics")
+        if problems:
+            return problems
+        return [f"diagnostics.{key}: expected {expected}, got {getattr(self, key)!r}"
+                for key, ok, expected in checks if not ok]

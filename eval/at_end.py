@@ -1,0 +1,35 @@
+"""``[eval] at_end``: score the final checkpoint on the downstream suite when training ends.
+
+``train.py`` calls :func:`run_at_end` on rank 0 after the last checkpoint is saved; the section's
+keys are :class:`parallax_titan.config.Eval`.
+"""
+
+import os
+
+from parallax_titan.config import JobConfig
+
+
+def output_dir(job_config: JobConfig) -> str:
+    """``<job.dump_folder>/eval``: where :func:`run_at_end` writes."""
+    return os.path.join(job_config.job.dump_folder, "eval")
+
+
+def run_at_end(job_config: JobConfig, checkpoint_dir: str) -> str:
+    """Score ``checkpoint_dir`` with ``job_config``'s model and tokenizer and ``[eval]`` settings.
+
+    Writes ``<dump_folder>/eval/results.md`` and the lm-eval JSON; returns the table's path.
+    Runs on this process only (call it on rank 0); the model is rebuilt from the checkpoint.
+    """
+    from eval.lm_eval import evaluate, row_name, write_outputs
+    from eval.model import ParallaxLM
+    from eval.tasks import parse_tasks
+
+    section = job_config.eval
+    tasks = parse_tasks(section.tasks)
+    lm = ParallaxLM.from_job_config(
+        job_config, checkpoint_dir, device=section.device or None, dtype=section.dtype,
+        batch_size=section.batch_size, max_length=section.max_length,
+    )
+    results = evaluate(lm, tasks, data_dir=section.data_dir or None, limit=section.limit,
+                       bootstrap_iters=section.bootstrap_iters)
+    return write_outputs(output_dir(job_config), [(row_name(checkpoint_dir), results)])

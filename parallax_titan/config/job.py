@@ -1,0 +1,161 @@
+"""The job config: TorchTitan's JobConfig with Parallax-Titan's typed sections, and its loader.
+
+:func:`load_config` is the one way a run's config is made: TOML + ``--section.key value``
+overrides, checked for unknown keys and types, parsed by TorchTitan's ConfigManager into a
+:class:`JobConfig`, then validated once (every section's ``validate()`` and the checks that need
+two sections) before anything is built.
+
+No ``from __future__ import annotations`` here: tyro reads these annotations as real types.
+"""
+
+import tomllib
+from dataclasses import dataclass, field
+
+from torchtitan.config import ConfigManager
+from torchtitan.config import job_config as titan
+
+from parallax_titan.config.diagnostics import Diagnostics
+from parallax_titan.config.optim import LRScheduler, Optimizer
+from parallax_titan.config.schema import toml_problems
+from parallax_titan.config.sections import (
+    Checkpoint, Eval, Metrics, Model, Parallax, Parallelism, Reliability, Training, Validation, _problems_of,
+)
+
+FLOAT8 = "quantize.linear.float8"
+
+
+class ConfigError(ValueError):
+    """A config problem; the message lists every offending key with its value."""
+
+
+@dataclass
+class JobConfig(titan.JobConfig):
+    """TorchTitan's JobConfig with our sections; every TorchTitan key keeps its meaning."""
+
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    metrics: Metrics = field(default_factory=Metrics)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    validation: Validation = field(default_factory=Validation)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallax: Parallax = field(default_factory=Parallax)
+    reliability: Reliability = field(default_factory=Reliability)
+    eval: Eval = field(default_factory=Eval)
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)
+
+    def validate(self, check_data: bool = True) -> list[str]:
+        """Every problem of the config: each section's, then those that involve two sections.
+
+        ``check_data``: also check that the training (and validation) data can be read; tools that
+        only build the model (evaluation, export) leave it off."""
+        sections = (self.model, self.parallax, self.training, self.validation, self.metrics, self.checkpoint,
+                    self.parallelism, self.optimizer, self.lr_scheduler, self.reliability, self.eval,
+                    self.diagnostics)
+        problems = [p for section in sections for p in section.validate()]
+        problems += self._model_problems(model_ok=not self.model.validate()) + self._job_problems()
+        return problems + (self._data_problems() if check_data else [])
+
+    def _model_problems(self, model_ok: bool) -> list[str]:
+        """Head counts and switches of the model this config builds (needs a valid [model])."""
+        if not model_ok:
+            return []
+        from parallax_titan.spec import model_args_for
+
+        args, problems = model_args_for(self), []
+        name, flavor = self.model.name, self.model.flavor
+        if args.n_heads % args.n_kv_heads:
+            problems.append(f"model.n_heads: {args.n_heads} query heads is not a multiple of model.n_kv_heads = "
+                            f"{args.n_kv_heads} (model {name!r}, flavor {flavor!r})")
+        if args.mixer == "softmax" and self.parallax.attn_mask_type == "block_causal":
+            problems.append(f"parallax.attn_mask_type: 'block_causal' needs a Parallax model; {name!r} supports "
+                            "'causal' only")
+        if self.parallax.init_from_transformer and args.mixer != "parallax":
+            problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
+                            f"but model.name {name!r} is not Parallax")
+        return problems + self._float8_problems()
+
+    def _float8_problems(self) -> list[str]:
+        if FLOAT8 not in self.model.converters:
+            return []
+        import importlib.util
+
+        import torch
+
+        if importlib.util.find_spec("torchao") is None:
+            return [f"model.converters: {FLOAT8!r} needs torchao (pip install torchao==0.18.0)"]
+        emulate = self.quantize.linear.float8.emulate
+        if not torch.cuda.is_available():
+            return [] if emulate else [
+                f"model.converters: {FLOAT8!r} on a machine without CUDA needs quantize.linear.float8.emulate = "
+                "true (float8 matmuls need an sm89+ GPU; emulation is for tests)"]
+        capability = torch.cuda.get_device_capability()
+        if capability < (8, 9) and not emulate:
+            return [f"model.converters: {FLOAT8!r} needs an sm89+ GPU (Ada, Hopper); this one is sm"
+                    f"{capability[0]}{capability[1]}; quantize.linear.float8.emulate = true emulates it (for tests)"]
+        if emulate and self.compile.enable and "model" in self.compile.components:
+            return ["quantize.linear.float8.emulate = true does not work with compile.enable = true and 'model' "
+                    "in compile.components (TorchTitan's rule); use the hardware float8 path or disable compile"]
+        return []
+
+    def _data_problems(self) -> list[str]:
+        """The training and validation data sources, read under the bad-data policy."""
+        from parallax_titan.data import check_dataset_config
+
+        skip_bad = self.reliability.bad_data == "skip"
+        problems = _problems_of(lambda: check_dataset_config(self.training, "training", skip_bad))
+        if self.validation.enable:
+            problems += _problems_of(lambda: check_dataset_config(self.validation, "validation", skip_bad))
+        return problems
+
+    def _job_problems(self) -> list[str]:
+        """The final evaluation and the diagnostics window."""
+        problems = []
+        if self.eval.at_end and not self.checkpoint.enable:
+            problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
+        if self.diagnostics.seq_len > self.training.seq_len:
+            problems.append(f"diagnostics.seq_len: expected at most training.seq_len = {self.training.seq_len}, "
+                            f"got {self.diagnostics.seq_len!r}")
+        return problems
+
+
+def config_file_from_argv(argv: list[str]) -> str | None:
+    """The value of ``--job.config_file`` in ``argv`` (either ``--k v`` or ``--k=v``), if any."""
+    for i, arg in enumerate(argv):
+        if arg == "--job.config_file" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--job.config_file="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def read_toml(path: str) -> dict:
+    """The TOML file at ``path`` as a dict, its keys and value types checked; ConfigError otherwise."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"job.config_file: {path!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"job.config_file: {path!r} is not valid TOML: {exc}") from None
+    problems = toml_problems(data, JobConfig)
+    if problems:
+        raise ConfigError(f"invalid config {path}:\n  " + "\n  ".join(problems))
+    return data
+
+
+def load_config(argv: list[str], check_data: bool = True) -> JobConfig:
+    """TOML (``--job.config_file``) + CLI overrides -> a validated :class:`JobConfig`.
+
+    Raises :class:`ConfigError` listing every problem (``<section.key>: ...``) before anything is
+    built. ``check_data=False`` skips the data-source checks (for tools that only build the model).
+    """
+    path = config_file_from_argv(argv)
+    if path is not None:
+        read_toml(path)
+    config = ConfigManager(JobConfig).parse_args(argv)
+    problems = config.validate(check_data)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return config

@@ -1,0 +1,164 @@
+"""``[optimizer]`` and ``[lr_scheduler]``: TorchTitan's keys plus Muon, S_p decay and WDA.
+
+TorchTitan's ``name``, ``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay`` and the schedule keys
+(``warmup_steps``, ``decay_ratio``, ``decay_type``, ``min_lr_factor``) keep their meaning; for Muon
+runs ``beta1``/``beta2``/``eps`` configure the Adam group. See docs/optimizers.md.
+
+No ``from __future__ import annotations`` here: tyro reads these annotations as real types.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from torchtitan.config import job_config as titan
+
+from optimizers.directions import ORTHO_DTYPES, UPDATE_SCALES
+from optimizers.orthogonalize import ORTHOGONALIZERS
+from optimizers.routing import ATTN_CATEGORIES, DEFAULT_PARAM_RULES, parse_headwise, parse_rules
+from optimizers.spectral import BANDS
+from parallax_titan.config.schema import value_problems
+from parallax_titan.config.sections import finite_at_least
+
+OPTIMIZER_NAMES = ("Muon", "AdamW")
+
+
+def parse_multipliers(entries: list[str]) -> dict[str, float]:
+    """['cat=0.3', ...] -> {'cat': 0.3}; ValueError naming the entry."""
+    out = {}
+    for entry in entries:
+        category, sep, value = str(entry).partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not finite_at_least(number, 0):
+            raise ValueError(f"optimizer.lr_multipliers: entry {entry!r}; expected 'category=float >= 0'")
+        out[category.strip()] = number
+    return out
+
+
+@dataclass
+class Optimizer(titan.Optimizer):
+    """``[optimizer]``: TorchTitan's keys (``name`` = "Muon" | "AdamW") plus Muon and decay options."""
+
+    muon_momentum: float = 0.95
+    """Muon momentum coefficient mu (B <- mu B + G)."""
+
+    muon_nesterov: bool = True
+    """Nesterov update U = G + mu B (else U = B)."""
+
+    orthogonalizer: Literal["polar_express", "newton_schulz"] = "polar_express"
+    """Muon orthogonaliser."""
+
+    ortho_steps: int = 0
+    """Orthogonaliser steps; 0 = its default (8 Polar Express, 5 Newton-Schulz)."""
+
+    ortho_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Orthogonaliser compute dtype; auto = bf16 on GPU, fp32 on CPU."""
+
+    muon_update_scale: Literal["match_rms_adamw", "spectral", "none"] = "match_rms_adamw"
+    """Update scale: 0.2 sqrt(max(m, n)) (Moonlight), sqrt(max(1, m/n)), or 1."""
+
+    muon_headwise: str = "FFF"
+    """Per projection Q,K,V(,R): H = orthogonalise per head, F = full matrix; R follows Q if omitted."""
+
+    muon_head_dim: int = 0
+    """Head dim for head-wise Muon; 0 = read `head_dim` from the model's attention modules."""
+
+    param_rules: list[str] = field(default_factory=lambda: list(DEFAULT_PARAM_RULES))
+    """Ordered 'category=regex' rules on parameter FQNs (first match; unmatched = 'other')."""
+
+    muon_categories: list[str] = field(default_factory=lambda: [*ATTN_CATEGORIES, "mlp", "other"])
+    """Categories whose 2-D parameters Muon updates; everything else goes to the Adam group."""
+
+    lr_multipliers: list[str] = field(default_factory=list)
+    """'category=multiplier' lr multipliers, e.g. ['embed=0.3', 'norm=0.015']."""
+
+    no_decay_categories: list[str] = field(default_factory=list)
+    """Categories without ordinary weight decay (e.g. ['norm', 'bias'])."""
+
+    spectral_power_attn: int = 1
+    """S_p power p_A for attention matrices (wq, wk, wv, wo, wr); 1 = ordinary decay."""
+
+    spectral_coeff_attn: float = 0.0
+    """S_p coefficient lambda_A for attention matrices; 0 disables."""
+
+    spectral_power_mlp: int = 1
+    """S_p power p_M for MLP matrices (w1, w2, w3)."""
+
+    spectral_coeff_mlp: float = 0.0
+    """S_p coefficient lambda_M for MLP matrices; 0 disables."""
+
+    spectral_categories: list[str] = field(default_factory=lambda: [*ATTN_CATEGORIES, "mlp"])
+    """Categories that receive the S_p term (e.g. ['attn_v'] for V-only decay)."""
+
+    decay_coupling: Literal["lr", "independent"] = "lr"
+    """Decay scale: 'lr' = coefficients times the current lr; 'independent' = times the
+    schedule multiplier eta_t only. Applies to weight_decay and the S_p coefficients."""
+
+    spectral_band: Literal["none", "top", "bottom", "top_only", "bottom_only"] = "none"
+    """Band selection of the S_p term around spectral_band_tau (SPEC.md 3)."""
+
+    spectral_band_tau: float = 0.0
+    """Singular-value threshold tau for band selection."""
+
+    msign_steps: int = 20
+    """Iterations of the matrix-sign polynomial for band projectors."""
+
+    def multipliers(self) -> dict[str, float]:
+        """``lr_multipliers`` as {category: multiplier} (the section must be valid)."""
+        return parse_multipliers(self.lr_multipliers)
+
+    def validate(self) -> list[str]:
+        problems = value_problems(self, "optimizer")
+
+        def need(ok: bool, key: str, expected: str) -> None:
+            if not ok:
+                problems.append(f"optimizer.{key}: expected {expected}, got {getattr(self, key)!r}")
+
+        need(self.name in OPTIMIZER_NAMES, "name", f"one of {OPTIMIZER_NAMES}")
+        need(finite_at_least(self.lr, 0) and self.lr > 0, "lr", "a finite float > 0")
+        for key in ("beta1", "beta2", "muon_momentum"):
+            need(finite_at_least(getattr(self, key), 0) and getattr(self, key) < 1, key, "a float in [0, 1)")
+        need(finite_at_least(self.eps, 0) and self.eps > 0, "eps", "a float > 0")
+        for key in ("weight_decay", "spectral_coeff_attn", "spectral_coeff_mlp", "spectral_band_tau"):
+            need(finite_at_least(getattr(self, key), 0), key, "a finite float >= 0")
+        need(self.orthogonalizer in ORTHOGONALIZERS, "orthogonalizer", f"one of {sorted(ORTHOGONALIZERS)}")
+        need(self.ortho_dtype in ORTHO_DTYPES, "ortho_dtype", f"one of {list(ORTHO_DTYPES)}")
+        need(self.muon_update_scale in UPDATE_SCALES, "muon_update_scale", f"one of {UPDATE_SCALES}")
+        for key in ("ortho_steps", "muon_head_dim", "spectral_power_attn", "spectral_power_mlp"):
+            need(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, key, "an int >= 0")
+        need(self.spectral_band == "none" or self.spectral_band_tau > 0, "spectral_band_tau",
+             "> 0 when spectral_band is set")
+        need(isinstance(self.msign_steps, int) and self.msign_steps >= 1, "msign_steps", "an int >= 1")
+        need(not self.early_step_in_backward, "early_step_in_backward", "false (not supported by MuonAdamW)")
+        for check in (lambda: parse_headwise(self.muon_headwise), lambda: parse_rules(self.param_rules),
+                      self.multipliers):
+            try:
+                check()
+            except ValueError as exc:
+                message = str(exc)
+                problems.append(message if message.startswith("optimizer.") else f"optimizer.{message}")
+        return problems
+
+
+@dataclass
+class LRScheduler(titan.LRScheduler):
+    """``[lr_scheduler]``: TorchTitan's warmup / stable / decay schedule plus weight-decay annealing."""
+
+    wd_anneal_gamma: float = 0.0
+    """Weight-decay annealing lambda(t) = lambda (1 - t)^gamma over the lr decay stage; 0 = off."""
+
+    def validate(self) -> list[str]:
+        problems = value_problems(self, "lr_scheduler")
+        if not finite_at_least(self.wd_anneal_gamma, 0):
+            problems.append(f"lr_scheduler.wd_anneal_gamma: expected a finite float >= 0, got {self.wd_anneal_gamma!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            problems.append(f"lr_scheduler.warmup_steps: expected an int >= 0, got {self.warmup_steps!r}")
+        ratio = self.decay_ratio
+        if ratio is not None and not (finite_at_least(ratio, 0) and ratio <= 1):
+            problems.append(f"lr_scheduler.decay_ratio: expected unset or a float in [0, 1], got {ratio!r}")
+        if not (finite_at_least(self.min_lr_factor, 0) and self.min_lr_factor <= 1):
+            problems.append(f"lr_scheduler.min_lr_factor: expected a float in [0, 1], got {self.min_lr_factor!r}")
+        return problems

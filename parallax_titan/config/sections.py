@@ -1,0 +1,275 @@
+"""The TOML sections Parallax-Titan adds to TorchTitan's, each with a ``validate()``.
+
+Sections TorchTitan already has (``[model]``, ``[training]``, ``[metrics]``, ...) are subclasses of
+TorchTitan's dataclasses, so every TorchTitan key keeps its meaning. ``validate()`` returns every
+problem of the section on its own, as ``"<section>.<key>: ..."`` strings; checks that need two
+sections live in :meth:`parallax_titan.config.JobConfig.validate`.
+
+No ``from __future__ import annotations`` here: tyro reads these annotations as real types.
+"""
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from torchtitan.config import job_config as titan
+
+from parallax_titan.config.schema import value_problems
+from parallax_titan.suite import PAPER_SUITE
+
+
+def positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def finite_at_least(value, low: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+
+
+@dataclass
+class Parallax:
+    """``[parallax]``: the attention mixer's switches."""
+
+    rho_rope: bool = True
+    """Apply RoPE to the probe rho (same cos/sin as q). The paper's ablation turns it off."""
+
+    gate: Literal["none", "token", "head"] = "none"
+    """Sigmoid gate on rho after its norm: one scalar per token, or one per token and head."""
+
+    wr_init: Literal["normal", "zeros"] = "normal"
+    """Init of W_R: like W_Q, or zeros (the layer then computes exactly softmax attention)."""
+
+    attn_backend: Literal["auto", "reference", "triton"] = "auto"
+    """Parallax kernel: fused Triton on CUDA and the exact PyTorch reference on CPU when auto."""
+
+    attn_mask_type: Literal["causal", "block_causal"] = "causal"
+    """causal over the packed row, or block_causal: no attention across <|endoftext|>."""
+
+    init_from_transformer: str = ""
+    """Up-training: a DCP checkpoint folder of a Transformer run (e.g. outputs/x/checkpoint/step-1000)
+    loaded into a Parallax model at step 0, with W_R = 0 and rho-norm weights 1."""
+
+    def validate(self) -> list[str]:
+        problems = value_problems(self, "parallax")
+        if self.init_from_transformer and not os.path.isdir(self.init_from_transformer):
+            problems.append(f"parallax.init_from_transformer: {self.init_from_transformer!r} is not a checkpoint folder")
+        return problems
+
+
+@dataclass
+class Model(titan.Model):
+    """``[model]``: TorchTitan's keys (``name`` = variant, ``flavor`` = size, ``hf_assets_path`` =
+    tokenizer folder, ``converters``) plus shape overrides on top of the flavor (0 keeps its value)."""
+
+    dim: int = 0
+    """Model width d_model."""
+
+    n_layers: int = 0
+    """Number of blocks."""
+
+    n_heads: int = 0
+    """Query heads Hq (also the number of probe heads)."""
+
+    n_kv_heads: int = 0
+    """Key/value heads Hkv; Hq must be a multiple of Hkv."""
+
+    head_dim: int = 0
+    """Head dimension D."""
+
+    hidden_dim: int = 0
+    """SwiGLU FFN width."""
+
+    vocab_size: int = 0
+    """Embedding rows; must be at least the tokenizer's vocabulary."""
+
+    def validate(self) -> list[str]:
+        from parallax_titan.mixers import fla_hopper_blocker, fla_missing
+        from parallax_titan.model import SHAPE_KEYS
+        from parallax_titan.spec import BASE_FLAVORS, VARIANTS
+        from parallax_titan.tokenizer import check_tokenizer_path
+
+        if self.name not in VARIANTS:
+            return [f"model.name: {self.name!r} is not a Parallax-Titan variant; expected one of {', '.join(VARIANTS)}"]
+        if self.flavor not in BASE_FLAVORS:
+            return [f"model.flavor: {self.flavor!r} is unknown; expected one of {', '.join(BASE_FLAVORS)}"]
+        # before any model build: the fla mixers are an optional install, and fla 0.6.0's GDN backward
+        # stops on Hopper with triton < 3.7.1 unless tilelang is there (after minutes of compiling)
+        blocker = fla_missing(self.name) or fla_hopper_blocker(self.name)
+        problems = [blocker] if blocker else []
+        problems += [f"model.{k}: expected a positive integer, got {getattr(self, k)!r}"
+                     for k in SHAPE_KEYS if getattr(self, k) < 0]
+        problems += _problems_of(lambda: check_tokenizer_path(self.hf_assets_path))
+        return problems + self._converter_problems()
+
+    def _converter_problems(self) -> list[str]:
+        from parallax_titan.compat import model_converter_names
+
+        known = model_converter_names()
+        return [f"model.converters: {name!r} is not a TorchTitan model converter; expected one of "
+                f"{', '.join(map(repr, known))}" for name in self.converters if name not in known]
+
+
+@dataclass
+class Training(titan.Training):
+    """``[training]``: TorchTitan's keys plus the data order across data-parallel ranks."""
+
+    data_order: Literal["sharded", "global"] = "sharded"
+    """Which packed sequences a data-parallel rank trains on. "sharded" (TorchTitan's): each rank
+    reads its own part of the documents, so the batches depend on the number of ranks. "global":
+    every rank reads the whole token stream and keeps sequence i when
+    ``(i // local_batch_size) % dp_world_size == dp_rank``, so step s trains on sequences
+    ``[s*G, (s+1)*G)`` (G = local batch x DP degree x gradient accumulation) on any number of
+    GPUs; each rank then tokenizes the whole stream."""
+
+    def validate(self) -> list[str]:
+        problems = value_problems(self, "training")
+        for key in ("steps", "seq_len", "local_batch_size"):
+            if not positive_int(getattr(self, key)):
+                problems.append(f"training.{key}: expected a positive integer, got {getattr(self, key)!r}")
+        if not finite_at_least(self.max_norm, 0) or self.max_norm == 0:
+            problems.append(f"training.max_norm: expected a finite number > 0, got {self.max_norm!r}")
+        loader = self.dataloader
+        if loader.num_workers not in (0, 1):
+            # every worker would replay the whole stream: our datasets are split by rank, not by worker
+            problems.append(f"training.dataloader.num_workers: expected 0 (load in the training process) or 1 "
+                            f"(one background process), got {loader.num_workers!r}")
+        if loader.prefetch_factor is not None and (loader.num_workers == 0 or loader.prefetch_factor < 1):
+            problems.append(f"training.dataloader.prefetch_factor: expected unset with num_workers = 0, or a "
+                            f"positive integer with num_workers = 1; got {loader.prefetch_factor!r} with "
+                            f"num_workers = {loader.num_workers!r}")
+        return problems
+
+
+@dataclass
+class Metrics(titan.Metrics):
+    """``[metrics]``: TorchTitan's keys plus a progress bar and a JSONL log."""
+
+    progress_bar: bool = True
+    """Show a tqdm progress bar with the loss on rank 0."""
+
+    save_jsonl: bool = True
+    """Append every logged metric to ``<job.dump_folder>/metrics.jsonl`` (rank 0), one JSON line per log."""
+
+    def validate(self) -> list[str]:
+        problems = value_problems(self, "metrics")
+        if not positive_int(self.log_freq):
+            problems.append(f"metrics.log_freq: expected a positive integer, got {self.log_freq!r}")
+        return problems
+
+
+@dataclass
+class Checkpoint(titan.Checkpoint):
+    """``[checkpoint]``: TorchTitan's keys."""
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.enable and not positive_int(self.interval):
+            problems.append(f"checkpoint.interval: expected a positive integer, got {self.interval!r}")
+        if not isinstance(self.keep_latest_k, int) or self.keep_latest_k < 0:
+            problems.append(f"checkpoint.keep_latest_k: expected 0 (keep all) or a positive integer, "
+                            f"got {self.keep_latest_k!r}")
+        return problems
+
+
+@dataclass
+class Validation(titan.Validation):
+    """``[validation]``: TorchTitan's keys."""
+
+    def validate(self) -> list[str]:
+        if self.enable and not positive_int(self.freq):
+            return [f"validation.freq: expected a positive integer, got {self.freq!r}"]
+        return []
+
+
+@dataclass
+class Parallelism(titan.Parallelism):
+    """``[parallelism]``: TorchTitan's keys; FSDP2 / HSDP / DDP are supported."""
+
+    def validate(self) -> list[str]:
+        return [f"parallelism.{key}: {getattr(self, key)} is not supported yet; use FSDP (data_parallel_*)"
+                for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
+                if getattr(self, key) != 1]
+
+
+@dataclass
+class Reliability:
+    """``[reliability]``: interruptions and numerical failures."""
+
+    save_on_sigterm: bool = True
+    """On SIGTERM (as sent by schedulers before preemption), finish the step, save a full checkpoint
+    and exit with code 0; rerunning the same command resumes from it."""
+
+    stop_at_step: int = 0
+    """Save a full checkpoint and exit after this step (0: never); simulates an interruption."""
+
+    bad_data: Literal["error", "skip"] = "error"
+    """Malformed local data (an empty file, a file or record without a string ``content``, invalid
+    UTF-8 or JSON): stop with an error naming the file and line, or skip it and log how many
+    records each file lost."""
+
+    nonfinite: Literal["skip", "stop", "off"] = "skip"
+    """Non-finite loss or gradient: skip the optimizer step, or save and stop; the report names
+    the step and the first parameter whose gradient is not finite. "off" does not check."""
+
+    def validate(self) -> list[str]:
+        problems = value_problems(self, "reliability")
+        if isinstance(self.stop_at_step, int) and self.stop_at_step < 0:
+            problems.append(f"reliability.stop_at_step: expected 0 (never) or a step, got {self.stop_at_step!r}")
+        return problems
+
+
+EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class Eval:
+    """``[eval]``: downstream evaluation of the final checkpoint (lm-eval, zero-shot)."""
+
+    at_end: bool = False
+    """Run the suite on the final checkpoint when training ends; the table goes to <dump_folder>/eval/."""
+
+    tasks: list[str] = field(default_factory=lambda: list(PAPER_SUITE))
+    """Tasks to run: the paper's suite or a subset of it (lambada_openai, wikitext, boolq, ...)."""
+
+    limit: int = 0
+    """Documents per task, 0 = all."""
+
+    batch_size: int = 8
+    """Sequences per forward pass."""
+
+    device: str = ""
+    """cpu, cuda, cuda:N; empty: CUDA when available."""
+
+    dtype: str = "auto"
+    """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 or float16."""
+
+    max_length: int = 0
+    """Scoring window in tokens; 0 = training.seq_len."""
+
+    data_dir: str = ""
+    """Folder with <task>.jsonl files read instead of the Hugging Face hub/cache (offline)."""
+
+    bootstrap_iters: int = 100000
+    """lm-eval bootstrap iterations for the standard errors (0 = none)."""
+
+    def validate(self) -> list[str]:
+        problems = value_problems(self, "eval")
+        unknown = [t for t in self.tasks if t not in PAPER_SUITE]
+        if unknown:
+            problems.append(f"eval.tasks: unknown {unknown}; expected names from {list(PAPER_SUITE)}")
+        if self.dtype not in EVAL_DTYPES:
+            problems.append(f"eval.dtype: expected one of {EVAL_DTYPES}, got {self.dtype!r}")
+        for key, low in (("limit", 0), ("batch_size", 1), ("max_length", 0), ("bootstrap_iters", 0)):
+            if isinstance(getattr(self, key), int) and getattr(self, key) < low:
+                problems.append(f"eval.{key}: expected an integer >= {low}, got {getattr(self, key)!r}")
+        return problems
+
+
+def _problems_of(check) -> list[str]:
+    """Run a check that raises ValueError with a message naming its key; its message, or nothing."""
+    try:
+        check()
+    except ValueError as exc:
+        return [str(exc)]
+    return []
