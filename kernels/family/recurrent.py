@@ -53,8 +53,8 @@ class AffineState:
         _check_kv("AffineState.from_sequence", k, v)
         work = work_dtype(k.dtype)
         kw, vw = k.to(work), v.to(work)
-        s_kk = torch.einsum("blha,blhb->bhab", kw, kw) if with_kk else None
-        return cls(k.shape[1], kw.sum(1), vw.sum(1), torch.einsum("blha,blhb->bhab", vw, kw), s_kk)
+        s_kk = torch.einsum("nlha,nlhc->nhac", kw, kw) if with_kk else None
+        return cls(k.shape[1], kw.sum(1), vw.sum(1), torch.einsum("nlha,nlhc->nhac", vw, kw), s_kk)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> "AffineState":
         """Add one token per sequence: k, v (B, 1, Hkv, D)."""
@@ -87,7 +87,7 @@ class AffineState:
 
     def _sigma_kv_times(self, x, intercept):
         """Sigma_KV x (or S_vk x / n without intercept) for grouped x (B, Hkv, G, D)."""
-        raw = torch.einsum("bhab,bhgb->bhga", self.s_vk, x) / self.count
+        raw = torch.einsum("nhac,nhgc->nhga", self.s_vk, x) / self.count
         if not intercept:
             return raw
         kbar, vbar = self._moments()
