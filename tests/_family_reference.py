@@ -124,17 +124,18 @@ def affine_mesanet(q, k, v, lam, intercept=True):
 
 
 def affine_linear_attention_dense(r, k, v, intercept=True):
-    """Vectorised fp64 form for larger shapes: o = W v with W_ij = (1 + tbar_i - t_ij) / i (j <= i),
-    t = r k^T, tbar_i = mean_{j<=i} t_ij (the uniform-weight Parallax weights); -t_ij / i without intercept."""
+    """Vectorised form (any device; pass fp64) for larger shapes: o = W v with
+    W_ij = (1 + tbar_i - t_ij) / i for j <= i, t = r k^T, tbar_i = mean_{j<=i} t_ij (the uniform-weight
+    Parallax weights); -t_ij / i without intercept."""
     b, n, hq, d = r.shape
     group = hq // k.shape[2]
     kh = k.transpose(1, 2).repeat_interleave(group, 1)
     vh = v.transpose(1, 2).repeat_interleave(group, 1)
     t = (r.transpose(1, 2) @ kh.transpose(-1, -2)).tril()
-    count = torch.arange(1, n + 1, dtype=r.dtype)[:, None]
+    count = torch.arange(1, n + 1, dtype=r.dtype, device=r.device)[:, None]
     if intercept:
         tbar = t.sum(-1, keepdim=True) / count
-        w = torch.ones(n, n, dtype=r.dtype).tril() * (1 + tbar) - t
+        w = torch.ones(n, n, dtype=r.dtype, device=r.device).tril() * (1 + tbar) - t
     else:
         w = -t
     return ((w / count) @ vh).transpose(1, 2)
