@@ -77,9 +77,9 @@ def _weighted_product(p, x, keys, values):
     return (p * (x @ keys.transpose(-1, -2))) @ values
 
 
-def _cholesky_block(qb, p, kk, vv, kbar, vbar, lam):
+def _cholesky_block(qb, p, kk, vv, kbar, vbar, lam, outer):
+    """outer: (..., j, D*D) flattened k_j k_j^T of the block's keys."""
     d = qb.shape[-1]
-    outer = (kk[..., :, None] * kk[..., None, :]).flatten(-2)  # (..., j, D*D)
     sigma_kk = (p @ outer).unflatten(-1, (d, d)) - kbar[..., :, None] * kbar[..., None, :]
     eye = torch.eye(d, dtype=qb.dtype, device=qb.device)
     ridge = lam * eye if not isinstance(lam, torch.Tensor) else lam[..., None] * eye
@@ -151,12 +151,14 @@ def exact_lla(q, k, v, *, lam, scale=None, solver="cholesky", cg_steps=None, max
     qg, kg, vg = (grouped(x, hkv, work) for x in (q, k, v))
     lam_g = grouped_lam(lam, hkv, work)
     steps = q.shape[-1] if cg_steps is None else cg_steps
+    if solver == "cholesky":
+        outer = (kg[..., :, None] * kg[..., None, :]).flatten(-2)  # (B, Hkv, 1, L, D*D), shared by all blocks
     outs = []
     for i0 in range(0, q.shape[1], block):
         qb = qg[..., i0:i0 + block, :]
         p, kk, vv, kbar, vbar = _block_stats(qb, kg, vg, float(scale), i0)
         if solver == "cholesky":
-            outs.append(_cholesky_block(qb, p, kk, vv, kbar, vbar, lam_g))
+            outs.append(_cholesky_block(qb, p, kk, vv, kbar, vbar, lam_g, outer[..., :kk.shape[-2], :]))
         else:
             outs.append(_cg_block(qb, p, kk, vv, kbar, vbar, lam_g, steps))
     return ungrouped(torch.cat(outs, -2), q.dtype)
