@@ -202,3 +202,16 @@ def test_triton_backend_on_cpu_names_the_device(monkeypatch):
     x = torch.zeros(1, 4, 2, 16)
     with pytest.raises(ValueError, match="needs CUDA tensors .r is on cpu. or TRITON_INTERPRET=1"):
         affine_linear_attention(x, x, x, backend="triton")
+
+
+def test_keys_and_values_with_a_large_shared_mean_keep_fp32_accuracy():
+    """The intercept forms only see centred moments; raw fp32 sums would lose them to cancellation."""
+    q, r, k, v, do = make(1, 64, 2, 1, 8, seed=11)
+    q, k, v = q + 50.0, k + 50.0, v - 50.0
+    for fn, reference, inputs in (
+            (lambda *x: affine_mesanet(*x, lam=0.05), lambda *x: ref.affine_mesanet(*x, 0.05), (q, k, v)),
+            (affine_linear_attention, ref.affine_linear_attention_dense, (r, k, v))):
+        out, got = grads(fn, [x.float() for x in inputs], do.float())
+        out_ref, want = grads(reference, inputs, do)
+        for a, b in zip([out, *got], [out_ref, *want]):
+            assert ((a.double() - b).norm() / b.norm()).item() < 2e-5

@@ -19,9 +19,11 @@ w = beta / i; dv: x, a, y = r, k, dO, w = (1 + tbar) / i). Without the intercept
 terms drop out.
 
 Each program owns one (batch, query head) and one block of BV output columns and walks the
-sequence in chunks of BT tokens, carrying a (D, BV) fp32 state (sum a_j b_j^T, or sum x_i y_i^T / i
-in reverse) plus the running sums: inter-chunk through the state, intra-chunk through a causal
-BT x BT product. x, b / y and outputs are per query head; a (and b in the forward) per kv head
+sequence in chunks of BT tokens, carrying a (D, BV) fp32 state plus the running sums: inter-chunk
+through the state, intra-chunk through a causal BT x BT product. The forward state is the mean of
+a_j b_j^T over the tokens before the chunk, not their sum, so that its cast to a 16-bit dtype for
+the tensor-core product cannot overflow fp16 at long lengths; the reverse state sum x_i y_i^T / i
+grows only like log L. x, b / y and outputs are per query head; a (and b in the forward) per kv head
 h // GROUP. dk and dv come out per query head (fp32) and are summed over each GQA group.
 Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
 """
@@ -75,7 +77,7 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
     hk = h // GROUP
     offs_d = tl.arange(0, D)
     offs_v = pid_v * BV + tl.arange(0, BV)
-    state = tl.zeros((D, BV), dtype=tl.float32)
+    mean_state = tl.zeros((D, BV), dtype=tl.float32)  # mean of a_j b_j^T over the t0 tokens before the chunk
     s_a = tl.zeros((D,), dtype=tl.float32)
     s_b = tl.zeros((BV,), dtype=tl.float32)
     for t0 in range(0, L, BT):
@@ -86,7 +88,7 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
         bb = _rows(Bv, b, offs_t, hk, sab, sat, sah, offs_v, ok_t)
         causal = offs_t[None, :] <= offs_t[:, None]
         scores = tl.where(causal, tl.dot(x, tl.trans(a), input_precision=PREC), 0.0)
-        u = tl.dot(x, state.to(x.dtype), input_precision=PREC)
+        u = tl.dot(x, mean_state.to(x.dtype), input_precision=PREC) * t0
         u += tl.dot(scores.to(bb.dtype), bb, input_precision=PREC)
         n = (offs_t + 1).to(tl.float32)
         m = (tl.sum(x.to(tl.float32) * s_a[None, :], 1) + tl.sum(scores, 1)) / n
@@ -99,7 +101,7 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=ok_t[:, None])
         if pid_v == 0:
             tl.store(SIDE + pid_bh.to(tl.int64) * L + offs_t, m, mask=ok_t)
-        state += tl.dot(tl.trans(a), bb, input_precision=PREC)
+        mean_state = (mean_state * t0 + tl.dot(tl.trans(a), bb, input_precision=PREC)) / (t0 + BT)
         s_a += tl.sum(a.to(tl.float32), 0)
         s_b += tl.sum(bb.to(tl.float32), 0)
 

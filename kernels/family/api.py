@@ -42,6 +42,24 @@ def value_averaging(v, *, q_heads=None):
     return ungrouped(out, v.dtype)
 
 
+def _first_token_shift(k, v):
+    """Detached first-token key and value (B, 1, Hkv, D) to subtract before the raw-moment sums.
+
+    The intercept forms depend on k and v only through centred moments (and vbar), so
+    k -> k - c_k (q -> q - c_k for Affine MesaNet) and v -> v - c_v (output + c_v) leave them
+    unchanged; the streaming sums then cancel far less when keys or values share a large mean
+    (in 16-bit tensor-core products the raw sums lose the covariance entirely). The first token
+    keeps every position's output a function of its own past only. Detaching is exact: the
+    output's derivative with respect to the shift is zero.
+    """
+    return k[:, :1].detach(), v[:, :1].detach()
+
+
+def _per_query_head(x, q_heads):
+    """(B, 1, Hkv, D) -> (B, 1, Hq, D), kv head h // G for query head h."""
+    return x.repeat_interleave(q_heads // x.shape[2], dim=2)
+
+
 def _resolve_backend(fn, backend, r):
     check_choice(fn, "backend", backend, BACKENDS)
     from kernels.family.affine_la_fused import HEAD_DIMS
@@ -74,13 +92,20 @@ def affine_linear_attention(r, k, v, *, intercept=True, backend="auto", chunk=ch
     check_tensors(fn, {"r": r}, {"k": k, "v": v})
     _check_flag(fn, "intercept", intercept)
     chunk = int(check_positive(fn, "chunk", chunk))
-    if _resolve_backend(fn, backend, r) == "triton":
+    backend = _resolve_backend(fn, backend, r)
+    if intercept:
+        c_k, c_v = _first_token_shift(k, v)
+        k, v = k - c_k, v - c_v
+    if backend == "triton":
         from kernels.family.ops import affine_linear_attention_triton
 
-        return affine_linear_attention_triton(r, k, v, intercept=intercept)
-    work, hkv = work_dtype(r.dtype), k.shape[2]
-    rg, kg, vg = (grouped(x, hkv, work) for x in (r, k, v))
-    return ungrouped(chunked.affine_linear_attention_chunked(rg, kg, vg, intercept=intercept, chunk=chunk), r.dtype)
+        out = affine_linear_attention_triton(r, k, v, intercept=intercept)
+    else:
+        work, hkv = work_dtype(r.dtype), k.shape[2]
+        rg, kg, vg = (grouped(x, hkv, work) for x in (r, k, v))
+        out = ungrouped(chunked.affine_linear_attention_chunked(rg, kg, vg, intercept=intercept, chunk=chunk),
+                        r.dtype)
+    return out + _per_query_head(c_v, r.shape[2]) if intercept else out
 
 
 def affine_mesanet(q, k, v, *, lam, intercept=True, chunk=chunked.DEFAULT_CHUNK):
@@ -101,8 +126,11 @@ def affine_mesanet(q, k, v, *, lam, intercept=True, chunk=chunked.DEFAULT_CHUNK)
     _check_flag(fn, "intercept", intercept)
     lam = check_lam(fn, lam, q.shape[2], q.device)
     chunk = int(check_positive(fn, "chunk", chunk))
+    if intercept:
+        c_k, c_v = _first_token_shift(k, v)
+        q, k, v = q - _per_query_head(c_k, q.shape[2]), k - c_k, v - c_v
     work, hkv = work_dtype(q.dtype), k.shape[2]
     qg, kg, vg = (grouped(x, hkv, work) for x in (q, k, v))
-    out = chunked.affine_mesanet_chunked(qg, kg, vg, lam=grouped_lam(lam, hkv, work), intercept=intercept,
-                                         chunk=chunk)
-    return ungrouped(out, q.dtype)
+    out = ungrouped(chunked.affine_mesanet_chunked(qg, kg, vg, lam=grouped_lam(lam, hkv, work), intercept=intercept,
+                                                   chunk=chunk), q.dtype)
+    return out + _per_query_head(c_v, q.shape[2]) if intercept else out
