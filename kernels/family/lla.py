@@ -128,7 +128,8 @@ def exact_lla(q, k, v, *, lam, scale=None, solver="cholesky", cg_steps=None, max
     from streaming statistics only; precision-sensitive at small lam, as the paper notes).
     max_cost: refuse problems above this many multiply-adds (``exact_lla_cost``); None disables.
     block: query rows per block (bounds the transient memory: block * L per head, plus
-    block * D^2 for cholesky).
+    block * D^2 for cholesky). Autograd keeps O(L^2 + L D^2) per head for cholesky and
+    O(T L^2) for cg (every step's masked product).
     Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, k, v and a tensor lam.
     """
     fn = "exact_lla"
