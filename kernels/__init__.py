@@ -11,6 +11,12 @@ Public API (imported lazily so that `import kernels` never pulls in Triton):
 _EXPORTS = {
     "parallax_attention": "kernels.parallax.attention",
     "parallax_decode": "kernels.parallax.decode",
+    "exact_lla": "kernels.family.lla",
+    "exact_lla_cost": "kernels.family.lla",
+    "value_averaging": "kernels.family.api",
+    "affine_linear_attention": "kernels.family.api",
+    "affine_mesanet": "kernels.family.api",
+    "AffineState": "kernels.family.recurrent",
 }
 
 

@@ -1,0 +1,205 @@
+"""Triton kernels for causal Affine Linear Attention (SPEC 1b), forward and backward.
+
+    o_i = (1/i) [ (1 + tbar_i) s_v(i) - sum_{j<=i} (r_i . k_j) v_j ],  tbar_i = r_i . s_k(i) / i
+
+(or -(1/i) sum_{j<=i} (r_i . k_j) v_j without the intercept). With g_i = dO_i / i and
+beta_i = dO_i . vbar_i the gradients are
+
+    dr_i = (1/i) [ beta_i s_k(i) - sum_{j<=i} (dO_i . v_j) k_j ]
+    dk_j = sum_{i>=j} (beta_i / i) r_i      - sum_{i>=j} (dO_i . v_j) r_i / i
+    dv_j = sum_{i>=j} ((1 + tbar_i) / i) dO_i - sum_{i>=j} (r_i . k_j) dO_i / i
+
+so two kernels cover all four: a forward scan
+
+    out_i = (1/i) [ (c0 + m_i) s_b(i) - sum_{j<=i} (x_i . a_j) b_j ],  m_i = x_i . s_a(i) / i
+
+(forward: x, a, b = r, k, v, c0 = 1, m = tbar; dr: x, a, b = dO, v, k, c0 = 0, m = beta), and a
+reverse scan out_j = sum_{i>=j} w_i y_i - sum_{i>=j} (x_i . a_j) y_i / i (dk: x, a, y = dO, v, r,
+w = beta / i; dv: x, a, y = r, k, dO, w = (1 + tbar) / i). Without the intercept the s_b and w
+terms drop out.
+
+Each program owns one (batch, query head) and one block of BV output columns and walks the
+sequence in chunks of BT tokens, carrying a (D, BV) fp32 state plus the running sums: inter-chunk
+through the state, intra-chunk through a causal BT x BT product. The forward state is the mean of
+a_j b_j^T over the tokens before the chunk, not their sum, so that its cast to a 16-bit dtype for
+the tensor-core product cannot overflow fp16 at long lengths; the reverse state sum x_i y_i^T / i
+grows only like log L. x, b / y and outputs are per query head; a (and b in the forward) per kv head
+h // GROUP. dk and dv come out per query head (fp32) and are summed over each GQA group.
+Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HEAD_DIMS = (16, 32, 64, 128)
+_NO_SPECIALIZE = ["L", "HX", "GROUP"]
+
+
+def check_head_dim(d: int) -> None:
+    if d not in HEAD_DIMS:
+        raise ValueError(f"affine_linear_attention: backend='triton' supports head_dim in {HEAD_DIMS}, got {d}")
+
+
+def _config(d: int) -> dict:
+    if INTERPRET:
+        return {"BT": 16, "BV": min(d, 16), "num_warps": 4, "num_stages": 1}
+    # untuned: at D = 128 the (D, BV) fp32 state and three (BT, D) tiles need 8 warps' registers
+    return {"BT": 64, "BV": min(d, 64), "num_warps": 8 if d >= 128 else 4, "num_stages": 2}
+
+
+def _prec(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def _rows(PTR, b, offs_t, h, sb, st, sh, offs_c, ok_t):
+    ptrs = PTR + b.to(tl.int64) * sb + offs_t.to(tl.int64)[:, None] * st + h * sh + offs_c[None, :]
+    return tl.load(ptrs, mask=ok_t[:, None], other=0.0)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
+                     sxb, sxt, sxh, sab, sat, sah, sob, sot, soh, c0,
+                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
+                     PREC: tl.constexpr):
+    """out_i[cols] = (1/i) [(c0 + m_i) s_b(i)[cols] - sum_{j<=i} (x_i . a_j) b_j[cols]]; SIDE_i = m_i.
+    X, OUT: (B, L, HX, D) strides (sxb, sxt, sxh) / (sob, sot, soh); A, Bv: (B, L, HX // GROUP, D),
+    strides (sab, sat, sah); SIDE: (B, HX, L) fp32."""
+    pid_v = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HX
+    h = pid_bh % HX
+    hk = h // GROUP
+    offs_d = tl.arange(0, D)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mean_state = tl.zeros((D, BV), dtype=tl.float32)  # mean of a_j b_j^T over the t0 tokens before the chunk
+    s_a = tl.zeros((D,), dtype=tl.float32)
+    s_b = tl.zeros((BV,), dtype=tl.float32)
+    for t0 in range(0, L, BT):
+        offs_t = t0 + tl.arange(0, BT)
+        ok_t = offs_t < L
+        x = _rows(X, b, offs_t, h, sxb, sxt, sxh, offs_d, ok_t)
+        a = _rows(A, b, offs_t, hk, sab, sat, sah, offs_d, ok_t)
+        bb = _rows(Bv, b, offs_t, hk, sab, sat, sah, offs_v, ok_t)
+        causal = offs_t[None, :] <= offs_t[:, None]
+        scores = tl.where(causal, tl.dot(x, tl.trans(a), input_precision=PREC), 0.0)
+        u = tl.dot(x, mean_state.to(x.dtype), input_precision=PREC) * t0
+        u += tl.dot(scores.to(bb.dtype), bb, input_precision=PREC)
+        n = (offs_t + 1).to(tl.float32)
+        m = (tl.sum(x.to(tl.float32) * s_a[None, :], 1) + tl.sum(scores, 1)) / n
+        if INTERCEPT:
+            cum_b = s_b[None, :] + tl.cumsum(bb.to(tl.float32), 0)
+            out = ((c0 + m)[:, None] * cum_b - u) / n[:, None]
+        else:
+            out = -u / n[:, None]
+        o_ptrs = OUT + b.to(tl.int64) * sob + offs_t.to(tl.int64)[:, None] * sot + h * soh + offs_v[None, :]
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=ok_t[:, None])
+        if pid_v == 0:
+            tl.store(SIDE + pid_bh.to(tl.int64) * L + offs_t, m, mask=ok_t)
+        mean_state = (mean_state * t0 + tl.dot(tl.trans(a), bb, input_precision=PREC)) / (t0 + BT)
+        s_a += tl.sum(a.to(tl.float32), 0)
+        s_b += tl.sum(bb.to(tl.float32), 0)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
+                     sxb, sxt, sxh, sab, sat, sah, sob, sot, soh,
+                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
+                     PREC: tl.constexpr):
+    """out_j[cols] = sum_{i>=j} w_i y_i[cols] - sum_{i>=j} (x_i . a_j) y_i[cols] / i.
+    X, Y: (B, L, HX, D) strides (sxb, sxt, sxh); A: (B, L, HX // GROUP, D) strides (sab, sat, sah);
+    W: (B, HX, L) fp32; OUT: (B, L, HX, D) fp32 strides (sob, sot, soh)."""
+    pid_v = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HX
+    h = pid_bh % HX
+    hk = h // GROUP
+    offs_d = tl.arange(0, D)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    state = tl.zeros((D, BV), dtype=tl.float32)
+    s_w = tl.zeros((BV,), dtype=tl.float32)
+    n_chunks = tl.cdiv(L, BT)
+    for c in range(0, n_chunks):
+        t0 = (n_chunks - 1 - c) * BT
+        offs_t = t0 + tl.arange(0, BT)
+        ok_t = offs_t < L
+        x = _rows(X, b, offs_t, h, sxb, sxt, sxh, offs_d, ok_t)
+        a = _rows(A, b, offs_t, hk, sab, sat, sah, offs_d, ok_t)
+        y = _rows(Y, b, offs_t, h, sxb, sxt, sxh, offs_v, ok_t)
+        n = (offs_t + 1).to(tl.float32)
+        y_n = (y.to(tl.float32) / n[:, None]).to(y.dtype)
+        later = offs_t[None, :] >= offs_t[:, None]  # rows j, columns i: i >= j
+        scores = tl.where(later, tl.dot(a, tl.trans(x), input_precision=PREC), 0.0)
+        out = -tl.dot(a, state.to(a.dtype), input_precision=PREC)
+        out -= tl.dot(scores.to(y.dtype), y_n, input_precision=PREC)
+        if INTERCEPT:
+            w = tl.load(W + pid_bh.to(tl.int64) * L + offs_t, mask=ok_t, other=0.0)
+            wy = w[:, None] * y.to(tl.float32)
+            total = tl.sum(wy, 0)
+            out += s_w[None, :] + total[None, :] - tl.cumsum(wy, 0) + wy
+            s_w += total
+        o_ptrs = OUT + b.to(tl.int64) * sob + offs_t.to(tl.int64)[:, None] * sot + h * soh + offs_v[None, :]
+        tl.store(o_ptrs, out, mask=ok_t[:, None])
+        state += tl.dot(tl.trans(x), y_n, input_precision=PREC)
+
+
+def _contiguous(*xs):
+    return [x if x.stride(-1) == 1 else x.contiguous() for x in xs]
+
+
+def _scan_fwd(x, a, b, c0, intercept):
+    """Forward scan; returns out (x's shape and dtype) and side m (B, HX, L) fp32."""
+    x, a, b = _contiguous(x, a, b)
+    bsz, n, hx, d = x.shape
+    if a.stride() != b.stride():  # the kernel reads A and B with one set of strides
+        a, b = a.contiguous(), b.contiguous()
+    cfg = _config(d)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    side = torch.empty(bsz, hx, n, dtype=torch.float32, device=x.device)
+    grid = (d // cfg["BV"], bsz * hx)
+    _scan_fwd_kernel[grid](x, a, b, out, side, n, hx, hx // a.shape[2],
+                           x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
+                           out.stride(0), out.stride(1), out.stride(2), float(c0),
+                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, PREC=_prec(x.dtype),
+                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out, side
+
+
+def _scan_rev(x, a, y, w, intercept):
+    """Reverse scan; returns out (B, L, HX, D) fp32, summed over GQA groups to (B, L, HA, D)."""
+    x, a, y = _contiguous(x, a, y)
+    if x.stride() != y.stride():  # the kernel reads X and Y with one set of strides
+        x, y = x.contiguous(), y.contiguous()
+    bsz, n, hx, d = x.shape
+    cfg = _config(d)
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    grid = (d // cfg["BV"], bsz * hx)
+    _scan_rev_kernel[grid](x, a, y, w, out, n, hx, hx // a.shape[2],
+                           x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
+                           out.stride(0), out.stride(1), out.stride(2),
+                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, PREC=_prec(x.dtype),
+                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    hk = a.shape[2]
+    return out.view(bsz, n, hk, hx // hk, d).sum(3)
+
+
+def forward(r, k, v, intercept: bool):
+    """o (B, L, Hq, D) in r's dtype and tbar (B, Hq, L) fp32."""
+    check_head_dim(r.shape[-1])
+    return _scan_fwd(r, k, v, 1.0, intercept)
+
+
+def backward(do, r, k, v, tbar, intercept: bool):
+    """dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D), in the inputs' dtypes."""
+    do = do.contiguous()
+    dr, beta = _scan_fwd(do, v, k, 0.0, intercept)
+    n = torch.arange(1, r.shape[1] + 1, dtype=torch.float32, device=r.device)
+    dk = _scan_rev(do, v, r, beta / n, intercept)
+    dv = _scan_rev(r, k, do, (1.0 + tbar) / n, intercept)
+    return dr.to(r.dtype), dk.to(k.dtype), dv.to(v.dtype)

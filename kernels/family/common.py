@@ -1,0 +1,102 @@
+"""Input checks and head-layout helpers shared by the family mixers.
+
+Layout everywhere is (batch, seq, heads, head_dim). GQA: query head h reads kv head
+h // (Hq // Hkv). Internally the PyTorch forms work on grouped tensors
+(B, Hkv, G, L, D) so that one kv head's statistics serve its G query heads by broadcasting.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_tensors(fn: str, query_like: dict, kv_like: dict) -> None:
+    """Validate 4-D (B, L, H, D) tensors: same dtype/device, shapes, GQA divisibility.
+
+    query_like: name -> (B, L, Hq, D) tensor (all the same shape; may be empty);
+    kv_like: name -> (B, L, Hkv, D) tensor (all the same shape, at least one).
+    Raises TypeError / ValueError naming the argument, its value and what was expected.
+    """
+    named = {**query_like, **kv_like}
+    first = next(iter(kv_like.values()))
+    shapes = ", ".join(f"{n}={tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+                       for n, x in named.items())
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{fn}: {name} must be 4-D (batch, seq, heads, head_dim), has shape {tuple(x.shape)}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{fn}: {name}.dtype={x.dtype}, expected one of {FLOAT_DTYPES}")
+        if x.dtype != first.dtype or x.device != first.device:
+            raise ValueError(f"{fn}: {name} is {x.dtype} on {x.device} but the others are {first.dtype} on "
+                             f"{first.device}; all inputs must match")
+    for group in (query_like, kv_like):
+        ref = next(iter(group.values()), None)
+        for name, x in group.items():
+            if x.shape != ref.shape:
+                raise ValueError(f"{fn}: {name} must have the shape of {next(iter(group))} ({shapes})")
+    if query_like:
+        q = next(iter(query_like.values()))
+        if q.shape[:2] != first.shape[:2] or q.shape[3] != first.shape[3]:
+            raise ValueError(f"{fn}: batch, seq and head_dim must agree ({shapes})")
+        if first.shape[2] == 0 or q.shape[2] % first.shape[2] != 0:
+            raise ValueError(f"{fn}: query heads ({q.shape[2]}) must be a multiple of kv heads "
+                             f"({first.shape[2]}) ({shapes})")
+
+
+def check_positive(fn: str, name: str, value) -> float:
+    """A finite positive Python number, returned as float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{fn}: {name}={value!r} must be a finite positive number")
+    return float(value)
+
+
+def check_lam(fn: str, lam, q_heads: int, device: torch.device):
+    """Ridge lambda: a finite positive number, or a tensor of shape (Hq,) (positive by construction,
+    e.g. softplus(param) + floor; its values are not read here, to avoid a host sync)."""
+    if isinstance(lam, torch.Tensor):
+        if lam.shape != (q_heads,) or not lam.is_floating_point() or lam.device != device:
+            raise ValueError(f"{fn}: lam tensor must be floating point of shape ({q_heads},) on {device}, got "
+                             f"{lam.dtype} of shape {tuple(lam.shape)} on {lam.device}")
+        return lam
+    return check_positive(fn, "lam", lam)
+
+
+def check_choice(fn: str, name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{fn}: {name}={value!r}, expected one of {choices}")
+
+
+def grouped(x: torch.Tensor, hkv: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, L, H, D) -> contiguous (B, Hkv, H // Hkv, L, D) in dtype (query head h = kv * G + g)."""
+    b, n, h, d = x.shape
+    return x.to(dtype).reshape(b, n, hkv, h // hkv, d).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def ungrouped(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of grouped: (B, Hkv, G, L, D) -> (B, L, Hkv * G, D) in dtype."""
+    b, hkv, g, n, d = x.shape
+    return x.permute(0, 3, 1, 2, 4).reshape(b, n, hkv * g, d).to(dtype)
+
+
+def grouped_lam(lam, hkv: int, dtype: torch.dtype):
+    """lam as a float, or a (Hq,) tensor reshaped to (Hkv, G, 1, 1) to broadcast over (B, Hkv, G, L, D)."""
+    if isinstance(lam, torch.Tensor):
+        return lam.to(dtype).reshape(hkv, -1, 1, 1)
+    return lam
+
+
+def positions(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(n, 1) tensor 1, 2, ..., n: the count i of tokens a causal uniform average at position i covers."""
+    return torch.arange(1, n + 1, dtype=dtype, device=device)[:, None]
