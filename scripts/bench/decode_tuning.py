@@ -50,42 +50,54 @@ SWEEP_ALT_CONFIGS = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (128, 4, 2)], 64:
 SWEEP_SHAPES = [(1, 32768), (32, 16384), (128, 16384)]
 
 
+def sweep_trials(dim, batch, length, default, alts):
+    """(config (block_n, warps, stages), splits, fused merge) of every trial at one shape: each config
+    with the heuristic's split count, the default with other split counts (at batch 1 the alternative
+    configs too), and the default with the unfused merge; and the heuristic's split count."""
+    trials = []
+    for bn, warps, stages in [default] + alts:
+        slots = decode_fused.resident_slots(torch.device("cuda"), bn, dim, stages, 2)
+        trials.append(((bn, warps, stages), decode_fused.pick_num_splits(batch * HKV, length, bn, slots), True))
+    heur = trials[0][1]
+    for splits in sorted({1, 2, max(1, heur // 2), 32, 48, decode_fused.MAX_SPLITS,
+                          min(2 * heur, decode_fused.MAX_SPLITS)} - {heur}):
+        trials.append((default, splits, True))
+        if batch == 1:  # short chunks: a smaller block keeps the pipeline full
+            trials += [(alt, splits, True) for alt in alts]
+    if heur > 1:
+        trials.append((default, heur, False))
+    return trials, heur
+
+
+def sweep_shape(dim, batch, length, alts):
+    """The timed rows of ``sweep_trials`` at one shape (a trial that fails is logged and left out)."""
+    default = decode_fused._CONFIGS[dim]
+    nb = kv_bytes(batch, length, dim)
+    sets = make_sets(batch, length, dim, n_sets_for(nb))
+    trials, heur = sweep_trials(dim, batch, length, default, alts)
+    rows = []
+    for (bn, warps, stages), splits, fused in trials:
+        def fn(q, r, k, v, kw=dict(num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages,
+                                   fused_merge=fused)):
+            return decode_fused.parallax_decode_triton(q, r, k, v, None, dim**-0.5, **kw)
+
+        try:
+            us = time_us(fn, sets)
+        except Exception as exc:
+            log("sweep failed", dim, batch, length, bn, warps, stages, repr(exc)[:300])
+            continue
+        rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages,
+                         splits=splits, heuristic=(bn, warps, stages) == default and splits == heur,
+                         fused=fused, us=us, tbps=nb / us / 1e6))
+        log("sweep", json.dumps(rows[-1]))
+    return rows
+
+
 def sweep(shapes=SWEEP_SHAPES):
-    """At the (batch, length) shapes: the default launch configuration with the heuristic's
-    split count and with other split counts, and other configurations."""
+    """``sweep_shape`` rows at the (batch, length) ``shapes``, for each head dim of SWEEP_ALT_CONFIGS."""
     rows = []
     for dim, alts in SWEEP_ALT_CONFIGS.items():
-        default = decode_fused._CONFIGS[dim]
         for batch, length in shapes:
-            nb = kv_bytes(batch, length, dim)
-            sets = make_sets(batch, length, dim, n_sets_for(nb))
-            trials = []
-            for bn, warps, stages in [default] + alts:
-                slots = decode_fused.resident_slots(torch.device("cuda"), bn, dim, stages, 2)
-                heur = decode_fused.pick_num_splits(batch * HKV, length, bn, slots)
-                trials.append(((bn, warps, stages), heur, True))
-            heur = trials[0][1]
-            for splits in sorted({1, 2, max(1, heur // 2), 32, 48, decode_fused.MAX_SPLITS,
-                                  min(2 * heur, decode_fused.MAX_SPLITS)} - {heur}):
-                trials.append((default, splits, True))
-                if batch == 1:  # short chunks: a smaller block keeps the pipeline full
-                    trials += [(alt, splits, True) for alt in alts]
-            if heur > 1:
-                trials.append((default, heur, False))
-            for (bn, warps, stages), splits, fused in trials:
-                def fn(q, r, k, v, kw=dict(num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages,
-                                           fused_merge=fused)):
-                    return decode_fused.parallax_decode_triton(q, r, k, v, None, dim**-0.5, **kw)
-
-                try:
-                    us = time_us(fn, sets)
-                except Exception as exc:
-                    log("sweep failed", dim, batch, length, bn, warps, stages, repr(exc)[:300])
-                    continue
-                rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages,
-                                 splits=splits, heuristic=(bn, warps, stages) == default and splits == heur,
-                                 fused=fused, us=us, tbps=nb / us / 1e6))
-                log("sweep", json.dumps(rows[-1]))
-            del sets
-            torch.cuda.empty_cache()
+            rows += sweep_shape(dim, batch, length, alts)
+            torch.cuda.empty_cache()  # the next shape's input sets need the memory
     return rows
