@@ -143,17 +143,28 @@ def markdown(rows, copy_tbps):
     return "\n".join([ceiling, "", *table(columns, map(cells, rows))]) + "\n"
 
 
+def batch_by_length(text: str) -> tuple[int, int]:
+    """``"BATCHxLENGTH"`` (e.g. "32x16384") as (batch, length)."""
+    try:
+        batch, length = (int(x) for x in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected BATCHxLENGTH, e.g. 32x16384") from None
+    return batch, length
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the checks, sweep and benchmark the command line asks for; write OUT.json (and OUT.md)."""
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.decode", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="correctness vs fp64 and competitors first")
     parser.add_argument("--sweep", action="store_true", help="tuning sweep of our launch configuration")
-    parser.add_argument("--sweep-shapes", nargs="+", default=[f"{b}x{n}" for b, n in SWEEP_SHAPES],
-                        help="BATCHxLENGTH shapes of the sweep")
+    parser.add_argument("--sweep-shapes", nargs="+", type=batch_by_length, default=SWEEP_SHAPES, metavar="BxL",
+                        help="BATCHxLENGTH shapes of the sweep (default: %(default)s)")
     parser.add_argument("--no-bench", action="store_true", help="skip the full benchmark table")
     parser.add_argument("--out", default="docs/bench/attention_decode", help="output path without extension")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("scripts.bench.decode needs a CUDA GPU")
     fns = contenders()
     meta = describe("Parallax decode benchmark", MEASURED, command_line(__spec__.name, argv))
     result = {"configs": {str(k): v for k, v in decode_fused._CONFIGS.items()}, "min_chunk": decode_fused._MIN_CHUNK,
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         result["check"] = check(fns)
         log(f"check done {time.time() - t0:.0f}s")
     if args.sweep:
-        result["sweep"] = sweep([tuple(int(x) for x in shape.split("x")) for shape in args.sweep_shapes])
+        result["sweep"] = sweep(args.sweep_shapes)
         log(f"sweep done {time.time() - t0:.0f}s")
     if not args.no_bench:
         result["bench"] = bench(fns)
