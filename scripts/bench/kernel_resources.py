@@ -136,12 +136,21 @@ MEASURED = ("resources of each Triton attention kernel's launch configuration co
             "instructions / wgmma of the leanest innermost loop; no GPU runs")
 
 
-def report_rows(names: list[str], config: str | None, dims: list[int]):
+def launch_config(text: str) -> tuple[int, int, int, int]:
+    """``"BM,BN,num_warps,num_stages"`` (e.g. "32,128,8,2") as four ints."""
+    try:
+        bm, bn, warps, stages = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected BM,BN,num_warps,num_stages, e.g. 32,128,8,2") from None
+    return bm, bn, warps, stages
+
+
+def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims: list[int]):
     """Table cells per (kernel, head dim, config): the shipped configs of each kernel in ``names``, or
-    the one ``config`` "BM,BN,num_warps,num_stages"."""
+    the one ``config`` (BM, BN, num_warps, num_stages)."""
     for name in names:
         kernel, configs, flags = KERNELS[name]
-        tiles = ([tuple(int(x) for x in config.split(","))] if config else
+        tiles = ([config] if config else
                  sorted({(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages) for c in configs}))
         for d in dims:
             for bm, bn, warps, stages in tiles:
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.kernel_resources",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=sorted(KERNELS), nargs="+", default=sorted(KERNELS))
-    parser.add_argument("--config", help="BM,BN,num_warps,num_stages instead of the shipped lists")
+    parser.add_argument("--config", type=launch_config, help="BM,BN,num_warps,num_stages instead of the shipped lists")
     parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is its default
