@@ -1,6 +1,6 @@
 """Diagnostics report for one or more checkpoints (markdown + PNG figures + JSON).
 
-    python scripts/analyze.py --config configs/demo_cpu.toml --checkpoint outputs/demo_cpu/checkpoint/step-200 \
+    python -m scripts.analyze --config configs/demo_cpu.toml --checkpoint outputs/demo_cpu/checkpoint/step-200 \
         [--compare DIR2 ...] [--compare-config Y.toml ...] [--labels A B ...] [--out report_dir]
 
 Every checkpoint is evaluated on the same held-out batch (``[diagnostics]`` settings of the config,
@@ -14,18 +14,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from parallax_titan.diagnostics import Diagnostics, collect  # noqa: E402
-from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset  # noqa: E402
-from parallax_titan.diagnostics.report import load_checkpoint_model, write_report  # noqa: E402
-from parallax_titan.diagnostics.runner import validate_diagnostics  # noqa: E402
-from parallax_titan.tokenizer import build_tokenizer  # noqa: E402
+from parallax_titan.diagnostics import Diagnostics, collect
+from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
+from parallax_titan.diagnostics.report import load_checkpoint_model, write_report
+from parallax_titan.diagnostics.runner import validate_diagnostics
+from parallax_titan.tokenizer import build_tokenizer
+from scripts.bench.results import command_line
 
 
 def parse_args(argv):
@@ -92,8 +90,7 @@ def main(argv) -> str:
                                       f"{sum(p.numel() for p in model.parameters()):,} params")
     settings = {"dataset": name, "tokens": f"{config.batch_size} x {seq_len}", "max_queries": config.max_queries,
                 "corr_ridge": config.corr_ridge, "top_k": config.top_k, "cka_tokens": config.cka_tokens}
-    command = "python scripts/analyze.py " + shlex.join(argv)
-    report = write_report(runs, sources, args.out, settings, command)
+    report = write_report(runs, sources, args.out, settings, command_line(__spec__.name, argv))
     print(f"[analyze] wrote {report}")
     return report
 

@@ -1,7 +1,7 @@
 """Write the paper's configs (configs/paper/) and the optimizer ablations (configs/ablations/).
 
-    python scripts/make_configs.py          # rewrite the files
-    python scripts/make_configs.py --check  # exit 1 if a committed file differs (used by tests)
+    python -m scripts.make_configs          # rewrite the files
+    python -m scripts.make_configs --check  # exit 1 if a committed file differs (used by tests)
 
 One recipe table (SPEC.md section 3) generates every file, so the configs cannot drift apart.
 """
@@ -149,7 +149,7 @@ def main() -> int:
                 with open(path, "w") as f:
                     f.write(text)
     if args.check and stale:
-        print("out of date (run python scripts/make_configs.py):\n  " + "\n  ".join(stale))
+        print("out of date (run python -m scripts.make_configs):\n  " + "\n  ".join(stale))
         return 1
     print(f"{len(all_configs())} configs, {len(stale)} {'stale' if args.check else 'written'}")
     return 0
