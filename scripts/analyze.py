@@ -18,10 +18,11 @@ import sys
 
 import torch
 
+from eval.checkpoint import load_job_config
+from parallax_titan.config import ConfigError
 from parallax_titan.diagnostics import Diagnostics, collect
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
 from parallax_titan.diagnostics.report import load_checkpoint_model, write_report
-from parallax_titan.diagnostics.runner import validate_diagnostics
 from parallax_titan.tokenizer import build_tokenizer
 from scripts.bench.results import command_line
 
@@ -47,19 +48,15 @@ def parse_args(argv):
     return args
 
 
-def load_config(path: str):
-    from train import parse_config
-
-    return parse_config(["--job.config_file", path])
-
-
 def diagnostics_settings(job_config, args) -> Diagnostics:
-    config = getattr(job_config, "diagnostics", None) or Diagnostics()
+    """The config's ``[diagnostics]`` with the command line's overrides, validated with the job."""
     overrides = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len),
                                    ("max_queries", args.max_queries)) if v is not None}
-    config = dataclasses.replace(config, enable=True, **overrides)
-    validate_diagnostics(config, job_config.training.seq_len)
-    return config
+    job_config.diagnostics = dataclasses.replace(job_config.diagnostics, enable=True, **overrides)
+    problems = job_config.validate(check_data=False)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return job_config.diagnostics
 
 
 def default_label(checkpoint: str) -> str:
@@ -69,7 +66,7 @@ def default_label(checkpoint: str) -> str:
 
 def main(argv) -> str:
     args = parse_args(argv)
-    job = load_config(args.config)
+    job = load_job_config(args.config)
     config = diagnostics_settings(job, args)
     tokenizer = build_tokenizer(job)
     name, path = resolve_dataset(job, config)
@@ -77,7 +74,7 @@ def main(argv) -> str:
     tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
     compare_configs = args.compare_config * len(args.compare) if len(args.compare_config) == 1 else args.compare_config
     checkpoints = [(args.checkpoint, job)] + [
-        (ckpt, load_config(compare_configs[i]) if compare_configs else job) for i, ckpt in enumerate(args.compare)
+        (ckpt, load_job_config(compare_configs[i]) if compare_configs else job) for i, ckpt in enumerate(args.compare)
     ]
     labels = args.labels or [default_label(c) for c, _ in checkpoints]
     runs, sources = {}, {}

@@ -22,7 +22,7 @@ import sys
 import torch
 import torch.distributed.checkpoint as dcp
 
-from eval.checkpoint import DTYPES, build_model, load_job_config, load_model, model_args_of  # noqa: E402
+from eval.checkpoint import DTYPES, build_model, load_job_config, load_model, model_args_of
 from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
 from parallax_titan.tokenizer import build_tokenizer
 
