@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks CI cannot run, in one call on an H200 box (the `device` tool): each named check
-# runs on its own GPU when the box has two (checks that need both GPUs run last, alone), every
-# check under the time left, and everything lands in one tarball under $OUT.
+# The GPU checks CI cannot run, in one command on an H200 machine without network access: each named
+# check runs on its own GPU when the machine has two (checks that need both GPUs run last, alone),
+# every check under the time left, and everything lands in one tarball under $OUT/h200_checks (default: outputs/h200_checks).
 #
 #   bash scripts/h200_checks.sh [BUDGET_SECONDS] CHECK...
 #
@@ -13,13 +13,13 @@
 #   attention     scripts.bench.attention --no-competitors (our kernels vs cuDNN / flash)
 #   attention-sweep  the same, autotuning over the wider sweep lists (incl. the ROWS column-pass candidates)
 #   competitors   scripts.bench.attention on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
-#   decode        scripts.bench.decode --check (KV-cache decode vs cuDNN, and the published kernels if carried)
+#   decode        scripts.bench.decode --check (KV-cache decode vs cuDNN, and the published kernels if installed)
 #   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
-#   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the issue's reference run)
+#   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of TorchTitan's MFU reference)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
 #   guard-ab      transformer, AdamW + WSD, with and without the non-finite guard (its host sync per step)
 #   reference     TorchTitan's own trainer and Qwen3 (scripts.bench.titan_reference) beside our transformer,
-#                 AdamW + WSD: the issue's 43% MFU anchor and ours in one invocation
+#                 AdamW + WSD: TorchTitan's MFU and ours in one invocation
 #   mixer-gdn / mixer-kda  scripts.bench.train on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts.bench.optimizers
@@ -31,8 +31,9 @@
 #   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts.bench.trace_summary of it
 #   profile-2gpu  two GPUs (FSDP2), 0.6B Parallax, step 20 profiled, summaries of both ranks (runs last)
 #
-# Before the call: `bash scripts/gpu_wheels.sh` (TorchTitan's wheels in .whl/), carry .whl and
-# assets (and .whl_fla / .whl_bench for the fla and competitor checks), and install them first:
+# Beforehand, on a machine with network access: `bash scripts/gpu_wheels.sh` (TorchTitan's wheels in
+# .whl/); copy .whl and assets (and .whl_fla / .whl_bench for the fla and competitor checks) to the
+# GPU machine and install them first:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 set -uo pipefail
 cd "$(dirname "$0")/.."

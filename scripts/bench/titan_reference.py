@@ -10,8 +10,7 @@ additions so that it reads the data our runs read and writes the file ``scripts.
 summarises: the embedded corpus as a dataset (``parallax_titan.data`` registers it on import)
 and ``metrics.jsonl`` through the spec's metrics-processor hook. The TOML is parsed with our
 JobConfig, a superset of TorchTitan's; the Trainer ignores the sections it does not know (our
-non-finite guard, diagnostics, probe settings), so none of our trainer's additions run. The
-issue's 43% MFU anchor (Qwen3-0.6B, fused AdamW) was measured with this trainer.
+non-finite guard, diagnostics, probe settings), so none of our trainer's additions run.
 """
 
 from __future__ import annotations
