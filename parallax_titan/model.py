@@ -1,9 +1,9 @@
 """Qwen3 with Parallax attention: the whole model in one file.
 
 :class:`ParallaxQwen3Model` is token embeddings -> ``n_layers`` :class:`Block` -> RMSNorm -> output
-projection (tied to the embeddings at 0.6B). A block is pre-norm:
-``x + mixer(norm(x))``, then ``x + SwiGLU(norm(x))``; its sequence mixer is picked when it is built
-(:func:`sequence_mixer`, from ``ParallaxModelArgs.mixer``):
+projection (tied to the embeddings at 0.6B). A block is pre-norm, ``h = x + mixer(norm(x))`` then
+``h + SwiGLU(norm(h))``, and its sequence mixer is picked when it is built (:func:`sequence_mixer`,
+from ``ParallaxModelArgs.mixer``):
 
 * ``softmax``: TorchTitan's Qwen3 attention, unchanged (q/k RMSNorm before RoPE, GQA, SDPA);
 * ``parallax``: :class:`ParallaxAttention`, which adds per layer (SPEC.md section 2)
