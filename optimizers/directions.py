@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .orthogonalize import orthogonalize
+from .skip_step import SkipStep
 from .spectral import banded_spectral_power
 
 __all__ = ["MatrixSpec", "update_scale", "matrix_deltas", "matrix_terms", "combine_terms", "UPDATE_SCALES",
@@ -73,8 +74,9 @@ def _blocks(U: torch.Tensor, head_dim: int) -> torch.Tensor:
     return U.unsqueeze(0)
 
 
-def _batched_ortho(jobs):
-    """jobs: list of (index, spec, U). Returns {index: ortho(U)} with one call per shape."""
+def _batched_ortho(jobs, skip: SkipStep):
+    """jobs: list of (index, spec, U). Returns {index: ortho(U)} with one call per shape (zeros
+    when ``skip`` is set)."""
     buckets = defaultdict(list)
     for idx, spec, U in jobs:
         blocks = _blocks(U, spec.head_dim)
@@ -83,43 +85,50 @@ def _batched_ortho(jobs):
     out = {}
     for (_, method, steps, dtype, _), entries in buckets.items():
         stacked = torch.cat([b for _, _, b in entries])
-        ortho = orthogonalize(stacked, method, steps, ORTHO_DTYPES[dtype])
+        ortho = skip.zero_if_skipped(orthogonalize(stacked, method, steps, ORTHO_DTYPES[dtype]))
         for (idx, spec, b), piece in zip(entries, ortho.split([b.shape[0] for _, _, b in entries])):
             out[idx] = piece.reshape(spec.shape)
     return out
 
 
-def _batched_decay(jobs):
-    """jobs: list of (index, spec, W). Returns {index: T_p(W)} batched per shape and rule."""
+def _batched_decay(jobs, skip: SkipStep):
+    """jobs: list of (index, spec, W). Returns {index: T_p(W)} batched per shape and rule (zeros
+    when ``skip`` is set)."""
     buckets = defaultdict(list)
     for idx, spec, W in jobs:
         buckets[(spec.shape, spec.sp_power, spec.band, spec.tau, spec.msign_steps)].append((idx, W))
     out = {}
     for (_, p, band, tau, msteps), entries in buckets.items():
         terms = banded_spectral_power(torch.stack([W for _, W in entries]), p, band, tau, msteps)
+        terms = skip.zero_if_skipped(terms)
         out.update({idx: t for (idx, _), t in zip(entries, terms)})
     return out
 
 
-def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list) -> list[torch.Tensor]:
+def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list,
+                  skip: SkipStep | None = None) -> list[torch.Tensor]:
     """Additive deltas for full matrices.
 
     Args:
         specs: one ``MatrixSpec`` per matrix.
         updates: full momentum updates ``(m, n)`` (or None when the spec has none).
         weights: full pre-update weights ``(m, n)`` (or None when no S_p decay).
+        skip: when its flag is set every delta is ``-0.0`` (see ``SkipStep``).
     Returns:
         list of ``(m, n)`` fp32-or-wider tensors, ``delta = W_new - W``.
     """
-    ortho, decay = matrix_terms(specs, updates, weights)
+    ortho, decay = matrix_terms(specs, updates, weights, skip)
     return combine_terms(specs, ortho, decay, updates, weights)
 
 
-def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list) -> tuple[dict, dict]:
+def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list,
+                 skip: SkipStep | None = None) -> tuple[dict, dict]:
     """The two terms of each delta before their coefficients: ``{i: ortho(U_i)}`` for the specs
-    with an update (in U's dtype) and ``{i: T_p(W_i)}`` for those with S_p decay (W's dtype)."""
-    ortho = _batched_ortho([(i, s, u) for i, (s, u) in enumerate(zip(specs, updates)) if s.has_update])
-    decay = _batched_decay([(i, s, w) for i, (s, w) in enumerate(zip(specs, weights)) if s.has_decay])
+    with an update (in U's dtype) and ``{i: T_p(W_i)}`` for those with S_p decay (W's dtype);
+    zeros when ``skip`` is set."""
+    skip = skip or SkipStep(None)
+    ortho = _batched_ortho([(i, s, u) for i, (s, u) in enumerate(zip(specs, updates)) if s.has_update], skip)
+    decay = _batched_decay([(i, s, w) for i, (s, w) in enumerate(zip(specs, weights)) if s.has_decay], skip)
     return ortho, decay
 
 

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .directions import ORTHO_DTYPES, MatrixSpec, combine_terms, matrix_deltas, matrix_terms
 from .orthogonalize import default_compute_dtype
+from .skip_step import SkipStep
 
 __all__ = ["assign_owners", "shard_rows", "full_matrix_deltas"]
 
@@ -59,13 +60,15 @@ def _mesh_group(t: DTensor):
     )
 
 
-def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, params: list) -> list[torch.Tensor]:
+def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, params: list,
+                       skip: SkipStep | None = None) -> list[torch.Tensor]:
     """Local (this rank's rows) deltas for each matrix.
 
     Args:
         specs: per-matrix ``MatrixSpec`` (global shape, coefficients), same on all ranks.
         updates / weights: this rank's local pieces (plain tensors) or None.
         params: the parameters (DTensor or plain) the pieces belong to.
+        skip: the step's ``SkipStep`` (same flag on every rank): deltas are ``-0.0`` when set.
     Returns:
         list of local delta tensors shaped like each local piece.
     """
@@ -80,12 +83,12 @@ def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, pa
             by_group.setdefault(group, []).append(i)
     if local_idx:
         deltas = matrix_deltas([specs[i] for i in local_idx], [updates[i] for i in local_idx],
-                               [weights[i] for i in local_idx])
+                               [weights[i] for i in local_idx], skip)
         for i, d in zip(local_idx, deltas):
             out[i] = d
     for group, idx in by_group.items():
         deltas = _owner_exchange(group, [specs[i] for i in idx], [updates[i] for i in idx],
-                                 [weights[i] for i in idx])
+                                 [weights[i] for i in idx], skip)
         for i, d in zip(idx, deltas):
             out[i] = d
     return out
@@ -98,7 +101,7 @@ def _update_comm_dtype(specs, updates, fallback):
     return dtypes.pop() if len(dtypes) == 1 else fallback
 
 
-def _owner_exchange(group, specs, updates, weights):
+def _owner_exchange(group, specs, updates, weights, skip):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     layout = _Layout(specs, assign_owners([s.shape for s in specs], world), world, rank)
     ref = next(t for t in updates + weights if t is not None)
@@ -113,7 +116,7 @@ def _owner_exchange(group, specs, updates, weights):
     full_u = layout.to_owners(group, updates, udtype, ref.device)
     full_w = layout.to_owners(group, weights, wide, ref.device)
     ortho, decay = matrix_terms([specs[i] for i in layout.mine], [full_u.get(i) for i in layout.mine],
-                                [full_w.get(i) for i in layout.mine])
+                                [full_w.get(i) for i in layout.mine], skip)
     # backward: every rank gets its rows of both terms and combines them as the single-process path does
     # the orthogonalised rows arrive in udtype and are widened in one cast for all matrices
     update_dtypes = {t.dtype for t in updates if t is not None}

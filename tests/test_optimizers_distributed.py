@@ -129,6 +129,72 @@ def test_two_rank_fsdp_matches_single_process(tmp_path):
     assert all((ref[k] - init[k]).abs().max() > 1e-3 for k in ref if "layers.0.attention.w" in k)
 
 
+def local_bits(container):
+    """Bit patterns of this rank's pieces of every parameter and state tensor."""
+    from tests._optim_helpers import bits
+
+    out = []
+    for opt in container.optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                state = opt.state.get(p, {})
+                for t in [p] + [state[k] for k in sorted(state) if torch.is_tensor(state[k])]:
+                    out.append(bits(t.to_local() if hasattr(t, "to_local") else t))
+    return out
+
+
+def train_with_skipped_step(model, opt, sched, rank=0, world=1):
+    """Steps 0, 1; a step with NaN gradients and skip=True (checked to change no bit of this
+    rank's pieces); steps 2, 3. Returns whether the skipped step left everything unchanged."""
+    from tests._optim_helpers import same_bits
+
+    train(model, opt, sched, range(2), rank, world)
+    model(batch(9).chunk(world)[rank]).float().pow(2).mean().backward()
+    for p in model.parameters():
+        grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        grad.view(-1)[::2] = float("nan")
+    before = local_bits(opt)
+    opt.step(skip=torch.tensor(True))
+    opt.zero_grad()
+    unchanged = same_bits(local_bits(opt), before)
+    train(model, opt, sched, range(2, STEPS), rank, world)
+    return unchanged
+
+
+def _skip_worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model, opt, sched = make(world)
+        unchanged = train_with_skipped_step(model, opt, sched, rank, world)
+        params = full_params(model)
+        flags = [None] * world
+        dist.all_gather_object(flags, unchanged)
+        if rank == 0:
+            torch.save({"params": params, "unchanged": flags}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_rank_fsdp_skipped_step_is_no_step(tmp_path):
+    """Under FSDP2 (owner-rank exchange of NaN momenta) a skipped step changes no bit on either
+    rank, and the run equals the one-process run without that step (to the 2-rank tolerance);
+    in one process it equals it bit for bit."""
+    out = tmp_path / "skip.pt"
+    mp.spawn(_skip_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    assert got["unchanged"] == [True, True]
+    model, opt, sched = make(1)
+    train(model, opt, sched, range(STEPS))
+    ref = full_params(model)
+    model1, opt1, sched1 = make(1)
+    assert train_with_skipped_step(model1, opt1, sched1)
+    one = full_params(model1)
+    for k in ref:
+        torch.testing.assert_close(got["params"][k], ref[k], rtol=1e-4, atol=1e-5, msg=k)
+        assert torch.equal(one[k], ref[k]), k
+
+
 def _exchange_worker(rank, world, port, out):
     """full_matrix_deltas on Shard(0) DTensors (bf16 orthogonaliser, S_p, per-head, uneven rows)."""
     from torch.distributed.device_mesh import init_device_mesh
