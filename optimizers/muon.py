@@ -1,17 +1,20 @@
-"""MuonAdamW: Muon for hidden matrices, AdamW for the rest, one shared decay branch.
+"""MuonAdamW: the Muon family for hidden matrices, AdamW for the rest, one shared decay branch.
 
-Each param group has ``algo`` = "muon" or "adamw". Per step and group:
+Each param group has ``algo`` = "muon", "normuon", "aurora", "soap" or "adamw". Per step and group:
 
     decay scale  s = lr            (decay_coupling = "lr", LR-coupled)
                  s = lr / base_lr  (decay_coupling = "independent": schedule multiplier eta_t)
                  times wd_mult     (weight-decay annealing, set by the scheduler)
     W <- W - s [lambda_1 W + lambda_p T_p(W)]        (T_p from the pre-update W)
-    muon:  B <- mu B + G;  U = G + mu B (Nesterov) or B;  W <- W - lr * scale * ortho(U)
-    adamw: the usual bias-corrected Adam update with betas and eps.
+    muon:    B <- mu B + G;  U = G + mu B (Nesterov) or B;  W <- W - lr * scale * ortho(U)
+    normuon: as muon with D(U) = NorMuon's row-normalised ortho(U) in place of ortho(U)
+    aurora:  as muon with D(U) = Aurora's leverage-uniform polar factor
+    soap:    W <- W - lr * D(G), D = Adam in Shampoo's eigenbasis (``variants``)
+    adamw:   the usual bias-corrected Adam update with betas and eps.
 
-Full-matrix work (ortho, T_p) goes through ``distributed.full_matrix_deltas``, which
-gathers FSDP2 shards to one owner rank per matrix. ``step(skip=flag)`` skips a step on the
-device (``skip_step.SkipStep``).
+Full-matrix work (directions, T_p) goes through ``distributed.full_matrix_deltas``, which
+gathers FSDP2 shards to one owner rank per matrix; NorMuon's and SOAP's per-matrix state lives
+on that owner. ``step(skip=flag)`` skips a step on the device (``skip_step.SkipStep``).
 """
 
 from __future__ import annotations
@@ -21,13 +24,13 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from .directions import MatrixSpec, update_scale
+from .directions import MATRIX_ALGOS, MatrixSpec, update_scale
 from .distributed import full_matrix_deltas
 from .skip_step import SkipStep
 
-__all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS"]
+__all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS", "ALGO_OPTIONS"]
 
-ALGOS = ("muon", "adamw")
+ALGOS = MATRIX_ALGOS + ("adamw",)
 
 GROUP_DEFAULTS: dict[str, Any] = {
     "name": "",
@@ -49,7 +52,57 @@ GROUP_DEFAULTS: dict[str, Any] = {
     "sp_band_tau": 0.0,
     "msign_steps": 20,
     "wd_mult": 1.0,
+    "normuon_beta2": 0.95,
+    "normuon_eps": 1e-8,
+    "aurora_iterations": 2,
+    "aurora_beta": 0.5,
+    "aurora_eps": 1e-7,
+    "soap_beta1": 0.95,
+    "soap_beta2": 0.95,
+    "soap_shampoo_beta": 0.95,
+    "soap_eps": 1e-8,
+    "soap_precondition_frequency": 10,
 }
+
+# per algorithm: the direction's option name (``variants``) -> its group key
+ALGO_OPTIONS = {
+    "muon": {},
+    "normuon": {"beta2": "normuon_beta2", "eps": "normuon_eps"},
+    "aurora": {"iterations": "aurora_iterations", "beta": "aurora_beta", "eps": "aurora_eps"},
+    "soap": {"beta1": "soap_beta1", "beta2": "soap_beta2", "shampoo_beta": "soap_shampoo_beta", "eps": "soap_eps"},
+}
+_UNIT = ("normuon_beta2", "soap_beta1", "soap_beta2", "soap_shampoo_beta")  # decays in [0, 1)
+_POSITIVE = ("normuon_eps", "aurora_eps", "soap_eps")
+_COUNTS = ("aurora_iterations", "soap_precondition_frequency")  # ints >= 1
+
+
+def _check_group(group: dict) -> None:
+    """Raise a ValueError naming the group, the key and the value of the first bad option."""
+    name, algo = group["name"], group["algo"]
+
+    def bad(key, expected):
+        raise ValueError(f"MuonAdamW: group {name!r} {key}={group[key]!r}; expected {expected}")
+
+    if algo not in ALGOS:
+        bad("algo", f"one of {ALGOS}")
+    if algo in MATRIX_ALGOS and any(p.ndim != 2 for p in group["params"]):
+        raise ValueError(f"MuonAdamW: group {name!r} is {algo} but holds non-2-D parameters")
+    if algo == "soap" and group["head_dim"]:
+        bad("head_dim", "0 for algo 'soap' (head-wise updates are for muon, normuon and aurora)")
+    for key in ("lr", "weight_decay", "sp_coeff"):  # SkipStep relies on non-positive delta coefficients
+        if not group[key] >= 0:
+            bad(key, ">= 0")
+    for key in _UNIT:
+        if not 0 <= group[key] < 1:
+            bad(key, "a float in [0, 1)")
+    for key in _POSITIVE:
+        if not group[key] > 0:
+            bad(key, "a float > 0")
+    for key in _COUNTS:
+        if isinstance(group[key], bool) or not isinstance(group[key], int) or group[key] < 1:
+            bad(key, "an int >= 1")
+    if not 0 < group["aurora_beta"] <= 1:
+        bad("aurora_beta", "a float in (0, 1]")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -57,7 +110,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """Muon + AdamW hybrid with spectral-power decoupled decay.
+    """Muon-family + AdamW hybrid with spectral-power decoupled decay.
 
     Args:
         params: param groups (dicts with "params" and any key of ``GROUP_DEFAULTS``).
@@ -72,13 +125,11 @@ class MuonAdamW(torch.optim.Optimizer):
         super().__init__(params, {**GROUP_DEFAULTS, "lr": lr, **defaults})
         for group in self.param_groups:
             group.setdefault("base_lr", group["lr"])
-            if group["algo"] not in ALGOS:
-                raise ValueError(f"MuonAdamW: group {group['name']!r} algo={group['algo']!r}; expected {ALGOS}")
-            if group["algo"] == "muon" and any(p.ndim != 2 for p in group["params"]):
-                raise ValueError(f"MuonAdamW: group {group['name']!r} is Muon but holds non-2-D parameters")
-            for key in ("lr", "weight_decay", "sp_coeff"):  # SkipStep relies on non-positive delta coefficients
-                if not group[key] >= 0:
-                    raise ValueError(f"MuonAdamW: group {group['name']!r} {key}={group[key]!r}; expected >= 0")
+            _check_group(group)
+            if group["algo"] == "soap":
+                # step() calls that reached the group, skipped ones included: the host decides when
+                # SOAP refreshes its bases without reading the device's skip flag
+                group.setdefault("soap_calls", 0)
 
     @staticmethod
     def decay_scale(group: dict) -> float:
@@ -125,12 +176,13 @@ class MuonAdamW(torch.optim.Optimizer):
                 continue
             mask.check_device(_local(live[0]).device)
             live_groups.append((group, live))
-            by_param = self._muon_momentum(group, live, mask) if group["algo"] == "muon" else {}
+            by_param = self._updates(group, live, mask)
             for p, spec, w in self._matrix_work(group, live):
                 if spec.has_update or spec.has_decay:
                     specs.append(spec), updates.append(by_param.get(id(p))), weights.append(w), params.append(p)
         # the deltas read the pre-update weights: issued before any write below
-        deltas = full_matrix_deltas(specs, updates, weights, params, mask) if specs else []
+        states = [self.state[p] for p in params]
+        deltas = full_matrix_deltas(specs, updates, weights, params, mask, states) if specs else []
         for group, live in live_groups:
             mask.scale_([_local(p) for p in live], 1.0 - self.decay_scale(group) * self._ordinary_wd(group))
             if group["algo"] == "adamw":
@@ -140,18 +192,41 @@ class MuonAdamW(torch.optim.Optimizer):
             torch._foreach_add_([_local(p) for p in params], [d.to(p.dtype) for p, d in zip(params, deltas)])
         return loss
 
+    def _updates(self, group, live, mask):
+        """{id(param): U}, the input of the group's direction: the momentum update for the Muon
+        algorithms, the gradient for SOAP (its moments live with its bases), none for AdamW."""
+        if group["algo"] == "adamw":
+            return {}
+        if group["algo"] == "soap":
+            group["soap_calls"] += 1
+            return {id(p): _local(p.grad) for p in live}
+        return self._muon_momentum(group, live, mask)
+
+    @staticmethod
+    def _direction_options(group) -> tuple:
+        """The group's ``MatrixSpec.options``: its algorithm's hyperparameters (and, for SOAP,
+        whether this call refreshes the eigenbases)."""
+        algo = group["algo"]
+        opts = {name: group[key] for name, key in ALGO_OPTIONS.get(algo, {}).items()}
+        if algo == "soap":
+            opts["refresh"] = group["soap_calls"] % group["soap_precondition_frequency"] == 0
+        return tuple(sorted(opts.items()))
+
     def _matrix_work(self, group, live):
         """(param, spec, local weight or None) for each 2-D param: the weight when S_p decay reads it."""
         dscale = self.decay_scale(group)
         sp = group["sp_coeff"] != 0.0 and not self._sp_is_ordinary(group) and dscale != 0.0
+        algo, options = group["algo"], self._direction_options(group)
         out = []
         for p in live:
             if p.ndim != 2:
                 continue
             m, n = p.shape
-            coeff = -group["lr"] * update_scale(group["update_scale"], m, n) if group["algo"] == "muon" else 0.0
+            # SOAP's direction is Adam-normalised already: the Muon update scales do not apply
+            scale = 1.0 if algo == "soap" else update_scale(group["update_scale"], m, n)
+            coeff = -group["lr"] * scale if algo in MATRIX_ALGOS else 0.0
             spec = MatrixSpec(
-                shape=(m, n), update_coeff=float(coeff), method=group["orthogonalizer"],
+                shape=(m, n), update_coeff=float(coeff), algo=algo, options=options, method=group["orthogonalizer"],
                 steps=group["ortho_steps"], dtype=group["ortho_dtype"], head_dim=group["head_dim"],
                 sp_coeff=-dscale * group["sp_coeff"] if sp else 0.0, sp_power=group["sp_power"],
                 band=group["sp_band"], tau=group["sp_band_tau"], msign_steps=group["msign_steps"],

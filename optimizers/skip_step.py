@@ -72,6 +72,10 @@ class SkipStep:
             self._found_inf[device] = self.flag.to(device=device, dtype=torch.float32)
         return self._found_inf[device]
 
+    def pick(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """``old`` when skipped, else ``new`` (``new`` itself without a flag)."""
+        return new if self.flag is None else torch.where(self.flag, old, new)
+
     def select_(self, olds: list[torch.Tensor], news: list[torch.Tensor]) -> None:
         """``olds[i] <- news[i]`` unless skipped (one copy kernel for all without a flag)."""
         if self.flag is None:
