@@ -146,7 +146,7 @@ class MuonAdamW(torch.optim.Optimizer):
         return group["sp_power"] == 1 and group["sp_band"] == "none"
 
     @staticmethod
-    def _ordinary_wd(group: dict) -> float:
+    def ordinary_wd(group: dict) -> float:
         """Ordinary decay coefficient: ``weight_decay`` plus an unbanded p = 1 S_p coefficient."""
         extra = group["sp_coeff"] if MuonAdamW._sp_is_ordinary(group) else 0.0
         return group["weight_decay"] + extra
@@ -184,7 +184,7 @@ class MuonAdamW(torch.optim.Optimizer):
         states = [self.state[p] for p in params]
         deltas = full_matrix_deltas(specs, updates, weights, params, mask, states) if specs else []
         for group, live in live_groups:
-            mask.scale_([_local(p) for p in live], 1.0 - self.decay_scale(group) * self._ordinary_wd(group))
+            mask.scale_([_local(p) for p in live], 1.0 - self.decay_scale(group) * self.ordinary_wd(group))
             if group["algo"] == "adamw":
                 self._adam_update(group, live, mask)
         if params:
