@@ -63,9 +63,10 @@ def routing_config(config: Optimizer, model: nn.Module) -> RoutingConfig:
 class ParallaxOptimizersContainer(OptimizersContainer):
     """One ``MuonAdamW`` per model part, and the one place that decides whether a step is skipped.
 
-    Skip-step: with ``skip_nonfinite`` on, :meth:`step` skips the update (parameters and optimizer
-    state stay bit-identical) when any loss passed to :meth:`observe_loss` since the last step, or
-    any gradient after clipping, is not finite on any rank. The decision is made on the device and
+    Skip-step: with ``skip_nonfinite`` on (the trainer sets it from ``[reliability] nonfinite``),
+    :meth:`step` skips the update (parameters and optimizer state stay bit-identical) when any loss
+    passed to :meth:`observe_backward` since the last step, or any gradient after clipping, is not
+    finite on any rank. The decision is made on the device and
     handed to ``MuonAdamW.step(skip=...)``: the ranks agree through one small all-reduce queued
     behind the gradients, and no host waits before the update is issued. Reading the decision
     (:meth:`last_step_skipped`) waits only for that flag, while the update itself runs on the GPU;
@@ -84,12 +85,17 @@ class ParallaxOptimizersContainer(OptimizersContainer):
         super().__init__(model_parts, optimizer_for, {"lr": config.lr})
         self.skip_nonfinite = skip_nonfinite
         self._losses: list[torch.Tensor] = []
+        self._pre_clip: tuple[list[str], torch.Tensor | None] = ([], None)
         self._flags = StepFlags()
 
-    def observe_loss(self, loss: torch.Tensor) -> None:
-        """Record one microbatch's loss (a device tensor) for the next step's non-finite check."""
+    def observe_backward(self, loss: torch.Tensor) -> None:
+        """Record one microbatch's loss (a device tensor) and the gradients' norms after its backward,
+        before clipping (clipping spreads one non-finite gradient to all: these name the first)."""
         if self.skip_nonfinite:
             self._losses.append(loss.detach())
+            named = list(self._named_grads())
+            names, grads = [n for n, _ in named], [g for _, g in named]
+            self._pre_clip = (names, torch.stack(torch._foreach_norm(grads)) if grads else None)
 
     def step(self, *args, **kwargs) -> None:
         if not self.skip_nonfinite:
@@ -99,32 +105,33 @@ class ParallaxOptimizersContainer(OptimizersContainer):
             optimizer.step(*args, skip=skip, **kwargs)
 
     def _nonfinite_on_any_rank(self) -> torch.Tensor:
-        """0-dim bool device tensor: a recorded loss or a gradient is not finite on some rank."""
-        grads = [g.to_local() if hasattr(g, "to_local") else g for g in self._grads()]
-        norms = torch._foreach_norm(grads) if grads else []
-        values = [*self._losses, *norms]
+        """0-dim bool device tensor: a recorded loss or a gradient as the optimizer sees it (after
+        clipping, so a bad clip coefficient counts too) is not finite on some rank."""
+        grads = [g for _, g in self._named_grads()]
+        values = [loss.float().reshape(1) for loss in self._losses]
+        values += [torch.stack(torch._foreach_norm(grads)).float()] if grads else []
         self._losses = []
-        local = ~torch.isfinite(torch.stack([v.float() for v in values])).all()
+        local = ~torch.isfinite(torch.cat(values)).all() if values else torch.zeros((), dtype=torch.bool)
         return self._flags.agree(local)
 
-    def _grads(self):
-        for model in self.model_parts:
-            for param in model.parameters():
+    def _named_grads(self):
+        """(name, local gradient) of every parameter with a gradient, over all model parts."""
+        multi = len(self.model_parts) > 1
+        for k, model in enumerate(self.model_parts):
+            for name, param in model.named_parameters():
                 if param.grad is not None:
-                    yield param.grad
+                    grad = param.grad
+                    yield (f"part {k}: {name}" if multi else name), (grad.to_local() if hasattr(grad, "to_local") else grad)
 
     def last_step_skipped(self) -> bool:
         """Whether the last :meth:`step` skipped its update (waits for that step's flag only)."""
         return bool(self._flags.read()) if self.skip_nonfinite else False
 
     def first_nonfinite_gradient(self) -> str:
-        """Name of this rank's first parameter with a non-finite gradient (for the report of a skip)."""
-        for k, model in enumerate(self.model_parts):
-            for name, param in model.named_parameters():
-                grad = param.grad
-                if grad is not None and not torch.isfinite(grad.to_local() if hasattr(grad, "to_local") else grad).all():
-                    return name if len(self.model_parts) == 1 else f"part {k}: {name}"
-        return "none on this rank (non-finite loss)"
+        """This rank's first parameter whose gradient was not finite before clipping (after a skip)."""
+        names, norms = self._pre_clip
+        bad = (~torch.isfinite(norms)).nonzero() if norms is not None else []
+        return names[int(bad[0])] if len(bad) else "none on this rank (non-finite loss)"
 
     def schedule_metrics(self) -> dict[str, float]:
         """Per group: lr, effective ordinary decay and S_p decay per step (for TensorBoard)."""

@@ -63,7 +63,7 @@ class ParallaxTrainer(Trainer):
         loss = super().forward_backward_step(
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
         )
-        self.optimizers.observe_loss(loss)
+        self.optimizers.observe_backward(loss)
         self._microbatch += 1
         if self._microbatch == self.gradient_accumulation_steps:
             # queued right behind the last backward, read after the optimizer step was issued

@@ -42,38 +42,34 @@ def test_off_policy_lets_nan_through(tmp_path):
     assert not out["finite_params"]
 
 
-def test_step_flags_read_this_step_or_the_last_once():
-    from parallax_titan.trainer import StepFlags
+def test_step_flags_agree_and_read_once():
+    from parallax_titan.step_flags import StepFlags
 
     flags = StepFlags()  # one process: no collective
-    assert flags.read() is None and flags.read(lag=1) is None  # nothing started yet
-    flags.start(torch.tensor([0.0, 0.0]))
-    flags.start(torch.tensor([1.0, 0.0]))  # gradient accumulation: the latest start of a step wins
-    assert flags.read() == (True, False)
-    assert flags.read() is None  # read once
-    flags.next_step()
-    flags.start(torch.tensor([0.0, 1.0]))
-    flags.next_step()
-    flags.start(torch.tensor([1.0, 1.0]))
-    assert flags.read(lag=1) == (False, True)  # the step before, unread until now
-    assert flags.read() == (True, True)
-    flags.next_step()
-    flags.next_step()
-    assert flags.read(lag=1) is None  # two steps old: dropped
+    with pytest.raises(RuntimeError, match="no flags were agreed on"):
+        flags.read()
+    agreed = flags.agree(torch.tensor([0.0, 2.0]))
+    assert agreed.dtype == torch.bool and agreed.tolist() == [False, True]
+    assert flags.read().tolist() == [False, True]
+    with pytest.raises(RuntimeError):
+        flags.read()  # read once
+    flags.agree(torch.tensor(0.0))
+    flags.agree(torch.tensor(1.0))  # the latest agreement is the one read
+    assert bool(flags.read())
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_step_flags_wait_for_the_flags_not_for_later_work():
-    from parallax_titan.trainer import StepFlags
+    from parallax_titan.step_flags import StepFlags
 
     bad = torch.zeros((), device="cuda")
     bad += 1
     reader = StepFlags()
-    reader.start(torch.stack([bad, torch.zeros((), device="cuda")]))
+    reader.agree(torch.stack([bad, torch.zeros((), device="cuda")]))
     a = torch.randn(8192, 8192, device="cuda")
-    for _ in range(20):  # queued after start: read() must not wait for it
+    for _ in range(20):  # queued after agree: read() must not wait for it
         a = a @ a / 100
-    assert reader.read() == (True, False)
+    assert reader.read().tolist() == [True, False]
     assert not torch.cuda.current_stream().query()  # the matmuls are still running
     torch.cuda.synchronize()
