@@ -217,17 +217,11 @@ def _interpreter_report():
 
 
 def test_triton_kernel_interpreted():
-    code = (
-        "import importlib.util, sys; sys.path.insert(0, sys.argv[1]);"
-        "spec = importlib.util.spec_from_file_location('decode_tests', sys.argv[2]);"
-        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod);"
-        "mod._interpreter_report()"
-    )
+    # `python -c` puts its working directory, the repo root, first on sys.path
+    code = "import tests.test_parallax_decode as m; m._interpreter_report()"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT), __file__], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=300,
-    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS "):])
@@ -290,14 +284,15 @@ def test_launch_config_by_group_count():
 ])
 def test_split_count_is_the_shortest_one_wave_split(n_groups, length, block_n, slots):
     """pick_num_splits against a brute force over every count: all programs in one wave, at least
-    _MIN_CHUNK positions per split, and no other admissible count walks fewer blocks per split
+    tuning.DECODE_MIN_CHUNK positions per split, and no other admissible count walks fewer blocks per split
     (or as few with fewer splits); one split once the groups alone fill a wave."""
     from kernels.parallax import decode_fused as dec
+    from kernels.parallax import tuning
 
     splits = dec.pick_num_splits(n_groups, length, block_n, slots)
     blocks = lambda s: -(-(-(-length // s)) // block_n)  # noqa: E731
     admissible = [s for s in range(1, dec.MAX_SPLITS + 1)
-                  if n_groups * s <= slots and (s == 1 or -(-length // s) >= dec._MIN_CHUNK)]
+                  if n_groups * s <= slots and (s == 1 or -(-length // s) >= tuning.DECODE_MIN_CHUNK)]
     best = min(admissible or [1], key=lambda s: (blocks(s), s))
     assert splits == best
     if n_groups * 2 > slots:

@@ -60,7 +60,7 @@ def cu_from_lengths(lengths):
 def _interpret_main(out_path):
     """Child process (TRITON_INTERPRET=1): run every case through the fused kernels and the custom op."""
     from kernels import parallax_attention
-    from kernels.parallax import fused
+    from kernels.parallax import fused, tuning
 
     results = {}
     for seed, (name, (b, n, hq, hkv, d, dtype, rho_scale, lengths, cfg)) in enumerate(INTERPRET_CASES.items()):
@@ -70,16 +70,17 @@ def _interpret_main(out_path):
         grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=cfg)
         results[name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
         if name in HEAD_MAJOR_CASES:
-            hm = {**(cfg or fused.INTERPRET_CONFIG), "GLOBAL_ORDER": False}
+            hm = {**(cfg or tuning.INTERPRET_CONFIG), "GLOBAL_ORDER": False}
             o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=hm)
             grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=hm, dkdv_config=hm)
             results[name + "_head_major"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
         if name in ROWS_CASES:
             o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=cfg)
-            rows = {**(cfg or fused.INTERPRET_CONFIG), "ROWS": True}
+            rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
             grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=rows)
             results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
+    results["candidates"] = _candidates_case(parallax_attention, tuning)
     results["compiled"] = _custom_op_case(parallax_attention, compiled=True)
     results["opcheck"] = _opcheck()
     torch.save(results, out_path)
@@ -119,6 +120,27 @@ def _custom_op_case(attn, compiled):
     out.sum().backward()
     return {"inputs": tuple(x.detach() for x in leaves), "out": out.detach() / 1.5,
             "grads": tuple(x.grad * 1 for x in leaves), "upstream": 1.5}
+
+
+def _candidates_case(attn, tuning):
+    """The public API inside ``tuning.candidates``: one listed config per kernel runs (tiles of 32 x 16,
+    which no other case of the custom op uses)."""
+    q, r, k, v, do = make_case(1, 45, 4, 2, 16, "float32", 1.0, seed=11)
+    tile = tuning.both_orders([(32, 16, 4, 1)])[1:]  # global order
+    rows = tuning.both_orders([(16, 32, 4, 1)], ROWS=True)[:1]  # head-major, queries on the rows
+    leaves = [x.clone().requires_grad_() for x in (q, r, k, v)]
+    with tuning.candidates(fwd=tile, dq=tile, dkdv=rows):
+        out = attn(*leaves, backend="triton")
+        out.backward(do)
+    # the listed config really is what launches: a tile that is not a power of two cannot compile
+    try:
+        with tuning.candidates(fwd=tuning.both_orders([(24, 16, 4, 1)])):
+            attn(q, r, k, v, backend="triton")
+        rejected = ""
+    except Exception as exc:  # reported to the parent, which checks it
+        rejected = repr(exc)
+    return {"inputs": (q, r, k, v, do), "out": out.detach(), "grads": tuple(x.grad for x in leaves),
+            "rejected": rejected}
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +189,11 @@ def test_interpreted_kernels_match_fp64(interpreted, name):
 def test_interpreted_custom_op_with_expanded_grad(interpreted, name):
     res = interpreted[name]
     check(res, None, TOL["float32"], upstream=res["upstream"])
+
+
+def test_interpreted_public_api_under_tuning_candidates(interpreted):
+    check(interpreted["candidates"], None, TOL["float32"])
+    assert "power of 2" in interpreted["candidates"]["rejected"]
 
 
 def test_interpreted_custom_ops_pass_opcheck(interpreted):
@@ -257,11 +284,6 @@ def test_gpu_compiled_block_matches_eager():
     _compare(results[1], ref, 2e-2)
 
 
-def _launch(config):
-    """A triton.Config as the explicit launch kwargs fused.forward/backward take."""
-    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-
-
 _FP64 = {}  # d -> (inputs, upstream gradient, fp64 reference output and gradients), shared by the config tests
 
 
@@ -283,16 +305,16 @@ def _check_configs(d, fwd=None, dq=None, dkdv=None):
 
 
 def _shipped_list_length():
-    from kernels.parallax import fused
+    from kernels.parallax import tuning
 
-    return max(len(c) for c in (fused.FWD_CONFIGS, fused.DQ_CONFIGS, fused.DKDV_CONFIGS))
+    return max(len(c) for c in tuning.SHIPPED.values())
 
 
 def _sweep_column_configs():
-    from scripts.bench_attention import sweep_configs
+    from kernels.parallax import tuning
 
     # one program order: orders change which program runs which tile, not a tile's arithmetic
-    return [_launch(c) for c in sweep_configs()["_DKDV_TUNED"][1] if c.kwargs["GLOBAL_ORDER"]]
+    return [tuning.launch_kwargs(c) for c in tuning.SWEEP["dkdv"] if c.kwargs["GLOBAL_ORDER"]]
 
 
 @pytest.mark.gpu
@@ -302,9 +324,9 @@ def _sweep_column_configs():
 def test_gpu_shipped_configs_match_fp64(index, d):
     """Every config of the shipped lists (tile shapes, both program orders, both column-pass
     orientations) at a ragged length, against fp64: config ``index`` of each list (cycling)."""
-    from kernels.parallax import fused
+    from kernels.parallax import tuning
 
-    fwd, dq, dkdv = (_launch(c[index % len(c)]) for c in (fused.FWD_CONFIGS, fused.DQ_CONFIGS, fused.DKDV_CONFIGS))
+    fwd, dq, dkdv = (c[index % len(c)] for c in (tuning.SHIPPED[n] for n in ("fwd", "dq", "dkdv")))
     _check_configs(d, fwd, dq, dkdv)
 
 
@@ -313,7 +335,7 @@ def test_gpu_shipped_configs_match_fp64(index, d):
 @pytest.mark.parametrize("config", _sweep_column_configs(), ids=str)
 @pytest.mark.parametrize("d", [128, 64])
 def test_gpu_sweep_column_configs_match_fp64(config, d):
-    """The sweep's column-pass candidates (they join DKDV_CONFIGS when they win a sweep), against fp64;
+    """The sweep's column-pass candidates (one joins tuning.SHIPPED when it wins a sweep), against fp64;
     a config that does not fit the GPU's shared memory is skipped, as the autotuner skips it."""
     from triton.runtime.errors import OutOfResources
 
@@ -323,18 +345,50 @@ def test_gpu_sweep_column_configs_match_fp64(config, d):
         pytest.skip(str(exc))
 
 
-def test_small_problems_skip_autotuning(monkeypatch):
+def test_small_problems_skip_autotuning():
     """Below SMALL_WORK the first listed config runs without tuning (MAD-size models compile one
     config per kernel instead of all of them); training-size work goes to the autotuner."""
-    from kernels.parallax import fused
+    from kernels.parallax import tuning
 
-    monkeypatch.setattr(fused, "INTERPRET", False)
     mad = 128 * 128 * 128 * 8 * 16  # batch 128 x seq 128 tokens, 128 keys, 8 heads of 16
-    kernel, launch = fused._pick(fused._bwd_dkdv_kernel, fused._DKDV_TUNED, None, mad)
-    first = fused.DKDV_CONFIGS[0]
-    assert kernel is fused._bwd_dkdv_kernel
-    assert launch == {**first.kwargs, "num_warps": first.num_warps, "num_stages": first.num_stages}
+    first = tuning.SHIPPED["dkdv"][0]
+    assert tuning.choose("dkdv", mad, interpret=False) == {**first.kwargs, "num_warps": first.num_warps,
+                                                            "num_stages": first.num_stages}
     train = 4 * 4096 * 4096 * 16 * 128
-    assert fused._pick(fused._bwd_dkdv_kernel, fused._DKDV_TUNED, None, train) == (fused._DKDV_TUNED, {})
+    assert tuning.choose("dkdv", train, interpret=False) is None
     explicit = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
-    assert fused._pick(fused._fwd_kernel, fused._FWD_TUNED, explicit, mad)[1] == {"GLOBAL_ORDER": True, **explicit}
+    assert tuning.choose("fwd", mad, explicit, interpret=False) == {"GLOBAL_ORDER": True, **explicit}
+    assert tuning.choose("fwd", train, interpret=True) == {"GLOBAL_ORDER": True, **tuning.INTERPRET_CONFIG}
+
+
+def test_candidates_override_and_restore():
+    """Inside ``candidates`` a one-config list runs that config at every size (and under the
+    interpreter); a longer list autotunes at training size; the shipped lists come back on exit."""
+    from kernels.parallax import tuning
+
+    train = 4 * 4096 * 4096 * 16 * 128
+    one = tuning.SWEEP["dkdv"][-1]
+    with tuning.candidates(dkdv=[one]):
+        assert tuning.active("dkdv") == (one,) and tuning.active("fwd") == tuning.SHIPPED["fwd"]
+        for interpret in (False, True):
+            assert tuning.choose("dkdv", train, interpret=interpret) == {"GLOBAL_ORDER": True,
+                                                                         **tuning.launch_kwargs(one)}
+        with tuning.candidates(**tuning.SWEEP):
+            assert tuning.active("dkdv") == tuning.SWEEP["dkdv"]
+            assert tuning.choose("dkdv", train, interpret=False) is None
+        assert tuning.active("dkdv") == (one,)
+    assert tuning.active("dkdv") == tuning.SHIPPED["dkdv"]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t: t.candidates(bwd=t.SHIPPED["dq"]), "kernel name 'bwd'"),
+    (lambda t: t.candidates(dq=[]), r"candidates\(dq=...\) must be a non-empty list"),
+    (lambda t: t.candidates(dq=[{"BM": 16}]), "must be a non-empty list of triton.Config"),
+    (lambda t: t.launch_kwargs((16, 16)), "config must be a triton.Config or a dict"),
+])
+def test_tuning_rejects_bad_input(call, match):
+    from kernels.parallax import tuning
+
+    with pytest.raises((ValueError, TypeError), match=match):
+        with call(tuning):
+            pass

@@ -24,18 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.parallax import tuning
+
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _H200_SMS = 132
-# Per head dim: (block_n, num_warps, num_stages); from the H200 sweep (docs/kernels_decode.md).
-_CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3)}
-# Several waves of (batch, kv head) groups: more programs per SM (D=128: 2 stages, 3 fit instead
-# of 2) or more warps (D=64) hide more latency; measured at B=128 (docs/kernels_decode.md).
-_MANY_GROUPS_CONFIGS = {64: (128, 8, 3), 128: (64, 4, 2)}
-_DEFAULT_CONFIG = (32, 4, 2)
-# Fewest cache positions one split handles: below this the partial writes and
-# the merge cost more than the extra parallelism buys.
-_MIN_CHUNK = 128
 # The merge holds all splits of one head in a [SP, D] register tile.
 MAX_SPLITS = 64
 _SMEM_PER_SM = 228 * 1024  # H200 (and H100); read off the device when it says
@@ -222,13 +215,14 @@ def pick_num_splits(n_groups, length, block_n, slots):
     """Splits per (batch, kv head): among the counts whose programs all fit in one wave
     (n_groups * splits <= ``slots``, the programs resident at once = SMs * programs per SM), the one
     whose longest split walks the fewest blocks of block_n positions; the fewest splits among equals,
-    at least _MIN_CHUNK positions per split, and one split once the groups alone fill a wave.
+    at least tuning.DECODE_MIN_CHUNK positions per split, and one split once the groups alone fill a wave.
 
     Splitting into several waves lost wherever it was timed (B = 32, L = 16384: 2 splits 610 us
     against 470 for 1; the partial writes and the merge cost more than the finer waves gain). At
     batch 1 the rule takes equal chunks (32 splits of 512 positions at L = 16384 on an H200) where
     a wave-efficiency rule took a ragged 29 (24.2 vs 24.9 us, D = 128; docs/kernels_decode.md)."""
-    most = max(1, min(MAX_SPLITS, slots // max(n_groups, 1), triton.cdiv(length, max(_MIN_CHUNK, block_n))))
+    shortest = max(tuning.DECODE_MIN_CHUNK, block_n)
+    most = max(1, min(MAX_SPLITS, slots // max(n_groups, 1), triton.cdiv(length, shortest)))
     blocks = lambda splits: triton.cdiv(triton.cdiv(length, splits), block_n)  # noqa: E731
     return min(range(1, most + 1), key=lambda splits: (blocks(splits), splits))
 
@@ -237,7 +231,8 @@ def pick_config(n_groups: int, dim: int, device) -> tuple[int, int, int]:
     """(block_n, num_warps, num_stages) for ``n_groups`` (batch x kv heads) groups of head dim ``dim``:
     the many-groups configs once the groups alone fill more than two waves of one program per SM."""
     many = n_groups > 2 * _sm_count(device)
-    return (_MANY_GROUPS_CONFIGS if many else _CONFIGS).get(dim, _DEFAULT_CONFIG)
+    table = tuning.DECODE_MANY_GROUPS_CONFIGS if many else tuning.DECODE_CONFIGS
+    return table.get(dim, tuning.DECODE_DEFAULT_CONFIG)
 
 
 def _sm_count(device) -> int:

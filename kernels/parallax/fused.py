@@ -14,20 +14,18 @@ tau = dO.o and beta = dO.vbar) and a column pass (dk, dv) that loops over the GQ
 query heads inside one program, so K/V tiles are loaded once per group and no atomics are needed.
 Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
 Every kernel runs on a 1-D grid of (tile, head) programs in one of two orders (``_tile_order``):
-head-major or globally heaviest-first; the autotuner picks per shape.
+head-major or globally heaviest-first; the autotuner picks per shape (launch configs: tuning.py).
 """
 
 from __future__ import annotations
-
-import inspect
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.parallax import tuning
+
 LOG2E = 1.4426950408889634
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # sizes vary between calls: one compiled kernel for all of them (strides stay specialised)
 _NO_SPECIALIZE = ["T", "L", "HQ", "GROUP", "TUNE_T", "TUNE_L"]
 
@@ -359,57 +357,10 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
 
 
 # ----------------------------------------------------------------------------- launch
-def _config(bm, bn, warps, stages, **flags):
-    return triton.Config({"BM": bm, "BN": bn, **flags}, num_warps=warps, num_stages=stages)
-
-
-def _both_orders(tiles, **flags):
-    return [_config(*t, GLOBAL_ORDER=g, **flags) for t in tiles for g in (False, True)]
-
-
-# Short candidate lists for H200 (bf16): the D=128 and D=64 tile winners of four measured sweeps,
-# each in both program orders (timings in docs/kernels.md and docs/bench/attention_train*.json).
-# The key separates shapes of one token count (B4 x L4096 vs B1 x L16384 prefer different orders);
-# the choice per key is cached by triton's autotune cache (cache_results): a restart does not re-tune.
-FWD_CONFIGS = _both_orders([(128, 64, 8, 3), (64, 64, 4, 3)])
-DQ_CONFIGS = _both_orders([(128, 32, 8, 3), (64, 64, 4, 4)])
-# The column pass mostly runs with queries on the rows of its tiles (ROWS): each thread then holds
-# two of every per-query statistic instead of eight, and the loop issues 30% fewer instructions per
-# query-key pair. It won three of the four sweep shapes (B4 L4096 D128 2.24 vs 2.64 ms for the
-# previous list; D=64 9-16% faster); keys x queries at 32 x 64 kept B1 L16384 D128 (8.27 vs 8.81 ms).
-# At D=128 one stage beats two (two spill inside the loop), at D=64 two stages win.
-DKDV_CONFIGS = _both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True) + _both_orders([(32, 64, 4, 3)])
-INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
-TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
-
-
-def _autotuned(kernel, configs):
-    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    return triton.autotune(configs=configs, key=TUNE_KEY, **extra)(kernel)
-
-
-_FWD_TUNED = _autotuned(_fwd_kernel, FWD_CONFIGS)
-_DQ_TUNED = _autotuned(_bwd_dq_kernel, DQ_CONFIGS)
-_DKDV_TUNED = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS)
-
-
-# Below this much work (tokens x keys per token x heads x head dim) a kernel runs for microseconds and
-# autotuning (compiling and timing every listed config) costs more than it can save: small problems
-# (MAD's models, unit tests) take the first listed config. Training shapes are 100x above it.
-SMALL_WORK = 2**30
-
-
-def _pick(kernel, tuned, config, work):
-    """(kernel, launch kwargs): explicit config (global program order unless it says), interpreter
-    default, the first listed config for small work, or the autotuned kernel."""
-    if config is None and INTERPRET:
-        config = INTERPRET_CONFIG
-    if config is None and work < SMALL_WORK:
-        first = tuned.configs[0]
-        config = {**first.kwargs, "num_warps": first.num_warps, "num_stages": first.num_stages}
-    if config is None:
-        return tuned, {}
-    return kernel, {"GLOBAL_ORDER": True, **config}
+# The JIT kernels by their names in tuning (launch configs: kernels/parallax/tuning.py).
+JIT_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel}
+# scripts/kernel_resources.py reads the shipped lists here.
+FWD_CONFIGS, DQ_CONFIGS, DKDV_CONFIGS = (tuning.SHIPPED[name] for name in ("fwd", "dq", "dkdv"))
 
 
 def _tokens(x):
@@ -469,7 +420,8 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
 
     q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32, CUDA (or CPU under TRITON_INTERPRET=1).
     Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (Hq, B * L) fp32 (lse in log2 units of
-    scale * log2(e) * q.k). config: optional {"BM", "BN", "num_warps", "num_stages"} instead of autotuning.
+    scale * log2(e) * q.k). config: optional ``triton.Config`` or dict of launch kwargs ({"BM", "BN",
+    "num_warps", "num_stages"}, optionally "GLOBAL_ORDER") run instead of ``tuning.choose``'s pick.
     """
     total, n, hq, docs, _, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
     q, r, sqt, sqh = _same_layout(q, r)
@@ -478,7 +430,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
     vbar = torch.empty_like(o)
     tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
-    kernel, launch = _pick(_fwd_kernel, _FWD_TUNED, config, work)
+    kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, *tune,
                  **meta, **launch)
@@ -491,6 +443,8 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (Hq, B * L) fp32 from forward.
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
     Two passes: a row pass (dq, drho) then a column pass (dk, dv), 11 matmuls per tile pair.
+    dq_config, dkdv_config: optional explicit configs of the two passes, as ``forward``'s config
+    (the column pass also reads "ROWS").
     """
     total, n, hq, docs, doce, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
     q, r, sqt, sqh = _same_layout(q, r)
@@ -501,11 +455,11 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dr = torch.empty_like(r, memory_format=torch.contiguous_format)
-    kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config, work)
+    kernel, launch = tuning.select("dq", _bwd_dq_kernel, work, dq_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
                  sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
-    kernel, launch = _pick(_bwd_dkdv_kernel, _DKDV_TUNED, dkdv_config, work)
+    kernel, launch = tuning.select("dkdv", _bwd_dkdv_kernel, work, dkdv_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BN"]) * k.shape[2],)  # noqa: E731
     kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq,
                  k.shape[2], sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
