@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernels import parallax_attention
 from kernels.parallax.chunked import parallax_attention_chunked
 from kernels.parallax.naive import parallax_attention_naive, parallax_weights
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens
 
 
 def make_inputs(b, n, hq, hkv, d, dtype=torch.float64, rho_scale=1.0, seed=0):
@@ -199,3 +200,29 @@ def test_bad_inputs_raise_clear_errors():
     q2, r2, k2, v2 = (torch.cat([x, x]) for x in (q, r, k, v))
     with pytest.raises(ValueError, match="batch == 1"):
         parallax_attention(q2, r2, k2, v2, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", BAD_CU_NAMES)
+def test_bad_cu_seqlens_raise_naming_the_values(name):
+    q, r, k, v = (x.detach() for x in make_inputs(1, SEQ, 2, 1, 16, dtype=torch.float32))
+    cu, pattern = bad_cu_seqlens(name)
+    with pytest.raises(ValueError, match=pattern):
+        parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+
+
+def test_cu_seqlens_checked_again_after_an_in_place_write_or_at_another_length():
+    """A tensor that passed is remembered, but only for its current contents and packed length."""
+    q, r, k, v = (x.detach() for x in make_inputs(1, SEQ, 2, 1, 16, dtype=torch.float32))
+    cu = torch.tensor([0, 6, SEQ], dtype=torch.int32)
+    parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"cu_seqlens\[2\]=16 lies outside \[0, seq=8\]"):
+        parallax_attention(*(x[:, :8] for x in (q, r, k, v)), backend="reference", cu_seqlens=cu)
+    cu[1] = 20
+    with pytest.raises(ValueError, match=r"cu_seqlens=\[0, 20, 16\] is invalid: cu_seqlens\[1\]=20 lies outside"):
+        parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+    with torch.inference_mode():  # inference tensors keep no version counter: checked every call
+        cu = torch.tensor([0, 6, SEQ], dtype=torch.int32)
+        parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+        cu[0] = 1
+        with pytest.raises(ValueError, match=r"cu_seqlens\[0\]=1, expected 0"):
+            parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)

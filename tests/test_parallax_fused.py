@@ -8,6 +8,7 @@ parallax_attention_naive in fp64. GPU tests (marked ``gpu``) run the real kernel
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from kernels.parallax.naive import parallax_attention_naive
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"num_warps": 4, "num_stages": 1}
@@ -81,6 +83,7 @@ def _interpret_main(out_path):
             results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
     results["candidates"] = _candidates_case(parallax_attention, tuning)
+    results["bad_cu"] = _bad_cu_case(parallax_attention)
     results["compiled"] = _custom_op_case(parallax_attention, compiled=True)
     results["opcheck"] = _opcheck()
     torch.save(results, out_path)
@@ -143,6 +146,29 @@ def _candidates_case(attn, tuning):
             "rejected": rejected}
 
 
+def _bad_cu_case(attn):
+    """The error message of the triton backend for each bad cu_seqlens case ("" if none), and after
+    a valid tensor is written in place."""
+    q, r, k, v, _ = make_case(1, SEQ, 2, 1, 16, "float32", 1.0, seed=13)
+    messages = {}
+    for name in BAD_CU_NAMES:
+        cu, _ = bad_cu_seqlens(name)
+        messages[name] = _error(lambda: attn(q, r, k, v, backend="triton", cu_seqlens=cu))
+    cu = torch.tensor([0, 6, SEQ], dtype=torch.int32)
+    messages["valid"] = _error(lambda: attn(q, r, k, v, backend="triton", cu_seqlens=cu))
+    cu[1] = 20
+    messages["written_in_place"] = _error(lambda: attn(q, r, k, v, backend="triton", cu_seqlens=cu))
+    return messages
+
+
+def _error(call):
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
     out_path = tmp_path_factory.mktemp("interp") / "results.pt"
@@ -194,6 +220,18 @@ def test_interpreted_custom_op_with_expanded_grad(interpreted, name):
 def test_interpreted_public_api_under_tuning_candidates(interpreted):
     check(interpreted["candidates"], None, TOL["float32"])
     assert "power of 2" in interpreted["candidates"]["rejected"]
+
+
+@pytest.mark.parametrize("name", BAD_CU_NAMES)
+def test_interpreted_bad_cu_seqlens_raise_naming_the_values(interpreted, name):
+    _, pattern = bad_cu_seqlens(name)
+    assert re.search(pattern, interpreted["bad_cu"][name]), interpreted["bad_cu"][name]
+
+
+def test_interpreted_cu_seqlens_checked_again_after_an_in_place_write(interpreted):
+    messages = interpreted["bad_cu"]
+    assert messages["valid"] == ""
+    assert "cu_seqlens=[0, 20, 16] is invalid: cu_seqlens[1]=20 lies outside" in messages["written_in_place"]
 
 
 def test_interpreted_custom_ops_pass_opcheck(interpreted):
@@ -255,6 +293,69 @@ def test_gpu_varlen_and_large_rho():
     got = _run("triton", inputs, do, cu=cu)
     ref = _run("reference", inputs, do, cu=cu, dtype=torch.float64)
     _compare(got, ref, 3e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cu_seqlens_checked_once_per_tensor():
+    """The host check of cu_seqlens syncs on a tensor's first use only: forward and backward again
+    with the same tensor run under sync debug mode "error"; a fresh tensor with the same values syncs."""
+    inputs, do = _cuda_inputs(1, 3000, 8, 4, 128, torch.bfloat16, seed=6)
+    cu = torch.tensor([0, 1, 700, 2048, 3000], dtype=torch.int32, device="cuda")
+    first = _run("triton", inputs, do, cu=cu)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = _run("triton", inputs, do, cu=cu)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            _run("triton", inputs, do, cu=cu.clone())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _compare(again, first, 1e-6)
+
+
+def _graph_capture_main():
+    """Child process (CUDA): parallax_attention with cu_seqlens captured in a CUDA graph. Prints
+    whether replays follow new valid offsets written into the captured buffer, then writes invalid
+    offsets and replays: the device-side check must stop the process's CUDA work."""
+    from kernels import parallax_attention
+
+    (q, r, k, v), _ = _cuda_inputs(1, 1000, 4, 2, 64, torch.bfloat16, seed=7)
+    cu = torch.tensor([0, 300, 1000], dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(side):
+            parallax_attention(q, r, k, v, cu_seqlens=cu)  # compiles outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = parallax_attention(q, r, k, v, cu_seqlens=cu)
+        for offsets in ([0, 300, 1000], [0, 1, 999, 1000]):
+            cu.copy_(torch.tensor(offsets, dtype=torch.int32))
+            graph.replay()
+            eager = parallax_attention(q, r, k, v, cu_seqlens=torch.tensor(offsets, dtype=torch.int32, device="cuda"))
+            print("REPLAY", offsets, torch.equal(out, eager), flush=True)
+        cu.copy_(torch.tensor([0, 10, 6], dtype=torch.int32))
+        graph.replay()
+        try:
+            torch.cuda.synchronize()
+            print("INVALID OFFSETS RAN", flush=True)
+        except RuntimeError as exc:
+            print("DEVICE ASSERT", repr(exc)[:200], flush=True)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cu_seqlens_checked_on_device_under_graph_capture():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import tests.test_parallax_fused as m; m._graph_capture_main()"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout
+    assert "REPLAY [0, 300, 1000] True" in out and "REPLAY [0, 1, 999, 1000] True" in out, (out, proc.stderr[-3000:])
+    assert "INVALID OFFSETS RAN" not in out
+    assert "DEVICE ASSERT" in out or "device-side assert" in proc.stderr, (out, proc.stderr[-3000:])
 
 
 @pytest.mark.gpu

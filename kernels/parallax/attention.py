@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from kernels.parallax import cu_seqlens as offsets
 from kernels.parallax.chunked import parallax_attention_chunked
 
 BACKENDS = ("auto", "reference", "triton")
@@ -39,24 +40,6 @@ def _check_tensors(q, r, k, v):
         raise _shape_error(q, r, k, v, f"q heads ({q.shape[2]}) must be a multiple of kv heads ({k.shape[2]})")
 
 
-def _check_cu_seqlens(cu_seqlens, q, check_values):
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        desc = (f"{cu_seqlens.dtype} tensor of shape {tuple(cu_seqlens.shape)}"
-                if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__)
-        raise ValueError(f"parallax_attention: cu_seqlens must be a 1-D int32 tensor, got {desc}")
-    if cu_seqlens.numel() < 2:
-        raise ValueError(f"parallax_attention: cu_seqlens needs at least 2 entries, got {cu_seqlens.numel()}")
-    if q.shape[0] != 1:
-        raise ValueError(f"parallax_attention: cu_seqlens requires batch == 1 (packed documents), got batch={q.shape[0]}")
-    if cu_seqlens.device != q.device:
-        raise ValueError(f"parallax_attention: cu_seqlens is on {cu_seqlens.device}, q on {q.device}")
-    if check_values:  # needs a host sync: only on the reference path
-        cu = cu_seqlens.tolist()
-        if cu[0] != 0 or cu[-1] != q.shape[1] or any(b < a for a, b in zip(cu, cu[1:])):
-            raise ValueError(f"parallax_attention: cu_seqlens={cu} must start at 0, be non-decreasing "
-                             f"and end at seq={q.shape[1]}")
-
-
 def _resolve_backend(backend, q, causal):
     if backend not in BACKENDS:
         raise ValueError(f"parallax_attention: backend={backend!r}, expected one of {BACKENDS}")
@@ -80,7 +63,10 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     backend: "reference" (chunked PyTorch, CPU/GPU), "triton" (fused, CUDA, causal),
     "auto" (triton for causal CUDA inputs, else reference).
     cu_seqlens: optional (num_docs + 1,) int32 offsets of documents packed along seq
-    (requires B == 1); attention stays within each document.
+    (requires B == 1); attention stays within each document. Its values are checked on every call
+    (0 first, non-decreasing, L last; ValueError naming them): eagerly one host sync per tensor
+    (remembered until it is written in place), under CUDA-graph capture a device-side assertion
+    (no sync); see kernels/parallax/cu_seqlens.py.
     Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, r, k, v.
     """
     _check_tensors(q, r, k, v)
@@ -90,9 +76,12 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
         raise ValueError(f"parallax_attention: scale={scale!r} must be a finite float")
     backend = _resolve_backend(backend, q, causal)
     if cu_seqlens is not None:
-        _check_cu_seqlens(cu_seqlens, q, check_values=backend == "reference")
+        offsets.check_structure(cu_seqlens, q)
     if backend == "reference":
+        if cu_seqlens is not None:
+            offsets.check_values(cu_seqlens, q.shape[0] * q.shape[1])
         return parallax_attention_chunked(q, r, k, v, scale=float(scale), causal=causal, cu_seqlens=cu_seqlens)
     from kernels.parallax.ops import parallax_attention_triton
 
+    # the fused path checks cu_seqlens' values inside its custom op (kernels.parallax.fused)
     return parallax_attention_triton(q, r, k, v, scale=float(scale), cu_seqlens=cu_seqlens)

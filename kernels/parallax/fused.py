@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.parallax import cu_seqlens as offsets
 from kernels.parallax import tuning
 
 LOG2E = 1.4426950408889634
@@ -401,6 +402,7 @@ def _common(q, k, scale, cu_seqlens):
     varlen = cu_seqlens is not None
     docs = doce = q  # placeholders: never read when VARLEN is False
     if varlen:
+        offsets.check_values(cu_seqlens, total)  # wrong offsets would index K/V out of bounds
         docs, doce = _doc_tables(cu_seqlens, total, q.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"  # only fp32 dots read it
     meta = dict(GROUP=hq // k.shape[2], D=d, VARLEN=varlen, PREC=prec)
