@@ -2,15 +2,18 @@
 
 Public API (imported lazily so that `import kernels` never pulls in Triton):
 
-* ``parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None)``
+* ``parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None, window=None)``
   training/prefill attention, layout (batch, seq, heads, head_dim).
-* ``parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None)``
+* ``parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto", window=None)``
   one query token against a KV cache.
+* ``rolling_cache_write(k_cache, v_cache, k, v, start)`` writes tokens into a rolling cache of
+  W slots (sliding-window decode) and returns its cache_seqlens.
 """
 
 _EXPORTS = {
     "parallax_attention": "kernels.parallax.attention",
     "parallax_decode": "kernels.parallax.decode",
+    "rolling_cache_write": "kernels.parallax.decode",
 }
 
 

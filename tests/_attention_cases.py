@@ -36,3 +36,38 @@ def bad_cu_seqlens(name):
 
 
 BAD_CU_NAMES = list(BAD_CU_VALUES) + list(BAD_CU_STRUCTURE)
+
+
+# ----------------------------------------------------------------------------- sliding window
+def banded_mask(n, window=None, lengths=None, device="cpu"):
+    """(n, n) bool mask from SPEC 1b's definition: query i reads key j iff j <= i, i - window < j
+    (no lower edge for window None) and both lie in one document (``lengths``: document lengths
+    summing to n; one document when None)."""
+    i = torch.arange(n, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    doc = torch.repeat_interleave(torch.arange(len(lengths or [n]), device=device),
+                                  torch.tensor(lengths or [n], device=device))
+    mask = (j <= i) & (doc[:, None] == doc[None, :])
+    return mask if window is None else mask & (j > i - window)
+
+
+def masked_parallax_fp64(q, r, k, v, mask, scale=None):
+    """Parallax attention in fp64 over an explicit (L, L) mask (SPEC section 1's weights
+    w_ij = p_ij (1 - t_ij + tbar_i), o_i = sum_j w_ij v_j). q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D).
+    Returns (B, L, Hq, D) fp64, differentiable w.r.t. the inputs."""
+    group = q.shape[2] // k.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    qh, rh = (x.double().transpose(1, 2) for x in (q, r))
+    kh, vh = (x.double().transpose(1, 2).repeat_interleave(group, dim=1) for x in (k, v))
+    p = torch.softmax((scale * qh @ kh.transpose(-1, -2)).masked_fill(~mask, float("-inf")), dim=-1)
+    t = (rh @ kh.transpose(-1, -2)).masked_fill(~mask, 0.0)
+    tbar = (p * t).sum(-1, keepdim=True)
+    return ((p * (1.0 - t + tbar)) @ vh).transpose(1, 2)
+
+
+def banded_reference(inputs, do, window, lengths=None, scale=None):
+    """fp64 output and (dq, dr, dk, dv) of masked_parallax_fp64 under banded_mask, for upstream do."""
+    q, r, k, v = (x.detach().double().requires_grad_() for x in inputs)
+    out = masked_parallax_fp64(q, r, k, v, banded_mask(q.shape[1], window, lengths, q.device), scale)
+    out.backward(do.double())
+    return out.detach(), [x.grad for x in (q, r, k, v)]

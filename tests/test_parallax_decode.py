@@ -17,8 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import parallax_decode
+from kernels import parallax_decode, rolling_cache_write
 from kernels.parallax.decode import parallax_decode_reference
+from tests._attention_cases import banded_mask, masked_parallax_fp64
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +57,17 @@ def explicit_causal(q, r, k, v, scale=None):
     vbar = p @ vh
     # SPEC: o = vbar - sum_j p_ij (t_ij - tbar_i) v_j
     return (vbar - (p * (t - tbar)) @ vh).transpose(1, 2)
+
+
+def windowed_decode(q, r, k, v, seqlens, window, scale=None):
+    """fp64 decode reading the last ``window`` of each sequence's valid positions (SPEC 1b for the
+    newest query i = len - 1: keys len - window <= j < len), by slicing the caches."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = k.shape[1] if seqlens is None else int(seqlens[b])
+        lo = max(0, n - window)
+        outs.append(explicit_decode(q[b:b + 1], r[b:b + 1], k[b:b + 1, lo:n], v[b:b + 1, lo:n], scale=scale))
+    return torch.cat(outs)
 
 
 def rel_err(out, ref):
@@ -182,6 +194,78 @@ def test_bad_input_raises(change, match):
         parallax_decode(**args)
 
 
+# ---------------------------------------------------------------- sliding window
+@pytest.mark.parametrize("window", [1, 4, 11, 23, 40])
+def test_window_decode_is_last_row_of_banded_attention(window):
+    """Decode with a window over a linear cache equals the last row of fp64 banded causal attention
+    (explicit mask), per sequence of a ragged batch; junk past each length is ignored."""
+    batch, n, hq, hkv, dim = 2, 23, 4, 2, 32
+    g = torch.Generator().manual_seed(window)
+    q, r = (torch.randn(batch, n, hq, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(batch, n, hkv, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    lens = [n, 14]
+    want = []
+    for b, m in enumerate(lens):
+        mask = banded_mask(m, window)
+        want.append(masked_parallax_fp64(*(x[b:b + 1, :m] for x in (q, r, k, v)), mask)[0, m - 1])
+    k[1, 14:], v[1, 14:] = float("nan"), float("inf")
+    qd = torch.stack([q[b, m - 1] for b, m in enumerate(lens)])[:, None]
+    rd = torch.stack([r[b, m - 1] for b, m in enumerate(lens)])[:, None]
+    out = parallax_decode(qd, rd, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32), window=window,
+                          backend="reference")
+    assert rel_err(out, torch.stack(want)[:, None]) < 1e-12
+
+
+def test_rolling_cache_decode_streams_the_banded_rows():
+    """A stream written into a rolling cache of W slots (prefill of more than W tokens, then one token
+    per step) decodes each step's token as the last row of fp64 banded attention over the stream;
+    the cache holds position p in slot p % W."""
+    batch, n, hq, hkv, dim, window, prefill = 2, 19, 4, 2, 16, 5, 8
+    g = torch.Generator().manual_seed(5)
+    q, r = (torch.randn(batch, n, hq, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(batch, n, hkv, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    banded = masked_parallax_fp64(q, r, k, v, banded_mask(n, window))
+    k_cache, v_cache = (torch.full((batch, window, hkv, dim), float("nan"), dtype=torch.float64) for _ in range(2))
+    lens = rolling_cache_write(k_cache, v_cache, k[:, :prefill], v[:, :prefill], torch.zeros(batch, dtype=torch.int64))
+    assert lens.dtype == torch.int32 and lens.tolist() == [window] * batch
+    for p in range(prefill, n):
+        lens = rolling_cache_write(k_cache, v_cache, k[:, p:p + 1], v[:, p:p + 1], torch.full((batch,), p))
+        out = parallax_decode(q[:, p:p + 1], r[:, p:p + 1], k_cache, v_cache, cache_seqlens=lens, backend="reference")
+        assert rel_err(out, banded[:, p:p + 1]) < 1e-12, p
+    for p in range(n - window, n):
+        assert torch.equal(k_cache[:, p % window], k[:, p]) and torch.equal(v_cache[:, p % window], v[:, p])
+
+
+def test_rolling_cache_before_it_fills():
+    """Fewer tokens than slots: cache_seqlens counts them and decode reads only those."""
+    q, r, k, v = make_inputs(3, 6, 4, 2, 16)
+    k_cache, v_cache = (torch.full((3, 8, 2, 16), float("nan"), dtype=torch.float64) for _ in range(2))
+    lens = rolling_cache_write(k_cache, v_cache, k, v, torch.zeros(3, dtype=torch.int32))
+    assert lens.tolist() == [6, 6, 6]
+    out = parallax_decode(q, r, k_cache, v_cache, cache_seqlens=lens, backend="reference")
+    assert rel_err(out, explicit_decode(q, r, k, v)) < 1e-12
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(window=0), "parallax_decode: window=0 must be None or an int >= 1"),
+    (dict(window=2.0), "parallax_decode: window=2.0 must be None or an int >= 1"),
+])
+def test_bad_window_raises(change, match):
+    q, r, k, v = make_inputs(2, 19, 4, 2, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match=match):
+        parallax_decode(q, r, k, v, **change)
+
+
+def test_rolling_cache_write_rejects_bad_shapes():
+    k_cache = torch.zeros(2, 4, 2, 16)
+    with pytest.raises(ValueError, match=r"k, v must be \(batch=2, n, Hkv, D\)"):
+        rolling_cache_write(k_cache, k_cache.clone(), torch.zeros(2, 1, 3, 16), torch.zeros(2, 1, 3, 16),
+                            torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"start must be an int tensor of shape \(2,\)"):
+        rolling_cache_write(k_cache, k_cache.clone(), torch.zeros(2, 1, 2, 16), torch.zeros(2, 1, 2, 16),
+                            torch.zeros(2))
+
+
 # ---------------------------------------------------------------- Triton, interpreted
 # (batch, L, Hq, Hkv, D, seqlens, dtype, rho, knobs)
 INTERP_CASES = [
@@ -192,6 +276,11 @@ INTERP_CASES = [
     (2, 33, 8, 2, 64, [33, 16], "float32", 0.5, dict(block_n=16)),
     (1, 64, 8, 8, 16, None, "float16", 0.5, dict(block_n=16, num_splits=2)),
     (2, 50, 16, 1, 32, [50, 9], "float16", 5.0, dict(block_n=32, num_splits=2)),
+    # sliding window over a linear cache: positions before len - window hold junk too
+    (2, 37, 4, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=2, window=20)),
+    (3, 45, 4, 1, 16, [1, 45, 20], "float32", 20.0, dict(block_n=16, num_splits=3, window=7)),
+    (2, 33, 8, 2, 64, [33, 16], "float32", 0.5, dict(block_n=16, window=1)),
+    (1, 64, 8, 8, 16, None, "float16", 0.5, dict(block_n=16, num_splits=2, window=40)),
 ]
 
 
@@ -205,15 +294,31 @@ def _interpreter_report():
     for i, (batch, length, hq, hkv, dim, seqlens, dtype, rho, knobs) in enumerate(INTERP_CASES):
         q, r, k, v = make_inputs(batch, length, hq, hkv, dim, dtype=getattr(torch, dtype), rho=rho, seed=i)
         lens = None if seqlens is None else torch.tensor(seqlens, dtype=torch.int32)
-        if lens is not None:  # junk past each sequence's end must not leak in
-            for b, n in enumerate(seqlens):
-                k[b, n:], v[b, n:] = float("nan"), float("inf")
+        window = knobs.get("window")
+        ref = explicit_decode(q, r, k, v, lens) if window is None else windowed_decode(q, r, k, v, lens, window)
+        for b, n in enumerate(seqlens or [length]):  # junk outside each sequence's window must not leak in
+            k[b, n:], v[b, n:] = float("nan"), float("inf")
+            k[b, :max(0, n - (window or n))], v[b, :max(0, n - (window or n))] = float("nan"), float("inf")
         out = parallax_decode_triton(q, r, k, v, lens, dim**-0.5, **knobs)
-        ref = explicit_decode(q, r, k, v, lens)
         results.append({"case": i, "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all())})
-    api = parallax_decode(*make_inputs(2, 21, 4, 2, 32, dtype=torch.float32), backend="triton")
-    results.append({"case": "api", "err": 0.0, "finite": bool(torch.isfinite(api).all())})
+    results.append(_rolling_case())
+    q, r, k, v = make_inputs(2, 21, 4, 2, 32, dtype=torch.float32)
+    api = parallax_decode(q, r, k, v, backend="triton")
+    results.append({"case": "api", "err": rel_err(api, explicit_decode(q, r, k, v)),
+                    "finite": bool(torch.isfinite(api).all())})
     print("RESULTS " + json.dumps(results))
+
+
+def _rolling_case():
+    """The Triton kernel through the public API over a rolling cache of 6 slots holding the last 6 of
+    13 tokens (each sequence at its own position), against fp64 decode of the linear stream's window."""
+    q, r, k, v = make_inputs(2, 13, 4, 2, 32, dtype=torch.float32, seed=3)
+    k_cache, v_cache = (torch.full((2, 6, 2, 32), float("nan")) for _ in range(2))
+    lens = rolling_cache_write(k_cache, v_cache, k[:, :12], v[:, :12], torch.zeros(2, dtype=torch.int64))
+    lens = rolling_cache_write(k_cache, v_cache, k[:, 12:], v[:, 12:], torch.full((2,), 12))
+    out = parallax_decode(q, r, k_cache, v_cache, cache_seqlens=lens, backend="triton")
+    ref = windowed_decode(q, r, k, v, None, 6)
+    return {"case": "rolling", "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all())}
 
 
 def test_triton_kernel_interpreted():
@@ -225,10 +330,10 @@ def test_triton_kernel_interpreted():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS "):])
-    assert len(results) == len(INTERP_CASES) + 1
+    assert len(results) == len(INTERP_CASES) + 2
     for res in results:
         case = res["case"]
-        tol = 1e-5 if case == "api" or INTERP_CASES[case][6] == "float32" else 5e-3
+        tol = 1e-5 if case in ("api", "rolling") or INTERP_CASES[case][6] == "float32" else 5e-3
         assert res["finite"] and res["err"] < tol, res
 
 
@@ -265,6 +370,43 @@ def test_triton_gpu_matches_fp64(batch, length, hq, hkv, dim, ragged, rho, dtype
         tol = 2e-2 if rho > 5 else 1e-2
         assert rel_err(out, ref) < tol
     assert torch.equal(parallax_decode(q, r, k, v, cache_seqlens=lens), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch, length, dim, window", [(4, 4099, 128, 1000), (1, 16384, 128, 4096),
+                                                        (4, 4099, 64, 1), (2, 3001, 64, 3001)])
+def test_triton_gpu_window_matches_fp64(batch, length, dim, window):
+    """bf16 decode with a window over a linear cache (ragged lengths) against fp64 over each
+    sequence's last ``window`` positions; positions outside hold NaN/inf junk."""
+    q, r, k, v = make_inputs(batch, length, 16, 8, dim, dtype=torch.bfloat16, device="cuda")
+    lens = torch.randint(1, length + 1, (batch,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    lens[0] = length
+    ref = windowed_decode(q, r, k, v, lens, window)
+    for b, n in enumerate(lens.tolist()):
+        k[b, n:], v[b, n:] = float("nan"), float("inf")
+        k[b, :max(0, n - window)], v[b, :max(0, n - window)] = float("nan"), float("inf")
+    out = parallax_decode(q, r, k, v, cache_seqlens=lens.cuda(), window=window)
+    assert torch.isfinite(out).all() and rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_gpu_rolling_cache_matches_fp64():
+    """A rolling cache of 1024 slots holding the last 1024 of 5000 tokens (prefill, then 7 single
+    tokens), batch 4 at different positions, against fp64 decode of the linear stream's window."""
+    batch, n, window = 4, 5000, 1024
+    q, r, k, v = make_inputs(batch, n, 16, 8, 128, dtype=torch.bfloat16, device="cuda", seed=4)
+    k_cache, v_cache = (torch.full((batch, window, 8, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    starts = torch.tensor([0, 0, 3000, 4500], device="cuda")
+    rolling_cache_write(k_cache, v_cache, k[:, :n - 7], v[:, :n - 7], starts)
+    for p in range(n - 7, n):
+        lens = rolling_cache_write(k_cache, v_cache, k[:, p:p + 1], v[:, p:p + 1], starts + p)
+    out = parallax_decode(q, r, k_cache, v_cache, cache_seqlens=lens)
+    assert lens.tolist() == [window] * batch
+    # every sequence holds the last 1024 of tokens 0..n-1 (its start only shifts the slots)
+    assert rel_err(out, windowed_decode(q, r, k, v, None, window)) < 1e-2
 
 
 def test_launch_config_by_group_count():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernels.parallax.naive import parallax_attention_naive
-from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"num_warps": 4, "num_stages": 1}
@@ -44,6 +44,20 @@ HEAD_MAJOR_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "aligned_batch3", "al
 # the column pass with queries on the rows of its tiles (ROWS, most shipped configs) on some cases
 ROWS_CASES = ("odd_gqa2_batch2", "varlen_bm16_bn32", "varlen_bm32_bn16", "fp16", "aligned_bm32_bn16")
 VARIANTS = [n + "_head_major" for n in HEAD_MAJOR_CASES] + [n + "_rows" for n in ROWS_CASES]
+# sliding window: name -> (B, L, Hq, Hkv, D, doc lengths or None, window, kernel config or None), fp32;
+# every case runs the forward, both backward passes and the column pass in both orientations
+BM32 = {"BM": 32, "BN": 16, **SMALL}
+BN32 = {"BM": 16, "BN": 32, **SMALL}
+WINDOW_CASES = {
+    "w1": (1, 37, 4, 2, 16, None, 1, None),
+    "w7_gqa_odd": (2, 37, 4, 2, 16, None, 7, None),  # W not a multiple of the tiles
+    "w16_bm32_bn16": (1, 45, 4, 1, 16, None, 16, BM32),
+    "w9_bm16_bn32": (1, 45, 2, 1, 32, None, 9, BN32),
+    "w40_bn32": (2, 37, 2, 2, 16, None, 40, BN32),  # W >= L: full causal
+    "w6_varlen": (1, 40, 4, 2, 16, [5, 1, 17, 17], 6, None),
+    "w20_varlen_bm32": (1, 40, 4, 2, 16, [5, 1, 17, 17], 20, BM32),
+    "w3_varlen_bn32": (1, 40, 2, 1, 16, [20, 3, 17], 3, {**BN32, "GLOBAL_ORDER": False}),
+}
 
 
 def make_case(shape_b, n, hq, hkv, d, dtype, rho_scale, seed):
@@ -81,6 +95,18 @@ def _interpret_main(out_path):
             rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
             grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=rows)
             results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
+    for seed, (name, (b, n, hq, hkv, d, lengths, window, cfg)) in enumerate(WINDOW_CASES.items()):
+        q, r, k, v, do = make_case(b, n, hq, hkv, d, "float32", 2.0, seed)
+        cu, scale = cu_from_lengths(lengths), 1.0 / math.sqrt(d)
+        o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, window, config=cfg)
+        grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg, dkdv_config=cfg)
+        rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
+        grads_rows = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg,
+                                    dkdv_config=rows)
+        full = fused.forward(q, r, k, v, scale, cu, config=cfg)[0]
+        results["window_" + name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads,
+                                     "grads_rows": grads_rows, "equals_full": torch.equal(o, full)}
+    results["window_api"] = _window_api_case(parallax_attention)
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
     results["candidates"] = _candidates_case(parallax_attention, tuning)
     results["bad_cu"] = _bad_cu_case(parallax_attention)
@@ -96,10 +122,10 @@ def _opcheck():
     q, r, k, v, do = make_case(1, 9, 2, 1, 16, "float32", 1.0, seed=7)
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     errors = []
-    for cu_arg in (None, cu):
-        fwd_args = ([x.requires_grad_() for x in (q, r, k, v)] + [0.25, cu_arg])
-        saved = fused.forward(q.detach(), r.detach(), k.detach(), v.detach(), 0.25, cu_arg)
-        bwd_args = (do, q.detach(), r.detach(), k.detach(), v.detach(), *saved, 0.25, cu_arg)
+    for cu_arg, window in ((None, None), (cu, None), (None, 3), (cu, 2)):
+        fwd_args = ([x.requires_grad_() for x in (q, r, k, v)] + [0.25, cu_arg, window])
+        saved = fused.forward(q.detach(), r.detach(), k.detach(), v.detach(), 0.25, cu_arg, window)
+        bwd_args = (do, q.detach(), r.detach(), k.detach(), v.detach(), *saved, 0.25, cu_arg, window)
         for op, args in ((ops.attention_fwd, fwd_args), (ops.attention_bwd, bwd_args)):
             try:
                 torch.library.opcheck(op, args)
@@ -123,6 +149,18 @@ def _custom_op_case(attn, compiled):
     out.sum().backward()
     return {"inputs": tuple(x.detach() for x in leaves), "out": out.detach() / 1.5,
             "grads": tuple(x.grad * 1 for x in leaves), "upstream": 1.5}
+
+
+def _window_api_case(attn):
+    """The public API with a window, compiled (aot_eager, fullgraph) around the custom op."""
+    q, r, k, v, do = make_case(1, 30, 4, 2, 16, "float32", 2.0, seed=17)
+    cu = cu_from_lengths([12, 18])
+    leaves = [x.clone().requires_grad_() for x in (q, r, k, v)]
+    fn = torch.compile(lambda *x: attn(*x, backend="triton", cu_seqlens=cu, window=5), backend="aot_eager",
+                       fullgraph=True)
+    out = fn(*leaves)
+    out.backward(do)
+    return {"inputs": (q, r, k, v, do), "out": out.detach(), "grads": tuple(x.grad for x in leaves)}
 
 
 def _candidates_case(attn, tuning):
@@ -211,6 +249,27 @@ def test_interpreted_kernels_match_fp64(interpreted, name):
     check(res, cu_from_lengths(lengths), TOL[dtype])
 
 
+def check_window(result, lengths, window, grads_key="grads"):
+    out_ref, grads_ref = banded_reference(result["inputs"][:4], result["inputs"][4], window, lengths)
+    errors = {"o": rel_err(result["out"], out_ref)}
+    errors.update({f"d{n}": rel_err(g, gr) for n, g, gr in zip("qrkv", result[grads_key], grads_ref)})
+    assert all(e < TOL["float32"] for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("name", list(WINDOW_CASES))
+def test_interpreted_window_matches_fp64_banded(interpreted, name):
+    _, n, _, _, _, lengths, window, _ = WINDOW_CASES[name]
+    res = interpreted["window_" + name]
+    check_window(res, lengths, window)
+    check_window(res, lengths, window, grads_key="grads_rows")
+    # W >= every document's length: the same kernels' full causal result, bit for bit
+    assert res["equals_full"] == (window >= max(lengths or [n]))
+
+
+def test_interpreted_window_through_the_public_api_compiled(interpreted):
+    check_window(interpreted["window_api"], [12, 18], 5)
+
+
 @pytest.mark.parametrize("name", ["custom_op", "compiled"])
 def test_interpreted_custom_op_with_expanded_grad(interpreted, name):
     res = interpreted[name]
@@ -250,11 +309,11 @@ def _cuda_inputs(b, n, hq, hkv, d, dtype, seed, rho_scale=1.0):
     return [x.to(dtype) for x in (q, r, k, v)], do.to(dtype)
 
 
-def _run(backend, inputs, do, cu=None, dtype=None):
+def _run(backend, inputs, do, cu=None, dtype=None, window=None):
     leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
     from kernels import parallax_attention
 
-    out = parallax_attention(*leaves, backend=backend, cu_seqlens=cu)
+    out = parallax_attention(*leaves, backend=backend, cu_seqlens=cu, window=window)
     out.backward(do.to(out.dtype))
     return out.detach(), [x.grad for x in leaves]
 
@@ -293,6 +352,38 @@ def test_gpu_varlen_and_large_rho():
     got = _run("triton", inputs, do, cu=cu)
     ref = _run("reference", inputs, do, cu=cu, dtype=torch.float64)
     _compare(got, ref, 3e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("shape, window, lengths", [
+    ((1, 4096, 16, 8, 128), 1000, None),
+    ((1, 4096, 16, 8, 64), 777, None),
+    ((2, 4096, 8, 4, 128), 64, None),  # one key tile of the shipped configs
+    ((2, 4096, 8, 2, 64), 4096, None),  # W = L: full causal
+    ((1, 4096, 8, 4, 128), 700, [1000, 1, 2500, 595]),
+], ids=str)
+def test_gpu_window_matches_fp64_banded(shape, window, lengths):
+    """bf16 sliding-window attention at training shapes (autotuned configs), forward and backward,
+    against fp64 over the explicit banded mask."""
+    inputs, do = _cuda_inputs(*shape, torch.bfloat16, seed=8, rho_scale=2.0)
+    cu = None if lengths is None else cu_from_lengths(lengths).cuda()
+    got = _run("triton", inputs, do, cu=cu, window=window)
+    ref = banded_reference(inputs, do, window, lengths)
+    _compare(got, ref, 2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_window_skips_the_tiles_outside_the_band():
+    """At L=16384 a window of 1024 keys does about an eighth of causal attention's work: forward and
+    forward + backward must run at least 2.5x faster (skipped tiles, not masked ones)."""
+    from kernels.parallax.benchmark import time_window_vs_causal
+
+    rows = time_window_vs_causal(seq_len=16384, windows=(1024,), rep=100)
+    for row in rows:
+        print(row)
+    assert all(row["speedup"] > 2.5 for row in rows if row["window"] == 1024), rows
 
 
 @pytest.mark.gpu

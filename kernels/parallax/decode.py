@@ -8,6 +8,13 @@ Math (SPEC section 1), per query head h reading kv head h // (Hq / Hkv):
 The query is the newest token, whose own k/v are already in the cache, so it
 attends to every valid cache position (no causal mask inside the cache).
 
+Sliding window (SPEC 1b, ``window=W``): the query reads the last W valid positions of
+its cache row. Two cache layouts give the same result: a linear cache (position p in
+slot p; decode reads slots [len - W, len)), or a rolling cache of exactly W slots
+(position p in slot p % W, ``rolling_cache_write``), where every valid slot is in the
+window. Keys carry RoPE from before they were cached, so the order of the slots does not
+matter to the softmax: decode over a rolling cache is plain decode over its valid slots.
+
 Backends: ``reference`` (pure PyTorch, any device, fp32 or fp64 accumulation,
 chunked over L), ``triton`` (fused split-KV kernel, ``decode_fused``), ``auto``
 (triton on CUDA when the kernel supports the inputs, else reference).
@@ -19,11 +26,13 @@ import math
 
 import torch
 
+from kernels.parallax.attention import check_window
+
 _BACKENDS = ("auto", "reference", "triton")
 _REFERENCE_CHUNK = 4096
 
 
-def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto"):
+def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto", window=None):
     """Parallax attention for one query token per sequence against a KV cache.
 
     Args:
@@ -33,12 +42,16 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
             per sequence, each in [1, L]; default all L.
         scale: softmax scale for q . k (r is never scaled); default 1/sqrt(D).
         backend: "auto", "reference" or "triton".
+        window: optional sliding window W (int >= 1): each sequence reads only its last W
+            valid positions, [len - W, len). A rolling cache of W slots
+            (``rolling_cache_write``) needs no window argument: all its valid slots qualify.
 
     Returns:
         (batch, 1, Hq, D) tensor in q's dtype.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    check_window(window, who="parallax_decode")
     seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens)
     scale = _check_scale(scale, q.shape[-1])
     if backend == "auto":
@@ -49,15 +62,43 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
     if backend == "triton":
         from kernels.parallax import decode_fused
 
-        return decode_fused.parallax_decode_triton(q, r, k_cache, v_cache, seqlens, scale)
-    return parallax_decode_reference(q, r, k_cache, v_cache, seqlens, scale)
+        return decode_fused.parallax_decode_triton(q, r, k_cache, v_cache, seqlens, scale, window=window)
+    return parallax_decode_reference(q, r, k_cache, v_cache, seqlens, scale, window=window)
 
 
-def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chunk=_REFERENCE_CHUNK):
+def rolling_cache_write(k_cache, v_cache, k, v, start):
+    """Write new tokens into rolling (ring) KV caches of W = k_cache.shape[1] slots, in place.
+
+    k_cache, v_cache: (batch, W, Hkv, D). k, v: (batch, n, Hkv, D), the tokens at absolute
+    positions start[b] + [0, n), RoPE already applied at those positions. start: int tensor
+    (batch,) on the caches' device. The token at position p goes to slot p % W; of n > W new
+    tokens only the last W are written (the rest would be overwritten). No host sync.
+    Returns cache_seqlens, int32 (batch,) = min(start + n, W): the valid slots to pass to
+    ``parallax_decode(..., cache_seqlens=...)``, which then attends to the last W positions.
+    """
+    batch, width = k_cache.shape[:2]
+    token_shape = (batch, *k_cache.shape[2:])  # (batch, Hkv, D)
+    if k_cache.shape != v_cache.shape or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != token_shape:
+        raise ValueError(f"rolling_cache_write: k, v must be (batch={batch}, n, Hkv, D) like the caches' "
+                         f"{tuple(k_cache.shape)}; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"v_cache {tuple(v_cache.shape)}")
+    if not isinstance(start, torch.Tensor) or start.shape != (batch,) or start.is_floating_point():
+        got = f"{start.dtype} tensor of shape {tuple(start.shape)}" if isinstance(start, torch.Tensor) else start
+        raise ValueError(f"rolling_cache_write: start must be an int tensor of shape ({batch},), got {got}")
+    n = k.shape[1]
+    keep = min(n, width)  # distinct slots: the writes never collide, so the result is deterministic
+    pos = start.to(k_cache.device, torch.int64)[:, None] + (n - keep) + torch.arange(keep, device=k_cache.device)
+    rows = torch.arange(batch, device=k_cache.device)[:, None].expand(batch, keep)
+    k_cache[rows, pos % width] = k[:, n - keep:].to(k_cache.dtype)
+    v_cache[rows, pos % width] = v[:, n - keep:].to(v_cache.dtype)
+    return torch.clamp(pos[:, -1] + 1, max=width).to(torch.int32)
+
+
+def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chunk=_REFERENCE_CHUNK, window=None):
     """Streaming PyTorch reference (fp32 accumulation, fp64 for fp64 inputs).
 
     Same shapes as ``parallax_decode``; ``cache_seqlens`` is an int tensor (batch,)
-    or None, ``scale`` a float. Walks the cache in chunks of ``chunk`` positions
+    or None, ``scale`` a float, ``window`` None or an int >= 1. Walks the cache in chunks of ``chunk`` positions
     with the online-softmax rescale shared by the four accumulators, so memory
     stays O(batch * Hq * (chunk + D)) whatever L is.
     """
@@ -67,7 +108,11 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
     group = hq // hkv
     qg = q.reshape(batch, hkv, group, dim).to(acc_dtype) * scale
     rg = r.reshape(batch, hkv, group, dim).to(acc_dtype)
-    lens = None if cache_seqlens is None else cache_seqlens.to(q.device, torch.int64)
+    if cache_seqlens is None:
+        lens = torch.full((batch,), length, device=q.device)
+    else:
+        lens = cache_seqlens.to(q.device, torch.int64)
+    first = torch.clamp(lens - (window or length), min=0)  # each sequence reads [first, len)
     m = torch.full((batch, hkv, group), -math.inf, dtype=acc_dtype, device=q.device)
     d1 = torch.zeros_like(m)
     d2 = torch.zeros_like(m)
@@ -78,11 +123,11 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
         vc = v_cache[:, lo : lo + chunk].to(acc_dtype)
         s1 = torch.einsum("bhgd,bchd->bhgc", qg, kc)
         t = torch.einsum("bhgd,bchd->bhgc", rg, kc)
-        if lens is not None:
-            pos = torch.arange(lo, lo + kc.shape[1], device=q.device)
-            valid = (pos[None, :] < lens[:, None])[:, None, None, :]
-            s1 = s1.masked_fill(~valid, -math.inf)
-            t = t.masked_fill(~valid, 0.0)
+        pos = torch.arange(lo, lo + kc.shape[1], device=q.device)
+        valid = (pos[None, :] < lens[:, None]) & (pos[None, :] >= first[:, None])  # (batch, chunk)
+        s1 = s1.masked_fill(~valid[:, None, None, :], -math.inf)
+        t = t.masked_fill(~valid[:, None, None, :], 0.0)
+        vc = vc.masked_fill(~valid[:, :, None, None], 0.0)  # slots outside may hold inf or NaN: 0 * inf
         m_new = torch.maximum(m, s1.amax(dim=-1))
         # A chunk wholly past a short sequence leaves m at -inf; pivot on 0 then.
         pivot = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)

@@ -111,7 +111,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_rb, stride_rh,
     stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
     stride_ob, stride_oh,
-    L, chunk, num_splits,
+    L, WINDOW, chunk, num_splits,
     HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, IEEE: tl.constexpr,
     SP: tl.constexpr,
@@ -124,7 +124,8 @@ def _decode_split_kernel(
     seqlen = L
     if HAS_SEQLENS:
         seqlen = tl.load(SEQLENS + b)
-    start = sid * chunk
+    # the valid positions are [seqlen - WINDOW, seqlen) (all of [0, seqlen) while seqlen <= WINDOW)
+    start = tl.maximum(seqlen - WINDOW, 0) + sid * chunk
     end = tl.minimum(start + chunk, seqlen)
 
     BM: tl.constexpr = 2 * HP
@@ -249,11 +250,12 @@ def resident_slots(device, block_n, dim, num_stages, elt_bytes):
     return _sm_count(device) * max(1, smem // per_program)
 
 
-def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_splits=None,
+def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, window=None, num_splits=None,
                            block_n=None, num_warps=None, num_stages=None, fused_merge=True):
     """Launch the split-KV kernel. Inputs as ``kernels.parallax.decode.parallax_decode``
-    (already validated), ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float.
-    The keyword knobs override the tuned launch configuration (tests, sweeps).
+    (already validated), ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float, ``window``
+    None or an int >= 1 (each sequence reads its last ``window`` valid positions; the splits cover
+    min(L, window) positions). The keyword knobs override the tuned launch configuration (tests, sweeps).
     Returns (batch, 1, Hq, D) in q's dtype.
     """
     if not supports(q, k_cache) or r.dtype != q.dtype:
@@ -273,11 +275,12 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_
     block_n = block_n or cfg[0]
     num_warps = num_warps or cfg[1]
     num_stages = num_stages or cfg[2]
+    span = min(length, window or length)  # positions one sequence reads, at most
     if num_splits is None:
         slots = resident_slots(q.device, block_n, dim, num_stages, q.element_size())
-        num_splits = pick_num_splits(n_groups, length, block_n, slots)
-    chunk = triton.cdiv(triton.cdiv(length, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(length, chunk)
+        num_splits = pick_num_splits(n_groups, span, block_n, slots)
+    chunk = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(span, chunk)
     if num_splits > MAX_SPLITS:
         raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
     sp = max(16, triton.next_power_of_2(num_splits))  # few distinct compiles
@@ -297,7 +300,7 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(2),
-        length, chunk, num_splits,
+        length, span, chunk, num_splits,
         HKV=hkv, G=group, HP=hp, D=dim, BN=block_n,
         HAS_SEQLENS=cache_seqlens is not None, SPLIT=split, FUSED_MERGE=fused_merge,
         IEEE=q.dtype == torch.float32, SP=sp,

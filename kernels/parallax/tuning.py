@@ -65,10 +65,12 @@ SWEEP = {
 }
 # Small tiles for the CPU interpreter (large tiles take minutes there).
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
-# The autotuner's key: shapes of one token count (B4 x L4096 vs B1 x L16384) prefer different
-# configs; the choice per key is stored by triton's cache (cache_results), a restart does not re-tune.
-TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
-# Below this much work (tokens x keys per token x heads x head dim) a kernel runs for microseconds and
+# The autotuner's key (power-of-two buckets of the token count T, the sequence length L and the keys
+# per query W, min(window, L)): shapes of one token count (B4 x L4096 vs B1 x L16384) prefer different
+# configs, and so may windows; the choice per key is stored by triton's cache (cache_results), a
+# restart does not re-tune.
+TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L", "TUNE_W"]
+# Below this much work (tokens x keys per query x heads x head dim) a kernel runs for microseconds and
 # autotuning (compiling and timing every candidate) costs more than it can save: small problems
 # (MAD's models, unit tests) take the first candidate. Training shapes are 100x above it.
 SMALL_WORK = 2**30
@@ -126,7 +128,7 @@ def candidates(**lists):
 def choose(name: str, work: int, config=None, *, interpret: bool = INTERPRET) -> dict | None:
     """Launch kwargs kernel ``name`` runs with, or None when the autotuner picks among ``active(name)``.
 
-    work: tokens x keys per token x heads x head dim of the call. An explicit ``config``
+    work: tokens x keys per query x heads x head dim of the call. An explicit ``config``
     (``triton.Config`` or dict) runs as given, in the global program order unless it says.
     """
     configs = active(name)
