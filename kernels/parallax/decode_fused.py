@@ -32,7 +32,6 @@ _H200_SMS = 132
 # The merge holds all splits of one head in a [SP, D] register tile.
 MAX_SPLITS = 64
 _SMEM_PER_SM = 228 * 1024  # H200 (and H100); read off the device when it says
-_counters: dict = {}
 
 
 @triton.jit
@@ -123,7 +122,8 @@ def _decode_split_kernel(
     b64 = b.to(tl.int64)
     seqlen = L
     if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + b)
+        # unchecked values (DecodePlan) must not read outside the cache: clamp to [0, L]
+        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), L)
     # the valid positions are [seqlen - WINDOW, seqlen) (all of [0, seqlen) while seqlen <= WINDOW)
     start = tl.maximum(seqlen - WINDOW, 0) + sid * chunk
     end = tl.minimum(start + chunk, seqlen)
@@ -206,10 +206,10 @@ def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
     _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D, SP)
 
 
-def supports(q, k_cache):
-    """Whether the Triton kernel handles this dtype and head dim (power of 2 in [16, 256])."""
-    dim = q.shape[-1]
-    return q.dtype in _DTYPES and k_cache.dtype == q.dtype and 16 <= dim <= 256 and dim & (dim - 1) == 0
+def supports(dtype, dim):
+    """Whether the Triton kernel handles this dtype (of q, r and the caches) and head dim (a power
+    of 2 in [16, 256])."""
+    return dtype in _DTYPES and 16 <= dim <= 256 and dim & (dim - 1) == 0
 
 
 def pick_num_splits(n_groups, length, block_n, slots):
@@ -250,74 +250,83 @@ def resident_slots(device, block_n, dim, num_stages, elt_bytes):
     return _sm_count(device) * max(1, smem // per_program)
 
 
-def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, window=None, num_splits=None,
-                           block_n=None, num_warps=None, num_stages=None, fused_merge=True):
-    """Launch the split-KV kernel. Inputs as ``kernels.parallax.decode.parallax_decode``
-    (already validated), ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float, ``window``
-    None or an int >= 1 (each sequence reads its last ``window`` valid positions; the splits cover
-    min(L, window) positions). The keyword knobs override the tuned launch configuration (tests, sweeps).
-    Returns (batch, 1, Hq, D) in q's dtype.
+class TritonDecodePlan:
+    """The split-KV kernel's launch for one geometry, worked out once: launch configuration, split
+    count, scratch for the partials and the merge tickets (its own, zeroed here and re-armed by
+    the merging programs, so a call launches one kernel and allocates only its output).
+
+    batch, hq, hkv, dim, length (cache slots L), dtype (of q, r and the caches), device; scale a
+    float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
+    the splits cover min(L, window) positions). The other keywords override the tuned launch
+    configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
+    calls on several streams at once would race (calls on one stream, or graph replays, are safe).
     """
-    if not supports(q, k_cache) or r.dtype != q.dtype:
+
+    def __init__(self, batch, hq, hkv, dim, length, dtype, device, *, scale, window=None, num_splits=None,
+                 block_n=None, num_warps=None, num_stages=None, fused_merge=True):
+        device = torch.device(device)
+        if not supports(dtype, dim):
+            raise TypeError(f"triton decode needs a dtype in {_DTYPES} and a power-of-2 head dim in [16, 256]; "
+                            f"got {dtype}, D={dim}")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(f"triton decode needs CUDA tensors (or TRITON_INTERPRET=1), got device {device}")
+        group, n_groups = hq // hkv, batch * hkv
+        cfg = pick_config(n_groups, dim, device)
+        block_n, num_warps, num_stages = block_n or cfg[0], num_warps or cfg[1], num_stages or cfg[2]
+        span = min(length, window or length)  # positions one sequence reads, at most
+        if num_splits is None:
+            slots = resident_slots(device, block_n, dim, num_stages, dtype.itemsize)
+            num_splits = pick_num_splits(n_groups, span, block_n, slots)
+        chunk = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
+        self.num_splits = triton.cdiv(span, chunk)
+        if self.num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {self.num_splits}")
+        self.split = self.num_splits > 1
+        self.fused_merge = fused_merge
+        self.launch_config = (block_n, num_warps, num_stages)
+        scratch = n_groups * self.num_splits * group if self.split else 1
+        self._part_o = torch.empty((scratch * 2, dim) if self.split else (1,), dtype=torch.float32, device=device)
+        self._part_s = [torch.empty(scratch, dtype=torch.float32, device=device) for _ in range(3)]
+        tickets = self.split and fused_merge
+        self._counter = torch.zeros(n_groups, dtype=torch.int32, device=device) if tickets else self._part_s[0]
+        self._grid = (self.num_splits, n_groups)
+        self._scale_log2 = scale * LOG2E
+        self._sizes = (length, span, chunk, self.num_splits)
+        hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
+        self._merge = dict(HKV=hkv, G=group, HP=hp, D=dim, SP=sp)
+        self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
+                          num_warps=num_warps, num_stages=num_stages, **self._merge)
+
+    def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
+        """o (batch, 1, Hq, D) in q's dtype, written into ``out`` when given. Tensors as the plan's
+        geometry (not checked here); cache_seqlens int32 (batch,) or None (all L), values in [1, L]
+        (not checked; the kernel clamps them to [0, L], so it never reads outside the cache)."""
+        q, r, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, r, k_cache, v_cache))
+        out = torch.empty_like(q) if out is None else out
+        seq_arg = self._part_s[0] if cache_seqlens is None else cache_seqlens
+        sq, sr, sk, sv, so = q.stride(), r.stride(), k_cache.stride(), v_cache.stride(), out.stride()
+        _decode_split_kernel[self._grid](
+            q, r, k_cache, v_cache, out, seq_arg, self._part_o, *self._part_s, self._counter, self._scale_log2,
+            sq[0], sq[2], sr[0], sr[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[2], *self._sizes,
+            HAS_SEQLENS=cache_seqlens is not None, **self._meta)
+        if self.split and not self.fused_merge:
+            _merge_kernel[(self._grid[1],)](self._part_o, *self._part_s, out, self.num_splits, so[0], so[2],
+                                            **self._merge, num_warps=4)
+        return out
+
+
+def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, window=None, **launch):
+    """One decode with a plan built for this call (tests and sweeps; ``kernels.DecodePlan`` keeps
+    its plan). Inputs as ``kernels.parallax.decode.parallax_decode`` (already validated),
+    ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float; ``launch``: TritonDecodePlan's
+    keywords num_splits, block_n, num_warps, num_stages, fused_merge. Returns (batch, 1, Hq, D).
+    """
+    if not supports(q.dtype, q.shape[-1]) or not q.dtype == r.dtype == k_cache.dtype == v_cache.dtype:
         raise TypeError(
             f"triton decode needs q, r, k_cache, v_cache all of one dtype in {_DTYPES} and a power-of-2 "
             f"head dim in [16, 256]; got q {q.dtype}, r {r.dtype}, k_cache {k_cache.dtype}, D={q.shape[-1]}"
         )
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"triton decode needs CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
-    q, r, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, r, k_cache, v_cache))
     batch, _, hq, dim = q.shape
-    length, hkv = k_cache.shape[1], k_cache.shape[2]
-    group = hq // hkv
-    hp = max(8, triton.next_power_of_2(group))
-    n_groups = batch * hkv
-    cfg = pick_config(n_groups, dim, q.device)
-    block_n = block_n or cfg[0]
-    num_warps = num_warps or cfg[1]
-    num_stages = num_stages or cfg[2]
-    span = min(length, window or length)  # positions one sequence reads, at most
-    if num_splits is None:
-        slots = resident_slots(q.device, block_n, dim, num_stages, q.element_size())
-        num_splits = pick_num_splits(n_groups, span, block_n, slots)
-    chunk = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(span, chunk)
-    if num_splits > MAX_SPLITS:
-        raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
-    sp = max(16, triton.next_power_of_2(num_splits))  # few distinct compiles
-    out = torch.empty_like(q)
-    split = num_splits > 1
-    dev = q.device
-    part_o = torch.empty((n_groups * num_splits * 2 * group, dim) if split else (1,), dtype=torch.float32,
-                         device=dev)
-    part_s = [torch.empty(n_groups * num_splits * group if split else 1, dtype=torch.float32, device=dev)
-              for _ in range(3)]
-    counter = _counter(dev, n_groups) if split and fused_merge else part_s[0]
-    seq_arg = cache_seqlens if cache_seqlens is not None else part_s[0]
-    _decode_split_kernel[(num_splits, n_groups)](
-        q, r, k_cache, v_cache, out, seq_arg, part_o, *part_s, counter,
-        scale * LOG2E,
-        q.stride(0), q.stride(2), r.stride(0), r.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(2),
-        length, span, chunk, num_splits,
-        HKV=hkv, G=group, HP=hp, D=dim, BN=block_n,
-        HAS_SEQLENS=cache_seqlens is not None, SPLIT=split, FUSED_MERGE=fused_merge,
-        IEEE=q.dtype == torch.float32, SP=sp,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    if split and not fused_merge:
-        _merge_kernel[(n_groups,)](part_o, *part_s, out, num_splits, out.stride(0), out.stride(2),
-                                   HKV=hkv, G=group, HP=hp, D=dim, SP=sp, num_warps=4)
-    return out
-
-
-def _counter(device, n):
-    """Zeroed int32 tickets, one per group, reused across calls: the merging
-    program re-arms its ticket, so no memset launch per call. Not safe for
-    concurrent launches on several streams of one device."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _counters[device] = buf
-    return buf
+    plan = TritonDecodePlan(batch, hq, k_cache.shape[2], dim, k_cache.shape[1], q.dtype, q.device, scale=scale,
+                            window=window, **launch)
+    return plan(q, r, k_cache, v_cache, cache_seqlens)
