@@ -111,6 +111,10 @@ class DecodePlan:
         fits = decode_fused.supports(dtype, head_dim) and cache_dtype == dtype
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" and fits else "reference"
+        if backend == "triton" and not fits:
+            raise TypeError(f"DecodePlan: backend='triton' needs q, r and the caches of one dtype in "
+                            f"(bfloat16, float16, float32) and a power-of-2 head dim in [16, 256]; got dtype "
+                            f"{dtype}, cache_dtype {cache_dtype}, head_dim {head_dim}")
         self.backend = backend
         self._triton = None
         if backend == "triton":
