@@ -2,15 +2,22 @@
 
 Public API (imported lazily so that `import kernels` never pulls in Triton):
 
-* ``parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None)``
+* ``parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None, window=None)``
   training/prefill attention, layout (batch, seq, heads, head_dim).
-* ``parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None)``
+* ``parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto", window=None,
+  check_seqlens=True)``
   one query token against a KV cache.
+* ``DecodePlan(batch, hq, hkv, head_dim, cache_len, dtype, device, ...)`` (or ``DecodePlan.like(q, k_cache)``):
+  parallax_decode for one geometry with the host work done once (no sync per call, CUDA graphs).
+* ``rolling_cache_write(k_cache, v_cache, k, v, start)`` writes tokens into a rolling cache of
+  W slots (sliding-window decode) and returns its cache_seqlens.
 """
 
 _EXPORTS = {
     "parallax_attention": "kernels.parallax.attention",
     "parallax_decode": "kernels.parallax.decode",
+    "rolling_cache_write": "kernels.parallax.decode",
+    "DecodePlan": "kernels.parallax.decode",
     "exact_lla": "kernels.family.lla",
     "exact_lla_cost": "kernels.family.lla",
     "value_averaging": "kernels.family.api",

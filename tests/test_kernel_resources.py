@@ -6,8 +6,8 @@ from scripts.bench import kernel_resources as kr
 
 def test_signature_types_every_argument():
     consts = {"D": 64, "BM": 128, "BN": 64, "VARLEN": False, "PREC": "tf32", "GLOBAL_ORDER": True}
-    sig = kr.signature(fused._fwd_kernel, consts)
-    assert list(sig) == fused._fwd_kernel.arg_names
+    sig = kr.signature(fused.JIT_KERNELS["fwd"], consts)
+    assert list(sig) == fused.JIT_KERNELS["fwd"].arg_names
     assert sig["Q"] == "*bf16" and sig["TBAR"] == "*fp32" and sig["DOCS"] == "*i32"
     assert sig["qk_scale"] == "fp32" and sig["T"] == "i32" and sig["D"] == "constexpr"
 
@@ -24,7 +24,7 @@ def test_opcodes_drop_addresses_and_predicates():
 
 def test_forward_compiles_for_hopper_tensor_cores():
     consts = dict(D=64, BM=128, BN=64, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True)
-    res = kr.resources(fused._fwd_kernel, consts, num_warps=8, num_stages=3)
+    res = kr.resources(fused.JIT_KERNELS["fwd"], consts, num_warps=8, num_stages=3)
     assert res["wgmma"] > 0  # sm_90 code: Hopper's warpgroup MMA, not the sm_80 mma.sync path
     assert 0 < res["registers"] <= 255
     assert 0 < res["shared"] <= 232448  # H100/H200 opt-in shared memory per block
@@ -35,8 +35,8 @@ def test_alignment_covers_pointers_and_strides_only():
     """A real launch specialises 16-divisible pointers and strides; sizes that vary per call and the
     float scales are never specialised, so they must not be marked."""
     consts = {"D": 64, "BM": 128, "BN": 64, "VARLEN": False, "PREC": "tf32", "GLOBAL_ORDER": True}
-    names = fused._fwd_kernel.arg_names
-    marked = {names[i] for (i,) in kr.aligned(fused._fwd_kernel, consts)}
+    names = fused.JIT_KERNELS["fwd"].arg_names
+    marked = {names[i] for (i,) in kr.aligned(fused.JIT_KERNELS["fwd"], consts)}
     assert {"Q", "R", "K", "V", "O", "TBAR", "LSE", "DOCS", "sqt", "sqh", "skt", "skh"} <= marked
     assert not marked & {"T", "L", "HQ", "GROUP", "qk_scale", "D", "BM"}
 

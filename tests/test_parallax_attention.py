@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernels import parallax_attention
 from kernels.parallax.chunked import parallax_attention_chunked
 from kernels.parallax.naive import parallax_attention_naive, parallax_weights
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_mask, banded_reference
 
 
 def make_inputs(b, n, hq, hkv, d, dtype=torch.float64, rho_scale=1.0, seed=0):
@@ -199,3 +200,88 @@ def test_bad_inputs_raise_clear_errors():
     q2, r2, k2, v2 = (torch.cat([x, x]) for x in (q, r, k, v))
     with pytest.raises(ValueError, match="batch == 1"):
         parallax_attention(q2, r2, k2, v2, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", BAD_CU_NAMES)
+def test_bad_cu_seqlens_raise_naming_the_values(name):
+    q, r, k, v = (x.detach() for x in make_inputs(1, SEQ, 2, 1, 16, dtype=torch.float32))
+    cu, pattern = bad_cu_seqlens(name)
+    with pytest.raises(ValueError, match=pattern):
+        parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+
+
+def test_cu_seqlens_checked_again_after_an_in_place_write_or_at_another_length():
+    """A tensor that passed is remembered, but only for its current contents and packed length."""
+    q, r, k, v = (x.detach() for x in make_inputs(1, SEQ, 2, 1, 16, dtype=torch.float32))
+    cu = torch.tensor([0, 6, SEQ], dtype=torch.int32)
+    parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"cu_seqlens\[2\]=16 lies outside \[0, seq=8\]"):
+        parallax_attention(*(x[:, :8] for x in (q, r, k, v)), backend="reference", cu_seqlens=cu)
+    cu[1] = 20
+    with pytest.raises(ValueError, match=r"cu_seqlens=\[0, 20, 16\] is invalid: cu_seqlens\[1\]=20 lies outside"):
+        parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+    with torch.inference_mode():  # inference tensors keep no version counter: checked every call
+        cu = torch.tensor([0, 6, SEQ], dtype=torch.int32)
+        parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+        cu[0] = 1
+        with pytest.raises(ValueError, match=r"cu_seqlens\[0\]=1, expected 0"):
+            parallax_attention(q, r, k, v, backend="reference", cu_seqlens=cu)
+
+
+# (B, L, Hq, Hkv, D, window, document lengths or None, chunk block)
+WINDOW_CASES = [
+    (1, 37, 4, 2, 16, 1, None, 8),
+    (2, 37, 4, 2, 16, 5, None, 8),  # W not a multiple of the chunk
+    (1, 37, 4, 1, 32, 16, None, 8),
+    (1, 37, 2, 2, 16, 37, None, 8),  # W = L: full causal
+    (2, 21, 4, 2, 16, 100, None, 256),  # W > L
+    (1, 37, 4, 2, 16, 6, [5, 1, 17, 14], 8),  # the band inside each document
+    (1, 37, 4, 2, 16, 20, [5, 1, 17, 14], 256),
+]
+
+
+@pytest.mark.parametrize("b, n, hq, hkv, d, window, lengths, block", WINDOW_CASES)
+def test_window_matches_fp64_banded_mask(b, n, hq, hkv, d, window, lengths, block):
+    inputs = [x.detach() for x in make_inputs(b, n, hq, hkv, d, rho_scale=2.0, seed=window)]
+    do = torch.randn(b, n, hq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref = banded_reference(inputs, do, window, lengths)
+    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    got = output_and_grads(lambda *x: parallax_attention_chunked(*x, scale=d ** -0.5, cu_seqlens=cu, window=window,
+                                                                 block=block), inputs, do)
+    assert_close_all(got, ref, 1e-11)
+    api = output_and_grads(lambda *x: parallax_attention(*x, backend="reference", cu_seqlens=cu, window=window),
+                           inputs, do)
+    assert_close_all(api, ref, 1e-11)
+
+
+def test_window_mask_is_the_band():
+    """The test mask itself, against the definition written out for a few entries."""
+    mask = banded_mask(6, 2, [4, 2])
+    assert mask.tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0],
+                             [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]]
+
+
+@pytest.mark.parametrize("window, match", [
+    (0, "window=0 must be None or an int >= 1"),
+    (-3, "window=-3 must be None or an int >= 1"),
+    (2.5, "window=2.5 must be None or an int >= 1"),
+    (True, "window=True must be None or an int >= 1"),
+    ("4", "window='4' must be None or an int >= 1"),
+])
+def test_bad_window_raises(window, match):
+    q, r, k, v = (x.detach() for x in make_inputs(1, 8, 2, 1, 16, dtype=torch.float32))
+    with pytest.raises(ValueError, match=match):
+        parallax_attention(q, r, k, v, window=window)
+
+
+def test_window_needs_causal():
+    q, r, k, v = (x.detach() for x in make_inputs(1, 8, 2, 1, 16, dtype=torch.float32))
+    with pytest.raises(ValueError, match="window=4 needs causal=True"):
+        parallax_attention(q, r, k, v, window=4, causal=False)
+
+
+@pytest.mark.parametrize("n, window", [(1, None), (9, None), (9, 1), (9, 4), (9, 9), (9, 30)])
+def test_band_pairs_counts_the_mask(n, window):
+    from kernels.parallax.benchmark import band_pairs
+
+    assert band_pairs(n, window) == int(banded_mask(n, window).sum())

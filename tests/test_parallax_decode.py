@@ -17,8 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import parallax_decode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernels import DecodePlan, parallax_decode, rolling_cache_write
 from kernels.parallax.decode import parallax_decode_reference
+from tests._attention_cases import banded_mask, masked_parallax_fp64
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +59,17 @@ def explicit_causal(q, r, k, v, scale=None):
     vbar = p @ vh
     # SPEC: o = vbar - sum_j p_ij (t_ij - tbar_i) v_j
     return (vbar - (p * (t - tbar)) @ vh).transpose(1, 2)
+
+
+def windowed_decode(q, r, k, v, seqlens, window, scale=None):
+    """fp64 decode reading the last ``window`` of each sequence's valid positions (SPEC 1b for the
+    newest query i = len - 1: keys len - window <= j < len), by slicing the caches."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = k.shape[1] if seqlens is None else int(seqlens[b])
+        lo = max(0, n - window)
+        outs.append(explicit_decode(q[b:b + 1], r[b:b + 1], k[b:b + 1, lo:n], v[b:b + 1, lo:n], scale=scale))
+    return torch.cat(outs)
 
 
 def rel_err(out, ref):
@@ -182,6 +196,140 @@ def test_bad_input_raises(change, match):
         parallax_decode(**args)
 
 
+# ---------------------------------------------------------------- sliding window
+@pytest.mark.parametrize("window", [1, 4, 11, 23, 40])
+def test_window_decode_is_last_row_of_banded_attention(window):
+    """Decode with a window over a linear cache equals the last row of fp64 banded causal attention
+    (explicit mask), per sequence of a ragged batch; junk past each length is ignored."""
+    batch, n, hq, hkv, dim = 2, 23, 4, 2, 32
+    g = torch.Generator().manual_seed(window)
+    q, r = (torch.randn(batch, n, hq, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(batch, n, hkv, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    lens = [n, 14]
+    want = []
+    for b, m in enumerate(lens):
+        mask = banded_mask(m, window)
+        want.append(masked_parallax_fp64(*(x[b:b + 1, :m] for x in (q, r, k, v)), mask)[0, m - 1])
+    k[1, 14:], v[1, 14:] = float("nan"), float("inf")
+    qd = torch.stack([q[b, m - 1] for b, m in enumerate(lens)])[:, None]
+    rd = torch.stack([r[b, m - 1] for b, m in enumerate(lens)])[:, None]
+    out = parallax_decode(qd, rd, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32), window=window,
+                          backend="reference")
+    assert rel_err(out, torch.stack(want)[:, None]) < 1e-12
+
+
+def test_rolling_cache_decode_streams_the_banded_rows():
+    """A stream written into a rolling cache of W slots (prefill of more than W tokens, then one token
+    per step) decodes each step's token as the last row of fp64 banded attention over the stream;
+    the cache holds position p in slot p % W."""
+    batch, n, hq, hkv, dim, window, prefill = 2, 19, 4, 2, 16, 5, 8
+    g = torch.Generator().manual_seed(5)
+    q, r = (torch.randn(batch, n, hq, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(batch, n, hkv, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    banded = masked_parallax_fp64(q, r, k, v, banded_mask(n, window))
+    k_cache, v_cache = (torch.full((batch, window, hkv, dim), float("nan"), dtype=torch.float64) for _ in range(2))
+    lens = rolling_cache_write(k_cache, v_cache, k[:, :prefill], v[:, :prefill], torch.zeros(batch, dtype=torch.int64))
+    assert lens.dtype == torch.int32 and lens.tolist() == [window] * batch
+    for p in range(prefill, n):
+        lens = rolling_cache_write(k_cache, v_cache, k[:, p:p + 1], v[:, p:p + 1], torch.full((batch,), p))
+        out = parallax_decode(q[:, p:p + 1], r[:, p:p + 1], k_cache, v_cache, cache_seqlens=lens, backend="reference")
+        assert rel_err(out, banded[:, p:p + 1]) < 1e-12, p
+    for p in range(n - window, n):
+        assert torch.equal(k_cache[:, p % window], k[:, p]) and torch.equal(v_cache[:, p % window], v[:, p])
+
+
+def test_rolling_cache_before_it_fills():
+    """Fewer tokens than slots: cache_seqlens counts them and decode reads only those."""
+    q, r, k, v = make_inputs(3, 6, 4, 2, 16)
+    k_cache, v_cache = (torch.full((3, 8, 2, 16), float("nan"), dtype=torch.float64) for _ in range(2))
+    lens = rolling_cache_write(k_cache, v_cache, k, v, torch.zeros(3, dtype=torch.int32))
+    assert lens.tolist() == [6, 6, 6]
+    out = parallax_decode(q, r, k_cache, v_cache, cache_seqlens=lens, backend="reference")
+    assert rel_err(out, explicit_decode(q, r, k, v)) < 1e-12
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(window=0), "parallax_decode: window=0 must be None or an int >= 1"),
+    (dict(window=2.0), "parallax_decode: window=2.0 must be None or an int >= 1"),
+])
+def test_bad_window_raises(change, match):
+    q, r, k, v = make_inputs(2, 19, 4, 2, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match=match):
+        parallax_decode(q, r, k, v, **change)
+
+
+def test_rolling_cache_write_rejects_bad_shapes():
+    k_cache = torch.zeros(2, 4, 2, 16)
+    with pytest.raises(ValueError, match=r"k, v must be \(batch=2, n, Hkv, D\)"):
+        rolling_cache_write(k_cache, k_cache.clone(), torch.zeros(2, 1, 3, 16), torch.zeros(2, 1, 3, 16),
+                            torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"start must be an int tensor of shape \(2,\)"):
+        rolling_cache_write(k_cache, k_cache.clone(), torch.zeros(2, 1, 2, 16), torch.zeros(2, 1, 2, 16),
+                            torch.zeros(2))
+
+
+# ---------------------------------------------------------------- DecodePlan and the unchecked path
+def test_plan_matches_decode_and_writes_out():
+    q, r, k, v = make_inputs(3, 50, 8, 2, 64, dtype=torch.float32)
+    lens = torch.tensor([50, 1, 23], dtype=torch.int32)
+    plan = DecodePlan.like(q, k, window=30, scale=0.2)
+    assert plan.backend == "reference" and plan.num_splits == 1  # CPU tensors
+    want = parallax_decode(q, r, k, v, cache_seqlens=lens, window=30, scale=0.2)
+    assert torch.equal(plan(q, r, k, v, lens), want)
+    out = torch.empty_like(q)
+    assert plan(q, r, k, v, lens, out=out) is out and torch.equal(out, want)
+    assert rel_err(want, windowed_decode(q, r, k, v, lens, 30, scale=0.2)) < 1e-5
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(q=torch.zeros(3, 1, 8, 32)), r"DecodePlan: q is torch.float32 \(3, 1, 8, 32\) on cpu; the plan expects "
+                                       r"torch.float32 \(3, 1, 8, 64\)"),
+    (dict(r=torch.zeros(3, 1, 8, 64, dtype=torch.float64)), "DecodePlan: r is torch.float64"),
+    (dict(k_cache=torch.zeros(3, 49, 2, 64)), r"DecodePlan: k_cache is torch.float32 \(3, 49, 2, 64\)"),
+    (dict(v_cache=torch.zeros(3, 50, 2, 64, device="meta")), "DecodePlan: v_cache .* on meta"),
+    (dict(cache_seqlens=torch.tensor([1, 2, 3])), r"cache_seqlens must be int32 of shape \(3,\) on cpu, got torch.int64"),
+    (dict(cache_seqlens=torch.tensor([1, 2], dtype=torch.int32)), r"got torch.int32 \(2,\)"),
+])
+def test_plan_rejects_tensors_of_another_geometry(change, match):
+    q, r, k, v = make_inputs(3, 50, 8, 2, 64, dtype=torch.float32)
+    args = dict(q=q, r=r, k_cache=k, v_cache=v, cache_seqlens=torch.tensor([50, 1, 23], dtype=torch.int32))
+    args.update(change)
+    plan = DecodePlan(3, 8, 2, 64, 50, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=match):
+        plan(**args)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(hq=6), r"sizes must be ints >= 1 with hq % hkv == 0, got \{'batch': 2, 'hq': 6, 'hkv': 4"),
+    (dict(cache_len=0), "'cache_len': 0"),
+    (dict(dtype=torch.int32), "dtype and cache_dtype must be floating"),
+    (dict(backend="cuda"), "backend must be one of"),
+    (dict(window=0), "DecodePlan: window=0 must be None or an int >= 1"),
+    (dict(scale=float("inf")), "scale must be a finite positive number"),
+])
+def test_plan_rejects_bad_geometry(kwargs, match):
+    args = dict(batch=2, hq=8, hkv=4, head_dim=64, cache_len=10, dtype=torch.float32, device="cpu")
+    args.update(kwargs)
+    with pytest.raises((ValueError, TypeError), match=match):
+        DecodePlan(**args)
+
+
+def test_unchecked_seqlens_skip_the_value_check():
+    """check_seqlens=False reads no values: an out-of-range length passes and is clamped to L."""
+    q, r, k, v = make_inputs(2, 19, 4, 2, 64, dtype=torch.float32)
+    lens = torch.tensor([19, 20], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"cache_seqlens values must lie in \[1, L=19\], got min 19, max 20"):
+        parallax_decode(q, r, k, v, cache_seqlens=lens)
+    out = parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False)
+    assert rel_err(out, explicit_decode(q, r, k, v)) < 1e-5
+
+
+def test_seqlens_on_another_device_rejected():
+    q, r, k, v = make_inputs(2, 19, 4, 2, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="cache_seqlens is on meta, expected q's device cpu"):
+        parallax_decode(q, r, k, v, cache_seqlens=torch.tensor([3, 4], dtype=torch.int32, device="meta"))
+
+
 # ---------------------------------------------------------------- Triton, interpreted
 # (batch, L, Hq, Hkv, D, seqlens, dtype, rho, knobs)
 INTERP_CASES = [
@@ -192,6 +340,11 @@ INTERP_CASES = [
     (2, 33, 8, 2, 64, [33, 16], "float32", 0.5, dict(block_n=16)),
     (1, 64, 8, 8, 16, None, "float16", 0.5, dict(block_n=16, num_splits=2)),
     (2, 50, 16, 1, 32, [50, 9], "float16", 5.0, dict(block_n=32, num_splits=2)),
+    # sliding window over a linear cache: positions before len - window hold junk too
+    (2, 37, 4, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=2, window=20)),
+    (3, 45, 4, 1, 16, [1, 45, 20], "float32", 20.0, dict(block_n=16, num_splits=3, window=7)),
+    (2, 33, 8, 2, 64, [33, 16], "float32", 0.5, dict(block_n=16, window=1)),
+    (1, 64, 8, 8, 16, None, "float16", 0.5, dict(block_n=16, num_splits=2, window=40)),
 ]
 
 
@@ -205,36 +358,90 @@ def _interpreter_report():
     for i, (batch, length, hq, hkv, dim, seqlens, dtype, rho, knobs) in enumerate(INTERP_CASES):
         q, r, k, v = make_inputs(batch, length, hq, hkv, dim, dtype=getattr(torch, dtype), rho=rho, seed=i)
         lens = None if seqlens is None else torch.tensor(seqlens, dtype=torch.int32)
-        if lens is not None:  # junk past each sequence's end must not leak in
-            for b, n in enumerate(seqlens):
-                k[b, n:], v[b, n:] = float("nan"), float("inf")
+        window = knobs.get("window")
+        ref = explicit_decode(q, r, k, v, lens) if window is None else windowed_decode(q, r, k, v, lens, window)
+        for b, n in enumerate(seqlens or [length]):  # junk outside each sequence's window must not leak in
+            k[b, n:], v[b, n:] = float("nan"), float("inf")
+            k[b, :max(0, n - (window or n))], v[b, :max(0, n - (window or n))] = float("nan"), float("inf")
         out = parallax_decode_triton(q, r, k, v, lens, dim**-0.5, **knobs)
-        ref = explicit_decode(q, r, k, v, lens)
         results.append({"case": i, "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all())})
-    api = parallax_decode(*make_inputs(2, 21, 4, 2, 32, dtype=torch.float32), backend="triton")
-    results.append({"case": "api", "err": 0.0, "finite": bool(torch.isfinite(api).all())})
+    results.append(_rolling_case())
+    results.append(_plan_case())
+    q, r, k, v = make_inputs(2, 21, 4, 2, 32, dtype=torch.float32)
+    api = parallax_decode(q, r, k, v, backend="triton")
+    results.append({"case": "api", "err": rel_err(api, explicit_decode(q, r, k, v)),
+                    "finite": bool(torch.isfinite(api).all())})
     print("RESULTS " + json.dumps(results))
 
 
+class _Ops(TorchDispatchMode):
+    """Records the aten ops run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(call):
+    with _Ops() as mode:
+        call()
+    return mode.ops
+
+
+def _plan_case():
+    """A DecodePlan (split launch) against fp64, and the tensor work of its call beside the public
+    API's: the API with check_seqlens=False runs exactly the plan's ops (its plan is cached: no
+    scratch allocated, no host read), the checked API adds only the min/max read of cache_seqlens."""
+    q, r, k, v = make_inputs(2, 300, 4, 2, 32, dtype=torch.float32, seed=4)
+    lens = torch.tensor([300, 17], dtype=torch.int32)
+    plan = DecodePlan.like(q, k, backend="triton", window=200)
+    out = plan(q, r, k, v, lens)
+    api = parallax_decode(q, r, k, v, cache_seqlens=lens, window=200, backend="triton")  # builds its plan
+    plan_ops = _ops(lambda: plan(q, r, k, v, lens))
+    lean_ops = _ops(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, window=200, backend="triton",
+                                            check_seqlens=False))
+    checked_ops = _ops(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, window=200, backend="triton"))
+    return {"case": "plan", "err": rel_err(out, windowed_decode(q, r, k, v, lens, 200)),
+            "finite": bool(torch.isfinite(out).all()), "splits": plan.num_splits, "same_as_api": torch.equal(out, api),
+            "plan_first_op": plan_ops[0], "lean_is_plan": lean_ops == plan_ops,
+            "checked_extra": checked_ops[:len(checked_ops) - len(plan_ops)],
+            "checked_rest_is_plan": checked_ops[len(checked_ops) - len(plan_ops):] == plan_ops}
+
+
+def _rolling_case():
+    """The Triton kernel through the public API over a rolling cache of 6 slots holding the last 6 of
+    13 tokens (each sequence at its own position), against fp64 decode of the linear stream's window."""
+    q, r, k, v = make_inputs(2, 13, 4, 2, 32, dtype=torch.float32, seed=3)
+    k_cache, v_cache = (torch.full((2, 6, 2, 32), float("nan")) for _ in range(2))
+    lens = rolling_cache_write(k_cache, v_cache, k[:, :12], v[:, :12], torch.zeros(2, dtype=torch.int64))
+    lens = rolling_cache_write(k_cache, v_cache, k[:, 12:], v[:, 12:], torch.full((2,), 12))
+    out = parallax_decode(q, r, k_cache, v_cache, cache_seqlens=lens, backend="triton")
+    ref = windowed_decode(q, r, k, v, None, 6)
+    return {"case": "rolling", "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all())}
+
+
 def test_triton_kernel_interpreted():
-    code = (
-        "import importlib.util, sys; sys.path.insert(0, sys.argv[1]);"
-        "spec = importlib.util.spec_from_file_location('decode_tests', sys.argv[2]);"
-        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod);"
-        "mod._interpreter_report()"
-    )
+    # `python -c` puts its working directory, the repo root, first on sys.path
+    code = "import tests.test_parallax_decode as m; m._interpreter_report()"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT), __file__], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=300,
-    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS "):])
-    assert len(results) == len(INTERP_CASES) + 1
+    assert len(results) == len(INTERP_CASES) + 3
+    plan = next(res for res in results if res["case"] == "plan")
+    assert plan["splits"] > 1 and plan["same_as_api"]
+    assert plan["plan_first_op"] == "aten.empty_like.default"  # the output, then the interpreter's copies
+    assert plan["lean_is_plan"] and plan["checked_rest_is_plan"]
+    assert plan["checked_extra"] == ["aten.aminmax.default", "aten.stack.default"]
     for res in results:
         case = res["case"]
-        tol = 1e-5 if case == "api" or INTERP_CASES[case][6] == "float32" else 5e-3
+        tol = 1e-5 if isinstance(case, str) or INTERP_CASES[case][6] == "float32" else 5e-3
         assert res["finite"] and res["err"] < tol, res
 
 
@@ -273,6 +480,137 @@ def test_triton_gpu_matches_fp64(batch, length, hq, hkv, dim, ragged, rho, dtype
     assert torch.equal(parallax_decode(q, r, k, v, cache_seqlens=lens), out)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch, length, dim, window", [(4, 4099, 128, 1000), (1, 16384, 128, 4096),
+                                                        (4, 4099, 64, 1), (2, 3001, 64, 3001)])
+def test_triton_gpu_window_matches_fp64(batch, length, dim, window):
+    """bf16 decode with a window over a linear cache (ragged lengths) against fp64 over each
+    sequence's last ``window`` positions; positions outside hold NaN/inf junk."""
+    q, r, k, v = make_inputs(batch, length, 16, 8, dim, dtype=torch.bfloat16, device="cuda")
+    lens = torch.randint(1, length + 1, (batch,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    lens[0] = length
+    ref = windowed_decode(q, r, k, v, lens, window)
+    for b, n in enumerate(lens.tolist()):
+        k[b, n:], v[b, n:] = float("nan"), float("inf")
+        k[b, :max(0, n - window)], v[b, :max(0, n - window)] = float("nan"), float("inf")
+    out = parallax_decode(q, r, k, v, cache_seqlens=lens.cuda(), window=window)
+    assert torch.isfinite(out).all() and rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_gpu_rolling_cache_matches_fp64():
+    """A rolling cache of 1024 slots holding the last 1024 of 5000 tokens (prefill, then 7 single
+    tokens), batch 4 at different positions, against fp64 decode of the linear stream's window."""
+    batch, n, window = 4, 5000, 1024
+    q, r, k, v = make_inputs(batch, n, 16, 8, 128, dtype=torch.bfloat16, device="cuda", seed=4)
+    k_cache, v_cache = (torch.full((batch, window, 8, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    starts = torch.tensor([0, 0, 3000, 4500], device="cuda")
+    rolling_cache_write(k_cache, v_cache, k[:, :n - 7], v[:, :n - 7], starts)
+    for p in range(n - 7, n):
+        lens = rolling_cache_write(k_cache, v_cache, k[:, p:p + 1], v[:, p:p + 1], starts + p)
+    out = parallax_decode(q, r, k_cache, v_cache, cache_seqlens=lens)
+    assert lens.tolist() == [window] * batch
+    # every sequence holds the last 1024 of tokens 0..n-1 (its start only shifts the slots)
+    assert rel_err(out, windowed_decode(q, r, k, v, None, window)) < 1e-2
+
+
+def _lean_inputs(batch=1, length=4096, dim=128):
+    q, r, k, v = make_inputs(batch, length, 16, 8, dim, dtype=torch.bfloat16, device="cuda")
+    return q, r, k, v, torch.full((batch,), length, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_lean_decode_paths_do_not_sync():
+    """DecodePlan calls and parallax_decode with check_seqlens=False (or without cache_seqlens) run
+    under sync debug mode "error"; the checked call syncs (so the mode does catch it)."""
+    q, r, k, v, lens = _lean_inputs()
+    plan = DecodePlan.like(q, k)
+    want = plan(q, r, k, v, lens)
+    parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False)  # builds the cached plan
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outs = [plan(q, r, k, v, lens), parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False),
+                parallax_decode(q, r, k, v)]
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            parallax_decode(q, r, k, v, cache_seqlens=lens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.equal(out, want) for out in outs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_plan_allocates_only_its_output():
+    q, r, k, v, lens = _lean_inputs()
+    plan = DecodePlan.like(q, k)
+    out = plan(q, r, k, v, lens)
+    assert plan.num_splits > 1  # the split path, with its scratch
+    torch.cuda.synchronize()
+    count = lambda: torch.cuda.memory_stats()["allocation.all.allocated"]  # noqa: E731
+    before = count()
+    for _ in range(10):
+        plan(q, r, k, v, lens, out=out)
+    middle = count()
+    for _ in range(10):
+        plan(q, r, k, v, lens)
+    assert (middle - before, count() - middle) == (0, 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_plan_replays_in_a_cuda_graph():
+    """A captured plan call follows new queries and lengths written into its static inputs."""
+    q, r, k, v, lens = _lean_inputs(batch=2)
+    plan = DecodePlan.like(q, k, window=3000)
+    plan(q, r, k, v, lens)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = plan(q, r, k, v, lens)
+    for seed, new_lens in ((1, [4096, 17]), (2, [1, 3001])):
+        q.copy_(make_inputs(2, 1, 16, 8, 128, dtype=torch.bfloat16, device="cuda", seed=seed)[0])
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        graph.replay()
+        assert torch.equal(out, plan(q, r, k, v, lens))
+        assert rel_err(out, windowed_decode(q, r, k, v, lens.cpu(), 3000)) < 1e-2
+
+
+def host_us_per_call(fn, calls=200):
+    """Microseconds of host time per call of fn: calls enqueued back to back, timed before the GPU
+    has caught up (the kernels queue; the host is not waiting on them)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_decode_host_cost():
+    """Host time per eager call at B1 L4096 D128 (the issue's shape): the lean paths far below the
+    checked one. Printed for the record; bounds leave headroom for a loaded host."""
+    q, r, k, v, lens = _lean_inputs()
+    plan = DecodePlan.like(q, k)
+    out = torch.empty_like(q)
+    times = {"plan_out": host_us_per_call(lambda: plan(q, r, k, v, lens, out=out)),
+             "plan": host_us_per_call(lambda: plan(q, r, k, v, lens)),
+             "unchecked": host_us_per_call(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False)),
+             "checked": host_us_per_call(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens))}
+    print({name: round(us, 1) for name, us in times.items()})
+    assert times["plan"] < 45 and times["unchecked"] < 60, times
+
+
 def test_launch_config_by_group_count():
     """Measured H200 choices (docs/kernels_decode.md): batch 1 and 32 keep the latency configs; batch
     128 (1024 groups at Hkv 8) takes 2 stages at D=128 and 8 warps at D=64."""
@@ -290,14 +628,15 @@ def test_launch_config_by_group_count():
 ])
 def test_split_count_is_the_shortest_one_wave_split(n_groups, length, block_n, slots):
     """pick_num_splits against a brute force over every count: all programs in one wave, at least
-    _MIN_CHUNK positions per split, and no other admissible count walks fewer blocks per split
+    tuning.DECODE_MIN_CHUNK positions per split, and no other admissible count walks fewer blocks per split
     (or as few with fewer splits); one split once the groups alone fill a wave."""
     from kernels.parallax import decode_fused as dec
+    from kernels.parallax import tuning
 
     splits = dec.pick_num_splits(n_groups, length, block_n, slots)
     blocks = lambda s: -(-(-(-length // s)) // block_n)  # noqa: E731
     admissible = [s for s in range(1, dec.MAX_SPLITS + 1)
-                  if n_groups * s <= slots and (s == 1 or -(-length // s) >= dec._MIN_CHUNK)]
+                  if n_groups * s <= slots and (s == 1 or -(-length // s) >= tuning.DECODE_MIN_CHUNK)]
     best = min(admissible or [1], key=lambda s: (blocks(s), s))
     assert splits == best
     if n_groups * 2 > slots:

@@ -8,6 +8,7 @@ parallax_attention_naive in fp64. GPU tests (marked ``gpu``) run the real kernel
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from kernels.parallax.naive import parallax_attention_naive
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"num_warps": 4, "num_stages": 1}
@@ -42,6 +44,20 @@ HEAD_MAJOR_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "aligned_batch3", "al
 # the column pass with queries on the rows of its tiles (ROWS, most shipped configs) on some cases
 ROWS_CASES = ("odd_gqa2_batch2", "varlen_bm16_bn32", "varlen_bm32_bn16", "fp16", "aligned_bm32_bn16")
 VARIANTS = [n + "_head_major" for n in HEAD_MAJOR_CASES] + [n + "_rows" for n in ROWS_CASES]
+# sliding window: name -> (B, L, Hq, Hkv, D, doc lengths or None, window, kernel config or None), fp32;
+# every case runs the forward, both backward passes and the column pass in both orientations
+BM32 = {"BM": 32, "BN": 16, **SMALL}
+BN32 = {"BM": 16, "BN": 32, **SMALL}
+WINDOW_CASES = {
+    "w1": (1, 37, 4, 2, 16, None, 1, None),
+    "w7_gqa_odd": (2, 37, 4, 2, 16, None, 7, None),  # W not a multiple of the tiles
+    "w16_bm32_bn16": (1, 45, 4, 1, 16, None, 16, BM32),
+    "w9_bm16_bn32": (1, 45, 2, 1, 32, None, 9, BN32),
+    "w40_bn32": (2, 37, 2, 2, 16, None, 40, BN32),  # W >= L: full causal
+    "w6_varlen": (1, 40, 4, 2, 16, [5, 1, 17, 17], 6, None),
+    "w20_varlen_bm32": (1, 40, 4, 2, 16, [5, 1, 17, 17], 20, BM32),
+    "w3_varlen_bn32": (1, 40, 2, 1, 16, [20, 3, 17], 3, {**BN32, "GLOBAL_ORDER": False}),
+}
 
 
 def make_case(shape_b, n, hq, hkv, d, dtype, rho_scale, seed):
@@ -60,7 +76,7 @@ def cu_from_lengths(lengths):
 def _interpret_main(out_path):
     """Child process (TRITON_INTERPRET=1): run every case through the fused kernels and the custom op."""
     from kernels import parallax_attention
-    from kernels.parallax import fused
+    from kernels.parallax import fused, tuning
 
     results = {}
     for seed, (name, (b, n, hq, hkv, d, dtype, rho_scale, lengths, cfg)) in enumerate(INTERPRET_CASES.items()):
@@ -70,16 +86,30 @@ def _interpret_main(out_path):
         grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=cfg)
         results[name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
         if name in HEAD_MAJOR_CASES:
-            hm = {**(cfg or fused.INTERPRET_CONFIG), "GLOBAL_ORDER": False}
+            hm = {**(cfg or tuning.INTERPRET_CONFIG), "GLOBAL_ORDER": False}
             o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=hm)
             grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=hm, dkdv_config=hm)
             results[name + "_head_major"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
         if name in ROWS_CASES:
             o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=cfg)
-            rows = {**(cfg or fused.INTERPRET_CONFIG), "ROWS": True}
+            rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
             grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=rows)
             results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
+    for seed, (name, (b, n, hq, hkv, d, lengths, window, cfg)) in enumerate(WINDOW_CASES.items()):
+        q, r, k, v, do = make_case(b, n, hq, hkv, d, "float32", 2.0, seed)
+        cu, scale = cu_from_lengths(lengths), 1.0 / math.sqrt(d)
+        o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, window, config=cfg)
+        grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg, dkdv_config=cfg)
+        rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
+        grads_rows = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg,
+                                    dkdv_config=rows)
+        full = fused.forward(q, r, k, v, scale, cu, config=cfg)[0]
+        results["window_" + name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads,
+                                     "grads_rows": grads_rows, "equals_full": torch.equal(o, full)}
+    results["window_api"] = _window_api_case(parallax_attention)
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
+    results["candidates"] = _candidates_case(parallax_attention, tuning)
+    results["bad_cu"] = _bad_cu_case(parallax_attention)
     results["compiled"] = _custom_op_case(parallax_attention, compiled=True)
     results["opcheck"] = _opcheck()
     torch.save(results, out_path)
@@ -92,10 +122,10 @@ def _opcheck():
     q, r, k, v, do = make_case(1, 9, 2, 1, 16, "float32", 1.0, seed=7)
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     errors = []
-    for cu_arg in (None, cu):
-        fwd_args = ([x.requires_grad_() for x in (q, r, k, v)] + [0.25, cu_arg])
-        saved = fused.forward(q.detach(), r.detach(), k.detach(), v.detach(), 0.25, cu_arg)
-        bwd_args = (do, q.detach(), r.detach(), k.detach(), v.detach(), *saved, 0.25, cu_arg)
+    for cu_arg, window in ((None, None), (cu, None), (None, 3), (cu, 2)):
+        fwd_args = ([x.requires_grad_() for x in (q, r, k, v)] + [0.25, cu_arg, window])
+        saved = fused.forward(q.detach(), r.detach(), k.detach(), v.detach(), 0.25, cu_arg, window)
+        bwd_args = (do, q.detach(), r.detach(), k.detach(), v.detach(), *saved, 0.25, cu_arg, window)
         for op, args in ((ops.attention_fwd, fwd_args), (ops.attention_bwd, bwd_args)):
             try:
                 torch.library.opcheck(op, args)
@@ -119,6 +149,62 @@ def _custom_op_case(attn, compiled):
     out.sum().backward()
     return {"inputs": tuple(x.detach() for x in leaves), "out": out.detach() / 1.5,
             "grads": tuple(x.grad * 1 for x in leaves), "upstream": 1.5}
+
+
+def _window_api_case(attn):
+    """The public API with a window, compiled (aot_eager, fullgraph) around the custom op."""
+    q, r, k, v, do = make_case(1, 30, 4, 2, 16, "float32", 2.0, seed=17)
+    cu = cu_from_lengths([12, 18])
+    leaves = [x.clone().requires_grad_() for x in (q, r, k, v)]
+    fn = torch.compile(lambda *x: attn(*x, backend="triton", cu_seqlens=cu, window=5), backend="aot_eager",
+                       fullgraph=True)
+    out = fn(*leaves)
+    out.backward(do)
+    return {"inputs": (q, r, k, v, do), "out": out.detach(), "grads": tuple(x.grad for x in leaves)}
+
+
+def _candidates_case(attn, tuning):
+    """The public API inside ``tuning.candidates``: one listed config per kernel runs (tiles of 32 x 16,
+    which no other case of the custom op uses)."""
+    q, r, k, v, do = make_case(1, 45, 4, 2, 16, "float32", 1.0, seed=11)
+    tile = tuning.both_orders([(32, 16, 4, 1)])[1:]  # global order
+    rows = tuning.both_orders([(16, 32, 4, 1)], ROWS=True)[:1]  # head-major, queries on the rows
+    leaves = [x.clone().requires_grad_() for x in (q, r, k, v)]
+    with tuning.candidates(fwd=tile, dq=tile, dkdv=rows):
+        out = attn(*leaves, backend="triton")
+        out.backward(do)
+    # the listed config really is what launches: a tile that is not a power of two cannot compile
+    try:
+        with tuning.candidates(fwd=tuning.both_orders([(24, 16, 4, 1)])):
+            attn(q, r, k, v, backend="triton")
+        rejected = ""
+    except Exception as exc:  # reported to the parent, which checks it
+        rejected = repr(exc)
+    return {"inputs": (q, r, k, v, do), "out": out.detach(), "grads": tuple(x.grad for x in leaves),
+            "rejected": rejected}
+
+
+def _bad_cu_case(attn):
+    """The error message of the triton backend for each bad cu_seqlens case ("" if none), and after
+    a valid tensor is written in place."""
+    q, r, k, v, _ = make_case(1, SEQ, 2, 1, 16, "float32", 1.0, seed=13)
+    messages = {}
+    for name in BAD_CU_NAMES:
+        cu, _ = bad_cu_seqlens(name)
+        messages[name] = _error(lambda: attn(q, r, k, v, backend="triton", cu_seqlens=cu))
+    cu = torch.tensor([0, 6, SEQ], dtype=torch.int32)
+    messages["valid"] = _error(lambda: attn(q, r, k, v, backend="triton", cu_seqlens=cu))
+    cu[1] = 20
+    messages["written_in_place"] = _error(lambda: attn(q, r, k, v, backend="triton", cu_seqlens=cu))
+    return messages
+
+
+def _error(call):
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +249,48 @@ def test_interpreted_kernels_match_fp64(interpreted, name):
     check(res, cu_from_lengths(lengths), TOL[dtype])
 
 
+def check_window(result, lengths, window, grads_key="grads"):
+    out_ref, grads_ref = banded_reference(result["inputs"][:4], result["inputs"][4], window, lengths)
+    errors = {"o": rel_err(result["out"], out_ref)}
+    errors.update({f"d{n}": rel_err(g, gr) for n, g, gr in zip("qrkv", result[grads_key], grads_ref)})
+    assert all(e < TOL["float32"] for e in errors.values()), errors
+
+
+@pytest.mark.parametrize("name", list(WINDOW_CASES))
+def test_interpreted_window_matches_fp64_banded(interpreted, name):
+    _, n, _, _, _, lengths, window, _ = WINDOW_CASES[name]
+    res = interpreted["window_" + name]
+    check_window(res, lengths, window)
+    check_window(res, lengths, window, grads_key="grads_rows")
+    # W >= every document's length: the same kernels' full causal result, bit for bit
+    assert res["equals_full"] == (window >= max(lengths or [n]))
+
+
+def test_interpreted_window_through_the_public_api_compiled(interpreted):
+    check_window(interpreted["window_api"], [12, 18], 5)
+
+
 @pytest.mark.parametrize("name", ["custom_op", "compiled"])
 def test_interpreted_custom_op_with_expanded_grad(interpreted, name):
     res = interpreted[name]
     check(res, None, TOL["float32"], upstream=res["upstream"])
+
+
+def test_interpreted_public_api_under_tuning_candidates(interpreted):
+    check(interpreted["candidates"], None, TOL["float32"])
+    assert "power of 2" in interpreted["candidates"]["rejected"]
+
+
+@pytest.mark.parametrize("name", BAD_CU_NAMES)
+def test_interpreted_bad_cu_seqlens_raise_naming_the_values(interpreted, name):
+    _, pattern = bad_cu_seqlens(name)
+    assert re.search(pattern, interpreted["bad_cu"][name]), interpreted["bad_cu"][name]
+
+
+def test_interpreted_cu_seqlens_checked_again_after_an_in_place_write(interpreted):
+    messages = interpreted["bad_cu"]
+    assert messages["valid"] == ""
+    assert "cu_seqlens=[0, 20, 16] is invalid: cu_seqlens[1]=20 lies outside" in messages["written_in_place"]
 
 
 def test_interpreted_custom_ops_pass_opcheck(interpreted):
@@ -185,11 +309,11 @@ def _cuda_inputs(b, n, hq, hkv, d, dtype, seed, rho_scale=1.0):
     return [x.to(dtype) for x in (q, r, k, v)], do.to(dtype)
 
 
-def _run(backend, inputs, do, cu=None, dtype=None):
+def _run(backend, inputs, do, cu=None, dtype=None, window=None):
     leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
     from kernels import parallax_attention
 
-    out = parallax_attention(*leaves, backend=backend, cu_seqlens=cu)
+    out = parallax_attention(*leaves, backend=backend, cu_seqlens=cu, window=window)
     out.backward(do.to(out.dtype))
     return out.detach(), [x.grad for x in leaves]
 
@@ -232,6 +356,101 @@ def test_gpu_varlen_and_large_rho():
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("shape, window, lengths", [
+    ((1, 4096, 16, 8, 128), 1000, None),
+    ((1, 4096, 16, 8, 64), 777, None),
+    ((2, 4096, 8, 4, 128), 64, None),  # one key tile of the shipped configs
+    ((2, 4096, 8, 2, 64), 4096, None),  # W = L: full causal
+    ((1, 4096, 8, 4, 128), 700, [1000, 1, 2500, 595]),
+], ids=str)
+def test_gpu_window_matches_fp64_banded(shape, window, lengths):
+    """bf16 sliding-window attention at training shapes (autotuned configs), forward and backward,
+    against fp64 over the explicit banded mask."""
+    inputs, do = _cuda_inputs(*shape, torch.bfloat16, seed=8, rho_scale=2.0)
+    cu = None if lengths is None else cu_from_lengths(lengths).cuda()
+    got = _run("triton", inputs, do, cu=cu, window=window)
+    ref = banded_reference(inputs, do, window, lengths)
+    _compare(got, ref, 2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_window_skips_the_tiles_outside_the_band():
+    """At L=16384 a window of 1024 keys does about an eighth of causal attention's work: forward and
+    forward + backward must run at least 2.5x faster (skipped tiles, not masked ones)."""
+    from kernels.parallax.benchmark import time_window_vs_causal
+
+    rows = time_window_vs_causal(seq_len=16384, windows=(1024,), rep=100)
+    for row in rows:
+        print(row)
+    assert all(row["speedup"] > 2.5 for row in rows if row["window"] == 1024), rows
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cu_seqlens_checked_once_per_tensor():
+    """The host check of cu_seqlens syncs on a tensor's first use only: forward and backward again
+    with the same tensor run under sync debug mode "error"; a fresh tensor with the same values syncs."""
+    inputs, do = _cuda_inputs(1, 3000, 8, 4, 128, torch.bfloat16, seed=6)
+    cu = torch.tensor([0, 1, 700, 2048, 3000], dtype=torch.int32, device="cuda")
+    first = _run("triton", inputs, do, cu=cu)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = _run("triton", inputs, do, cu=cu)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            _run("triton", inputs, do, cu=cu.clone())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _compare(again, first, 1e-6)
+
+
+def _graph_capture_main():
+    """Child process (CUDA): parallax_attention with cu_seqlens captured in a CUDA graph. Prints
+    whether replays follow new valid offsets written into the captured buffer, then writes invalid
+    offsets and replays: the device-side check must stop the process's CUDA work."""
+    from kernels import parallax_attention
+
+    (q, r, k, v), _ = _cuda_inputs(1, 1000, 4, 2, 64, torch.bfloat16, seed=7)
+    cu = torch.tensor([0, 300, 1000], dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(side):
+            parallax_attention(q, r, k, v, cu_seqlens=cu)  # compiles outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = parallax_attention(q, r, k, v, cu_seqlens=cu)
+        for offsets in ([0, 300, 1000], [0, 1, 999, 1000]):
+            cu.copy_(torch.tensor(offsets, dtype=torch.int32))
+            graph.replay()
+            eager = parallax_attention(q, r, k, v, cu_seqlens=torch.tensor(offsets, dtype=torch.int32, device="cuda"))
+            print("REPLAY", offsets, torch.equal(out, eager), flush=True)
+        cu.copy_(torch.tensor([0, 10, 6], dtype=torch.int32))
+        graph.replay()
+        try:
+            torch.cuda.synchronize()
+            print("INVALID OFFSETS RAN", flush=True)
+        except RuntimeError as exc:
+            print("DEVICE ASSERT", repr(exc)[:200], flush=True)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cu_seqlens_checked_on_device_under_graph_capture():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import tests.test_parallax_fused as m; m._graph_capture_main()"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout
+    assert "REPLAY [0, 300, 1000] True" in out and "REPLAY [0, 1, 999, 1000] True" in out, (out, proc.stderr[-3000:])
+    assert "INVALID OFFSETS RAN" not in out
+    assert "DEVICE ASSERT" in out or "device-side assert" in proc.stderr, (out, proc.stderr[-3000:])
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_compiled_block_matches_eager():
     """Inductor-compiled block with the op inside; .sum() gives an expanded upstream gradient."""
     from kernels import parallax_attention
@@ -257,11 +476,6 @@ def test_gpu_compiled_block_matches_eager():
     _compare(results[1], ref, 2e-2)
 
 
-def _launch(config):
-    """A triton.Config as the explicit launch kwargs fused.forward/backward take."""
-    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-
-
 _FP64 = {}  # d -> (inputs, upstream gradient, fp64 reference output and gradients), shared by the config tests
 
 
@@ -283,16 +497,16 @@ def _check_configs(d, fwd=None, dq=None, dkdv=None):
 
 
 def _shipped_list_length():
-    from kernels.parallax import fused
+    from kernels.parallax import tuning
 
-    return max(len(c) for c in (fused.FWD_CONFIGS, fused.DQ_CONFIGS, fused.DKDV_CONFIGS))
+    return max(len(c) for c in tuning.SHIPPED.values())
 
 
 def _sweep_column_configs():
-    from scripts.bench.attention import sweep_configs
+    from kernels.parallax import tuning
 
     # one program order: orders change which program runs which tile, not a tile's arithmetic
-    return [_launch(c) for c in sweep_configs()["_DKDV_TUNED"][1] if c.kwargs["GLOBAL_ORDER"]]
+    return [tuning.launch_kwargs(c) for c in tuning.SWEEP["dkdv"] if c.kwargs["GLOBAL_ORDER"]]
 
 
 @pytest.mark.gpu
@@ -302,9 +516,9 @@ def _sweep_column_configs():
 def test_gpu_shipped_configs_match_fp64(index, d):
     """Every config of the shipped lists (tile shapes, both program orders, both column-pass
     orientations) at a ragged length, against fp64: config ``index`` of each list (cycling)."""
-    from kernels.parallax import fused
+    from kernels.parallax import tuning
 
-    fwd, dq, dkdv = (_launch(c[index % len(c)]) for c in (fused.FWD_CONFIGS, fused.DQ_CONFIGS, fused.DKDV_CONFIGS))
+    fwd, dq, dkdv = (c[index % len(c)] for c in (tuning.SHIPPED[n] for n in ("fwd", "dq", "dkdv")))
     _check_configs(d, fwd, dq, dkdv)
 
 
@@ -313,7 +527,7 @@ def test_gpu_shipped_configs_match_fp64(index, d):
 @pytest.mark.parametrize("config", _sweep_column_configs(), ids=str)
 @pytest.mark.parametrize("d", [128, 64])
 def test_gpu_sweep_column_configs_match_fp64(config, d):
-    """The sweep's column-pass candidates (they join DKDV_CONFIGS when they win a sweep), against fp64;
+    """The sweep's column-pass candidates (one joins tuning.SHIPPED when it wins a sweep), against fp64;
     a config that does not fit the GPU's shared memory is skipped, as the autotuner skips it."""
     from triton.runtime.errors import OutOfResources
 
@@ -323,18 +537,50 @@ def test_gpu_sweep_column_configs_match_fp64(config, d):
         pytest.skip(str(exc))
 
 
-def test_small_problems_skip_autotuning(monkeypatch):
+def test_small_problems_skip_autotuning():
     """Below SMALL_WORK the first listed config runs without tuning (MAD-size models compile one
     config per kernel instead of all of them); training-size work goes to the autotuner."""
-    from kernels.parallax import fused
+    from kernels.parallax import tuning
 
-    monkeypatch.setattr(fused, "INTERPRET", False)
     mad = 128 * 128 * 128 * 8 * 16  # batch 128 x seq 128 tokens, 128 keys, 8 heads of 16
-    kernel, launch = fused._pick(fused._bwd_dkdv_kernel, fused._DKDV_TUNED, None, mad)
-    first = fused.DKDV_CONFIGS[0]
-    assert kernel is fused._bwd_dkdv_kernel
-    assert launch == {**first.kwargs, "num_warps": first.num_warps, "num_stages": first.num_stages}
+    first = tuning.SHIPPED["dkdv"][0]
+    assert tuning.choose("dkdv", mad, interpret=False) == {**first.kwargs, "num_warps": first.num_warps,
+                                                            "num_stages": first.num_stages}
     train = 4 * 4096 * 4096 * 16 * 128
-    assert fused._pick(fused._bwd_dkdv_kernel, fused._DKDV_TUNED, None, train) == (fused._DKDV_TUNED, {})
+    assert tuning.choose("dkdv", train, interpret=False) is None
     explicit = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
-    assert fused._pick(fused._fwd_kernel, fused._FWD_TUNED, explicit, mad)[1] == {"GLOBAL_ORDER": True, **explicit}
+    assert tuning.choose("fwd", mad, explicit, interpret=False) == {"GLOBAL_ORDER": True, **explicit}
+    assert tuning.choose("fwd", train, interpret=True) == {"GLOBAL_ORDER": True, **tuning.INTERPRET_CONFIG}
+
+
+def test_candidates_override_and_restore():
+    """Inside ``candidates`` a one-config list runs that config at every size (and under the
+    interpreter); a longer list autotunes at training size; the shipped lists come back on exit."""
+    from kernels.parallax import tuning
+
+    train = 4 * 4096 * 4096 * 16 * 128
+    one = tuning.SWEEP["dkdv"][-1]
+    with tuning.candidates(dkdv=[one]):
+        assert tuning.active("dkdv") == (one,) and tuning.active("fwd") == tuning.SHIPPED["fwd"]
+        for interpret in (False, True):
+            assert tuning.choose("dkdv", train, interpret=interpret) == {"GLOBAL_ORDER": True,
+                                                                         **tuning.launch_kwargs(one)}
+        with tuning.candidates(**tuning.SWEEP):
+            assert tuning.active("dkdv") == tuning.SWEEP["dkdv"]
+            assert tuning.choose("dkdv", train, interpret=False) is None
+        assert tuning.active("dkdv") == (one,)
+    assert tuning.active("dkdv") == tuning.SHIPPED["dkdv"]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda t: t.candidates(bwd=t.SHIPPED["dq"]), "kernel name 'bwd'"),
+    (lambda t: t.candidates(dq=[]), r"candidates\(dq=...\) must be a non-empty list"),
+    (lambda t: t.candidates(dq=[{"BM": 16}]), "must be a non-empty list of triton.Config"),
+    (lambda t: t.launch_kwargs((16, 16)), "config must be a triton.Config or a dict"),
+])
+def test_tuning_rejects_bad_input(call, match):
+    from kernels.parallax import tuning
+
+    with pytest.raises((ValueError, TypeError), match=match):
+        with call(tuning):
+            pass

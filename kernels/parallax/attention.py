@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from kernels.parallax import cu_seqlens as offsets
 from kernels.parallax.chunked import parallax_attention_chunked
 
 BACKENDS = ("auto", "reference", "triton")
@@ -39,22 +40,14 @@ def _check_tensors(q, r, k, v):
         raise _shape_error(q, r, k, v, f"q heads ({q.shape[2]}) must be a multiple of kv heads ({k.shape[2]})")
 
 
-def _check_cu_seqlens(cu_seqlens, q, check_values):
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        desc = (f"{cu_seqlens.dtype} tensor of shape {tuple(cu_seqlens.shape)}"
-                if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__)
-        raise ValueError(f"parallax_attention: cu_seqlens must be a 1-D int32 tensor, got {desc}")
-    if cu_seqlens.numel() < 2:
-        raise ValueError(f"parallax_attention: cu_seqlens needs at least 2 entries, got {cu_seqlens.numel()}")
-    if q.shape[0] != 1:
-        raise ValueError(f"parallax_attention: cu_seqlens requires batch == 1 (packed documents), got batch={q.shape[0]}")
-    if cu_seqlens.device != q.device:
-        raise ValueError(f"parallax_attention: cu_seqlens is on {cu_seqlens.device}, q on {q.device}")
-    if check_values:  # needs a host sync: only on the reference path
-        cu = cu_seqlens.tolist()
-        if cu[0] != 0 or cu[-1] != q.shape[1] or any(b < a for a, b in zip(cu, cu[1:])):
-            raise ValueError(f"parallax_attention: cu_seqlens={cu} must start at 0, be non-decreasing "
-                             f"and end at seq={q.shape[1]}")
+def check_window(window, causal=True, who="parallax_attention"):
+    """Raise unless window is None or an int >= 1 (and, for attention, causal is True)."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"{who}: window={window!r} must be None or an int >= 1 (keys i - window < j <= i)")
+    if not causal:
+        raise ValueError(f"{who}: window={window} needs causal=True (the band is i - window < j <= i)")
 
 
 def _resolve_backend(backend, q, causal):
@@ -71,7 +64,7 @@ def _resolve_backend(backend, q, causal):
     return backend
 
 
-def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None):
+def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None, window=None):
     """Parallax attention o_i = vbar_i - sum_j p_ij (t_ij - tbar_i) v_j (SPEC section 1).
 
     q, r: (B, L, Hq, D) queries and probes (r is not scaled); k, v: (B, L, Hkv, D),
@@ -80,7 +73,13 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     backend: "reference" (chunked PyTorch, CPU/GPU), "triton" (fused, CUDA, causal),
     "auto" (triton for causal CUDA inputs, else reference).
     cu_seqlens: optional (num_docs + 1,) int32 offsets of documents packed along seq
-    (requires B == 1); attention stays within each document.
+    (requires B == 1); attention stays within each document. Its values are checked on every call
+    (0 first, non-decreasing, L last; ValueError naming them): eagerly one host sync per tensor
+    (remembered until it is written in place), under CUDA-graph capture a device-side assertion
+    (no sync); see kernels/parallax/cu_seqlens.py.
+    window: optional sliding window W (int >= 1, causal only; SPEC 1b): query i reads keys
+    i - W < j <= i (and, with cu_seqlens, only its own document's); W >= L is full causal attention.
+    Both backends skip the key tiles outside the band, so the work is about L * W instead of L^2 / 2.
     Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, r, k, v.
     """
     _check_tensors(q, r, k, v)
@@ -88,11 +87,16 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"parallax_attention: scale={scale!r} must be a finite float")
+    check_window(window, causal)
     backend = _resolve_backend(backend, q, causal)
     if cu_seqlens is not None:
-        _check_cu_seqlens(cu_seqlens, q, check_values=backend == "reference")
+        offsets.check_structure(cu_seqlens, q)
     if backend == "reference":
-        return parallax_attention_chunked(q, r, k, v, scale=float(scale), causal=causal, cu_seqlens=cu_seqlens)
+        if cu_seqlens is not None:
+            offsets.check_values(cu_seqlens, q.shape[0] * q.shape[1])
+        return parallax_attention_chunked(q, r, k, v, scale=float(scale), causal=causal, cu_seqlens=cu_seqlens,
+                                          window=window)
     from kernels.parallax.ops import parallax_attention_triton
 
-    return parallax_attention_triton(q, r, k, v, scale=float(scale), cu_seqlens=cu_seqlens)
+    # the fused path checks cu_seqlens' values inside its custom op (kernels.parallax.fused)
+    return parallax_attention_triton(q, r, k, v, scale=float(scale), cu_seqlens=cu_seqlens, window=window)

@@ -33,36 +33,40 @@ def _ungrouped(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class _Plan:
     """Chunk geometry and masks shared by forward and backward."""
 
-    def __init__(self, seq_len, block, causal, cu_seqlens, device):
-        self.seq_len, self.block, self.causal = seq_len, block, causal
+    def __init__(self, seq_len, block, causal, cu_seqlens, device, window=None):
+        self.seq_len, self.block, self.causal, self.window = seq_len, block, causal, window
         self.doc = None if cu_seqlens is None else document_ids(cu_seqlens.to(device), seq_len)
         self.device = device
 
     def chunks(self):
-        """Yield (row0, c0, c1): keys [c0, c1) only reach rows [row0, L)."""
+        """Yield (rows, c0, c1): keys [c0, c1) only reach the rows of slice ``rows`` (causal: from c0;
+        with a window of W: up to c1 - 1 + W - 1); chunks no row reaches are left out."""
         for c0 in range(0, self.seq_len, self.block):
             c1 = min(c0 + self.block, self.seq_len)
-            yield (c0 if self.causal else 0), c0, c1
+            row1 = self.seq_len if self.window is None else min(self.seq_len, c1 - 1 + self.window)
+            yield slice(c0 if self.causal else 0, row1), c0, c1
 
-    def mask(self, row0, c0, c1):
-        """(L - row0, c1 - c0) bool, True where allowed; None when nothing is masked."""
-        rows = torch.arange(row0, self.seq_len, device=self.device)
-        cols = torch.arange(c0, c1, device=self.device)
+    def mask(self, rows, c0, c1):
+        """(rows, c1 - c0) bool, True where allowed; None when nothing is masked."""
+        i = torch.arange(rows.start, rows.stop, device=self.device)[:, None]
+        j = torch.arange(c0, c1, device=self.device)[None, :]
         allowed = None
         if self.causal:
-            allowed = cols[None, :] <= rows[:, None]
+            allowed = j <= i
+        if self.window is not None:
+            allowed = allowed & (j > i - self.window)
         if self.doc is not None:
-            same = self.doc[row0:, None] == self.doc[None, c0:c1]
+            same = self.doc[rows, None] == self.doc[None, c0:c1]
             allowed = same if allowed is None else allowed & same
         return allowed
 
 
-def _scores(plan, qg, rg, kg, scale, row0, c0, c1):
+def _scores(plan, qg, rg, kg, scale, rows, c0, c1):
     """Masked scaled logits s (-inf where masked) and probe scores t (0 where masked)."""
     kc = kg[..., c0:c1, :].transpose(-1, -2)
-    s = scale * (qg[..., row0:, :] @ kc)
-    t = rg[..., row0:, :] @ kc
-    allowed = plan.mask(row0, c0, c1)
+    s = scale * (qg[..., rows, :] @ kc)
+    t = rg[..., rows, :] @ kc
+    allowed = plan.mask(rows, c0, c1)
     if allowed is not None:
         s = s.masked_fill(~allowed, float("-inf"))
         t = t.masked_fill(~allowed, 0.0)
@@ -75,9 +79,9 @@ def _forward(plan, qg, rg, kg, vg, scale):
     m = torch.full(stats, float("-inf"), dtype=qg.dtype, device=qg.device)
     d1, d2 = torch.zeros_like(m), torch.zeros_like(m)
     o1, o2 = torch.zeros_like(qg), torch.zeros_like(qg)
-    for row0, c0, c1 in plan.chunks():
-        s, t = _scores(plan, qg, rg, kg, scale, row0, c0, c1)
-        m_old = m[..., row0:]
+    for rows, c0, c1 in plan.chunks():
+        s, t = _scores(plan, qg, rg, kg, scale, rows, c0, c1)
+        m_old = m[..., rows]
         m_new = torch.maximum(m_old, s.amax(-1))
         # Rows with no allowed key yet keep m = -inf; shift by 0 there to avoid inf - inf.
         shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -85,11 +89,11 @@ def _forward(plan, qg, rg, kg, vg, scale):
         e = torch.exp(s - shift[..., None])
         et = e * t
         vc = vg[..., c0:c1, :]
-        d1[..., row0:] = d1[..., row0:] * alpha + e.sum(-1)
-        d2[..., row0:] = d2[..., row0:] * alpha + et.sum(-1)
-        o1[..., row0:, :] = o1[..., row0:, :] * alpha[..., None] + e @ vc
-        o2[..., row0:, :] = o2[..., row0:, :] * alpha[..., None] + et @ vc
-        m[..., row0:] = m_new
+        d1[..., rows] = d1[..., rows] * alpha + e.sum(-1)
+        d2[..., rows] = d2[..., rows] * alpha + et.sum(-1)
+        o1[..., rows, :] = o1[..., rows, :] * alpha[..., None] + e @ vc
+        o2[..., rows, :] = o2[..., rows, :] * alpha[..., None] + et @ vc
+        m[..., rows] = m_new
     vbar = o1 / d1[..., None]
     tbar = d2 / d1
     o = (1.0 + tbar[..., None]) * vbar - o2 / d1[..., None]
@@ -102,19 +106,19 @@ def _backward(plan, qg, rg, kg, vg, scale, o, vbar, tbar, lse, dog):
     beta = (dog * vbar).sum(-1)
     dq, dr = torch.zeros_like(qg), torch.zeros_like(rg)
     dk, dv = torch.zeros_like(kg), torch.zeros_like(vg)
-    for row0, c0, c1 in plan.chunks():
-        s, t = _scores(plan, qg, rg, kg, scale, row0, c0, c1)
-        p = torch.exp(s - lse[..., row0:, None])
+    for rows, c0, c1 in plan.chunks():
+        s, t = _scores(plan, qg, rg, kg, scale, rows, c0, c1)
+        p = torch.exp(s - lse[..., rows, None])
         kc, vc = kg[..., c0:c1, :], vg[..., c0:c1, :]
-        dor = dog[..., row0:, :]
-        delta = dor @ vc.transpose(-1, -2) - beta[..., row0:, None]
-        c = 1.0 + tbar[..., row0:, None] - t
+        dor = dog[..., rows, :]
+        delta = dor @ vc.transpose(-1, -2) - beta[..., rows, None]
+        c = 1.0 + tbar[..., rows, None] - t
         g2 = -p * delta
-        g1 = p * (c * delta + (beta - tau)[..., row0:, None])
-        dq[..., row0:, :] += scale * (g1 @ kc)
-        dr[..., row0:, :] += g2 @ kc
-        dk_c = scale * (g1.transpose(-1, -2) @ qg[..., row0:, :])
-        dk_c = dk_c + g2.transpose(-1, -2) @ rg[..., row0:, :]
+        g1 = p * (c * delta + (beta - tau)[..., rows, None])
+        dq[..., rows, :] += scale * (g1 @ kc)
+        dr[..., rows, :] += g2 @ kc
+        dk_c = scale * (g1.transpose(-1, -2) @ qg[..., rows, :])
+        dk_c = dk_c + g2.transpose(-1, -2) @ rg[..., rows, :]
         dk[..., c0:c1, :] = dk_c.sum(2, keepdim=True)
         dv[..., c0:c1, :] = ((p * c).transpose(-1, -2) @ dor).sum(2, keepdim=True)
     return dq, dr, dk, dv
@@ -124,11 +128,11 @@ class ChunkedParallaxAttention(torch.autograd.Function):
     """autograd.Function wrapping the chunked forward and closed-form backward."""
 
     @staticmethod
-    def forward(ctx, q, r, k, v, scale, causal, cu_seqlens, block):
+    def forward(ctx, q, r, k, v, scale, causal, cu_seqlens, block, window):
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
         hkv = k.shape[2]
         qg, rg, kg, vg = (_grouped(x, hkv, work) for x in (q, r, k, v))
-        plan = _Plan(q.shape[1], block, causal, cu_seqlens, q.device)
+        plan = _Plan(q.shape[1], block, causal, cu_seqlens, q.device, window)
         o, vbar, tbar, lse = _forward(plan, qg, rg, kg, vg, scale)
         ctx.save_for_backward(q, r, k, v, o, vbar, tbar, lse)
         ctx.plan, ctx.scale, ctx.work = plan, scale, work
@@ -141,15 +145,17 @@ class ChunkedParallaxAttention(torch.autograd.Function):
         qg, rg, kg, vg, dog = (_grouped(x, hkv, ctx.work) for x in (q, r, k, v, do))
         dq, dr, dk, dv = _backward(ctx.plan, qg, rg, kg, vg, ctx.scale, o, vbar, tbar, lse, dog)
         grads = (_ungrouped(g, x.dtype) for g, x in zip((dq, dr, dk, dv), (q, r, k, v)))
-        return (*grads, None, None, None, None)
+        return (*grads, None, None, None, None, None)
 
 
 def parallax_attention_chunked(q, r, k, v, *, scale, causal=True, cu_seqlens=None,
-                               block=DEFAULT_BLOCK):
+                               block=DEFAULT_BLOCK, window=None):
     """Exact Parallax attention, differentiable, O(L * block) extra memory.
 
     q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D), Hq % Hkv == 0, any float dtype, CPU or GPU.
     scale: float. cu_seqlens: optional (num_docs + 1,) int32 offsets (B == 1).
+    window: optional int W >= 1 (causal only): query i reads keys i - W < j <= i (within its document);
+    KV chunks out of every row's band are skipped.
     Returns (B, L, Hq, D) in q's dtype. Inputs are assumed validated by the dispatcher.
     """
-    return ChunkedParallaxAttention.apply(q, r, k, v, scale, causal, cu_seqlens, block)
+    return ChunkedParallaxAttention.apply(q, r, k, v, scale, causal, cu_seqlens, block, window)

@@ -8,6 +8,13 @@ Math (SPEC section 1), per query head h reading kv head h // (Hq / Hkv):
 The query is the newest token, whose own k/v are already in the cache, so it
 attends to every valid cache position (no causal mask inside the cache).
 
+Sliding window (SPEC 1b, ``window=W``): the query reads the last W valid positions of
+its cache row. Two cache layouts give the same result: a linear cache (position p in
+slot p; decode reads slots [len - W, len)), or a rolling cache of exactly W slots
+(position p in slot p % W, ``rolling_cache_write``), where every valid slot is in the
+window. Keys carry RoPE from before they were cached, so the order of the slots does not
+matter to the softmax: decode over a rolling cache is plain decode over its valid slots.
+
 Backends: ``reference`` (pure PyTorch, any device, fp32 or fp64 accumulation,
 chunked over L), ``triton`` (fused split-KV kernel, ``decode_fused``), ``auto``
 (triton on CUDA when the kernel supports the inputs, else reference).
@@ -15,15 +22,19 @@ chunked over L), ``triton`` (fused split-KV kernel, ``decode_fused``), ``auto``
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+
+from kernels.parallax.attention import check_window
 
 _BACKENDS = ("auto", "reference", "triton")
 _REFERENCE_CHUNK = 4096
 
 
-def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto"):
+def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto", window=None,
+                    check_seqlens=True):
     """Parallax attention for one query token per sequence against a KV cache.
 
     Args:
@@ -33,31 +44,158 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
             per sequence, each in [1, L]; default all L.
         scale: softmax scale for q . k (r is never scaled); default 1/sqrt(D).
         backend: "auto", "reference" or "triton".
+        window: optional sliding window W (int >= 1): each sequence reads only its last W
+            valid positions, [len - W, len). A rolling cache of W slots
+            (``rolling_cache_write``) needs no window argument: all its valid slots qualify.
+        check_seqlens: check that cache_seqlens lies in [1, L] (ValueError otherwise). The
+            check reads the values on the host: one sync per call, which waits for the queued
+            GPU work (skipped while a CUDA graph is captured). Pass False when the values are
+            known good (a model's position counter); the triton kernel clamps them to [0, L]
+            either way, so it never reads outside the cache.
 
     Returns:
         (batch, 1, Hq, D) tensor in q's dtype.
+
+    The launch plan (configuration, split count, scratch) is cached per geometry; a
+    ``DecodePlan`` built once also skips the validation here (the leanest path, CUDA graphs).
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens)
+    check_window(window, who="parallax_decode")
+    seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_seqlens)
     scale = _check_scale(scale, q.shape[-1])
-    if backend == "auto":
+    batch, _, hq, dim = q.shape
+    plan = _cached_plan(batch, hq, k_cache.shape[2], dim, k_cache.shape[1], q.dtype, k_cache.dtype, q.device,
+                        window, scale, backend)
+    return plan.run(q, r, k_cache, v_cache, seqlens)
+
+
+class DecodePlan:
+    """``parallax_decode`` for one geometry with the per-call host work done once.
+
+    Construction validates the geometry, picks the backend ("auto": triton on CUDA when the
+    kernel supports dtype and head dim), the launch configuration and the split count, and
+    allocates the split scratch and merge tickets. A call checks only that the tensors match
+    the plan (shapes, dtypes, device: no value reads, no host sync), launches one kernel and
+    allocates the output (or writes ``out``), so it can be captured in a CUDA graph (call it
+    once before capturing: the first call compiles the kernel).
+
+    Args:
+        batch, hq, hkv, head_dim, cache_len: the geometry of q (batch, 1, hq, head_dim) and of
+            the caches (batch, cache_len, hkv, head_dim).
+        dtype: of q and r; cache_dtype: of the caches (default dtype); device.
+        window, scale, backend: as ``parallax_decode``.
+
+    cache_seqlens is trusted: int32 (batch,) with values in [1, cache_len] (wrong values give
+    wrong results; the triton kernel clamps them to [0, cache_len], 0 gives zeros). One call
+    at a time: calls share the scratch, so calls on several streams at once would race.
+    """
+
+    def __init__(self, batch, hq, hkv, head_dim, cache_len, dtype, device, *, cache_dtype=None, window=None,
+                 scale=None, backend="auto"):
+        sizes = dict(batch=batch, hq=hq, hkv=hkv, head_dim=head_dim, cache_len=cache_len)
+        if not all(isinstance(x, int) and x >= 1 for x in sizes.values()) or hq % hkv:
+            raise ValueError(f"DecodePlan: sizes must be ints >= 1 with hq % hkv == 0, got {sizes}")
+        cache_dtype = cache_dtype or dtype
+        if not (dtype.is_floating_point and cache_dtype.is_floating_point):
+            raise TypeError(f"DecodePlan: dtype and cache_dtype must be floating, got {dtype}, {cache_dtype}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"DecodePlan: backend must be one of {_BACKENDS}, got {backend!r}")
+        check_window(window, who="DecodePlan")
         from kernels.parallax import decode_fused
 
-        use_triton = q.is_cuda and decode_fused.supports(q, k_cache)
-        backend = "triton" if use_triton else "reference"
-    if backend == "triton":
-        from kernels.parallax import decode_fused
+        self.device = torch.device(device)
+        self.dtype, self.cache_dtype, self.window = dtype, cache_dtype, window
+        self.scale = _check_scale(scale, head_dim)
+        self._q_shape, self._kv_shape = (batch, 1, hq, head_dim), (batch, cache_len, hkv, head_dim)
+        fits = decode_fused.supports(dtype, head_dim) and cache_dtype == dtype
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" and fits else "reference"
+        if backend == "triton" and not fits:
+            raise TypeError(f"DecodePlan: backend='triton' needs q, r and the caches of one dtype in "
+                            f"(bfloat16, float16, float32) and a power-of-2 head dim in [16, 256]; got dtype "
+                            f"{dtype}, cache_dtype {cache_dtype}, head_dim {head_dim}")
+        self.backend = backend
+        self._triton = None
+        if backend == "triton":
+            self._triton = decode_fused.TritonDecodePlan(batch, hq, hkv, head_dim, cache_len, dtype, self.device,
+                                                         scale=self.scale, window=window)
 
-        return decode_fused.parallax_decode_triton(q, r, k_cache, v_cache, seqlens, scale)
-    return parallax_decode_reference(q, r, k_cache, v_cache, seqlens, scale)
+    @classmethod
+    def like(cls, q, k_cache, **kwargs):
+        """The plan for tensors shaped like q (batch, 1, Hq, D) and k_cache (batch, L, Hkv, D); kwargs
+        as the constructor's (window, scale, backend)."""
+        batch, _, hq, dim = q.shape
+        return cls(batch, hq, k_cache.shape[2], dim, k_cache.shape[1], q.dtype, q.device, cache_dtype=k_cache.dtype,
+                   **kwargs)
+
+    @property
+    def num_splits(self):
+        """Splits per (batch, kv head) of the triton launch (1 for the reference backend)."""
+        return self._triton.num_splits if self._triton is not None else 1
+
+    def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, *, out=None):
+        """(batch, 1, Hq, D) in the plan's dtype, for tensors of the plan's geometry (ValueError
+        naming the tensor otherwise); ``out``: optional tensor like q to write into."""
+        for name, x, shape, dtype in (("q", q, self._q_shape, self.dtype), ("r", r, self._q_shape, self.dtype),
+                                      ("k_cache", k_cache, self._kv_shape, self.cache_dtype),
+                                      ("v_cache", v_cache, self._kv_shape, self.cache_dtype)):
+            if x.shape != shape or x.dtype != dtype or x.device != self.device:
+                raise ValueError(f"DecodePlan: {name} is {x.dtype} {tuple(x.shape)} on {x.device}; the plan "
+                                 f"expects {dtype} {shape} on {self.device}")
+        if cache_seqlens is not None and (cache_seqlens.shape != self._q_shape[:1] or cache_seqlens.device != self.device
+                                          or cache_seqlens.dtype != torch.int32):
+            raise ValueError(f"DecodePlan: cache_seqlens must be int32 of shape {self._q_shape[:1]} on {self.device}, "
+                             f"got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+        return self.run(q, r, k_cache, v_cache, cache_seqlens, out)
+
+    def run(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
+        """``__call__`` without the checks: inputs already validated (``parallax_decode``)."""
+        if self._triton is not None:
+            return self._triton(q, r, k_cache, v_cache, cache_seqlens, out)
+        o = parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, self.scale, window=self.window)
+        return o if out is None else out.copy_(o)
 
 
-def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chunk=_REFERENCE_CHUNK):
+@functools.lru_cache(maxsize=32)
+def _cached_plan(batch, hq, hkv, dim, length, dtype, cache_dtype, device, window, scale, backend):
+    return DecodePlan(batch, hq, hkv, dim, length, dtype, device, cache_dtype=cache_dtype, window=window,
+                      scale=scale, backend=backend)
+
+
+def rolling_cache_write(k_cache, v_cache, k, v, start):
+    """Write new tokens into rolling (ring) KV caches of W = k_cache.shape[1] slots, in place.
+
+    k_cache, v_cache: (batch, W, Hkv, D). k, v: (batch, n, Hkv, D), the tokens at absolute
+    positions start[b] + [0, n), RoPE already applied at those positions. start: int tensor
+    (batch,) on the caches' device. The token at position p goes to slot p % W; of n > W new
+    tokens only the last W are written (the rest would be overwritten). No host sync.
+    Returns cache_seqlens, int32 (batch,) = min(start + n, W): the valid slots to pass to
+    ``parallax_decode(..., cache_seqlens=...)``, which then attends to the last W positions.
+    """
+    batch, width = k_cache.shape[:2]
+    token_shape = (batch, *k_cache.shape[2:])  # (batch, Hkv, D)
+    if k_cache.shape != v_cache.shape or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != token_shape:
+        raise ValueError(f"rolling_cache_write: k, v must be (batch={batch}, n, Hkv, D) like the caches' "
+                         f"{tuple(k_cache.shape)}; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"v_cache {tuple(v_cache.shape)}")
+    if not isinstance(start, torch.Tensor) or start.shape != (batch,) or start.is_floating_point():
+        got = f"{start.dtype} tensor of shape {tuple(start.shape)}" if isinstance(start, torch.Tensor) else start
+        raise ValueError(f"rolling_cache_write: start must be an int tensor of shape ({batch},), got {got}")
+    n = k.shape[1]
+    keep = min(n, width)  # distinct slots: the writes never collide, so the result is deterministic
+    pos = start.to(k_cache.device, torch.int64)[:, None] + (n - keep) + torch.arange(keep, device=k_cache.device)
+    rows = torch.arange(batch, device=k_cache.device)[:, None].expand(batch, keep)
+    k_cache[rows, pos % width] = k[:, n - keep:].to(k_cache.dtype)
+    v_cache[rows, pos % width] = v[:, n - keep:].to(v_cache.dtype)
+    return torch.clamp(pos[:, -1] + 1, max=width).to(torch.int32)
+
+
+def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chunk=_REFERENCE_CHUNK, window=None):
     """Streaming PyTorch reference (fp32 accumulation, fp64 for fp64 inputs).
 
     Same shapes as ``parallax_decode``; ``cache_seqlens`` is an int tensor (batch,)
-    or None, ``scale`` a float. Walks the cache in chunks of ``chunk`` positions
+    or None, ``scale`` a float, ``window`` None or an int >= 1. Walks the cache in chunks of ``chunk`` positions
     with the online-softmax rescale shared by the four accumulators, so memory
     stays O(batch * Hq * (chunk + D)) whatever L is.
     """
@@ -67,7 +205,12 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
     group = hq // hkv
     qg = q.reshape(batch, hkv, group, dim).to(acc_dtype) * scale
     rg = r.reshape(batch, hkv, group, dim).to(acc_dtype)
-    lens = None if cache_seqlens is None else cache_seqlens.to(q.device, torch.int64)
+    if cache_seqlens is None:
+        lens = torch.full((batch,), length, device=q.device)
+    else:
+        lens = cache_seqlens.to(q.device, torch.int64)
+    lens = torch.clamp(lens, 0, length)  # as the kernel does with unchecked values
+    first = torch.clamp(lens - (window or length), min=0)  # each sequence reads [first, len)
     m = torch.full((batch, hkv, group), -math.inf, dtype=acc_dtype, device=q.device)
     d1 = torch.zeros_like(m)
     d2 = torch.zeros_like(m)
@@ -78,11 +221,11 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
         vc = v_cache[:, lo : lo + chunk].to(acc_dtype)
         s1 = torch.einsum("bhgd,bchd->bhgc", qg, kc)
         t = torch.einsum("bhgd,bchd->bhgc", rg, kc)
-        if lens is not None:
-            pos = torch.arange(lo, lo + kc.shape[1], device=q.device)
-            valid = (pos[None, :] < lens[:, None])[:, None, None, :]
-            s1 = s1.masked_fill(~valid, -math.inf)
-            t = t.masked_fill(~valid, 0.0)
+        pos = torch.arange(lo, lo + kc.shape[1], device=q.device)
+        valid = (pos[None, :] < lens[:, None]) & (pos[None, :] >= first[:, None])  # (batch, chunk)
+        s1 = s1.masked_fill(~valid[:, None, None, :], -math.inf)
+        t = t.masked_fill(~valid[:, None, None, :], 0.0)
+        vc = vc.masked_fill(~valid[:, :, None, None], 0.0)  # slots outside may hold inf or NaN: 0 * inf
         m_new = torch.maximum(m, s1.amax(dim=-1))
         # A chunk wholly past a short sequence leaves m at -inf; pivot on 0 then.
         pivot = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -98,8 +241,9 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
     return out.reshape(batch, 1, hq, dim).to(q.dtype)
 
 
-def _check_inputs(q, r, k_cache, v_cache, cache_seqlens):
-    """Validate shapes, dtypes, devices; return cache_seqlens as int32 or None."""
+def _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_values=True):
+    """Validate shapes, dtypes, devices (and cache_seqlens' values when check_values); return
+    cache_seqlens as int32 or None."""
     for name, x in (("q", q), ("r", r), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -129,20 +273,21 @@ def _check_inputs(q, r, k_cache, v_cache, cache_seqlens):
         )
     if cache_seqlens is None:
         return None
-    return _check_seqlens(cache_seqlens, batch, length, q.device)
+    return _check_seqlens(cache_seqlens, batch, length, q.device, check_values)
 
 
-def _check_seqlens(cache_seqlens, batch, length, device):
+def _check_seqlens(cache_seqlens, batch, length, device, check_values):
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (batch,):
         got = tuple(cache_seqlens.shape) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
         raise ValueError(f"cache_seqlens must be a tensor of shape ({batch},), got {got}")
     if cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"cache_seqlens must be int32 (or int64), got {cache_seqlens.dtype}")
-    seqlens = cache_seqlens.to(device=device, dtype=torch.int32)
-    # The value check needs a host sync, which a CUDA graph capture forbids.
-    capturing = seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing:
-        lo, hi = int(seqlens.min()), int(seqlens.max())
+    if cache_seqlens.device != device:
+        raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, expected q's device {device}")
+    seqlens = cache_seqlens.to(dtype=torch.int32)
+    # The value check needs a host sync (one copy of min and max), which a CUDA graph capture forbids.
+    if check_values and not (seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        lo, hi = torch.stack(torch.aminmax(seqlens)).tolist()
         if lo < 1 or hi > length:
             raise ValueError(f"cache_seqlens values must lie in [1, L={length}], got min {lo}, max {hi}")
     return seqlens.contiguous()

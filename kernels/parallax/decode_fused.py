@@ -24,22 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.parallax import tuning
+
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _H200_SMS = 132
-# Per head dim: (block_n, num_warps, num_stages); from the H200 sweep (docs/kernels_decode.md).
-_CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3)}
-# Several waves of (batch, kv head) groups: more programs per SM (D=128: 2 stages, 3 fit instead
-# of 2) or more warps (D=64) hide more latency; measured at B=128 (docs/kernels_decode.md).
-_MANY_GROUPS_CONFIGS = {64: (128, 8, 3), 128: (64, 4, 2)}
-_DEFAULT_CONFIG = (32, 4, 2)
-# Fewest cache positions one split handles: below this the partial writes and
-# the merge cost more than the extra parallelism buys.
-_MIN_CHUNK = 128
 # The merge holds all splits of one head in a [SP, D] register tile.
 MAX_SPLITS = 64
 _SMEM_PER_SM = 228 * 1024  # H200 (and H100); read off the device when it says
-_counters: dict = {}
 
 
 @triton.jit
@@ -118,7 +110,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_rb, stride_rh,
     stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
     stride_ob, stride_oh,
-    L, chunk, num_splits,
+    L, WINDOW, chunk, num_splits,
     HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, IEEE: tl.constexpr,
     SP: tl.constexpr,
@@ -130,8 +122,10 @@ def _decode_split_kernel(
     b64 = b.to(tl.int64)
     seqlen = L
     if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + b)
-    start = sid * chunk
+        # unchecked values (DecodePlan) must not read outside the cache: clamp to [0, L]
+        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), L)
+    # the valid positions are [seqlen - WINDOW, seqlen) (all of [0, seqlen) while seqlen <= WINDOW)
+    start = tl.maximum(seqlen - WINDOW, 0) + sid * chunk
     end = tl.minimum(start + chunk, seqlen)
 
     BM: tl.constexpr = 2 * HP
@@ -212,23 +206,24 @@ def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
     _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D, SP)
 
 
-def supports(q, k_cache):
-    """Whether the Triton kernel handles this dtype and head dim (power of 2 in [16, 256])."""
-    dim = q.shape[-1]
-    return q.dtype in _DTYPES and k_cache.dtype == q.dtype and 16 <= dim <= 256 and dim & (dim - 1) == 0
+def supports(dtype, dim):
+    """Whether the Triton kernel handles this dtype (of q, r and the caches) and head dim (a power
+    of 2 in [16, 256])."""
+    return dtype in _DTYPES and 16 <= dim <= 256 and dim & (dim - 1) == 0
 
 
 def pick_num_splits(n_groups, length, block_n, slots):
     """Splits per (batch, kv head): among the counts whose programs all fit in one wave
     (n_groups * splits <= ``slots``, the programs resident at once = SMs * programs per SM), the one
     whose longest split walks the fewest blocks of block_n positions; the fewest splits among equals,
-    at least _MIN_CHUNK positions per split, and one split once the groups alone fill a wave.
+    at least tuning.DECODE_MIN_CHUNK positions per split, and one split once the groups alone fill a wave.
 
     Splitting into several waves lost wherever it was timed (B = 32, L = 16384: 2 splits 610 us
     against 470 for 1; the partial writes and the merge cost more than the finer waves gain). At
     batch 1 the rule takes equal chunks (32 splits of 512 positions at L = 16384 on an H200) where
     a wave-efficiency rule took a ragged 29 (24.2 vs 24.9 us, D = 128; docs/kernels_decode.md)."""
-    most = max(1, min(MAX_SPLITS, slots // max(n_groups, 1), triton.cdiv(length, max(_MIN_CHUNK, block_n))))
+    shortest = max(tuning.DECODE_MIN_CHUNK, block_n)
+    most = max(1, min(MAX_SPLITS, slots // max(n_groups, 1), triton.cdiv(length, shortest)))
     blocks = lambda splits: triton.cdiv(triton.cdiv(length, splits), block_n)  # noqa: E731
     return min(range(1, most + 1), key=lambda splits: (blocks(splits), splits))
 
@@ -237,7 +232,8 @@ def pick_config(n_groups: int, dim: int, device) -> tuple[int, int, int]:
     """(block_n, num_warps, num_stages) for ``n_groups`` (batch x kv heads) groups of head dim ``dim``:
     the many-groups configs once the groups alone fill more than two waves of one program per SM."""
     many = n_groups > 2 * _sm_count(device)
-    return (_MANY_GROUPS_CONFIGS if many else _CONFIGS).get(dim, _DEFAULT_CONFIG)
+    table = tuning.DECODE_MANY_GROUPS_CONFIGS if many else tuning.DECODE_CONFIGS
+    return table.get(dim, tuning.DECODE_DEFAULT_CONFIG)
 
 
 def _sm_count(device) -> int:
@@ -254,72 +250,83 @@ def resident_slots(device, block_n, dim, num_stages, elt_bytes):
     return _sm_count(device) * max(1, smem // per_program)
 
 
-def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, num_splits=None,
-                           block_n=None, num_warps=None, num_stages=None, fused_merge=True):
-    """Launch the split-KV kernel. Inputs as ``kernels.parallax.decode.parallax_decode``
-    (already validated), ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float.
-    The keyword knobs override the tuned launch configuration (tests, sweeps).
-    Returns (batch, 1, Hq, D) in q's dtype.
+class TritonDecodePlan:
+    """The split-KV kernel's launch for one geometry, worked out once: launch configuration, split
+    count, scratch for the partials and the merge tickets (its own, zeroed here and re-armed by
+    the merging programs, so a call launches one kernel and allocates only its output).
+
+    batch, hq, hkv, dim, length (cache slots L), dtype (of q, r and the caches), device; scale a
+    float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
+    the splits cover min(L, window) positions). The other keywords override the tuned launch
+    configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
+    calls on several streams at once would race (calls on one stream, or graph replays, are safe).
     """
-    if not supports(q, k_cache) or r.dtype != q.dtype:
+
+    def __init__(self, batch, hq, hkv, dim, length, dtype, device, *, scale, window=None, num_splits=None,
+                 block_n=None, num_warps=None, num_stages=None, fused_merge=True):
+        device = torch.device(device)
+        if not supports(dtype, dim):
+            raise TypeError(f"triton decode needs a dtype in {_DTYPES} and a power-of-2 head dim in [16, 256]; "
+                            f"got {dtype}, D={dim}")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(f"triton decode needs CUDA tensors (or TRITON_INTERPRET=1), got device {device}")
+        group, n_groups = hq // hkv, batch * hkv
+        cfg = pick_config(n_groups, dim, device)
+        block_n, num_warps, num_stages = block_n or cfg[0], num_warps or cfg[1], num_stages or cfg[2]
+        span = min(length, window or length)  # positions one sequence reads, at most
+        if num_splits is None:
+            slots = resident_slots(device, block_n, dim, num_stages, dtype.itemsize)
+            num_splits = pick_num_splits(n_groups, span, block_n, slots)
+        chunk = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
+        self.num_splits = triton.cdiv(span, chunk)
+        if self.num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {self.num_splits}")
+        self.split = self.num_splits > 1
+        self.fused_merge = fused_merge
+        self.launch_config = (block_n, num_warps, num_stages)
+        scratch = n_groups * self.num_splits * group if self.split else 1
+        self._part_o = torch.empty((scratch * 2, dim) if self.split else (1,), dtype=torch.float32, device=device)
+        self._part_s = [torch.empty(scratch, dtype=torch.float32, device=device) for _ in range(3)]
+        tickets = self.split and fused_merge
+        self._counter = torch.zeros(n_groups, dtype=torch.int32, device=device) if tickets else self._part_s[0]
+        self._grid = (self.num_splits, n_groups)
+        self._scale_log2 = scale * LOG2E
+        self._sizes = (length, span, chunk, self.num_splits)
+        hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
+        self._merge = dict(HKV=hkv, G=group, HP=hp, D=dim, SP=sp)
+        self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
+                          num_warps=num_warps, num_stages=num_stages, **self._merge)
+
+    def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
+        """o (batch, 1, Hq, D) in q's dtype, written into ``out`` when given. Tensors as the plan's
+        geometry (not checked here); cache_seqlens int32 (batch,) or None (all L), values in [1, L]
+        (not checked; the kernel clamps them to [0, L], so it never reads outside the cache)."""
+        q, r, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, r, k_cache, v_cache))
+        out = torch.empty_like(q) if out is None else out
+        seq_arg = self._part_s[0] if cache_seqlens is None else cache_seqlens
+        sq, sr, sk, sv, so = q.stride(), r.stride(), k_cache.stride(), v_cache.stride(), out.stride()
+        _decode_split_kernel[self._grid](
+            q, r, k_cache, v_cache, out, seq_arg, self._part_o, *self._part_s, self._counter, self._scale_log2,
+            sq[0], sq[2], sr[0], sr[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[2], *self._sizes,
+            HAS_SEQLENS=cache_seqlens is not None, **self._meta)
+        if self.split and not self.fused_merge:
+            _merge_kernel[(self._grid[1],)](self._part_o, *self._part_s, out, self.num_splits, so[0], so[2],
+                                            **self._merge, num_warps=4)
+        return out
+
+
+def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, window=None, **launch):
+    """One decode with a plan built for this call (tests and sweeps; ``kernels.DecodePlan`` keeps
+    its plan). Inputs as ``kernels.parallax.decode.parallax_decode`` (already validated),
+    ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float; ``launch``: TritonDecodePlan's
+    keywords num_splits, block_n, num_warps, num_stages, fused_merge. Returns (batch, 1, Hq, D).
+    """
+    if not supports(q.dtype, q.shape[-1]) or not q.dtype == r.dtype == k_cache.dtype == v_cache.dtype:
         raise TypeError(
             f"triton decode needs q, r, k_cache, v_cache all of one dtype in {_DTYPES} and a power-of-2 "
             f"head dim in [16, 256]; got q {q.dtype}, r {r.dtype}, k_cache {k_cache.dtype}, D={q.shape[-1]}"
         )
-    if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"triton decode needs CUDA tensors (or TRITON_INTERPRET=1), got device {q.device}")
-    q, r, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, r, k_cache, v_cache))
     batch, _, hq, dim = q.shape
-    length, hkv = k_cache.shape[1], k_cache.shape[2]
-    group = hq // hkv
-    hp = max(8, triton.next_power_of_2(group))
-    n_groups = batch * hkv
-    cfg = pick_config(n_groups, dim, q.device)
-    block_n = block_n or cfg[0]
-    num_warps = num_warps or cfg[1]
-    num_stages = num_stages or cfg[2]
-    if num_splits is None:
-        slots = resident_slots(q.device, block_n, dim, num_stages, q.element_size())
-        num_splits = pick_num_splits(n_groups, length, block_n, slots)
-    chunk = triton.cdiv(triton.cdiv(length, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(length, chunk)
-    if num_splits > MAX_SPLITS:
-        raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
-    sp = max(16, triton.next_power_of_2(num_splits))  # few distinct compiles
-    out = torch.empty_like(q)
-    split = num_splits > 1
-    dev = q.device
-    part_o = torch.empty((n_groups * num_splits * 2 * group, dim) if split else (1,), dtype=torch.float32,
-                         device=dev)
-    part_s = [torch.empty(n_groups * num_splits * group if split else 1, dtype=torch.float32, device=dev)
-              for _ in range(3)]
-    counter = _counter(dev, n_groups) if split and fused_merge else part_s[0]
-    seq_arg = cache_seqlens if cache_seqlens is not None else part_s[0]
-    _decode_split_kernel[(num_splits, n_groups)](
-        q, r, k_cache, v_cache, out, seq_arg, part_o, *part_s, counter,
-        scale * LOG2E,
-        q.stride(0), q.stride(2), r.stride(0), r.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(2),
-        length, chunk, num_splits,
-        HKV=hkv, G=group, HP=hp, D=dim, BN=block_n,
-        HAS_SEQLENS=cache_seqlens is not None, SPLIT=split, FUSED_MERGE=fused_merge,
-        IEEE=q.dtype == torch.float32, SP=sp,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    if split and not fused_merge:
-        _merge_kernel[(n_groups,)](part_o, *part_s, out, num_splits, out.stride(0), out.stride(2),
-                                   HKV=hkv, G=group, HP=hp, D=dim, SP=sp, num_warps=4)
-    return out
-
-
-def _counter(device, n):
-    """Zeroed int32 tickets, one per group, reused across calls: the merging
-    program re-arms its ticket, so no memset launch per call. Not safe for
-    concurrent launches on several streams of one device."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _counters[device] = buf
-    return buf
+    plan = TritonDecodePlan(batch, hq, k_cache.shape[2], dim, k_cache.shape[1], q.dtype, q.device, scale=scale,
+                            window=window, **launch)
+    return plan(q, r, k_cache, v_cache, cache_seqlens)

@@ -3,9 +3,11 @@
 All kernels see the batch as one packed token axis of length T = B * L (tensors viewed as
 (T, H, D)); a token's document starts at ``doc_start`` (``(tok // L) * L`` without
 cu_seqlens, a per-token table with them). Keys j may serve query i when
-``doc_start(i) <= j <= i``. Tiles never need to align with documents: each program runs its
-KV (or Q) tiles in three phases, masked / unmasked / masked, and only tiles that cross a
-document start or the diagonal pay for the mask.
+``first_key(i) <= j <= i``, ``first_key(i) = max(doc_start(i), i - WINDOW + 1)`` (WINDOW = T
+without a sliding window). Tiles never need to align with documents or the band: each program
+runs its KV (or Q) tiles in three phases, masked / unmasked / masked, only tiles that cross a
+document start, the band's lower edge or the diagonal pay for the mask, and tiles wholly
+outside the band are never visited.
 
 Forward (one pass over KV tiles, SPEC's streaming form): running max m and four accumulators
 d1, O1, d2, O2 sharing one rescale; saves o, vbar (input dtype), tbar and lse (fp32, log2
@@ -14,22 +16,21 @@ tau = dO.o and beta = dO.vbar) and a column pass (dk, dv) that loops over the GQ
 query heads inside one program, so K/V tiles are loaded once per group and no atomics are needed.
 Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
 Every kernel runs on a 1-D grid of (tile, head) programs in one of two orders (``_tile_order``):
-head-major or globally heaviest-first; the autotuner picks per shape.
+head-major or globally heaviest-first; the autotuner picks per shape (launch configs: tuning.py).
 """
 
 from __future__ import annotations
-
-import inspect
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.parallax import cu_seqlens as offsets
+from kernels.parallax import tuning
+
 LOG2E = 1.4426950408889634
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # sizes vary between calls: one compiled kernel for all of them (strides stay specialised)
-_NO_SPECIALIZE = ["T", "L", "HQ", "GROUP", "TUNE_T", "TUNE_L"]
+_NO_SPECIALIZE = ["T", "L", "HQ", "GROUP", "WINDOW", "TUNE_T", "TUNE_L", "TUNE_W"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -50,14 +51,20 @@ def _doc_end(DOCE, tok, T, L, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _row_phases(DOCS, m0, T, L, BM: tl.constexpr, BN: tl.constexpr, VARLEN: tl.constexpr):
-    """KV tile bounds for query tile [m0, m0+BM): masked [lo, a_hi), full [a_hi, diag), masked [diag, hi)."""
+def _first_key(DOCS, tok, T, L, WINDOW, VARLEN: tl.constexpr):
+    """The earliest key query ``tok`` reads: its document's start, or the band's lower edge."""
+    return tl.maximum(_doc_start(DOCS, tok, T, L, VARLEN), tok - WINDOW + 1)
+
+
+@triton.jit
+def _row_phases(DOCS, m0, T, L, WINDOW, BM: tl.constexpr, BN: tl.constexpr, VARLEN: tl.constexpr):
+    """KV tile bounds for query tile [m0, m0+BM): masked [lo, a_hi), full [a_hi, diag), masked [diag, hi).
+    Key tiles before the first row's first key are skipped; from the last row's first key on, every
+    key up to the diagonal serves every row of the tile."""
     last = tl.minimum(m0 + BM, T) - 1
-    ds_first = _doc_start(DOCS, m0, T, L, VARLEN)
-    ds_last = _doc_start(DOCS, last, T, L, VARLEN)
-    lo = (ds_first // BN) * BN
+    lo = (_first_key(DOCS, m0, T, L, WINDOW, VARLEN) // BN) * BN
     diag = (m0 // BN) * BN
-    a_hi = tl.minimum(tl.cdiv(ds_last, BN) * BN, diag)
+    a_hi = tl.minimum(tl.cdiv(_first_key(DOCS, last, T, L, WINDOW, VARLEN), BN) * BN, diag)
     return lo, a_hi, diag, last + 1
 
 
@@ -100,7 +107,7 @@ def _store_rows(PTR, val, offs_t, h, stride_t, stride_h, offs_d, ok):
 
 # ----------------------------------------------------------------------------- forward
 @triton.jit
-def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, ds_row, T, qk_scale,
+def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, key_lo, T, qk_scale,
                D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
     offs_d = tl.arange(0, D)
     for n0 in range(lo, hi, BN):
@@ -112,7 +119,7 @@ def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, 
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         t = tl.dot(r, kt, input_precision=PREC)
         if MASKED:
-            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= ds_row[:, None])
+            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= key_lo[:, None])
             s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -127,8 +134,8 @@ def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, 
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, TUNE_T, TUNE_L,
-                GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, WINDOW,
+                TUNE_T, TUNE_L, TUNE_W, GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
     m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
@@ -137,19 +144,19 @@ def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, s
     ok_m = offs_m < T
     q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
     r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
-    ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
-    lo, a_hi, diag, hi = _row_phases(DOCS, m0, T, L, BM, BN, VARLEN)
+    key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+    lo, a_hi, diag, hi = _row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
 
     m_i = tl.full([BM], -1.0e30, tl.float32)  # finite: fully masked tiles keep alpha = 1, not NaN
     d1 = tl.zeros([BM], tl.float32)
     d2 = tl.zeros([BM], tl.float32)
     o1 = tl.zeros([BM, D], tl.float32)
     o2 = tl.zeros([BM, D], tl.float32)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, a_hi, offs_m, ds_row,
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
                                      T, qk_scale, D, BN, True, PREC)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, a_hi, diag, offs_m, ds_row,
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
                                      T, qk_scale, D, BN, False, PREC)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, diag, hi, offs_m, ds_row,
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, diag, hi, offs_m, key_lo,
                                      T, qk_scale, D, BN, True, PREC)
 
     inv = 1.0 / d1
@@ -180,7 +187,7 @@ def _row_stats(O, VBAR, do, TAU, BETA, offs_m, h, T, HQ, D: tl.constexpr, ok_m):
 
 
 @triton.jit
-def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, hi, offs_m, ds_row, T,
+def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, hi, offs_m, key_lo, T,
               qk_scale, D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
     offs_d = tl.arange(0, D)
     for n0 in range(lo, hi, BN):
@@ -194,7 +201,7 @@ def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, 
         a = tl.dot(do, tl.trans(v), input_precision=PREC)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
-            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= ds_row[:, None])
+            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= key_lo[:, None])
             p = tl.where(ok, p, 0.0)
         delta = a - beta[:, None]
         c = 1.0 + tbar[:, None] - t
@@ -207,7 +214,7 @@ def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, T, L, HQ,
-                   sqt, sqh, skt, skh, scale, qk_scale, TUNE_T, TUNE_L,
+                   sqt, sqh, skt, skh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
                    GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
     m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
@@ -222,16 +229,16 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
     lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
     tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
     bmt = beta - tau
-    ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
-    lo, a_hi, diag, hi = _row_phases(DOCS, m0, T, L, BM, BN, VARLEN)
+    key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+    lo, a_hi, diag, hi = _row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
 
     dq = tl.zeros([BM, D], tl.float32)
     dr = tl.zeros([BM, D], tl.float32)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, a_hi, offs_m, ds_row,
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
                        T, qk_scale, D, BN, True, PREC)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, a_hi, diag, offs_m, ds_row,
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
                        T, qk_scale, D, BN, False, PREC)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, diag, hi, offs_m, ds_row,
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, diag, hi, offs_m, key_lo,
                        T, qk_scale, D, BN, True, PREC)
     _store_rows(DQ, dq * scale, offs_m, h, HQ * D, D, offs_d, ok_m)
     _store_rows(DR, dr, offs_m, h, HQ * D, D, offs_d, ok_m)
@@ -258,7 +265,7 @@ def _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh, HQ, m0, T, D: tl.co
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
-                T, L, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+                T, L, WINDOW, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
                 VARLEN: tl.constexpr, PREC: tl.constexpr):
     for m0 in range(lo, hi, BM):
         offs_m, ok_m, q, r, do, lse, tbar, tau, beta = _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh,
@@ -269,8 +276,8 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
         at = tl.dot(v, tl.trans(do), input_precision=PREC)
         pt = tl.exp2(st - lse[None, :])
         if MASKED:
-            ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
-            ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= ds_row[None, :]) & ok_m[None, :]
+            key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+            ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
             pt = tl.where(ok, pt, 0.0)
         delta = at - beta[None, :]
         c = 1.0 + tbar[None, :] - tt
@@ -284,7 +291,7 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
 
 @triton.jit
 def _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
-                     T, L, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+                     T, L, WINDOW, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
                      VARLEN: tl.constexpr, PREC: tl.constexpr):
     """The column pass with queries on the rows (M) of the score tiles: the per-query statistics are
     row vectors (few per thread) and dk, dv take the transposed gradient tiles."""
@@ -298,8 +305,8 @@ def _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt,
         a = tl.dot(do, vt, input_precision=PREC)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
-            ds_row = _doc_start(DOCS, offs_m, T, L, VARLEN)
-            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= ds_row[:, None]) & ok_m[:, None]
+            key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+            ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= key_lo[:, None]) & ok_m[:, None]
             p = tl.where(ok, p, 0.0)
         delta = a - beta[:, None]
         c = 1.0 + tbar[:, None] - t
@@ -313,21 +320,21 @@ def _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt,
 
 @triton.jit
 def _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
-               T, L, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+               T, L, WINDOW, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
                VARLEN: tl.constexpr, PREC: tl.constexpr, ROWS: tl.constexpr):
     """Query tiles [lo, hi) of head h in one of the two orientations (ROWS: queries on the rows)."""
     if ROWS:
         dk, dv = _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi,
-                                  offs_n, T, L, scale, qk_scale, D, BM, MASKED, VARLEN, PREC)
+                                  offs_n, T, L, WINDOW, scale, qk_scale, D, BM, MASKED, VARLEN, PREC)
     else:
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi,
-                             offs_n, T, L, scale, qk_scale, D, BM, MASKED, VARLEN, PREC)
+                             offs_n, T, L, WINDOW, scale, qk_scale, D, BM, MASKED, VARLEN, PREC)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T, L, HQ, HKV,
-                     sqt, sqh, skt, skh, scale, qk_scale, TUNE_T, TUNE_L,
+                     sqt, sqh, skt, skh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
                      GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
                      ROWS: tl.constexpr = False):
@@ -337,9 +344,11 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     ok_n = offs_n < T
     k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
     v = _load_rows(V, offs_n, kv_h, skt, skh, offs_d, ok_n)
-    # query tiles: masked diagonal [lo, d_hi), full [d_hi, f_hi) (same document as n0), masked tail [f_hi, hi)
-    end_full = _doc_end(DOCE, n0, T, L, VARLEN)
-    hi = _doc_end(DOCE, tl.minimum(n0 + BN, T) - 1, T, L, VARLEN)
+    # query tiles: masked diagonal [lo, d_hi), full [d_hi, f_hi) (same document as n0 and inside the band
+    # of every key of the tile), masked tail [f_hi, hi); queries past the last key's band are skipped
+    end_full = tl.minimum(_doc_end(DOCE, n0, T, L, VARLEN), n0 + WINDOW)
+    last_n = tl.minimum(n0 + BN, T) - 1
+    hi = tl.minimum(_doc_end(DOCE, last_n, T, L, VARLEN), last_n + WINDOW)
     lo = (n0 // BM) * BM
     d_hi = tl.minimum(tl.cdiv(n0 + BN, BM) * BM, hi)
     f_hi = d_hi + tl.maximum(end_full - d_hi, 0) // BM * BM
@@ -349,67 +358,20 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     for g in range(GROUP):
         h = kv_h * GROUP + g
         dk, dv = _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
-                            offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS)
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS)
         dk, dv = _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
-                            offs_n, T, L, scale, qk_scale, D, BM, False, VARLEN, PREC, ROWS)
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, False, VARLEN, PREC, ROWS)
         dk, dv = _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
-                            offs_n, T, L, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS)
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS)
     _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
     _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
 
 
 # ----------------------------------------------------------------------------- launch
-def _config(bm, bn, warps, stages, **flags):
-    return triton.Config({"BM": bm, "BN": bn, **flags}, num_warps=warps, num_stages=stages)
-
-
-def _both_orders(tiles, **flags):
-    return [_config(*t, GLOBAL_ORDER=g, **flags) for t in tiles for g in (False, True)]
-
-
-# Short candidate lists for H200 (bf16): the D=128 and D=64 tile winners of four measured sweeps,
-# each in both program orders (timings in docs/kernels.md and docs/bench/attention_train*.json).
-# The key separates shapes of one token count (B4 x L4096 vs B1 x L16384 prefer different orders);
-# the choice per key is cached by triton's autotune cache (cache_results): a restart does not re-tune.
-FWD_CONFIGS = _both_orders([(128, 64, 8, 3), (64, 64, 4, 3)])
-DQ_CONFIGS = _both_orders([(128, 32, 8, 3), (64, 64, 4, 4)])
-# The column pass mostly runs with queries on the rows of its tiles (ROWS): each thread then holds
-# two of every per-query statistic instead of eight, and the loop issues 30% fewer instructions per
-# query-key pair. It won three of the four sweep shapes (B4 L4096 D128 2.24 vs 2.64 ms for the
-# previous list; D=64 9-16% faster); keys x queries at 32 x 64 kept B1 L16384 D128 (8.27 vs 8.81 ms).
-# At D=128 one stage beats two (two spill inside the loop), at D=64 two stages win.
-DKDV_CONFIGS = _both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True) + _both_orders([(32, 64, 4, 3)])
-INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
-TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L"]
-
-
-def _autotuned(kernel, configs):
-    extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    return triton.autotune(configs=configs, key=TUNE_KEY, **extra)(kernel)
-
-
-_FWD_TUNED = _autotuned(_fwd_kernel, FWD_CONFIGS)
-_DQ_TUNED = _autotuned(_bwd_dq_kernel, DQ_CONFIGS)
-_DKDV_TUNED = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS)
-
-
-# Below this much work (tokens x keys per token x heads x head dim) a kernel runs for microseconds and
-# autotuning (compiling and timing every listed config) costs more than it can save: small problems
-# (MAD's models, unit tests) take the first listed config. Training shapes are 100x above it.
-SMALL_WORK = 2**30
-
-
-def _pick(kernel, tuned, config, work):
-    """(kernel, launch kwargs): explicit config (global program order unless it says), interpreter
-    default, the first listed config for small work, or the autotuned kernel."""
-    if config is None and INTERPRET:
-        config = INTERPRET_CONFIG
-    if config is None and work < SMALL_WORK:
-        first = tuned.configs[0]
-        config = {**first.kwargs, "num_warps": first.num_warps, "num_stages": first.num_stages}
-    if config is None:
-        return tuned, {}
-    return kernel, {"GLOBAL_ORDER": True, **config}
+# The JIT kernels by their names in tuning (launch configs: kernels/parallax/tuning.py).
+JIT_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel}
+# scripts/kernel_resources.py reads the shipped lists here.
+FWD_CONFIGS, DQ_CONFIGS, DKDV_CONFIGS = (tuning.SHIPPED[name] for name in ("fwd", "dq", "dkdv"))
 
 
 def _tokens(x):
@@ -443,18 +405,21 @@ def check_head_dim(d):
         raise ValueError(f"parallax_attention: backend='triton' needs head_dim a power of two in [16, 256], got {d}")
 
 
-def _common(q, k, scale, cu_seqlens):
+def _common(q, k, scale, cu_seqlens, window):
     b, n, hq, d = q.shape
     check_head_dim(d)
     total = b * n
     varlen = cu_seqlens is not None
     docs = doce = q  # placeholders: never read when VARLEN is False
     if varlen:
+        offsets.check_values(cu_seqlens, total)  # wrong offsets would index K/V out of bounds
         docs, doce = _doc_tables(cu_seqlens, total, q.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"  # only fp32 dots read it
     meta = dict(GROUP=hq // k.shape[2], D=d, VARLEN=varlen, PREC=prec)
-    tune = (triton.next_power_of_2(total), triton.next_power_of_2(n))
-    return total, n, hq, docs, doce, meta, scale * LOG2E, tune, total * min(n, total) * hq * d
+    keys = min(n, window or n)  # keys per query, at most
+    band = min(window or total, total)  # WINDOW: at most T keeps n0 + WINDOW in int32
+    tune = (triton.next_power_of_2(total), triton.next_power_of_2(n), triton.next_power_of_2(keys))
+    return total, n, hq, docs, doce, meta, scale * LOG2E, band, tune, total * keys * hq * d
 
 
 def stats_buffer(q):
@@ -464,35 +429,42 @@ def stats_buffer(q):
     return torch.empty((q.shape[2], q.shape[0] * q.shape[1]), dtype=torch.float32, device=q.device)
 
 
-def forward(q, r, k, v, scale, cu_seqlens=None, config=None):
+def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     """Fused causal forward.
 
     q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32, CUDA (or CPU under TRITON_INTERPRET=1).
+    cu_seqlens: optional (num_docs + 1,) int32 offsets (B == 1), values checked here (cu_seqlens.py).
+    window: optional sliding window W >= 1 (keys i - W < j <= i), validated by the caller.
     Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (Hq, B * L) fp32 (lse in log2 units of
-    scale * log2(e) * q.k). config: optional {"BM", "BN", "num_warps", "num_stages"} instead of autotuning.
+    scale * log2(e) * q.k). config: optional ``triton.Config`` or dict of launch kwargs ({"BM", "BN",
+    "num_warps", "num_stages"}, optionally "GLOBAL_ORDER") run instead of ``tuning.choose``'s pick.
     """
-    total, n, hq, docs, _, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
+    total, n, hq, docs, _, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
     tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
-    kernel, launch = _pick(_fwd_kernel, _FWD_TUNED, config, work)
+    kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
-    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, *tune,
+    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, band, *tune,
                  **meta, **launch)
     return o, vbar, tbar, lse
 
 
-def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_config=None, dkdv_config=None):
+def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=None, *, dq_config=None,
+             dkdv_config=None):
     """Fused closed-form backward.
 
     do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (Hq, B * L) fp32 from forward.
+    cu_seqlens, window: as in ``forward``.
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
     Two passes: a row pass (dq, drho) then a column pass (dk, dv), 11 matmuls per tile pair.
+    dq_config, dkdv_config: optional explicit configs of the two passes, as ``forward``'s config
+    (the column pass also reads "ROWS").
     """
-    total, n, hq, docs, doce, meta, qk_scale, tune, work = _common(q, k, scale, cu_seqlens)
+    total, n, hq, docs, doce, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
     do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
@@ -501,12 +473,12 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, dq_conf
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dr = torch.empty_like(r, memory_format=torch.contiguous_format)
-    kernel, launch = _pick(_bwd_dq_kernel, _DQ_TUNED, dq_config, work)
+    kernel, launch = tuning.select("dq", _bwd_dq_kernel, work, dq_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
-                 sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
-    kernel, launch = _pick(_bwd_dkdv_kernel, _DKDV_TUNED, dkdv_config, work)
+                 sqt, sqh, skt, skh, scale, qk_scale, band, *tune, **meta, **launch)
+    kernel, launch = tuning.select("dkdv", _bwd_dkdv_kernel, work, dkdv_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BN"]) * k.shape[2],)  # noqa: E731
     kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq,
-                 k.shape[2], sqt, sqh, skt, skh, scale, qk_scale, *tune, **meta, **launch)
+                 k.shape[2], sqt, sqh, skt, skh, scale, qk_scale, band, *tune, **meta, **launch)
     return dq, dr, dk, dv

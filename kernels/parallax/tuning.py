@@ -1,0 +1,174 @@
+"""Launch configurations of the fused kernels, in one place: training attention
+(``kernels/parallax/fused.py``) and decode (``kernels/parallax/decode_fused.py``, the ``DECODE_*`` names).
+
+Attention has three kernels, named ``"fwd"`` (forward), ``"dq"`` (backward row pass: dq, drho) and ``"dkdv"``
+(backward column pass: dk, dv). A config is a ``triton.Config`` whose kwargs hold the tile sizes
+``BM`` (query rows) and ``BN`` (key rows), the program order ``GLOBAL_ORDER`` and, for ``"dkdv"``,
+``ROWS`` (queries on the rows of its score tiles); ``num_warps`` and ``num_stages`` as usual.
+
+* ``SHIPPED[name]``: the short candidate lists the kernels autotune over (the tile winners of the
+  H200 sweeps in docs/kernels.md, each in both program orders).
+* ``SWEEP[name]``: the wider candidate lists a sweep times to choose ``SHIPPED``.
+* Which config a launch runs (``choose``): an explicit config if given; under
+  ``TRITON_INTERPRET=1`` ``INTERPRET_CONFIG``; below ``SMALL_WORK`` (or with one candidate) the
+  first candidate; else triton's autotuner over the candidates, keyed by ``TUNE_KEY``.
+* Choosing configs yourself: per call, ``fused.forward(..., config=)`` and
+  ``fused.backward(..., dq_config=, dkdv_config=)`` take a ``triton.Config`` or a dict of launch
+  kwargs (``launch_kwargs``); for every launch in a block, also through
+  ``kernels.parallax_attention``, ``with tuning.candidates(dkdv=[...]):`` (a list of one config runs
+  that config; ``with tuning.candidates(**tuning.SWEEP):`` autotunes over the sweep lists).
+* ``autotune_report()``: what the autotuners chose, and their timings, per key.
+
+Decode is not autotuned: a table per head dim gives (block_n, num_warps, num_stages), and
+``decode_fused.pick_num_splits`` the split count; ``decode_fused.parallax_decode_triton`` takes
+explicit ``block_n``, ``num_warps``, ``num_stages``, ``num_splits`` to override them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+
+import triton
+
+KERNEL_NAMES = ("fwd", "dq", "dkdv")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _config(bm, bn, warps, stages, **flags):
+    return triton.Config({"BM": bm, "BN": bn, **flags}, num_warps=warps, num_stages=stages)
+
+
+def both_orders(tiles, **flags) -> tuple:
+    """Configs for (BM, BN, num_warps, num_stages) tiles, each in both program orders (head-major
+    and globally heaviest-first, ``GLOBAL_ORDER``), with constexpr ``flags`` (e.g. ``ROWS=True``)."""
+    return tuple(_config(*t, GLOBAL_ORDER=g, **flags) for t in tiles for g in (False, True))
+
+
+# The D=128 and D=64 tile winners of four measured H200 sweeps (bf16), each in both program orders.
+# The column pass mostly runs with queries on the rows of its tiles (ROWS): each thread then holds two
+# of every per-query statistic instead of eight. At D=128 one stage beats two (two spill inside the
+# loop), at D=64 two stages win; keys x queries at 32 x 64 keeps B1 L16384 D128 (docs/kernels.md).
+SHIPPED = {
+    "fwd": both_orders([(128, 64, 8, 3), (64, 64, 4, 3)]),
+    "dq": both_orders([(128, 32, 8, 3), (64, 64, 4, 4)]),
+    "dkdv": both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True) + both_orders([(32, 64, 4, 3)]),
+}
+# Tile shapes around the shipped winners; a config joins SHIPPED when it wins a sweep.
+SWEEP = {
+    "fwd": both_orders([(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 2)]),
+    "dq": both_orders([(128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2)]),
+    "dkdv": both_orders([(64, 64, 4, 1), (64, 64, 4, 2), (32, 128, 8, 1), (32, 128, 8, 2), (32, 64, 4, 1),
+                         (64, 32, 4, 2)], ROWS=True)
+    + both_orders([(32, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3)]),
+}
+# Small tiles for the CPU interpreter (large tiles take minutes there).
+INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
+# The autotuner's key (power-of-two buckets of the token count T, the sequence length L and the keys
+# per query W, min(window, L)): shapes of one token count (B4 x L4096 vs B1 x L16384) prefer different
+# configs, and so may windows; the choice per key is stored by triton's cache (cache_results), a
+# restart does not re-tune.
+TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L", "TUNE_W"]
+# Below this much work (tokens x keys per query x heads x head dim) a kernel runs for microseconds and
+# autotuning (compiling and timing every candidate) costs more than it can save: small problems
+# (MAD's models, unit tests) take the first candidate. Training shapes are 100x above it.
+SMALL_WORK = 2**30
+
+# Decode, per head dim: (block_n, num_warps, num_stages), from the H200 sweep (docs/kernels_decode.md).
+DECODE_CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3)}
+# Several waves of (batch, kv head) groups: more programs per SM (D=128: 2 stages, 3 fit instead
+# of 2) or more warps (D=64) hide more latency; measured at B=128 (docs/kernels_decode.md).
+DECODE_MANY_GROUPS_CONFIGS = {64: (128, 8, 3), 128: (64, 4, 2)}
+DECODE_DEFAULT_CONFIG = (32, 4, 2)  # head dims the sweep did not cover
+# Other (block_n, num_warps, num_stages) a decode sweep times beside DECODE_CONFIGS.
+DECODE_SWEEP = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (128, 4, 2)], 64: [(64, 4, 3), (128, 8, 3), (32, 4, 3)]}
+# Fewest cache positions one decode split handles: below this the partial writes and the merge cost
+# more than the extra parallelism buys.
+DECODE_MIN_CHUNK = 128
+
+_active: dict[str, tuple] = dict(SHIPPED)
+_tuners: dict = {}  # (name, candidate strings) -> triton Autotuner
+
+
+def launch_kwargs(config) -> dict:
+    """A ``triton.Config`` (or a dict of launch kwargs, returned as a copy) as the dict of launch
+    kwargs that ``fused.forward``/``fused.backward`` take: its kwargs plus num_warps, num_stages."""
+    if isinstance(config, dict):
+        return dict(config)
+    if not isinstance(config, triton.Config):
+        raise TypeError(f"config must be a triton.Config or a dict, got {type(config).__name__}")
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def active(name: str) -> tuple:
+    """The candidate configs kernel ``name`` autotunes over now (``SHIPPED`` outside ``candidates``)."""
+    _check_name(name)
+    return _active[name]
+
+
+@contextlib.contextmanager
+def candidates(**lists):
+    """Within the block, kernels ``fwd``, ``dq``, ``dkdv`` (keywords) autotune over the given lists of
+    ``triton.Config`` instead of ``SHIPPED``; a list of one config runs that config at every size.
+    Process-wide (not per thread); nests; restores the previous lists on exit."""
+    for name, configs in lists.items():
+        _check_name(name)
+        if not configs or not all(isinstance(c, triton.Config) for c in configs):
+            raise ValueError(f"candidates({name}=...) must be a non-empty list of triton.Config, got {configs!r}")
+    saved = dict(_active)
+    _active.update({name: tuple(configs) for name, configs in lists.items()})
+    try:
+        yield
+    finally:
+        _active.clear()
+        _active.update(saved)
+
+
+def choose(name: str, work: int, config=None, *, interpret: bool = INTERPRET) -> dict | None:
+    """Launch kwargs kernel ``name`` runs with, or None when the autotuner picks among ``active(name)``.
+
+    work: tokens x keys per query x heads x head dim of the call. An explicit ``config``
+    (``triton.Config`` or dict) runs as given, in the global program order unless it says.
+    """
+    configs = active(name)
+    if config is None and interpret:
+        config = configs[0] if configs is not SHIPPED[name] else INTERPRET_CONFIG
+    if config is None and (work < SMALL_WORK or len(configs) == 1):
+        config = configs[0]
+    if config is None:
+        return None
+    return {"GLOBAL_ORDER": True, **launch_kwargs(config)}
+
+
+def select(name: str, kernel, work: int, config=None):
+    """(callable, launch kwargs) for JIT ``kernel`` (fused's kernel ``name``): the kernel with the
+    chosen config, or an autotuner over ``active(name)`` (built once per candidate list)."""
+    launch = choose(name, work, config)
+    if launch is not None:
+        return kernel, launch
+    configs = active(name)
+    key = (name, tuple(str(c) for c in configs))
+    if key not in _tuners:
+        extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+        _tuners[key] = triton.autotune(configs=list(configs), key=TUNE_KEY, **extra)(kernel)
+    return _tuners[key], {}
+
+
+def autotune_report() -> dict:
+    """Per autotuner used so far: ``{name: [{"candidates": [...], "best": {key: config},
+    "last_timings_ms": {config: ms}}]}`` (the timings of the last key it tuned)."""
+    out: dict = {name: [] for name in KERNEL_NAMES}
+    for (name, configs), tuner in _tuners.items():
+        timings = getattr(tuner, "configs_timings", None) or {}
+        out[name].append({
+            "candidates": list(configs),
+            "best": {str(key): str(cfg) for key, cfg in tuner.cache.items()},
+            "last_timings_ms": {str(c): (t[0] if isinstance(t, (list, tuple)) else t) for c, t in timings.items()},
+        })
+    return out
+
+
+def _check_name(name):
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"kernel name {name!r} is not one of {KERNEL_NAMES}")
