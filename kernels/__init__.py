@@ -11,6 +11,8 @@ Public API (imported lazily so that `import kernels` never pulls in Triton):
   parallax_decode for one geometry with the host work done once (no sync per call, CUDA graphs).
 * ``rolling_cache_write(k_cache, v_cache, k, v, start)`` writes tokens into a rolling cache of
   W slots (sliding-window decode) and returns its cache_seqlens.
+* The Parallax family (``kernels.family``, SPEC 1 and 1b): ``exact_lla`` (and its ``exact_lla_cost``),
+  ``value_averaging``, ``affine_linear_attention``, ``affine_mesanet``, and ``AffineState`` for decoding.
 """
 
 _EXPORTS = {
