@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed.checkpoint as dcp
 
+from parallax_titan.checkpoint_files import describe, saved_shapes, state_shapes, weight_mismatches
 from parallax_titan.config import JobConfig, load_config
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
 from parallax_titan.spec import model_args_for
@@ -81,29 +82,20 @@ def model_keys(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str) -> None:
     """Load the model weights of a DCP checkpoint folder into ``model`` (single process).
 
-    Works for checkpoints with or without optimizer state, written by any number of ranks.
-    Raises ValueError naming ``checkpoint`` for a missing folder, missing or mis-shaped weights.
+    Works for checkpoints with or without optimizer state, written by any number of ranks, in any
+    dtype. Raises ValueError naming ``checkpoint`` for a missing or unreadable folder, and for a
+    checkpoint of another model: the first weight the model or the checkpoint lacks, or holds in
+    another shape, with both shapes.
     """
-    if not os.path.isdir(checkpoint_dir):
-        raise ValueError(f"checkpoint: {checkpoint_dir!r} is not a directory; expected <dump>/checkpoint/step-N")
     try:
-        metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
-    except FileNotFoundError:
-        raise ValueError(f"checkpoint: {checkpoint_dir!r} has no DCP .metadata file") from None
+        saved = saved_shapes(checkpoint_dir)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint: {exc}") from None
+    mismatches = weight_mismatches(saved, state_shapes(model.state_dict()))
+    if mismatches:
+        raise ValueError(f"checkpoint: {checkpoint_dir!r} holds another model than the config's "
+                         f"({describe(mismatches)}); was it written for another [model] name, flavor or shape?")
     state = model_keys(model)
-    missing = sorted(k for k in state if k not in metadata)
-    if missing:
-        raise ValueError(
-            f"checkpoint: {checkpoint_dir!r} lacks {len(missing)} weights of this model "
-            f"(e.g. {missing[:3]}); was it written for another [model] name or flavor?"
-        )
-    wrong = [(k, tuple(metadata[k].size), tuple(v.shape)) for k, v in state.items() if tuple(metadata[k].size) != tuple(v.shape)]
-    if wrong:
-        key, saved, expected = wrong[0]
-        raise ValueError(
-            f"checkpoint: {checkpoint_dir!r}: {key} has shape {saved}, the config's model expects "
-            f"{expected} ({len(wrong)} mismatches); was it written for another size?"
-        )
     # no_dist: load on this process only, also when called inside a torchrun job.
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)
     model.load_state_dict(state, strict=False)

@@ -1,13 +1,8 @@
 """Hugging Face format: export our checkpoints as safetensors + config.json, import Qwen3 weights.
 
-Weight names are Hugging Face Qwen3's (TorchTitan's ``Qwen3StateDictAdapter``), plus three names
-for the Parallax parameters of layer ``i``:
-
-=========================================== =====================================================
-``model.layers.i.self_attn.r_proj.weight``  W_R, (Hq * D, d_model): the probe projection
-``model.layers.i.self_attn.r_norm.weight``  (D,): RMSNorm weight on each rho head (before RoPE)
-``model.layers.i.self_attn.r_gate.weight``  (1 or Hq, d_model): sigmoid gate on rho (gated runs only)
-=========================================== =====================================================
+Weight names are those of :class:`parallax_titan.hf_adapter.ParallaxStateDictAdapter` (Hugging Face
+Qwen3's, plus ``r_proj``, ``r_norm`` and ``r_gate`` for the Parallax weights), the adapter that
+TorchTitan's ``checkpoint.last_save_in_hf`` also uses.
 
 ``config.json`` is a Qwen3 config; Transformer variants have ``model_type = "qwen3"`` and load in
 ``transformers.Qwen3ForCausalLM``. Parallax variants have ``model_type = "parallax_qwen3"`` and a
@@ -19,23 +14,16 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import shutil
 
 import torch
 from safetensors.torch import load_file, save_file
-from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
-
+from parallax_titan.hf_adapter import PARALLAX_HF_NAMES, ParallaxStateDictAdapter, abstract_name
 from parallax_titan.model import ParallaxModelArgs
 from parallax_titan.tokenizer import write_tokenizer_config
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-PARALLAX_HF_NAMES = {
-    "model.layers.{}.self_attn.r_proj.weight": "layers.{}.attention.wr.weight",
-    "model.layers.{}.self_attn.r_norm.weight": "layers.{}.attention.r_norm.weight",
-    "model.layers.{}.self_attn.r_gate.weight": "layers.{}.attention.gate.weight",
-}
 # config.json key -> ParallaxModelArgs field, checked on import.
 SHAPE_FIELDS = {
     "vocab_size": "vocab_size", "hidden_size": "dim", "intermediate_size": "hidden_dim",
@@ -43,14 +31,6 @@ SHAPE_FIELDS = {
     "num_key_value_heads": "n_kv_heads", "head_dim": "head_dim",
     "tie_word_embeddings": "enable_weight_tying", "rope_theta": "rope_theta", "rms_norm_eps": "norm_eps",
 }
-
-
-class ParallaxStateDictAdapter(Qwen3StateDictAdapter):
-    """TorchTitan's Qwen3 name mapping plus the Parallax probe, rho-norm and gate weights."""
-
-    def __init__(self, model_args: ParallaxModelArgs):
-        super().__init__(model_args, None)
-        self.from_hf_map.update(PARALLAX_HF_NAMES)
 
 
 def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = None) -> dict:
@@ -121,11 +101,6 @@ def check_hf_config(config: dict, args: ParallaxModelArgs) -> None:
             )
 
 
-def _abstract(hf_key: str) -> str:
-    """``model.layers.3.mlp.up_proj.weight`` -> ``model.layers.{}.mlp.up_proj.weight`` (the adapter's keys)."""
-    return re.sub(r"\d+", "{}", hf_key, count=1)
-
-
 def _is_parallax_key(key: str) -> bool:
     return any(name.split("{}")[1] in key for name in PARALLAX_HF_NAMES.values())
 
@@ -139,11 +114,11 @@ def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> 
     missing or mis-shaped weights.
     """
     adapter = ParallaxStateDictAdapter(model.model_args)
-    unknown = sorted(k for k in hf_state if _abstract(k) not in adapter.from_hf_map)
+    unknown = sorted(k for k in hf_state if abstract_name(k) not in adapter.from_hf_map)
     if unknown:
         raise ValueError(f"hf: {len(unknown)} weights have no place in this model (e.g. {unknown[:3]})")
     # Entries mapped to None (RoPE inverse frequencies) are recomputed by the model.
-    ours = adapter.from_hf({k: v for k, v in hf_state.items() if adapter.from_hf_map[_abstract(k)] is not None})
+    ours = adapter.from_hf({k: v for k, v in hf_state.items() if adapter.from_hf_map[abstract_name(k)] is not None})
     target = model.state_dict()
     unused = sorted(k for k in ours if k not in target)
     if unused:

@@ -134,9 +134,7 @@ class ParallaxLM(TemplateLM):
         for i, row in enumerate(rows):
             tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         tokens = tokens.to(self.device)
-        masks = None
-        if self.model.model_args.attn_type in ("flex", "varlen"):  # document masks as in training
-            masks = self.model.get_attention_masks(tokens, self.tokenizer)
+        masks = self.model.get_attention_masks(tokens, self.tokenizer)  # as in training; None when causal
         return self.model(tokens, attention_masks=masks), lengths
 
     def _score_batch(self, batch: list[Request]) -> list[tuple[float, bool]]:

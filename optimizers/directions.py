@@ -1,10 +1,10 @@
-"""Full-matrix work of one optimizer step: orthogonalised Muon updates and S_p decay.
+"""Full-matrix work of one optimizer step: update directions and S_p decay.
 
-Each ``MatrixWork`` describes one 2-D parameter whose step needs the whole matrix:
-the Muon update direction (momentum, orthogonalised as a full matrix or per head)
-and/or the spectral-power decay term computed from the pre-update weight.
-``matrix_deltas`` turns a list of full matrices into the additive deltas,
-batching same-shape matrices into one orthogonaliser / S_p call.
+Each ``MatrixSpec`` describes one 2-D parameter whose step needs the whole matrix: the update
+direction of its algorithm (Muon: the orthogonalised momentum, as a full matrix or per head;
+NorMuon, Aurora, SOAP: ``variants``) and/or the spectral-power decay term computed from the
+pre-update weight. ``matrix_deltas`` turns a list of full matrices into the additive deltas,
+batching same-shape matrices into one call per algorithm / S_p rule.
 """
 
 from __future__ import annotations
@@ -16,10 +16,17 @@ from dataclasses import dataclass
 import torch
 
 from .orthogonalize import orthogonalize
+from .skip_step import SkipStep
 from .spectral import banded_spectral_power
+from .variants import aurora_polar, normuon_normalize, soap_directions
 
 __all__ = ["MatrixSpec", "update_scale", "matrix_deltas", "matrix_terms", "combine_terms", "UPDATE_SCALES",
-           "ORTHO_DTYPES"]
+           "ORTHO_DTYPES", "MATRIX_ALGOS", "STATEFUL_ALGOS"]
+
+MATRIX_ALGOS = ("muon", "normuon", "aurora", "soap")
+# directions that keep per-matrix state on the owner rank: they run even with a zero coefficient
+# (lr 0) so that the state advances, and exists before a checkpoint is loaded into it
+STATEFUL_ALGOS = ("normuon", "soap")
 
 UPDATE_SCALES = ("match_rms_adamw", "spectral", "none")
 ORTHO_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -29,12 +36,16 @@ ORTHO_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float
 class MatrixSpec:
     """How to turn (update U, weight W) of one matrix into its delta.
 
-    delta = update_coeff * ortho(U) + sp_coeff * T_p(W); coefficients carry the
-    sign and the lr / decay scale already.
+    delta = update_coeff * D(U) + sp_coeff * T_p(W); coefficients carry the sign and the lr /
+    decay scale already. D is ``algo``'s direction (``muon``: ortho(U)) with ``options`` (a
+    sorted tuple of (name, value) pairs, see ``variants``). U is the momentum update for the
+    Muon algorithms and the gradient for SOAP.
     """
 
     shape: tuple[int, int]
     update_coeff: float = 0.0
+    algo: str = "muon"
+    options: tuple = ()
     method: str = "polar_express"
     steps: int = 0
     dtype: str = "auto"
@@ -47,7 +58,7 @@ class MatrixSpec:
 
     @property
     def has_update(self) -> bool:
-        return self.update_coeff != 0.0
+        return self.algo in MATRIX_ALGOS and (self.update_coeff != 0.0 or self.algo in STATEFUL_ALGOS)
 
     @property
     def has_decay(self) -> bool:
@@ -73,53 +84,90 @@ def _blocks(U: torch.Tensor, head_dim: int) -> torch.Tensor:
     return U.unsqueeze(0)
 
 
-def _batched_ortho(jobs):
-    """jobs: list of (index, spec, U). Returns {index: ortho(U)} with one call per shape."""
+def _direction_key(spec: MatrixSpec, U: torch.Tensor) -> tuple:
+    """Matrices with equal keys are computed in one batched call."""
+    blocks = (spec.head_dim, U.shape[1]) if spec.head_dim else tuple(U.shape)
+    whole = (spec.shape,) if spec.algo in STATEFUL_ALGOS else ()  # their state is per full matrix
+    return (spec.algo, blocks, spec.method, spec.steps, spec.dtype, U.dtype, spec.options) + whole
+
+
+def _directions(algo, X, spec, states, skip):
+    """Directions of a stack X of blocks ``(batch, rows, cols)`` (full matrices for the stateful
+    algorithms) sharing ``spec``'s algorithm and options."""
+    dtype, opts = ORTHO_DTYPES[spec.dtype], dict(spec.options)
+    if algo == "muon":
+        return orthogonalize(X, spec.method, spec.steps, dtype)
+    if algo == "aurora":
+        return aurora_polar(X, spec.method, spec.steps, dtype, **opts)
+    if algo == "normuon":
+        O = orthogonalize(X, spec.method, spec.steps, dtype).reshape(len(states), *spec.shape)
+        return normuon_normalize(O, states, opts["beta2"], opts["eps"], skip).reshape(X.shape)
+    if algo == "soap":
+        return soap_directions(X, states, skip, **opts)
+    raise ValueError(f"matrix_terms: algo={algo!r}; expected one of {MATRIX_ALGOS}")
+
+
+def _batched_directions(jobs, skip: SkipStep, states: list):
+    """jobs: list of (index, spec, U). Returns {index: D(U)} with one call per key (zeros when
+    ``skip`` is set), in U's dtype (fp32 or wider for the stateful algorithms)."""
     buckets = defaultdict(list)
     for idx, spec, U in jobs:
-        blocks = _blocks(U, spec.head_dim)
-        key = (tuple(blocks.shape[1:]), spec.method, spec.steps, spec.dtype, U.dtype)
-        buckets[key].append((idx, spec, blocks))
+        buckets[_direction_key(spec, U)].append((idx, spec, _blocks(U, spec.head_dim)))
     out = {}
-    for (_, method, steps, dtype, _), entries in buckets.items():
+    for key, entries in buckets.items():
         stacked = torch.cat([b for _, _, b in entries])
-        ortho = orthogonalize(stacked, method, steps, ORTHO_DTYPES[dtype])
-        for (idx, spec, b), piece in zip(entries, ortho.split([b.shape[0] for _, _, b in entries])):
+        spec = entries[0][1]
+        result = _directions(key[0], stacked, spec, [states[idx] for idx, _, _ in entries], skip)
+        result = skip.zero_if_skipped(result)
+        for (idx, spec, b), piece in zip(entries, result.split([b.shape[0] for _, _, b in entries])):
             out[idx] = piece.reshape(spec.shape)
     return out
 
 
-def _batched_decay(jobs):
-    """jobs: list of (index, spec, W). Returns {index: T_p(W)} batched per shape and rule."""
+def _batched_decay(jobs, skip: SkipStep):
+    """jobs: list of (index, spec, W). Returns {index: T_p(W)} batched per shape and rule (zeros
+    when ``skip`` is set)."""
     buckets = defaultdict(list)
     for idx, spec, W in jobs:
         buckets[(spec.shape, spec.sp_power, spec.band, spec.tau, spec.msign_steps)].append((idx, W))
     out = {}
     for (_, p, band, tau, msteps), entries in buckets.items():
         terms = banded_spectral_power(torch.stack([W for _, W in entries]), p, band, tau, msteps)
+        terms = skip.zero_if_skipped(terms)
         out.update({idx: t for (idx, _), t in zip(entries, terms)})
     return out
 
 
-def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list) -> list[torch.Tensor]:
+def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, skip: SkipStep | None = None,
+                  states: list | None = None) -> list[torch.Tensor]:
     """Additive deltas for full matrices.
 
     Args:
         specs: one ``MatrixSpec`` per matrix.
-        updates: full momentum updates ``(m, n)`` (or None when the spec has none).
+        updates: full updates ``(m, n)`` (or None when the spec has none).
         weights: full pre-update weights ``(m, n)`` (or None when no S_p decay).
+        skip: when its flag is set every delta is ``-0.0`` (see ``SkipStep``).
+        states: per matrix, the state dict the stateful algorithms keep (None entries elsewhere).
     Returns:
         list of ``(m, n)`` fp32-or-wider tensors, ``delta = W_new - W``.
     """
-    ortho, decay = matrix_terms(specs, updates, weights)
+    ortho, decay = matrix_terms(specs, updates, weights, skip, states)
     return combine_terms(specs, ortho, decay, updates, weights)
 
 
-def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list) -> tuple[dict, dict]:
-    """The two terms of each delta before their coefficients: ``{i: ortho(U_i)}`` for the specs
-    with an update (in U's dtype) and ``{i: T_p(W_i)}`` for those with S_p decay (W's dtype)."""
-    ortho = _batched_ortho([(i, s, u) for i, (s, u) in enumerate(zip(specs, updates)) if s.has_update])
-    decay = _batched_decay([(i, s, w) for i, (s, w) in enumerate(zip(specs, weights)) if s.has_decay])
+def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list, skip: SkipStep | None = None,
+                 states: list | None = None) -> tuple[dict, dict]:
+    """The two terms of each delta before their coefficients: ``{i: D(U_i)}`` for the specs
+    with an update (U's dtype; fp32 or wider for NorMuon and SOAP) and ``{i: T_p(W_i)}`` for
+    those with S_p decay (W's dtype); zeros when ``skip`` is set. ``states`` as in ``matrix_deltas``."""
+    skip = skip or SkipStep(None)
+    states = states if states is not None else [None] * len(specs)
+    for spec, state in zip(specs, states):
+        if spec.has_update and spec.algo in STATEFUL_ALGOS and state is None:
+            raise ValueError(f"matrix_terms: algo={spec.algo!r} keeps per-matrix state; got states=None")
+    jobs = [(i, s, u) for i, (s, u) in enumerate(zip(specs, updates)) if s.has_update]
+    ortho = _batched_directions(jobs, skip, states)
+    decay = _batched_decay([(i, s, w) for i, (s, w) in enumerate(zip(specs, weights)) if s.has_decay], skip)
     return ortho, decay
 
 

@@ -1,13 +1,13 @@
 """Owner-rank full-matrix work for FSDP2-sharded (DTensor Shard(0)) parameters.
 
-Orthogonalisation and S_p need whole matrices. Each matrix gets ONE owner rank
-(greedy balance by a cubic cost estimate, identical on every rank); one
-all-to-all sends every rank's row shards to the owners (updates in the
-orthogonaliser's compute dtype, bf16 on GPUs, since it casts to it first; S_p
-weights in fp32), the owners compute both terms of their matrices (same shapes
-batched), and a second all-to-all returns each rank its rows of the two terms,
-which it combines exactly as the single-process path does. Plain tensors (single
-process) are computed in place.
+Update directions (Muon's orthogonalisation, NorMuon, Aurora, SOAP) and S_p need whole
+matrices. Each matrix gets ONE owner rank (greedy balance by a cubic cost estimate, identical on
+every rank); one all-to-all sends every rank's row shards to the owners (updates in the
+orthogonaliser's compute dtype, bf16 on GPUs, since it casts to it first; SOAP's gradients and
+S_p weights in fp32), the owners compute both terms of their matrices (same shapes batched,
+keeping NorMuon's and SOAP's per-matrix state), and a second all-to-all returns each rank its
+rows of the two terms, which it combines exactly as the single-process path does. Plain tensors
+(single process) are computed in place.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from .directions import ORTHO_DTYPES, MatrixSpec, combine_terms, matrix_deltas, matrix_terms
+from .directions import ORTHO_DTYPES, STATEFUL_ALGOS, MatrixSpec, combine_terms, matrix_deltas, matrix_terms
 from .orthogonalize import default_compute_dtype
+from .skip_step import SkipStep
 
 __all__ = ["assign_owners", "shard_rows", "full_matrix_deltas"]
 
@@ -59,17 +60,24 @@ def _mesh_group(t: DTensor):
     )
 
 
-def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, params: list) -> list[torch.Tensor]:
+def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, params: list,
+                       skip: SkipStep | None = None, states: list | None = None) -> list[torch.Tensor]:
     """Local (this rank's rows) deltas for each matrix.
 
     Args:
         specs: per-matrix ``MatrixSpec`` (global shape, coefficients), same on all ranks.
         updates / weights: this rank's local pieces (plain tensors) or None.
         params: the parameters (DTensor or plain) the pieces belong to.
+        skip: the step's ``SkipStep`` (same flag on every rank): deltas are ``-0.0`` when set.
+        states: per matrix, the optimizer's state dict of its parameter. The stateful
+            algorithms (NorMuon, SOAP) keep their per-matrix state there on the matrix's owner
+            rank only (plain tensors under keys no other rank has, so a DCP checkpoint stores
+            each once and loads it back on the same owner).
     Returns:
         list of local delta tensors shaped like each local piece.
     """
     out: list = [None] * len(specs)
+    states = states if states is not None else [None] * len(specs)
     by_group: dict = {}
     local_idx = []
     for i, p in enumerate(params):
@@ -80,25 +88,35 @@ def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, pa
             by_group.setdefault(group, []).append(i)
     if local_idx:
         deltas = matrix_deltas([specs[i] for i in local_idx], [updates[i] for i in local_idx],
-                               [weights[i] for i in local_idx])
+                               [weights[i] for i in local_idx], skip, [states[i] for i in local_idx])
         for i, d in zip(local_idx, deltas):
             out[i] = d
     for group, idx in by_group.items():
         deltas = _owner_exchange(group, [specs[i] for i in idx], [updates[i] for i in idx],
-                                 [weights[i] for i in idx])
+                                 [weights[i] for i in idx], skip, [states[i] for i in idx])
         for i, d in zip(idx, deltas):
             out[i] = d
     return out
 
 
-def _update_comm_dtype(specs, updates, fallback):
-    """The dtype the orthogonaliser computes in (it casts its input to it first), when all updates
-    share one: sending updates in it moves fewer bytes and changes no result."""
-    dtypes = {ORTHO_DTYPES[s.dtype] or default_compute_dtype(u) for s, u in zip(specs, updates) if u is not None}
-    return dtypes.pop() if len(dtypes) == 1 else fallback
+def _comm_dtypes(specs, updates, fallback):
+    """(send, return) dtypes of the updates and their directions, when all matrices share them.
+
+    The orthogonaliser casts its input to its compute dtype first and returns values exact in it
+    (Muon, Aurora): both travel in it, moving fewer bytes for the same result. SOAP reads the
+    gradient in fp32 and NorMuon's and SOAP's directions are fp32: those travel in ``fallback``."""
+    send, back = set(), set()
+    for s, u in zip(specs, updates):
+        if u is None:
+            continue
+        compute = fallback if s.algo == "soap" else (ORTHO_DTYPES[s.dtype] or default_compute_dtype(u))
+        send.add(compute)
+        back.add(fallback if s.algo in STATEFUL_ALGOS else compute)
+    one = lambda d: d.pop() if len(d) == 1 else fallback  # noqa: E731
+    return one(send), one(back)
 
 
-def _owner_exchange(group, specs, updates, weights):
+def _owner_exchange(group, specs, updates, weights, skip, states):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     layout = _Layout(specs, assign_owners([s.shape for s in specs], world), world, rank)
     ref = next(t for t in updates + weights if t is not None)
@@ -108,17 +126,17 @@ def _owner_exchange(group, specs, updates, weights):
             if t is not None and t.shape != (layout.rows(i, rank), specs[i].shape[1]):
                 raise RuntimeError(f"full_matrix_deltas: local shard {tuple(t.shape)} of matrix {i} does not "
                                    f"match the chunk layout {layout.rows(i, rank), specs[i].shape[1]}")
-    udtype = _update_comm_dtype(specs, updates, wide)
+    udtype, ddtype = _comm_dtypes(specs, updates, wide)
     # forward: my rows of every matrix to its owner; the owner computes both terms of its matrices
     full_u = layout.to_owners(group, updates, udtype, ref.device)
     full_w = layout.to_owners(group, weights, wide, ref.device)
     ortho, decay = matrix_terms([specs[i] for i in layout.mine], [full_u.get(i) for i in layout.mine],
-                                [full_w.get(i) for i in layout.mine])
+                                [full_w.get(i) for i in layout.mine], skip, [states[i] for i in layout.mine])
     # backward: every rank gets its rows of both terms and combines them as the single-process path does
-    # the orthogonalised rows arrive in udtype and are widened in one cast for all matrices
+    # the direction rows arrive in ddtype and are widened in one cast for all matrices
     update_dtypes = {t.dtype for t in updates if t is not None}
     own_ortho = layout.from_owners(group, {i: ortho[k] for k, i in enumerate(layout.mine) if k in ortho},
-                                   [u is not None for u in updates], udtype, ref.device,
+                                   [u is not None for u in updates], ddtype, ref.device,
                                    as_dtype=update_dtypes.pop() if len(update_dtypes) == 1 else None)
     own_decay = layout.from_owners(group, {i: decay[k] for k, i in enumerate(layout.mine) if k in decay},
                                    [w is not None for w in weights], wide, ref.device)

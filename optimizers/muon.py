@@ -1,16 +1,20 @@
-"""MuonAdamW: Muon for hidden matrices, AdamW for the rest, one shared decay branch.
+"""MuonAdamW: the Muon family for hidden matrices, AdamW for the rest, one shared decay branch.
 
-Each param group has ``algo`` = "muon" or "adamw". Per step and group:
+Each param group has ``algo`` = "muon", "normuon", "aurora", "soap" or "adamw". Per step and group:
 
     decay scale  s = lr            (decay_coupling = "lr", LR-coupled)
                  s = lr / base_lr  (decay_coupling = "independent": schedule multiplier eta_t)
                  times wd_mult     (weight-decay annealing, set by the scheduler)
     W <- W - s [lambda_1 W + lambda_p T_p(W)]        (T_p from the pre-update W)
-    muon:  B <- mu B + G;  U = G + mu B (Nesterov) or B;  W <- W - lr * scale * ortho(U)
-    adamw: the usual bias-corrected Adam update with betas and eps.
+    muon:    B <- mu B + G;  U = G + mu B (Nesterov) or B;  W <- W - lr * scale * ortho(U)
+    normuon: as muon with D(U) = NorMuon's row-normalised ortho(U) in place of ortho(U)
+    aurora:  as muon with D(U) = Aurora's leverage-uniform polar factor
+    soap:    W <- W - lr * D(G), D = Adam in Shampoo's eigenbasis (``variants``)
+    adamw:   the usual bias-corrected Adam update with betas and eps.
 
-Full-matrix work (ortho, T_p) goes through ``distributed.full_matrix_deltas``, which
-gathers FSDP2 shards to one owner rank per matrix.
+Full-matrix work (directions, T_p) goes through ``distributed.full_matrix_deltas``, which
+gathers FSDP2 shards to one owner rank per matrix; NorMuon's and SOAP's per-matrix state lives
+on that owner. ``step(skip=flag)`` skips a step on the device (``skip_step.SkipStep``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from .directions import MatrixSpec, update_scale
+from .directions import MATRIX_ALGOS, MatrixSpec, update_scale
 from .distributed import full_matrix_deltas
+from .skip_step import SkipStep
 
-__all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS"]
+__all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS", "ALGO_OPTIONS"]
 
-ALGOS = ("muon", "adamw")
+ALGOS = MATRIX_ALGOS + ("adamw",)
 
 GROUP_DEFAULTS: dict[str, Any] = {
     "name": "",
@@ -47,7 +52,57 @@ GROUP_DEFAULTS: dict[str, Any] = {
     "sp_band_tau": 0.0,
     "msign_steps": 20,
     "wd_mult": 1.0,
+    "normuon_beta2": 0.95,
+    "normuon_eps": 1e-8,
+    "aurora_iterations": 2,
+    "aurora_beta": 0.5,
+    "aurora_eps": 1e-7,
+    "soap_beta1": 0.95,
+    "soap_beta2": 0.95,
+    "soap_shampoo_beta": 0.95,
+    "soap_eps": 1e-8,
+    "soap_precondition_frequency": 10,
 }
+
+# per algorithm: the direction's option name (``variants``) -> its group key
+ALGO_OPTIONS = {
+    "muon": {},
+    "normuon": {"beta2": "normuon_beta2", "eps": "normuon_eps"},
+    "aurora": {"iterations": "aurora_iterations", "beta": "aurora_beta", "eps": "aurora_eps"},
+    "soap": {"beta1": "soap_beta1", "beta2": "soap_beta2", "shampoo_beta": "soap_shampoo_beta", "eps": "soap_eps"},
+}
+_UNIT = ("normuon_beta2", "soap_beta1", "soap_beta2", "soap_shampoo_beta")  # decays in [0, 1)
+_POSITIVE = ("normuon_eps", "aurora_eps", "soap_eps")
+_COUNTS = ("aurora_iterations", "soap_precondition_frequency")  # ints >= 1
+
+
+def _check_group(group: dict) -> None:
+    """Raise a ValueError naming the group, the key and the value of the first bad option."""
+    name, algo = group["name"], group["algo"]
+
+    def bad(key, expected):
+        raise ValueError(f"MuonAdamW: group {name!r} {key}={group[key]!r}; expected {expected}")
+
+    if algo not in ALGOS:
+        bad("algo", f"one of {ALGOS}")
+    if algo in MATRIX_ALGOS and any(p.ndim != 2 for p in group["params"]):
+        raise ValueError(f"MuonAdamW: group {name!r} is {algo} but holds non-2-D parameters")
+    if algo == "soap" and group["head_dim"]:
+        bad("head_dim", "0 for algo 'soap' (head-wise updates are for muon, normuon and aurora)")
+    for key in ("lr", "weight_decay", "sp_coeff"):  # SkipStep relies on non-positive delta coefficients
+        if not group[key] >= 0:
+            bad(key, ">= 0")
+    for key in _UNIT:
+        if not 0 <= group[key] < 1:
+            bad(key, "a float in [0, 1)")
+    for key in _POSITIVE:
+        if not group[key] > 0:
+            bad(key, "a float > 0")
+    for key in _COUNTS:
+        if isinstance(group[key], bool) or not isinstance(group[key], int) or group[key] < 1:
+            bad(key, "an int >= 1")
+    if not 0 < group["aurora_beta"] <= 1:
+        bad("aurora_beta", "a float in (0, 1]")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -55,7 +110,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class MuonAdamW(torch.optim.Optimizer):
-    """Muon + AdamW hybrid with spectral-power decoupled decay.
+    """Muon-family + AdamW hybrid with spectral-power decoupled decay.
 
     Args:
         params: param groups (dicts with "params" and any key of ``GROUP_DEFAULTS``).
@@ -70,10 +125,11 @@ class MuonAdamW(torch.optim.Optimizer):
         super().__init__(params, {**GROUP_DEFAULTS, "lr": lr, **defaults})
         for group in self.param_groups:
             group.setdefault("base_lr", group["lr"])
-            if group["algo"] not in ALGOS:
-                raise ValueError(f"MuonAdamW: group {group['name']!r} algo={group['algo']!r}; expected {ALGOS}")
-            if group["algo"] == "muon" and any(p.ndim != 2 for p in group["params"]):
-                raise ValueError(f"MuonAdamW: group {group['name']!r} is Muon but holds non-2-D parameters")
+            _check_group(group)
+            if group["algo"] == "soap":
+                # step() calls that reached the group, skipped ones included: the host decides when
+                # SOAP refreshes its bases without reading the device's skip flag
+                group.setdefault("soap_calls", 0)
 
     @staticmethod
     def decay_scale(group: dict) -> float:
@@ -85,87 +141,101 @@ class MuonAdamW(torch.optim.Optimizer):
         return float(scale) * group["wd_mult"]
 
     @staticmethod
-    def _ordinary_wd(group: dict) -> float:
-        # S_1(W) = W, so a p = 1 spectral coefficient is ordinary decay
-        extra = group["sp_coeff"] if group["sp_power"] == 1 else 0.0
+    def _sp_is_ordinary(group: dict) -> bool:
+        """S_1(W) = W: an unbanded p = 1 term is ordinary decay (a banded one is W P_top etc.)."""
+        return group["sp_power"] == 1 and group["sp_band"] == "none"
+
+    @staticmethod
+    def ordinary_wd(group: dict) -> float:
+        """Ordinary decay coefficient: ``weight_decay`` plus an unbanded p = 1 S_p coefficient."""
+        extra = group["sp_coeff"] if MuonAdamW._sp_is_ordinary(group) else 0.0
         return group["weight_decay"] + extra
 
     @torch.no_grad()
-    def step(self, closure=None, guard=None):
-        """One update. ``guard``: optional callable; returning False skips the update, leaving
-        parameters and state as they were. It is called after every read-only part of the step
-        (momentum, orthogonalisation, S_p terms) has been issued and before anything is written, so
-        a guard that waits for the device (a non-finite check) waits while that work runs."""
+    def step(self, closure=None, *, skip: torch.Tensor | None = None):
+        """One update.
+
+        Args:
+            closure: optional callable re-evaluating the loss (run with gradients enabled).
+            skip: optional 0-dim bool or float tensor on the parameters' device, the same on every
+                rank; nonzero leaves every parameter and every state tensor bit for bit as it was
+                (NaN/inf gradients included), zero gives the same result as ``skip=None``. Never
+                read on the host (see ``SkipStep``).
+        Returns:
+            the closure's loss, or None.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        plan = self._plan()
-        if guard is not None and not guard():
-            return loss
-        self._commit(*plan)
-        return loss
-
-    def _plan(self):
-        """Read-only half of a step: (per group (group, live params, new momentum or None),
-        params with full-matrix work, their deltas)."""
-        groups, specs, updates, weights, params = [], [], [], [], []
+        mask = SkipStep(skip)
+        live_groups, specs, updates, weights, params = [], [], [], [], []
         for group in self.param_groups:
             live = [p for p in group["params"] if p.grad is not None]
             if not live:
                 continue
-            work = self._matrix_work(group, live)
-            momentum = None
-            if group["algo"] == "adamw":
-                work = [(p, spec, None, w) for p, spec, _, w in work]
-            else:
-                momentum, work = self._muon_momentum(group, live, work)
-            groups.append((group, live, momentum))
-            for p, spec, u, w in work:
+            mask.check_device(_local(live[0]).device)
+            live_groups.append((group, live))
+            by_param = self._updates(group, live, mask)
+            for p, spec, w in self._matrix_work(group, live):
                 if spec.has_update or spec.has_decay:
-                    specs.append(spec), updates.append(u), weights.append(w), params.append(p)
-        deltas = full_matrix_deltas(specs, updates, weights, params) if specs else []
-        return groups, params, deltas
-
-    def _commit(self, groups, params, deltas):
-        """Write half of a step: ordinary decay, Adam, momentum buffers, then the matrix deltas."""
-        for group, live, momentum in groups:
-            self._apply_ordinary_decay(group, live)
+                    specs.append(spec), updates.append(by_param.get(id(p))), weights.append(w), params.append(p)
+        # the deltas read the pre-update weights: issued before any write below
+        states = [self.state[p] for p in params]
+        deltas = full_matrix_deltas(specs, updates, weights, params, mask, states) if specs else []
+        for group, live in live_groups:
+            mask.scale_([_local(p) for p in live], 1.0 - self.decay_scale(group) * self.ordinary_wd(group))
             if group["algo"] == "adamw":
-                self._adam_update(group, live)
-            else:
-                torch._foreach_copy_(*momentum)
+                self._adam_update(group, live, mask)
         if params:
             # one foreach call: a launch per matrix left the GPU idle while the host issued them
             torch._foreach_add_([_local(p) for p in params], [d.to(p.dtype) for p, d in zip(params, deltas)])
+        return loss
+
+    def _updates(self, group, live, mask):
+        """{id(param): U}, the input of the group's direction: the momentum update for the Muon
+        algorithms, the gradient for SOAP (its moments live with its bases), none for AdamW."""
+        if group["algo"] == "adamw":
+            return {}
+        if group["algo"] == "soap":
+            group["soap_calls"] += 1
+            return {id(p): _local(p.grad) for p in live}
+        return self._muon_momentum(group, live, mask)
+
+    @staticmethod
+    def _direction_options(group) -> tuple:
+        """The group's ``MatrixSpec.options``: its algorithm's hyperparameters (and, for SOAP,
+        whether this call refreshes the eigenbases)."""
+        algo = group["algo"]
+        opts = {name: group[key] for name, key in ALGO_OPTIONS.get(algo, {}).items()}
+        if algo == "soap":
+            opts["refresh"] = group["soap_calls"] % group["soap_precondition_frequency"] == 0
+        return tuple(sorted(opts.items()))
 
     def _matrix_work(self, group, live):
-        """(param, spec, None, pre-update local weight or None) for each 2-D param needing full-matrix work."""
+        """(param, spec, local weight or None) for each 2-D param: the weight when S_p decay reads it."""
         dscale = self.decay_scale(group)
-        sp = group["sp_coeff"] != 0.0 and group["sp_power"] != 1 and dscale != 0.0
+        sp = group["sp_coeff"] != 0.0 and not self._sp_is_ordinary(group) and dscale != 0.0
+        algo, options = group["algo"], self._direction_options(group)
         out = []
         for p in live:
             if p.ndim != 2:
                 continue
             m, n = p.shape
-            coeff = -group["lr"] * update_scale(group["update_scale"], m, n) if group["algo"] == "muon" else 0.0
+            # SOAP's direction is Adam-normalised already: the Muon update scales do not apply
+            scale = 1.0 if algo == "soap" else update_scale(group["update_scale"], m, n)
+            coeff = -group["lr"] * scale if algo in MATRIX_ALGOS else 0.0
             spec = MatrixSpec(
-                shape=(m, n), update_coeff=float(coeff), method=group["orthogonalizer"],
+                shape=(m, n), update_coeff=float(coeff), algo=algo, options=options, method=group["orthogonalizer"],
                 steps=group["ortho_steps"], dtype=group["ortho_dtype"], head_dim=group["head_dim"],
                 sp_coeff=-dscale * group["sp_coeff"] if sp else 0.0, sp_power=group["sp_power"],
                 band=group["sp_band"], tau=group["sp_band_tau"], msign_steps=group["msign_steps"],
             )
-            out.append((p, spec, None, _local(p).clone() if sp else None))
+            out.append((p, spec, _local(p) if sp else None))
         return out
 
-    def _apply_ordinary_decay(self, group, live):
-        factor = 1.0 - self.decay_scale(group) * self._ordinary_wd(group)
-        if factor != 1.0:
-            torch._foreach_mul_([_local(p) for p in live], factor)
-
-    def _muon_momentum(self, group, live, work):
-        """((buffers, new buffers), work with updates): B' = mu B + G, U = G + mu B' (Nesterov) or
-        B', computed out of place so that nothing is written before the step's guard."""
+    def _muon_momentum(self, group, live, mask):
+        """{id(param): update}: B <- mu B + G, U = G + mu B (Nesterov) or B; B kept when skipped."""
         mu = group["momentum"]
         bufs = []
         for p in live:
@@ -174,37 +244,38 @@ class MuonAdamW(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p)  # zeros: as if there were no state
             bufs.append(_local(state["momentum_buffer"]))
         grads = [_local(p.grad) for p in live]
-        new = torch._foreach_mul(bufs, mu)
-        torch._foreach_add_(new, grads)
+        if mask.active:
+            new = torch._foreach_mul(bufs, mu)
+            torch._foreach_add_(new, grads)
+            mask.select_(bufs, new)
+        else:
+            torch._foreach_mul_(bufs, mu)
+            torch._foreach_add_(bufs, grads)
+            new = bufs
         upd = torch._foreach_add(grads, new, alpha=mu) if group["nesterov"] else new
-        by_param = {id(p): u for p, u in zip(live, upd)}
-        return (bufs, new), [(p, spec, by_param[id(p)], w) for p, spec, _, w in work]
+        return {id(p): u for p, u in zip(live, upd)}
 
-    def _adam_update(self, group, live):
-        """Adam (bias-corrected; decay is applied before, by _apply_ordinary_decay) through PyTorch's
+    def _adam_update(self, group, live, mask):
+        """Adam (bias-corrected; decay is applied before, by ``SkipStep.scale_``) through PyTorch's
         fused kernel: one pass over param, grad and moments per (device, dtype) bucket instead of
-        seven foreach passes (measured: the embedding's Adam step took ~7% of a 0.6B step)."""
+        seven foreach passes. Step counts live on the parameters' device, where the kernel reads
+        them and where a skipped step can leave them unchanged without the host seeing the flag."""
         beta1, beta2 = group["betas"]
+        buckets: dict = {}
         for p in live:
-            state = self.state[p]
+            state, local = self.state[p], _local(p)
             if "exp_avg" not in state:
-                state["step"] = torch.tensor(0.0)  # on the CPU: checkpoints stay device-free
+                state["step"] = torch.zeros((), dtype=torch.float32, device=local.device)
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
-        counts = [self.state[p]["step"] for p in live]
-        torch._foreach_add_(counts, 1.0)  # two host ops for all parameters, not two per parameter
-        buckets: dict = {}
-        for p, step in zip(live, torch.stack(counts).tolist()):
-            state = self.state[p]
-            local = _local(p)
+            elif state["step"].device != local.device:  # a checkpoint that kept counts on the CPU
+                state["step"] = state["step"].to(device=local.device, dtype=torch.float32)
             bucket = buckets.setdefault((local.device, local.dtype), ([], [], [], [], []))
-            for lst, t in zip(bucket[:4], (local, _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]))):
+            for lst, t in zip(bucket, (local, _local(p.grad), _local(state["exp_avg"]),
+                                       _local(state["exp_avg_sq"]), state["step"])):
                 lst.append(t)
-            bucket[4].append(step)
         for (device, _), (ps, grads, m1, m2, steps) in buckets.items():
-            # a fill kernel per distinct count: torch.tensor(t, device=...) copies from pageable
-            # host memory, which synchronises the stream
-            on_device = {t: torch.full((), t, dtype=torch.float32, device=device) for t in set(steps)}
-            torch._fused_adamw_(ps, grads, m1, m2, [], [on_device[t] for t in steps], lr=float(group["lr"]),
-                                beta1=beta1, beta2=beta2, weight_decay=0.0, eps=group["eps"], amsgrad=False,
-                                maximize=False)
+            mask.advance_(steps)
+            torch._fused_adamw_(ps, grads, m1, m2, [], steps, lr=float(group["lr"]), beta1=beta1, beta2=beta2,
+                                weight_decay=0.0, eps=group["eps"], amsgrad=False, maximize=False,
+                                found_inf=mask.found_inf(device))

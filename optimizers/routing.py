@@ -85,7 +85,7 @@ class RoutingConfig:
     lr_multipliers: dict = field(default_factory=dict)
     weight_decay: float = 0.0
     no_decay_categories: tuple = ()
-    muon: dict = field(default_factory=dict)
+    muon: dict = field(default_factory=dict)  # options of the matrix groups; "algo" picks the family member
     adam: dict = field(default_factory=dict)
     headwise: str = "FFF"
     head_dim: int = 0

@@ -9,7 +9,7 @@ TorchTitan's trainer assumes CUDA. On a CPU-only machine (every developer box an
 * point TorchTitan's device globals at ``cpu`` (its modules import ``device_type`` and
   ``device_module`` by value, so each importer is patched) with a small CPU device module that
   answers the memory-monitor and seeding calls TorchTitan makes (memory = peak resident size);
-* use fp32 parameters (bf16 matmuls are ~25x slower on these CPUs);
+* use fp32 parameters (CPUs without bf16 matrix units run bf16 matmuls far slower than fp32);
 * make FSDP2 reduce with plain sums, because gloo has no PREMUL_SUM reduce-scatter.
 
 Call :func:`configure_for_host` once, before TorchTitan's Trainer is built.

@@ -1,10 +1,9 @@
-"""Environment defaults of every training launcher (train.py, scripts/titan_reference.py).
+"""Environment defaults of every training launcher (train.py, scripts.bench.titan_reference).
 
 Call ``set_defaults()`` before torch is imported; a user's own setting wins. Expandable segments:
-the caching allocator grows segments instead of calling cudaMalloc for new block sizes
-(TorchTitan's launcher sets the same; in a 2-GPU 0.6B profile ~16 ms per step of GPU idle sat in
-allocations inside the optimizer step). Tokenizer threads off: the data loader process is forked
-after the tokenizer was used.
+the caching allocator grows segments instead of calling cudaMalloc for new block sizes, which
+otherwise leaves the GPU idle during allocations inside the optimizer step (TorchTitan's launcher
+sets the same). Tokenizer threads off: the data loader process is forked after the tokenizer was used.
 """
 
 import os

@@ -127,7 +127,7 @@ def fla_hopper_blocker(mixer: str) -> str | None:
     return (f"model.name = {mixer!r} cannot train on {torch.cuda.get_device_name()} (sm{major}{minor}) with "
             f"triton {triton}: fla {FLA_VERSION} refuses the gated backward kernel chunk_bwd_dqkwg on Hopper "
             f"with triton >= {low}, < {high} (fla issue #640), and {why_not_tilelang}. Fix: install tilelang "
-            "(fla then runs that kernel with TileLang; on the no-network GPU box: "
+            "(fla then runs that kernel with TileLang; on a machine without network access: "
             "bash scripts/gpu_wheels.sh --tilelang, see docs/mixers.md) or upgrade triton to >= 3.7.1")
 
 

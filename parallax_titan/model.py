@@ -1,17 +1,24 @@
 """Qwen3 with Parallax attention: the whole model in one file.
 
-TorchTitan's Qwen3 supplies the block (RMSNorm pre-norm, SwiGLU MLP, q/k RMSNorm before RoPE,
-GQA, tied embeddings at 0.6B). Parallax adds, per layer (SPEC.md section 2):
+:class:`ParallaxQwen3Model` is token embeddings -> ``n_layers`` :class:`Block` -> RMSNorm -> output
+projection (tied to the embeddings at 0.6B). A block is pre-norm, ``h = x + mixer(norm(x))`` then
+``h + SwiGLU(norm(h))``, and its sequence mixer is picked when it is built (:func:`sequence_mixer`,
+from ``ParallaxModelArgs.mixer``):
 
-* ``wr``: the probe projection W_R, d_model -> Hq * D (one probe head per query head);
-* ``r_norm``: per-head RMSNorm on rho with its own weight, applied before RoPE;
-* RoPE on rho (``rho_rope``), with the same cos/sin as q;
-* an optional sigmoid gate (``gate = "token" | "head"``) that scales rho after the norm;
-* ``wr_init = "zeros"`` makes every layer exactly softmax attention (the up-training path).
+* ``softmax``: TorchTitan's Qwen3 attention, unchanged (q/k RMSNorm before RoPE, GQA, SDPA);
+* ``parallax``: :class:`ParallaxAttention`, which adds per layer (SPEC.md section 2)
 
-With ``mixer = "softmax"`` the block is TorchTitan's own attention (SDPA), unchanged; the
-flash-linear-attention baselines (``gated_deltanet``, ``kda``, ``mamba2``, ``mesa_net``) take the
-attention slot through ``parallax_titan.mixers`` (docs/mixers.md).
+  - ``wr``: the probe projection W_R, d_model -> Hq * D (one probe head per query head);
+  - ``r_norm``: per-head RMSNorm on rho with its own weight, applied before RoPE;
+  - RoPE on rho (``rho_rope``), with the same cos/sin as q;
+  - an optional sigmoid gate (``gate = "token" | "head"``) that scales rho after the norm;
+  - ``wr_init = "zeros"`` makes every layer exactly softmax attention (the up-training path);
+
+* ``gated_deltanet``, ``kda``, ``mamba2``, ``mesa_net``: flash-linear-attention layers
+  (``parallax_titan.mixers``, docs/mixers.md).
+
+The SwiGLU MLP, the attention projections, the RoPE table and their initialisations are
+TorchTitan's Qwen3 building blocks.
 """
 
 from __future__ import annotations
@@ -24,15 +31,16 @@ from torch import nn
 from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
 from torchtitan.models.qwen3.model.model import (
     Attention,
-    Qwen3Model,
-    TransformerBlock,
+    FeedForward,
+    precompute_rope_cache,
     reshape_for_broadcast,
     rotate_half,
 )
 from torchtitan.models.utils import get_moe_model_nparams_and_flops, trunc_normal_
+from torchtitan.protocols.model import ModelProtocol
 
 import kernels
-from parallax_titan.mixers import FLA_MIXERS, build_mixer
+from parallax_titan import mixers
 
 Mixer = Literal["softmax", "parallax", "gated_deltanet", "kda", "mamba2", "mesa_net"]
 Gate = Literal["none", "token", "head"]
@@ -56,6 +64,12 @@ class ParallaxModelArgs(Qwen3ModelArgs):
     attn_backend: Backend = "auto"
     eos_id: int = QWEN3_ENDOFTEXT_ID
 
+    @property
+    def needs_document_masks(self) -> bool:
+        """True when attention stays within documents (``attn_mask_type = "block_causal"``): the
+        forward then takes :class:`DocumentBoundaries` (:meth:`ParallaxQwen3Model.get_attention_masks`)."""
+        return self.mixer != "softmax" and self.attn_mask_type == "block_causal"
+
     def shape_overrides(self, model_section) -> dict[str, int]:
         """The ``[model]`` shape keys set (non-zero) in ``model_section``."""
         return {k: getattr(model_section, k) for k in SHAPE_KEYS if getattr(model_section, k, 0)}
@@ -73,9 +87,6 @@ class ParallaxModelArgs(Qwen3ModelArgs):
             self.wr_init = section.wr_init
         self.attn_backend = section.attn_backend
         self.attn_mask_type = section.attn_mask_type
-        # TorchTitan only builds document masks for "flex"/"varlen"; Parallax and fla read cu_seqlens.
-        if self.mixer != "softmax" and self.attn_mask_type == "block_causal":
-            self.attn_type = "varlen"
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         # Parallax runs four attention matmuls per head (q.k, rho.k, p.v, (p*t).v), softmax two;
@@ -118,7 +129,12 @@ def document_boundaries(tokens: torch.Tensor, eos_id: int) -> DocumentBoundaries
 
 
 class ParallaxAttention(Attention):
-    """TorchTitan's Qwen3 attention with a learned probe rho per query head."""
+    """TorchTitan's Qwen3 attention (wq, wk, wv, wo, q_norm, k_norm) with a learned probe rho per
+    query head.
+
+    forward(x (batch, seq, dim), rope_cache, attention_masks (DocumentBoundaries or None),
+    positions) -> (batch, seq, dim) in x's dtype.
+    """
 
     def __init__(self, model_args: ParallaxModelArgs):
         super().__init__(model_args)
@@ -170,30 +186,102 @@ class ParallaxAttention(Attention):
         return self.wo(out.reshape(bs, seqlen, -1))
 
 
-class ParallaxBlock(TransformerBlock):
-    """A Qwen3 block whose attention is Parallax or an fla mixer, as ``model_args.mixer`` says."""
+def sequence_mixer(layer_id: int, args: ParallaxModelArgs) -> nn.Module:
+    """The attention slot of block ``layer_id``: softmax, Parallax or an fla layer (``args.mixer``)."""
+    if args.mixer == "softmax":
+        return Attention(args)
+    if args.mixer == "parallax":
+        return ParallaxAttention(args)
+    if args.mixer in mixers.FLA_MIXERS:
+        return mixers.build_mixer(layer_id, args)
+    raise ValueError(f"mixer: {args.mixer!r} is unknown; expected 'softmax', 'parallax' or one of "
+                     f"{', '.join(map(repr, mixers.FLA_MIXERS))}")
 
-    def __init__(self, layer_id: int, model_args: ParallaxModelArgs):
-        super().__init__(layer_id, model_args)
-        if model_args.mixer == "parallax":
-            self.attention = ParallaxAttention(model_args)
-        elif model_args.mixer in FLA_MIXERS:
-            self.attention = build_mixer(layer_id, model_args)
+
+class Block(nn.Module):
+    """Pre-norm Qwen3 block: ``h = x + mixer(norm(x))``, then ``h + SwiGLU(norm(h))``.
+
+    forward(x (batch, seq, dim), rope_cache, attention_masks, positions) -> (batch, seq, dim).
+    """
+
+    moe_enabled = False  # TorchTitan's per-block compile asks every block
+
+    def __init__(self, layer_id: int, args: ParallaxModelArgs):
+        super().__init__()
+        # Registration order fixes the parameter order (optimizer groups, state-dict layout).
+        self.attention = sequence_mixer(layer_id, args)
+        self.feed_forward = FeedForward(dim=args.dim, hidden_dim=args.hidden_dim)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        # Output projections (wo, w2, w3) start smaller in deeper blocks.
+        depth = layer_id + 1 if args.depth_init else args.n_layers
+        self.weight_init_std = 0.02 / (2 * depth) ** 0.5
+
+    def forward(self, x, rope_cache, attention_masks=None, positions=None):
+        h = x + self.attention(self.attention_norm(x), rope_cache, attention_masks, positions)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        self.attention.init_weights(self.weight_init_std)
+        self.feed_forward.init_weights(self.weight_init_std)
 
 
-class ParallaxQwen3Model(Qwen3Model):
-    """Qwen3 language model with Parallax (or softmax) attention blocks.
+class ParallaxQwen3Model(ModelProtocol):
+    """Qwen3 language model whose blocks use the sequence mixer ``model_args.mixer``.
 
-    forward(tokens (batch, seq) int64) -> logits (batch, seq, vocab) in the parameter dtype.
+    forward(tokens (batch, seq) int64, attention_masks=None, positions=None) -> logits
+    (batch, seq, vocab) in the parameter dtype. ``attention_masks``: None (causal) or the
+    :class:`DocumentBoundaries` of :meth:`get_attention_masks`.
     """
 
     def __init__(self, model_args: ParallaxModelArgs):
         super().__init__(model_args)
-        self.layers = nn.ModuleDict(
-            {str(i): ParallaxBlock(i, model_args) for i in range(model_args.n_layers)}
-        )
+        self.model_args = model_args
+        self.tok_embeddings = nn.Embedding(model_args.vocab_size, model_args.dim)
+        # cos and sin per position (max_seq_len, 2 * head_dim), fp32; rebuilt by init_weights
+        self.register_buffer("rope_cache", self._rope_cache(), persistent=False)
+        self.layers = nn.ModuleDict({str(i): Block(i, model_args) for i in range(model_args.n_layers)})
+        self.norm = nn.RMSNorm(model_args.dim, eps=model_args.norm_eps)
+        self.output = nn.Linear(model_args.dim, model_args.vocab_size, bias=False)
+        if model_args.enable_weight_tying:
+            self.output.weight = self.tok_embeddings.weight
 
-    def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None):
-        if self.model_args.mixer != "softmax":
-            return document_boundaries(input_batch, tokenizer.eos_id)
-        return super().get_attention_masks(input_batch, tokenizer, extra_inputs)
+    def forward(self, tokens, attention_masks=None, positions=None):
+        h = self.tok_embeddings(tokens)
+        for block in self.layers.values():
+            h = block(h, self.rope_cache, attention_masks, positions)
+        return self.output(self.norm(h))
+
+    def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None) -> DocumentBoundaries | None:
+        """The masks ``forward`` takes for the packed batch ``input_batch`` (batch, seq) int64:
+        document boundaries at ``tokenizer.eos_id`` when ``model_args.needs_document_masks``,
+        else None (causal attention over the whole row)."""
+        if not self.model_args.needs_document_masks:
+            return None
+        return document_boundaries(input_batch, tokenizer.eos_id)
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Initialise every weight in place (TorchTitan's Qwen3 scheme); also after ``to_empty``.
+
+        Embeddings N(0, 1); per block its norms, mixer and MLP (:meth:`Block.init_weights`); the
+        final norm; the output projection truncated N(0, dim^-0.5) at 3 std, which with tied
+        embeddings re-initialises the embedding too. The order fixes the random stream.
+        """
+        buffer_device = buffer_device or self.rope_cache.device
+        with torch.device(buffer_device):
+            self.rope_cache = self._rope_cache()
+        nn.init.normal_(self.tok_embeddings.weight)
+        for block in self.layers.values():
+            block.init_weights()
+        self.norm.reset_parameters()
+        if self.model_args.enable_weight_tying:
+            # built on the meta device and moved with to_empty, the two are separate tensors again
+            self.output.weight = self.tok_embeddings.weight
+        std = self.model_args.dim**-0.5
+        trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+    def _rope_cache(self) -> torch.Tensor:
+        args = self.model_args
+        return precompute_rope_cache(args.head_dim, args.max_seq_len, args.rope_theta)

@@ -135,7 +135,7 @@ class ParallaxOptimizersContainer(OptimizersContainer):
                 name = f"{k}.{group['name']}" if multi else group["name"]
                 scale = MuonAdamW.decay_scale(group)
                 out[f"optim/lr/{name}"] = float(group["lr"])
-                out[f"optim/wd/{name}"] = scale * MuonAdamW._ordinary_wd(group)
+                out[f"optim/wd/{name}"] = scale * MuonAdamW.ordinary_wd(group)
                 if group["sp_coeff"] and group["sp_power"] != 1:
                     out[f"optim/sp_decay_p{group['sp_power']}/{name}"] = scale * group["sp_coeff"]
         if self.optimizers and self.optimizers[0].param_groups:

@@ -27,6 +27,7 @@ from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.validate import build_validator
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
+from parallax_titan.hf_adapter import ParallaxStateDictAdapter
 from parallax_titan.mixers import FLA_MIXERS
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
 
@@ -86,7 +87,8 @@ def model_args_for(job_config) -> ParallaxModelArgs:
 
 
 def build_train_spec(variant: str) -> TrainSpec:
-    """The TorchTitan train spec of one variant, with every flavor."""
+    """The TorchTitan train spec of one variant, with every flavor and the Hugging Face adapter
+    (``checkpoint.last_save_in_hf``)."""
     from parallax_titan.data import build_dataloader
     from parallax_titan.metrics import build_metrics_processor
     from parallax_titan.optim_builder import build_lr_schedulers, build_optimizers
@@ -105,6 +107,7 @@ def build_train_spec(variant: str) -> TrainSpec:
         build_loss_fn=build_cross_entropy_loss,
         build_validator_fn=build_validator,
         build_metrics_processor_fn=build_metrics_processor,
+        state_dict_adapter=ParallaxStateDictAdapter,
     )
 
 

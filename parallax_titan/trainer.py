@@ -51,6 +51,14 @@ class ParallaxTrainer(Trainer):
             for part in self.model_parts:
                 load_transformer_weights(part, source)
 
+    def post_dataloading_process(self, input_dict, labels):
+        """TorchTitan's batch preparation, plus document boundaries when the model asks for them
+        (TorchTitan builds masks only for its own flex and varlen attention)."""
+        inputs, labels, extra_inputs, extra_kwargs = super().post_dataloading_process(input_dict, labels)
+        if self.model_args.needs_document_masks:
+            extra_kwargs["attention_masks"] = self.model_parts[0].get_attention_masks(inputs, self.tokenizer)
+        return inputs, labels, extra_inputs, extra_kwargs
+
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         loss = super().forward_backward_step(
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens

@@ -10,6 +10,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+from parallax_titan.checkpoint_files import describe, saved_shapes, state_shapes, weight_mismatches
+
 PARALLAX_ONLY = (".attention.wr.", ".attention.r_norm.", ".attention.gate.")
 
 
@@ -18,20 +20,27 @@ def is_parallax_only(fqn: str) -> bool:
     return any(part in f".{fqn}" for part in PARALLAX_ONLY)
 
 
+def shared_weights(state: dict) -> dict:
+    """The entries of a Parallax model's ``state`` that the Transformer of the same size also has."""
+    return {name: value for name, value in state.items() if not is_parallax_only(name)}
+
+
 @torch.no_grad()
 def load_transformer_weights(model: torch.nn.Module, checkpoint_dir: str) -> None:
     """Load a TorchTitan DCP checkpoint of a Transformer into a Parallax ``model`` (FSDP or not).
 
-    Raises ValueError naming ``parallax.init_from_transformer`` when a shared weight is missing.
+    Raises ValueError naming ``parallax.init_from_transformer`` when the folder is not a readable
+    DCP checkpoint or its model weights are not exactly this model's Transformer part (a weight
+    missing, extra or of another shape: another size, or a Parallax checkpoint).
     """
-    state = {k: v for k, v in get_model_state_dict(model).items() if not is_parallax_only(k)}
-    metadata = dcp.FileSystemReader(checkpoint_dir).read_metadata()
-    missing = sorted(k for k in state if k not in metadata.state_dict_metadata)
-    if missing:
-        raise ValueError(
-            f"parallax.init_from_transformer: checkpoint {checkpoint_dir!r} lacks {len(missing)} "
-            f"weights of this model (e.g. {missing[:3]}); is it from another size?"
-        )
+    state = shared_weights(get_model_state_dict(model))
+    try:
+        mismatches = weight_mismatches(saved_shapes(checkpoint_dir), state_shapes(state))
+    except ValueError as exc:
+        raise ValueError(f"parallax.init_from_transformer: {exc}") from None
+    if mismatches:
+        raise ValueError(f"parallax.init_from_transformer: {checkpoint_dir!r} is not a Transformer checkpoint of "
+                         f"this model's size: {describe(mismatches)}")
     dcp.load(state, checkpoint_id=checkpoint_dir)
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
     for name, module in model.named_modules():

@@ -1,6 +1,6 @@
 """Diagnostics report for one or more checkpoints (markdown + PNG figures + JSON).
 
-    python scripts/analyze.py --config configs/demo_cpu.toml --checkpoint outputs/demo_cpu/checkpoint/step-200 \
+    python -m scripts.analyze --config configs/demo_cpu.toml --checkpoint outputs/demo_cpu/checkpoint/step-200 \
         [--compare DIR2 ...] [--compare-config Y.toml ...] [--labels A B ...] [--out report_dir]
 
 Every checkpoint is evaluated on the same held-out batch (``[diagnostics]`` settings of the config,
@@ -14,18 +14,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-import torch  # noqa: E402
-
-from parallax_titan.diagnostics import Diagnostics, collect  # noqa: E402
-from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset  # noqa: E402
-from parallax_titan.diagnostics.report import load_checkpoint_model, write_report  # noqa: E402
-from parallax_titan.diagnostics.runner import validate_diagnostics  # noqa: E402
-from parallax_titan.tokenizer import build_tokenizer  # noqa: E402
+from eval.checkpoint import load_job_config
+from parallax_titan.config import ConfigError
+from parallax_titan.diagnostics import Diagnostics, collect
+from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
+from parallax_titan.diagnostics.report import load_checkpoint_model, write_report
+from parallax_titan.tokenizer import build_tokenizer
+from scripts.bench.results import command_line
 
 
 def parse_args(argv):
@@ -49,19 +48,15 @@ def parse_args(argv):
     return args
 
 
-def load_config(path: str):
-    from train import parse_config
-
-    return parse_config(["--job.config_file", path])
-
-
 def diagnostics_settings(job_config, args) -> Diagnostics:
-    config = getattr(job_config, "diagnostics", None) or Diagnostics()
+    """The config's ``[diagnostics]`` with the command line's overrides, validated with the job."""
     overrides = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len),
                                    ("max_queries", args.max_queries)) if v is not None}
-    config = dataclasses.replace(config, enable=True, **overrides)
-    validate_diagnostics(config, job_config.training.seq_len)
-    return config
+    job_config.diagnostics = dataclasses.replace(job_config.diagnostics, enable=True, **overrides)
+    problems = job_config.validate(check_data=False)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+    return job_config.diagnostics
 
 
 def default_label(checkpoint: str) -> str:
@@ -71,7 +66,7 @@ def default_label(checkpoint: str) -> str:
 
 def main(argv) -> str:
     args = parse_args(argv)
-    job = load_config(args.config)
+    job = load_job_config(args.config)
     config = diagnostics_settings(job, args)
     tokenizer = build_tokenizer(job)
     name, path = resolve_dataset(job, config)
@@ -79,7 +74,7 @@ def main(argv) -> str:
     tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
     compare_configs = args.compare_config * len(args.compare) if len(args.compare_config) == 1 else args.compare_config
     checkpoints = [(args.checkpoint, job)] + [
-        (ckpt, load_config(compare_configs[i]) if compare_configs else job) for i, ckpt in enumerate(args.compare)
+        (ckpt, load_job_config(compare_configs[i]) if compare_configs else job) for i, ckpt in enumerate(args.compare)
     ]
     labels = args.labels or [default_label(c) for c, _ in checkpoints]
     runs, sources = {}, {}
@@ -92,8 +87,7 @@ def main(argv) -> str:
                                       f"{sum(p.numel() for p in model.parameters()):,} params")
     settings = {"dataset": name, "tokens": f"{config.batch_size} x {seq_len}", "max_queries": config.max_queries,
                 "corr_ridge": config.corr_ridge, "top_k": config.top_k, "cka_tokens": config.cka_tokens}
-    command = "python scripts/analyze.py " + shlex.join(argv)
-    report = write_report(runs, sources, args.out, settings, command)
+    report = write_report(runs, sources, args.out, settings, command_line(__spec__.name, argv))
     print(f"[analyze] wrote {report}")
     return report
 

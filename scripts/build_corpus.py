@@ -11,7 +11,7 @@ by a hash of their ``source`` id, form the validation split. Output gzip files
 carry no timestamp, so reruns give byte-identical files.
 
 Usage:
-    python scripts/build_corpus.py [--download-dir DIR] [--out-dir DIR]
+    python -m scripts.build_corpus [--download-dir DIR] [--out-dir DIR]
 """
 
 import argparse

@@ -1,24 +1,22 @@
 """Train the tiny byte-level BPE tokenizer (vocab 4096) on the embedded corpus.
 
 It exists for fast CPU runs and tests; real training uses the Qwen3 tokenizer
-(scripts/get_tokenizer.py). Same conventions as Qwen3 for pretraining: the only
+(``python -m scripts.get_tokenizer``). Same conventions as Qwen3 for pretraining: the only
 special token is ``<|endoftext|>`` (end of document), there is no BOS token and
 the tokenizer itself adds nothing (``encode("")`` is empty).
 
 Usage:
-    python scripts/build_tiny_tokenizer.py [--corpus FILE] [--out-dir DIR] [--vocab-size N]
+    python -m scripts.build_tiny_tokenizer [--corpus FILE] [--out-dir DIR] [--vocab-size N]
 """
 
 import argparse
 import gzip
 import json
 import os
-import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from parallax_titan.tokenizer import EOS_TOKEN, write_tokenizer_config  # noqa: E402
+from parallax_titan.tokenizer import EOS_TOKEN, write_tokenizer_config
 
 ASSETS = os.path.join(os.path.dirname(__file__), "..", "parallax_titan", "assets")
 DEFAULT_CORPUS = os.path.join(ASSETS, "corpus", "train.jsonl.gz")

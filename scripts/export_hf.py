@@ -1,11 +1,11 @@
 """Export a checkpoint to Hugging Face format, or import Hugging Face Qwen3 weights for training.
 
     # DCP checkpoint -> <out>/model.safetensors + config.json + tokenizer
-    python scripts/export_hf.py export --config X.toml --checkpoint OUT/checkpoint/step-N --output hf_out
+    python -m scripts.export_hf export --config X.toml --checkpoint OUT/checkpoint/step-N --output hf_out
 
     # Hugging Face Qwen3 (e.g. a local copy of Qwen/Qwen3-0.6B) -> a DCP folder to train from;
     # into a Parallax config the probes start at W_R = 0 (exactly the Transformer's function)
-    python scripts/export_hf.py import --config configs/paper/0.6B/parallax_muon_wsd.toml \
+    python -m scripts.export_hf import --config configs/paper/0.6B/parallax_muon_wsd.toml \
         --hf ~/Qwen3-0.6B --output outputs/qwen3_parallax_init
     torchrun ... train.py --job.config_file ... --checkpoint.initial_load_path outputs/qwen3_parallax_init
 
@@ -19,14 +19,12 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.distributed.checkpoint as dcp
 
-import torch  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-
-from eval.checkpoint import DTYPES, build_model, load_job_config, load_model, model_args_of  # noqa: E402
-from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf  # noqa: E402
-from parallax_titan.tokenizer import build_tokenizer  # noqa: E402
+from eval.checkpoint import DTYPES, build_model, load_job_config, load_model, model_args_of
+from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
+from parallax_titan.tokenizer import build_tokenizer
 
 
 def export_command(args, overrides: list[str]) -> str:
@@ -51,7 +49,7 @@ def import_command(args, overrides: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python scripts/export_hf.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.export_hf", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="DCP checkpoint -> safetensors + config.json")
     export.add_argument("--config", required=True, help="the run's training TOML")

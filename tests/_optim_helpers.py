@@ -27,3 +27,25 @@ def polar_svd(W):
 
 def rel_err(x, ref):
     return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def bits(t):
+    """The bit pattern of a float tensor (so -0.0 differs from 0.0 and NaN payloads count)."""
+    width = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
+             torch.float16: torch.int16}[t.dtype]
+    return t.detach().contiguous().view(width).clone()
+
+
+def state_bits(opt):
+    """Bit patterns of every parameter and every tensor of the optimizer state, in a fixed order."""
+    out = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            out.append(bits(p))
+            state = opt.state.get(p, {})
+            out.extend(bits(state[k]) for k in sorted(state) if torch.is_tensor(state[k]))
+    return out
+
+
+def same_bits(a, b):
+    return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))

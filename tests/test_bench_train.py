@@ -1,5 +1,5 @@
-"""scripts/bench_train.py: command line, the train.py commands it runs, the scaling report on
-fabricated metrics, and (slow) a real --scaling 2 check on CPU ranks."""
+"""scripts.bench.train: command line, the train.py commands it runs, the scaling and resume reports
+on fabricated metrics, and (slow) real --scaling 2 and --resume checks on CPU ranks."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import time
 
 import pytest
 
-from scripts.bench_train import (TIMEOUT_EXIT, parse_args, resume_markdown, resume_report, run_logged, scaling_report,
-                                 train_command, write_scaling)
-from scripts.summarize_runs import summarize
+from scripts.bench.results import describe
+from scripts.bench.summarize_runs import summarize
+from scripts.bench.train import parse_args
+from scripts.bench.train_launch import TIMEOUT_EXIT, run_logged, train_command
+from scripts.bench.train_resume import resume_markdown, resume_report
+from scripts.bench.train_scaling import scaling_report, write_scaling
 from tests._train_runs import REPO, TEST_CONFIG
 
 
@@ -28,7 +31,8 @@ def test_defaults_and_options(monkeypatch):
                        "--local-batch", "2", "--extra", "--compile.no-enable --training.seq_len 2048",
                        "--name-prefix", "x_", "--run-timeout", "60", "--out", "/tmp/o"])
     cmd = train_command(args, "parallax", "x_parallax", args.ngpu)
-    assert "--nproc_per_node=8" in cmd and cmd[cmd.index("train.py") + 2] == "configs/paper/1.7B/parallax_adamw_wsd.toml"
+    assert "--nproc_per_node=8" in cmd
+    assert cmd[cmd.index("train.py") + 2] == "configs/paper/1.7B/parallax_adamw_wsd.toml"
     assert cmd[cmd.index("--training.local_batch_size") + 1] == "2"
     assert cmd[cmd.index("--job.dump_folder") + 1] == "/tmp/o/x_parallax"
     assert cmd[-3:] == ["--compile.no-enable", "--training.seq_len", "2048"]  # --extra comes last
@@ -55,7 +59,7 @@ def test_stopping_the_benchmark_stops_its_run(tmp_path):
     """An outer `timeout` (SIGTERM) on bench_train must not leave its torchrun training on the GPU."""
     pid_file, log = tmp_path / "child.pid", tmp_path / "run.log"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    parent = ("import sys; from scripts.bench_train import run_logged; "
+    parent = ("import sys; from scripts.bench.train_launch import run_logged; "
               f"run_logged([sys.executable, '-c', {child!r}], {str(log)!r}, timeout=120)")
     bench = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO)
     deadline = time.time() + 30
@@ -89,11 +93,13 @@ def test_scaling_report_on_fabricated_metrics(tmp_path):
     assert report["per_gpu_efficiency_same_work"] == pytest.approx(0.75)  # 975 / 1300
     assert report["max_abs_diff"] == pytest.approx(0.03) and report["max_rel_diff"] == pytest.approx(0.005)
     assert [r["step"] for r in report["losses"]] == [1, 2, 3, 4]
-    text = write_scaling(report, str(tmp_path / "scaling"))
+    meta = describe("Scaling", "fabricated metrics", "python -m scripts.bench.train p --scaling 2")
+    text = write_scaling(report, meta, str(tmp_path / "scaling"))
     assert "**0.975** (meets the goal 0.90)" in text and "| 3 | 6.000000 | 6.030000 | 0.03 | 0.005 |" in text
     assert "(the same work per GPU, one optimizer step per micro-batch): **0.750**" in text
-    assert "| p_1gpu |" in text
-    assert json.loads((tmp_path / "scaling.json").read_text())["per_gpu_efficiency"] == pytest.approx(0.975)
+    assert "| p_1gpu |" in text and text.startswith("# Scaling\n")
+    saved = json.loads((tmp_path / "scaling.json").read_text())
+    assert saved["per_gpu_efficiency"] == pytest.approx(0.975) and saved["meta"] == meta
 
 
 def test_resume_report_compares_the_steps_after_the_stop():
@@ -103,13 +109,15 @@ def test_resume_report_compares_the_steps_after_the_stop():
     assert [r["step"] for r in report["losses"]] == [3, 4] and report["identical"] == 1
     assert report["max_abs_diff"] == pytest.approx(0.07) and report["max_rel_diff"] == pytest.approx(0.01)
     assert "2 steps after the stop compared: 1 bit-identical" in resume_markdown(report)
-    assert resume_report(straight, {1: 10.0, 2: 9.0}, 2)["steps_compared"] == 0  # the rerun never logged
+    never_logged = resume_report(straight, {1: 10.0, 2: 9.0}, 2)
+    assert never_logged["steps_compared"] == 0 and never_logged["max_abs_diff"] is None
+    assert resume_markdown(never_logged) == "The rerun logged no step after the stop at step 2.\n"
 
 
 def _bench_on_cpu(tmp_path, *args):
-    """scripts/bench_train.py on the tiny CPU config (debug flavor, 4 steps, local batch 2) into
-    tmp_path; fails the test unless it exits 0."""
-    cmd = [sys.executable, "scripts/bench_train.py", *args, "--config", TEST_CONFIG, "--flavor", "debug",
+    """``python -m scripts.bench.train`` from the repository root on the tiny CPU config (debug flavor,
+    4 steps, local batch 2) into tmp_path; fails the test unless it exits 0."""
+    cmd = [sys.executable, "-m", "scripts.bench.train", *args, "--config", TEST_CONFIG, "--flavor", "debug",
            "--steps", "4", "--local-batch", "2", "--out", str(tmp_path)]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -138,18 +146,27 @@ def test_scaling_check_runs_on_cpu_ranks(tmp_path):
     assert (tmp_path / "scaling.md").is_file() and (tmp_path / "parallax_2gpu.log").is_file()
 
 
-def test_torchtitan_reference_runs_beside_ours(tmp_path):
-    """``titan_qwen3``: TorchTitan's own Trainer and Qwen3 (scripts/titan_reference.py) on the
-    Transformer's config, summarised in the same table as our run."""
+def test_torchtitan_reference_is_launched_as_a_module():
+    """``titan_qwen3``: ``torchrun -m scripts.bench.titan_reference`` on the Transformer's config."""
     args = parse_args(["titan_qwen3", "transformer", "--recipe", "adamw_wsd"])
     cmd = train_command(args, "titan_qwen3", "titan_qwen3", 1)
-    entry = cmd.index(os.path.join("scripts", "titan_reference.py"))
+    entry = cmd.index("scripts.bench.titan_reference")
+    assert cmd[entry - 1] == "-m" and cmd.index("torch.distributed.run") < entry
     assert cmd[entry + 1:entry + 3] == ["--job.config_file", "configs/paper/0.6B/transformer_adamw_wsd.toml"]
     assert "train.py" in train_command(args, "transformer", "transformer", 1)
+
+
+@pytest.mark.slow
+def test_torchtitan_reference_runs_beside_ours(tmp_path):
+    """TorchTitan's own Trainer and Qwen3 and our Transformer on the tiny CPU config, summarised in one
+    table whose page opens with the results header."""
     _bench_on_cpu(tmp_path, "titan_qwen3", "transformer",
                   "--extra", "--training.dataset default_corpus --metrics.log_freq 1")
-    rows = json.loads((tmp_path / "summary.json").read_text())
+    rows = json.loads((tmp_path / "summary.json").read_text())["runs"]
     assert [r["run"] for r in rows] == ["titan_qwen3", "transformer"]
     assert all(r["tokens_per_s"] > 0 and len(r["loss"]) == 4 for r in rows)
+    page = (tmp_path / "summary.md").read_text()
+    assert page.startswith("# Training throughput\n")
+    assert "`python -m scripts.bench.train titan_qwen3 transformer --extra '--training.dataset" in page
     assert "Building titan_qwen3 debug" in (tmp_path / "titan_qwen3.log").read_text()  # TorchTitan's spec
     assert "Building transformer debug" in (tmp_path / "transformer.log").read_text()

@@ -39,7 +39,7 @@ def test_a_call_killed_mid_check_still_returns_the_checks_already_done(tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "python3"
-    fake.write_text(f'#!/bin/sh\ncase "$*" in *bench_optimizers*) exec sleep 60 ;; esac\nexec {sys.executable} "$@"\n')
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *scripts.bench.optimizers*) exec sleep 60 ;; esac\nexec {sys.executable} "$@"\n')
     fake.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path), "NGPU": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = subprocess.Popen(["bash", str(ROOT / "scripts/h200_checks.sh"), "90", "attention", "optimizers"],

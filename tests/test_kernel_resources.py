@@ -1,7 +1,7 @@
-"""scripts/kernel_resources.py: compiling our kernels for sm_90 without a GPU, and reading the SASS."""
+"""scripts.bench.kernel_resources: compiling our kernels for sm_90 without a GPU, and reading the SASS."""
 
 from kernels.parallax import fused
-from scripts import kernel_resources as kr
+from scripts.bench import kernel_resources as kr
 
 
 def test_signature_types_every_argument():
@@ -19,7 +19,7 @@ def test_opcodes_drop_addresses_and_predicates():
         /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
         .text._fwd_kernel:
     """
-    assert kr._opcodes(sass) == ["LDL.64", "STL", "HGMMA.64x64x16.F32.BF16"]
+    assert kr.opcodes(sass) == ["LDL.64", "STL", "HGMMA.64x64x16.F32.BF16"]
 
 
 def test_forward_compiles_for_hopper_tensor_cores():

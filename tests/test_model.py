@@ -1,4 +1,5 @@
-"""The model family: sizes, the softmax limit W_R = 0, up-training, probe switches, document masks."""
+"""The model family: sizes, the softmax limit W_R = 0, up-training, probe switches, document masks,
+and the transformer variant against TorchTitan's own Qwen3."""
 
 from __future__ import annotations
 
@@ -156,3 +157,30 @@ def test_every_variant_builds_and_runs():
         logits = build(variant, dtype=torch.float32)(tokens)
         assert logits.shape == (1, 8, 4096) and torch.isfinite(logits).all()
 
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_transformer_is_torchtitans_qwen3(tied):
+    """Built as the trainer builds it (meta, to_empty, init_weights under a seed), the transformer
+    variant has TorchTitan's own Qwen3Model's weights, names and logits, bit for bit."""
+    from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+    from torchtitan.models.qwen3.model.model import Qwen3Model
+
+    args = dataclasses.replace(variant_args("transformer", BASE_FLAVORS["debug"]), n_layers=2, max_seq_len=32,
+                               enable_weight_tying=tied)
+    reference_args = Qwen3ModelArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Qwen3ModelArgs)})
+    models = []
+    for cls, model_args in ((ParallaxQwen3Model, args), (Qwen3Model, reference_args)):
+        torch.manual_seed(3)
+        with torch.device("meta"):
+            model = cls(model_args)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            model.init_weights()
+        models.append(model.eval())
+    ours, reference = (m.state_dict() for m in models)
+    assert list(ours) == list(reference)
+    assert all(torch.equal(ours[k], reference[k]) for k in ours)
+    tokens = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(models[0](tokens), models[1](tokens))

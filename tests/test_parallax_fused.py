@@ -289,7 +289,7 @@ def _shipped_list_length():
 
 
 def _sweep_column_configs():
-    from scripts.bench_attention import sweep_configs
+    from scripts.bench.attention import sweep_configs
 
     # one program order: orders change which program runs which tile, not a tile's arithmetic
     return [_launch(c) for c in sweep_configs()["_DKDV_TUNED"][1] if c.kwargs["GLOBAL_ORDER"]]

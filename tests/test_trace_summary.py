@@ -1,14 +1,14 @@
-"""scripts/trace_summary.py on a hand-made Chrome trace: groups, totals and the top list."""
+"""scripts.bench.trace_summary on a hand-made Chrome trace: groups, totals and the top list."""
 
+import gzip
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts.bench import trace_summary
 
-import trace_summary  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _trace():
@@ -21,7 +21,8 @@ def _trace():
     events.append({"cat": "cpu_op", "name": "aten::mm", "dur": 10_000, "ts": 0, "args": {"External id": 103}})
     events.append({"cat": "cpu_op", "name": "ParallaxAttention", "dur": 9, "ts": 0, "args": {"External id": 101}})
     events.append({"cat": "cpu_op", "name": "ParallaxAttention", "dur": 9, "ts": 0, "args": {"External id": 102}})
-    return {"traceEvents": events}
+    gpus = [{"id": 0, "name": "NVIDIA H200"}, {"id": 1, "name": "NVIDIA H200"}]
+    return {"traceEvents": events, "deviceProperties": gpus}
 
 
 def test_groups_and_shares():
@@ -48,16 +49,17 @@ def test_kernels_are_attributed_to_their_launching_op():
 
 
 def test_cli_reads_gzip_and_writes(tmp_path):
-    import gzip
-
     path = tmp_path / "rank0_trace.json.gz"
     with gzip.open(path, "wt") as fh:
         json.dump(_trace(), fh)
-    out = tmp_path / "summary.md"
-    subprocess.run([sys.executable, str(ROOT / "scripts/trace_summary.py"), str(path), "--out", str(out)],
-                   check=True, capture_output=True)
-    assert "| matmul | 0.80 | 40.0% |" in out.read_text()
-    assert "| `(no CPU op)` | 5 | 0.50 | 25.0% |" in out.read_text()
+    out = tmp_path / "summary"
+    subprocess.run([sys.executable, "-m", "scripts.bench.trace_summary", str(path), "--out", str(out)],
+                   cwd=ROOT, check=True, capture_output=True)
+    text = (tmp_path / "summary.md").read_text()
+    assert "| matmul | 0.80 | 40.0% |" in text
+    assert "| `(no CPU op)` | 5 | 0.50 | 25.0% |" in text
+    assert f"in the profiler trace {path} (recorded on NVIDIA H200;" in text
+    assert f"`python -m scripts.bench.trace_summary {path} --out {out}`" in text
 
 
 def test_timeline_idle_and_exposed_communication():

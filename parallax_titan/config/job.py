@@ -74,7 +74,20 @@ class JobConfig(titan.JobConfig):
         if self.parallax.init_from_transformer and args.mixer != "parallax":
             problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
                             f"but model.name {name!r} is not Parallax")
-        return problems + self._float8_problems()
+        return problems + self._float8_problems() + self._hf_save_problems(args.mixer)
+
+    def _hf_save_problems(self, mixer: str) -> list[str]:
+        """TorchTitan's Hugging Face last save holds model weights only, and needs their HF names."""
+        from parallax_titan.hf_adapter import HF_MIXERS
+
+        ckpt, problems = self.checkpoint, []
+        if ckpt.enable and ckpt.last_save_in_hf and not ckpt.last_save_model_only:
+            problems.append("checkpoint.last_save_in_hf: true needs checkpoint.last_save_model_only = true "
+                            "(the Hugging Face format holds the model weights only)")
+        if ckpt.enable and ckpt.last_save_in_hf and mixer not in HF_MIXERS:
+            problems.append(f"checkpoint.last_save_in_hf: model.name = {self.model.name!r} has no Hugging Face "
+                            "weight names; only the transformer and parallax variants have them")
+        return problems
 
     def _float8_problems(self) -> list[str]:
         if FLOAT8 not in self.model.converters:

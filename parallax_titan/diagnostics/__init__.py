@@ -1,4 +1,4 @@
-"""Diagnostics and spectral analysis (issue #5; SPEC sections 1 and 3).
+"""Diagnostics and spectral analysis (SPEC sections 1 and 3).
 
 * :mod:`.attention`: COR, CPA, ||Corr||_F, probe norm, score range, sinks, entropy from q, r, k, v.
 * :mod:`.spectral`: stable rank, eRank, output-energy eRank, top-k energy, normalised spectral

@@ -83,9 +83,7 @@ def collect_attention(model: torch.nn.Module, tokens: torch.Tensor, tokenizer, c
     Parallax layers and ``cka_v`` (cross-head linear CKA of V outputs on the real inputs).
     """
     args = model.model_args
-    masks = None
-    if getattr(args, "attn_type", "sdpa") in ("flex", "varlen"):
-        masks = model.get_attention_masks(input_batch=tokens, tokenizer=tokenizer)
+    masks = model.get_attention_masks(input_batch=tokens, tokenizer=tokenizer)  # None when causal
     block_causal = getattr(args, "attn_mask_type", "causal") == "block_causal"
     mask = causal_document_mask(tokens, tokenizer.eos_id if block_causal else None)
     results: dict[int, dict[str, float]] = {}

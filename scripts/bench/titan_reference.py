@@ -1,28 +1,24 @@
 """TorchTitan's own trainer and Qwen3 model: the reference our Transformer's throughput is held to.
 
-    torchrun --nproc_per_node=1 scripts/titan_reference.py \\
+    torchrun --nproc_per_node=1 -m scripts.bench.titan_reference \\
         --job.config_file configs/paper/0.6B/transformer_adamw_wsd.toml --training.dataset default_corpus
-    python scripts/bench_train.py titan_qwen3 transformer --recipe adamw_wsd   # both, one invocation
+    python -m scripts.bench.train titan_qwen3 transformer --recipe adamw_wsd   # both, one invocation
 
 ``torchtitan.train.Trainer`` runs TorchTitan's ``qwen3`` train spec unchanged (its model,
 parallelize, optimizers, lr schedule, data loader, loss), registered as ``titan_qwen3`` with two
-additions so that it reads the data our runs read and writes the file ``bench_train.py``
+additions so that it reads the data our runs read and writes the file ``scripts.bench.train``
 summarises: the embedded corpus as a dataset (``parallax_titan.data`` registers it on import)
 and ``metrics.jsonl`` through the spec's metrics-processor hook. The TOML is parsed with our
 JobConfig, a superset of TorchTitan's; the Trainer ignores the sections it does not know (our
-non-finite guard, diagnostics, probe settings), so none of our trainer's additions run. The
-issue's 43% MFU anchor (Qwen3-0.6B, fused AdamW) was measured with this trainer.
+non-finite guard, diagnostics, probe settings), so none of our trainer's additions run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from parallax_titan.launch_env import set_defaults  # noqa: E402  (imports no torch)
+from parallax_titan.launch_env import set_defaults  # imports no torch
 
 set_defaults()  # the same environment as train.py (and TorchTitan's own launcher's allocator setting)
 
@@ -59,6 +55,7 @@ def register() -> None:
 
 
 def main(argv: list[str]) -> None:
+    """Train ``titan_qwen3`` with TorchTitan's Trainer on the TOML and overrides in ``argv``."""
     init_logger()
     register()
     config = ConfigManager(JobConfig).parse_args([*argv, "--model.name", NAME])

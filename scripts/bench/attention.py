@@ -7,7 +7,7 @@ and fla-core 0.6.0 (``fla.ops.parallax.parallel_parallax``) when importable (ben
 wheels, never dependencies). Times are medians of triton.testing.do_bench, measured twice;
 ratios are against cuDNN softmax at the same shape (and, for D=64, at D=128) from this run.
 
-    python scripts/bench_attention.py --out docs/bench/attention_train [--sweep]
+    python -m scripts.bench.attention --out docs/bench/attention_train [--sweep]
 
 --sweep autotunes our kernels over a wider config list and records every config's time.
 """
@@ -15,16 +15,13 @@ ratios are against cuDNN softmax at the same shape (and, for D=64, at D=128) fro
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts.bench.results import command_line, describe, table, write_results
 
 SHAPES = [  # (B, L, Hq, Hkv, D)
     (4, 4096, 16, 8, 128),
@@ -74,6 +71,7 @@ def tuning_report():
 
 
 def make_inputs(b, n, hq, hkv, d, seed=0):
+    """Random bf16 CUDA q, r (B, L, Hq, D; r scaled by 1/sqrt(D)) and k, v (B, L, Hkv, D)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, r = (torch.randn(b, n, hq, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -93,29 +91,30 @@ def methods(competitors=True):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return fn
 
-    table = {
+    impls = {
         "softmax_cudnn": ("bhld_mha", sdpa(SDPBackend.CUDNN_ATTENTION)),
         "softmax_flash": ("bhld_mha", sdpa(SDPBackend.FLASH_ATTENTION)),
         "parallax_ours": ("blhd", lambda q, r, k, v: parallax_attention(q, r, k, v)),
     }
     if not competitors:
-        return table
+        return impls
     try:
         from parallax import parallax_func
 
-        table["parallax_kernel_0.1.1"] = ("bhld", lambda q, r, k, v: parallax_func(q, r, k, v))
+        impls["parallax_kernel_0.1.1"] = ("bhld", lambda q, r, k, v: parallax_func(q, r, k, v))
     except Exception as exc:  # benchmark-only competitor; absent is reported, not fatal
         print(f"parallax-kernel unavailable: {exc!r}")
     try:
         from fla.ops.parallax import parallel_parallax
 
-        table["fla_0.6.0"] = ("blhd", lambda q, r, k, v: parallel_parallax(q, r, k, v))
+        impls["fla_0.6.0"] = ("blhd", lambda q, r, k, v: parallel_parallax(q, r, k, v))
     except Exception as exc:
         print(f"fla unavailable: {exc!r}")
-    return table
+    return impls
 
 
 def to_layout(tensors, layout, group):
+    """Copies of (q, r, k, v) in ``layout`` (see ``methods``); ``group`` = Hq / Hkv."""
     q, r, k, v = tensors
     if layout == "blhd":
         return [x.clone() for x in (q, r, k, v)]
@@ -124,7 +123,9 @@ def to_layout(tensors, layout, group):
     return [x.transpose(1, 2).contiguous() for x in (q, r, k, v)]
 
 
-def bench_one(fn, inputs, layout, mode):
+def bench_one(fn, inputs, mode):
+    """Milliseconds of ``fn(*inputs)`` (mode "fwd", under no_grad) or of it and its backward
+    ("fwd_bwd"): {"ms": the lower of two do_bench medians, "ms_runs": both}."""
     import triton
 
     leaves = [x.detach().requires_grad_(mode == "fwd_bwd") for x in inputs]
@@ -145,11 +146,11 @@ def bench_one(fn, inputs, layout, mode):
     return {"ms": min(times), "ms_runs": times}
 
 
-def agreement(table, tensors, group):
+def agreement(impls, tensors, group):
     """Relative difference of each Parallax implementation's output vs ours (independent codes)."""
-    ours = table["parallax_ours"][1](*tensors).float()
+    ours = impls["parallax_ours"][1](*tensors).float()
     res = {}
-    for name, (layout, fn) in table.items():
+    for name, (layout, fn) in impls.items():
         if name.startswith("parallax") and name != "parallax_ours":
             out = fn(*to_layout(tensors, layout, group))
             out = out.transpose(1, 2) if layout.startswith("bhld") else out
@@ -157,33 +158,37 @@ def agreement(table, tensors, group):
     return res
 
 
+def bench_shape(impls, shape):
+    """Every method of ``impls`` at ``shape`` (B, L, Hq, Hkv, D), both modes: the result entry
+    (shape, agreement, "<method>/<mode>" timings or errors, our TFLOP/s, the autotuner's choices)."""
+    b, n, hq, hkv, d = shape
+    tensors = make_inputs(*shape)
+    entry = {"shape": dict(B=b, L=n, Hq=hq, Hkv=hkv, D=d), "agreement_vs_ours": agreement(impls, tensors, hq // hkv)}
+    for name, (layout, fn) in impls.items():
+        inputs = to_layout(tensors, layout, hq // hkv)
+        for mode in ("fwd", "fwd_bwd"):
+            try:
+                entry[f"{name}/{mode}"] = bench_one(fn, inputs, mode)
+            except Exception as exc:
+                entry[f"{name}/{mode}"] = {"error": repr(exc)[:300]}
+            print(shape, name, mode, entry[f"{name}/{mode}"], flush=True)
+    flops = b * hq * d * n * (n + 1)  # 2 * D * (causal pairs) per matmul
+    for mode, mm in MATMULS.items():
+        ms = entry.get(f"parallax_ours/{mode}", {}).get("ms")
+        if ms:
+            entry[f"parallax_ours/{mode}"]["tflops"] = mm * flops / ms / 1e9
+    entry["tuning"] = tuning_report()  # the last autotune key of each kernel is this shape's
+    return entry
+
+
 def run(args):
+    """The result entries (``bench_shape``) of the shapes and methods the command line selects."""
     if args.sweep:
         install_sweep()
-    table = methods(args.competitors)
+    impls = methods(args.competitors)
     if args.methods:
-        table = {name: table[name] for name in args.methods.split(",") if name in table}
-    results = []
-    for shape in [SHAPES[i] for i in args.shapes]:
-        b, n, hq, hkv, d = shape
-        tensors = make_inputs(*shape)
-        entry = {"shape": dict(B=b, L=n, Hq=hq, Hkv=hkv, D=d), "agreement_vs_ours": agreement(table, tensors, hq // hkv)}
-        for name, (layout, fn) in table.items():
-            inputs = to_layout(tensors, layout, hq // hkv)
-            for mode in ("fwd", "fwd_bwd"):
-                try:
-                    entry[f"{name}/{mode}"] = bench_one(fn, inputs, layout, mode)
-                except Exception as exc:
-                    entry[f"{name}/{mode}"] = {"error": repr(exc)[:300]}
-                print(shape, name, mode, entry[f"{name}/{mode}"], flush=True)
-        flops = b * hq * d * n * (n + 1)  # 2 * D * (causal pairs) per matmul
-        for mode, mm in MATMULS.items():
-            ms = entry.get(f"parallax_ours/{mode}", {}).get("ms")
-            if ms:
-                entry[f"parallax_ours/{mode}"]["tflops"] = mm * flops / ms / 1e9
-        entry["tuning"] = tuning_report()  # the last autotune key of each kernel is this shape's
-        results.append(entry)
-    return results
+        impls = {name: impls[name] for name in args.methods.split(",") if name in impls}
+    return [bench_shape(impls, SHAPES[i]) for i in args.shapes]
 
 
 def ratios(results):
@@ -204,34 +209,42 @@ def ratios(results):
     return rows
 
 
-def write(results, rows, tuning, out, argv):
-    meta = {"command": "python " + " ".join(argv), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "python": platform.python_version(), "dtype": "bfloat16", "causal": True,
-            "timing": "triton.testing.do_bench median, 2 runs, min reported; fwd under no_grad"}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out + ".json").write_text(json.dumps({"meta": meta, "results": results, "ratios": rows,
-                                               "tuning": tuning}, indent=1))
-    lines = [f"# Parallax attention training benchmark ({meta['device']})", "",
-             f"`{meta['command']}`  torch {meta['torch']}, triton {meta['triton']}, bf16, causal. "
-             "Softmax baselines expand KV heads to Hq before timing.", "",
-             "| B | L | Hq/Hkv | D | method | mode | ms | / cuDNN same D | / cuDNN D128 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        f = lambda x: "" if x is None else f"{x:.2f}"  # noqa: E731
-        lines.append(f"| {r['B']} | {r['L']} | {r['Hq']}/{r['Hkv']} | {r['D']} | {r['method']} | {r['mode']} "
-                     f"| {r['ms']:.3f} | {f(r['vs_cudnn_same_D'])} | {f(r['vs_cudnn_D128'])} |")
+MEASURED = ("forward and forward+backward time of causal attention, bf16: torch SDPA softmax (cuDNN, flash "
+            "backends; KV heads expanded to Hq outside the timed region), ours (kernels.parallax_attention) and, "
+            "when importable, parallax-kernel 0.1.1 and fla 0.6.0; triton.testing.do_bench median, 2 runs, the "
+            "lower reported; fwd under no_grad; ratios against cuDNN softmax at the same shape (and at D=128)")
+
+
+def report_markdown(results: list[dict], rows: list[dict]) -> str:
+    """The body of the results page: one table row per ``ratios`` row, then, when other Parallax kernels
+    ran beside ours, their output agreement with ours."""
+    def f(x):
+        return "" if x is None else f"{x:.2f}"
+
+    cells = ((r["B"], r["L"], f"{r['Hq']}/{r['Hkv']}", r["D"], r["method"], r["mode"], f"{r['ms']:.3f}",
+              f(r["vs_cudnn_same_D"]), f(r["vs_cudnn_D128"])) for r in rows)
+    lines = table(["B", "L", "Hq/Hkv", "D", "method", "mode", "ms", "/ cuDNN same D", "/ cuDNN D128"], cells)
     compared = [e for e in results if e["agreement_vs_ours"]]  # other Parallax kernels were run
     if compared:
         lines += ["", "Output agreement (relative L2 difference vs ours, bf16):", ""]
     for e in compared:
         lines.append(f"- {e['shape']}: " + ", ".join(f"{k} {v:.1e}" for k, v in e["agreement_vs_ours"].items()))
-    Path(out + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def write(results: list[dict], rows: list[dict], tuning: dict, out: str, command: str) -> str:
+    """Write ``out``.md (header and ``report_markdown``) and ``out``.json (results, ratios, tuning);
+    return the markdown."""
+    meta = describe("Parallax attention training benchmark", MEASURED, command)
+    return write_results(out, meta, report_markdown(results, rows),
+                         {"results": results, "ratios": rows, "tuning": tuning})
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark the command line asks for and write its results page."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.attention", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="docs/bench/attention_train", help="output path without extension")
     parser.add_argument("--sweep", action="store_true", help="autotune over a wider config list")
     parser.add_argument("--competitors", action=argparse.BooleanOptionalAction, default=True,
@@ -239,11 +252,11 @@ def main():
     parser.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all)")
     parser.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))),
                         help="indices into SHAPES (default: all)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("bench_attention.py needs a CUDA GPU")
+        raise SystemExit("scripts.bench.attention needs a CUDA GPU")
     results = run(args)
-    write(results, ratios(results), tuning_report(), args.out, sys.argv)
+    print(write(results, ratios(results), tuning_report(), args.out, command_line(__spec__.name, argv)))
 
 
 if __name__ == "__main__":

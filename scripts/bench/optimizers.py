@@ -1,7 +1,7 @@
 """Optimizer step time for the Parallax 0.6B parameter set, as ratios to AdamW and to fwd+bwd.
 
-Reproduce (one H200):
-    python scripts/bench_optimizers.py --out docs/bench/optimizers.json --md docs/bench/optimizers.md
+Reproduce (one H200), writing docs/bench/optimizers.md and .json:
+    python -m scripts.bench.optimizers --out docs/bench/optimizers
 The forward+backward baseline is a 16 x 4096 token batch run as 4 micro-batches of 4 x 4096
 (gradient accumulation; same FLOPs, fits memory), bf16 parameters, chunk-free cross entropy.
 It measures ParallaxQwen3Model (parallax_titan.model) with softmax attention (TorchTitan's
@@ -12,19 +12,16 @@ else the softmax one. Which one was used is recorded in the output.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import optimizers.directions as directions  # noqa: E402
-from optimizers import MuonAdamW, RoutingConfig, build_param_groups, orthogonalize  # noqa: E402
-from optimizers.directions import ORTHO_DTYPES  # noqa: E402
+import optimizers.directions as directions
+from optimizers import MuonAdamW, RoutingConfig, build_param_groups, orthogonalize
+from optimizers.directions import ORTHO_DTYPES
+from scripts.bench.results import command_line, describe, table, write_results
 
 PAPER_MUON = {"momentum": 0.95}
 CONFIGS = {
@@ -38,12 +35,14 @@ CONFIGS = {
 
 
 def model_args(flavor: str, mixer: str):
+    """Model args of the Parallax (``mixer`` "parallax") or Transformer model of ``flavor``."""
     from parallax_titan.spec import BASE_FLAVORS, variant_args
 
     return variant_args("parallax" if mixer == "parallax" else "transformer", BASE_FLAVORS[flavor])
 
 
 def build_model(args, device, dtype):
+    """ParallaxQwen3Model of ``args``, initialised on ``device``, in ``dtype``."""
     from parallax_titan.model import ParallaxQwen3Model
 
     with torch.device(device):
@@ -63,11 +62,13 @@ def per_matrix_ortho(jobs):
 
 
 def sync(device):
+    """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
     if device == "cuda":
         torch.cuda.synchronize()
 
 
 def time_fn(fn, device, warmup, iters):
+    """Median wall seconds of ``fn()`` over ``iters`` calls after ``warmup`` calls, synchronised."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -81,6 +82,8 @@ def time_fn(fn, device, warmup, iters):
 
 
 def bench_optimizer(model, name, opts, device, warmup, iters):
+    """Median seconds of one step of the optimizer ``opts`` (an entry of CONFIGS) on ``model``'s
+    parameters with random gradients."""
     cfg = RoutingConfig(use_muon=opts["use_muon"], lr=5e-3 if opts["use_muon"] else 3e-4, weight_decay=0.1,
                         muon={**PAPER_MUON, "orthogonalizer": opts.get("orthogonalizer", "polar_express")},
                         adam={"betas": (0.8, 0.95) if opts["use_muon"] else (0.9, 0.95)},
@@ -101,6 +104,8 @@ def bench_optimizer(model, name, opts, device, warmup, iters):
 
 
 def bench_fwd_bwd(args, device, micro, seq, accum, warmup, iters):
+    """Median seconds of forward+backward of ``accum`` micro-batches of ``micro`` x ``seq`` random
+    tokens through a bf16 model of ``args``."""
     model = build_model(args, device, torch.bfloat16)
     tokens = torch.randint(0, args.vocab_size, (micro, seq), device=device)
 
@@ -114,33 +119,33 @@ def bench_fwd_bwd(args, device, micro, seq, accum, warmup, iters):
     return time_fn(step, device, warmup, iters)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--flavor", default="0.6B")
-    ap.add_argument("--micro", type=int, default=4)
-    ap.add_argument("--accum", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--out", default="docs/bench/optimizers.json")
-    ap.add_argument("--md", default="docs/bench/optimizers.md")
-    a = ap.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    result = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name() if device == "cuda"
-              else "cpu", "torch": torch.__version__, "flavor": a.flavor, "opt_step_s": {}}
-    args = model_args(a.flavor, "parallax")
-    model = build_model(args, device, torch.float32)  # fp32 master weights, as FSDP keeps them
+MODELS = {"parallax": "ParallaxQwen3Model (Parallax attention)",
+          "softmax": "ParallaxQwen3Model mixer=softmax (TorchTitan Qwen3 attention, SDPA)"}
+
+
+def bench_optimizers(result, args, device):
+    """Time every optimizer of CONFIGS on the fp32 parameter set into ``result["opt_step_s"]``,
+    writing the page after each."""
+    # fp32 master weights, as FSDP keeps them
+    model = build_model(model_args(args.flavor, "parallax"), device, torch.float32)
     result["n_params"] = sum(p.numel() for p in model.parameters())
     result["matrix_shapes_per_layer"] = {n.split("layers.0.")[1]: list(p.shape) for n, p in model.named_parameters()
                                          if n.startswith("layers.0.") and p.ndim == 2}
     for name, opts in CONFIGS.items():
-        result["opt_step_s"][name] = bench_optimizer(model, name, opts, device, 2, a.iters)
+        result["opt_step_s"][name] = bench_optimizer(model, name, opts, device, 2, args.iters)
         print(name, result["opt_step_s"][name], flush=True)
-        write(result, a)
-    del model
-    result["fwd_bwd_batch"] = f"{a.micro * a.accum} x {a.seq} as {a.accum} micro-batches of {a.micro} x {a.seq}"
+        write(result, args.out)
+
+
+def bench_baselines(result, args, device):
+    """Time forward+backward of the softmax and the Parallax model into ``result["fwd_bwd_s"]`` (a
+    failure goes to ``result["fwd_bwd_error"]``), writing the page after each."""
+    result["fwd_bwd_batch"] = (f"{args.micro * args.accum} x {args.seq} as {args.accum} micro-batches of "
+                               f"{args.micro} x {args.seq}")
     for mixer in ("softmax", "parallax"):  # the quick, known-good SDPA baseline first
         try:
-            t = bench_fwd_bwd(model_args(a.flavor, mixer), device, a.micro, a.seq, a.accum, 1, max(2, a.iters // 2))
+            t = bench_fwd_bwd(model_args(args.flavor, mixer), device, args.micro, args.seq, args.accum, 1,
+                              max(2, args.iters // 2))
             result.setdefault("fwd_bwd_s", {})[mixer] = t
             print("fwd_bwd", mixer, t, flush=True)
         except Exception as e:  # record the failure and fall back to the other attention
@@ -148,37 +153,52 @@ def main():
             print("fwd_bwd", mixer, "failed:", e, flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
-        write(result, a)
-    write(result, a)
+        write(result, args.out)
 
 
-def write(result, a):
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and write OUT.md and OUT.json."""
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.optimizers", description=__doc__.split("\n")[0])
+    ap.add_argument("--flavor", default="0.6B")
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--accum", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", default="docs/bench/optimizers", help="output path without extension")
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    measured = (f"optimizer step time (median of {args.iters}, after 2 warm-up steps) on the Parallax {args.flavor} "
+                "parameter set, and forward+backward time of the model, bf16, chunk-free cross entropy")
+    result = {"meta": describe("Optimizer step benchmark", measured, command_line(__spec__.name, argv)),
+              "flavor": args.flavor, "opt_step_s": {}}
+    bench_optimizers(result, args, device)
+    bench_baselines(result, args, device)
+
+
+def write(result, out):
+    """Fill in ``result``'s ratios and write ``out``.md and ``out``.json from it."""
     base = result["opt_step_s"].get("adamw")
     fb = result.get("fwd_bwd_s", {})
     ref_name = "parallax" if "parallax" in fb else ("softmax" if "softmax" in fb else None)
-    result["fwd_bwd_model"] = {"parallax": "ParallaxQwen3Model (Parallax attention)",
-                               "softmax": "ParallaxQwen3Model mixer=softmax (TorchTitan Qwen3 attention, SDPA)",
-                               None: "not measured"}[ref_name]
+    result["fwd_bwd_model"] = MODELS.get(ref_name, "not measured")
     result["ratios"] = {
         name: {"vs_adamw": t / base if base else None, "vs_fwd_bwd": t / fb[ref_name] if ref_name else None}
         for name, t in result["opt_step_s"].items()
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=2))
-    lines = [f"# Optimizer step benchmark ({result['device']}, torch {result['torch']})", "",
-             f"Command: `{result['command']}`", "",
-             f"Parameter set: Parallax {result['flavor']} ({result['n_params']:,} parameters, fp32).",
-             f"Forward+backward baseline: {result['fwd_bwd_model']}, {result.get('fwd_bwd_batch', '')}, bf16.", "",
-             "| optimizer step | time (ms) | / AdamW step | / fwd+bwd |", "|---|---|---|---|"]
-    for name, t in result["opt_step_s"].items():
-        r = result["ratios"][name]
-        fmt = lambda x: f"{x:.3f}" if x is not None else "n/a"  # noqa: E731
-        lines.append(f"| {name} | {t * 1e3:.1f} | {fmt(r['vs_adamw'])} | {fmt(r['vs_fwd_bwd'])} |")
-    for mixer, t in fb.items():
-        lines.append(f"\nfwd+bwd ({mixer}): {t * 1e3:.1f} ms")
-    for mixer, err in result.get("fwd_bwd_error", {}).items():
-        lines.append(f"\nfwd+bwd ({mixer}) failed: {err}")
-    Path(a.md).write_text("\n".join(lines) + "\n")
+
+    def fmt(x):
+        return f"{x:.3f}" if x is not None else "n/a"
+
+    lines = [f"Parameter set: Parallax {result['flavor']} ({result['n_params']:,} parameters, fp32).",
+             f"Forward+backward baseline: {result['fwd_bwd_model']}, {result.get('fwd_bwd_batch', '')}, bf16.", ""]
+    lines += table(["optimizer step", "time (ms)", "/ AdamW step", "/ fwd+bwd"],
+                   ((name, f"{t * 1e3:.1f}", fmt(result["ratios"][name]["vs_adamw"]),
+                     fmt(result["ratios"][name]["vs_fwd_bwd"])) for name, t in result["opt_step_s"].items()))
+    lines += [f"\nfwd+bwd ({mixer}): {t * 1e3:.1f} ms" for mixer, t in fb.items()]
+    lines += [f"\nfwd+bwd ({mixer}) failed: {err}" for mixer, err in result.get("fwd_bwd_error", {}).items()]
+    data = {key: value for key, value in result.items() if key != "meta"}
+    write_results(out, result["meta"], "\n".join(lines) + "\n", data)
 
 
 if __name__ == "__main__":

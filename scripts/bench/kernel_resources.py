@@ -6,8 +6,10 @@ Triton's wheel carries ptxas and cuobjdump, so this needs no CUDA device or driv
 "does this config spill, does it fit in shared memory" before any GPU time is spent; it does not
 predict speed (the row pass spills more than the column pass and runs faster, docs/kernels.md).
 
-    python scripts/kernel_resources.py                       # every config of the shipped short lists
-    python scripts/kernel_resources.py --kernel dkdv --config 32,128,8,2 --d 128 64
+    python -m scripts.bench.kernel_resources                 # every config of the shipped short lists
+    python -m scripts.bench.kernel_resources --kernel dkdv --config 32,128,8,2 --d 128 64
+
+The report (markdown, with the results header) goes to stdout.
 
 The GPU box runs triton 3.6; a CPU environment with another version can match it with
 `pip install --no-deps --target /tmp/triton36 triton==3.6.0` and `PYTHONPATH=/tmp/triton36`.
@@ -27,8 +29,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.parallax import fused  # noqa: E402
+from kernels.parallax import fused
+from scripts.bench.results import command_line, describe, header, table, table_row
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -70,7 +72,7 @@ def _cuobjdump(cubin: bytes, *runs: list[str]) -> list[str]:
                                check=True).stdout for flags in runs]
 
 
-def _opcodes(sass: str) -> list[str]:
+def opcodes(sass: str) -> list[str]:
     """Instruction mnemonics of a cuobjdump -sass listing (predicates dropped)."""
     out = []
     for line in sass.splitlines():
@@ -120,7 +122,7 @@ def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict
     usage, sass = _cuobjdump(compiled.asm["cubin"], ["--dump-resource-usage"], ["-sass"])
     line = next(line for line in usage.splitlines() if "REG:" in line)
     fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
-    ops = _opcodes(sass)
+    ops = opcodes(sass)
     count = lambda prefix: sum(op.startswith(prefix) for op in ops)  # noqa: E731
     loops = inner_loops(sass)
     return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]), "spill_stores": count("STL"),
@@ -128,28 +130,55 @@ def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict
             "loop": loops[0] if loops else (0, 0)}
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", choices=sorted(KERNELS), nargs="+", default=sorted(KERNELS))
-    parser.add_argument("--config", help="BM,BN,num_warps,num_stages instead of the shipped lists")
-    parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is its default
-    print(f"triton {triton.__version__}, sm_90, bf16")
-    print("| kernel | D | BM x BN | warps | stages | registers | stack B | spill st/ld | wgmma | shared B "
-          "| leanest loop: instr / wgmma |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name in args.kernel:
+MEASURED = ("resources of each Triton attention kernel's launch configuration compiled for sm_90 (bf16, no varlen) "
+            "by triton's ptxas on this machine, read back with cuobjdump: registers per thread, stack (local memory "
+            "per thread), spill stores/loads (STL/LDL in the SASS), wgmma (HGMMA) count, shared memory, and the "
+            "instructions / wgmma of the leanest innermost loop; no GPU runs")
+
+
+def launch_config(text: str) -> tuple[int, int, int, int]:
+    """``"BM,BN,num_warps,num_stages"`` (e.g. "32,128,8,2") as four ints."""
+    try:
+        bm, bn, warps, stages = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected BM,BN,num_warps,num_stages, e.g. 32,128,8,2") from None
+    return bm, bn, warps, stages
+
+
+def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims: list[int]):
+    """Table cells per (kernel, head dim, config): the shipped configs of each kernel in ``names``, or
+    the one ``config`` (BM, BN, num_warps, num_stages)."""
+    for name in names:
         kernel, configs, flags = KERNELS[name]
-        tiles = ([tuple(int(x) for x in args.config.split(","))] if args.config else
+        tiles = ([config] if config else
                  sorted({(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages) for c in configs}))
-        for d in args.d:
+        for d in dims:
             for bm, bn, warps, stages in tiles:
                 constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, **flags)
                 r = resources(kernel, constexprs, warps, stages)
-                print(f"| {name} | {d} | {bm} x {bn} | {warps} | {stages} | {r['registers']} | {r['stack']} "
-                      f"| {r['spill_stores']}/{r['spill_loads']} | {r['wgmma']} | {r['shared']} "
-                      f"| {r['loop'][0]} / {r['loop'][1]} |", flush=True)
+                yield (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
+                       f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"],
+                       f"{r['loop'][0]} / {r['loop'][1]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the report (header, then one table row per kernel, head dim and config) to stdout."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.kernel_resources",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=sorted(KERNELS), nargs="+", default=sorted(KERNELS))
+    parser.add_argument("--config", type=launch_config, help="BM,BN,num_warps,num_stages instead of the shipped lists")
+    parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is its default
+    meta = describe("Triton attention kernels on sm_90: registers, spills, shared memory", MEASURED,
+                    command_line(__spec__.name, argv))
+    print(header(meta), end="")
+    columns = ["kernel", "D", "BM x BN", "warps", "stages", "registers", "stack B", "spill st/ld", "wgmma",
+               "shared B", "leanest loop: instr / wgmma"]
+    print(*table(columns, []), sep="\n")
+    for row in report_rows(args.kernel, args.config, args.d):
+        print(table_row(row), flush=True)  # row by row: a full report compiles for minutes
 
 
 if __name__ == "__main__":

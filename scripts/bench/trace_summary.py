@@ -8,10 +8,10 @@ through the trace's "External id") and the timeline: the span from the first ker
 last kernel's end, the time no kernel runs (GPU idle: host-bound or waiting), and the communication
 time no other kernel overlaps (exposed communication), and what the host was inside while the GPU
 idled (the outermost and innermost host events, on the thread that launches the kernels, at the
-middle of each idle gap), as markdown, optionally written to a file.
+middle of each idle gap), as markdown (after the results header), optionally written to OUT.md.
 
-    python scripts/trace_summary.py outputs/run/profile_traces/iteration_20/rank0_trace.json \
-        [--top 25] [--out summary.md]
+    python -m scripts.bench.trace_summary outputs/run/profile_traces/iteration_20/rank0_trace.json \
+        [--top 25] [--out summary]
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import argparse
 import gzip
 import json
 import re
+import sys
 from collections import Counter, defaultdict
-from pathlib import Path
+
+from scripts.bench.results import command_line, describe, header, table, write_results
 
 # first matching pattern names the group; checked against the lower-cased kernel name
 GROUPS = [
@@ -43,6 +45,7 @@ def kernel_events(trace: dict) -> list[dict]:
 
 
 def group_of(name: str) -> str:
+    """The group (GROUPS) of a kernel name; unmatched names count as elementwise work."""
     low = name.lower()
     return next((group for group, pattern in GROUPS if re.search(pattern, low)), "other (elementwise, norms, loss)")
 
@@ -120,6 +123,26 @@ def idle_causes(trace: dict, events: list[dict], min_gap: float = 10.0) -> dict[
     return dict(out)
 
 
+def _largest(totals: dict[str, float], top: int | None = None) -> list[tuple[str, float]]:
+    """The ``top`` (all when None) entries of ``totals`` with the largest values, largest first."""
+    return sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+
+
+def _ms_share(us: float, total: float) -> tuple[str, str]:
+    return f"{us / 1e3:.2f}", f"{100 * us / total:.1f}%"
+
+
+def _op_table(events: list[dict], ops: dict[int, str], top: int, total: float) -> list[str]:
+    """The ``top`` launching CPU ops by the GPU time of their kernels, as a markdown table."""
+    by_op, op_count = defaultdict(float), defaultdict(int)
+    for e in events:
+        op = ops.get(e.get("args", {}).get("External id"), "(no CPU op)")
+        by_op[op] += e["dur"]
+        op_count[op] += 1
+    return table(["launching CPU op", "kernels", "ms", "share"],
+                 ((f"`{op[:160]}`", op_count[op], *_ms_share(us, total)) for op, us in _largest(by_op, top)))
+
+
 def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None,
               idle: dict[str, float] | None = None) -> str:
     """Markdown: time per group (ms, share), the timeline, the `top` kernels by total time and, given
@@ -131,52 +154,52 @@ def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None,
         by_name[e["name"]] += e["dur"]
         count[e["name"]] += 1
     total = sum(by_group.values()) or 1.0
-    lines = [f"GPU kernel time in the trace: {total / 1e3:.2f} ms over {len(events)} kernels", "",
-             "| group | ms | share |", "|---|---|---|"]
-    for group, us in sorted(by_group.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {group} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")
     times = timeline(events)
-    lines += ["", "| timeline | ms | share of span |", "|---|---|---|"]
-    for key in ("span", "busy", "idle", "communication", "exposed_communication"):
-        lines.append(f"| {key.replace('_', ' ')} | {times[key] / 1e3:.2f} | "
-                     f"{100 * times[key] / (times['span'] or 1.0):.1f}% |")
-    lines += ["", "| kernel | calls | ms | share |", "|---|---|---|---|"]
-    for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"| `{name[:160]}` | {count[name]} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")
+    lines = [f"GPU kernel time in the trace: {total / 1e3:.2f} ms over {len(events)} kernels", ""]
+    lines += table(["group", "ms", "share"], ((group, *_ms_share(us, total)) for group, us in _largest(by_group)))
+    lines += ["", *table(["timeline", "ms", "share of span"],
+                         ((key.replace("_", " "), *_ms_share(times[key], times["span"] or 1.0))
+                          for key in ("span", "busy", "idle", "communication", "exposed_communication")))]
+    kernels = ((f"`{name[:160]}`", count[name], *_ms_share(us, total)) for name, us in _largest(by_name, top))
+    lines += ["", *table(["kernel", "calls", "ms", "share"], kernels)]
     if ops:
-        by_op, op_count = defaultdict(float), defaultdict(int)
-        for e in events:
-            op = ops.get(e.get("args", {}).get("External id"), "(no CPU op)")
-            by_op[op] += e["dur"]
-            op_count[op] += 1
-        lines += ["", "| launching CPU op | kernels | ms | share |", "|---|---|---|---|"]
-        for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:top]:
-            lines.append(f"| `{op[:160]}` | {op_count[op]} | {us / 1e3:.2f} | {100 * us / total:.1f}% |")
+        lines += ["", *_op_table(events, ops, top, total)]
     if idle:
-        lines += ["", "| host inside (outermost > innermost) while the GPU idled | ms |", "|---|---|"]
-        for where, us in sorted(idle.items(), key=lambda kv: -kv[1])[:top]:
-            lines.append(f"| `{where[:160]}` | {us / 1e3:.2f} |")
+        lines += ["", *table(["host inside (outermost > innermost) while the GPU idled", "ms"],
+                             ((f"`{where[:160]}`", f"{us / 1e3:.2f}") for where, us in _largest(idle, top)))]
     return "\n".join(lines) + "\n"
 
 
 def load(path: str) -> dict:
+    """The Chrome trace at ``path`` (JSON, or gzipped JSON when it ends in .gz)."""
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as fh:
         return json.load(fh)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def recorded_on(trace: dict) -> str:
+    """The GPU names the trace's ``deviceProperties`` list (the machine that recorded it), or "unknown"."""
+    names = [d["name"] for d in trace.get("deviceProperties", []) if "name" in d]
+    return ", ".join(dict.fromkeys(names)) or "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the summary of the trace on the command line (and write it to OUT.md)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.trace_summary", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", help="Chrome trace JSON (optionally .gz) from torch.profiler")
     parser.add_argument("--top", type=int, default=25, help="how many kernels to list")
-    parser.add_argument("--out", help="also write the markdown here")
-    args = parser.parse_args()
+    parser.add_argument("--out", help="also write the markdown to OUT.md")
+    args = parser.parse_args(argv)
     trace = load(args.trace)
     events = kernel_events(trace)
-    text = summarize(events, args.top, launching_ops(trace), idle_causes(trace, events))
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    body = summarize(events, args.top, launching_ops(trace), idle_causes(trace, events))
+    meta = describe("Where the GPU time of a profiled step goes",
+                    f"GPU kernel time per group, timeline and idle causes in the profiler trace {args.trace} "
+                    f"(recorded on {recorded_on(trace)}; the versions below are the summarising machine's)",
+                    command_line(__spec__.name, argv))
+    print(write_results(args.out, meta, body) if args.out else header(meta) + body)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+"""DCP checkpoint folders on disk: which steps are complete, what weights they hold, whether they fit a model.
+
+The trainer writes ``<dump_folder>/<checkpoint.folder>/step-N``; a step is complete once DCP has
+written its ``.metadata`` file (the last file of a save). Its model weights sit at the top level
+under the model's own names (``layers.0.attention.wq.weight``); TorchTitan's other training
+states (optimizer, lr schedule, data loader, train state) sit under their own prefixes beside
+them and are not model weights. Everything here reads metadata only, never tensor data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import NamedTuple
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
+
+METADATA_FILE = ".metadata"
+HF_INDEX_FILE = "model.safetensors.index.json"  # in a step of TorchTitan's Hugging Face last save
+TRAINING_STATES = (OPTIMIZER, LR_SCHEDULER, DATALOADER, TRAIN_STATE)
+_STEP = re.compile(r"step-(\d+)")
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def step_dir(folder: str, step: int) -> str:
+    """``folder/step-<step>``."""
+    return os.path.join(folder, f"step-{step}")
+
+
+def _steps_with(folder: str, filename: str) -> list[int]:
+    if not os.path.isdir(folder):
+        return []
+    matches = (_STEP.fullmatch(name) for name in os.listdir(folder))
+    return sorted(int(m.group(1)) for m in matches if m and os.path.isfile(os.path.join(folder, m.group(0), filename)))
+
+
+def complete_steps(folder: str) -> list[int]:
+    """Ascending steps N whose ``folder/step-N`` holds a DCP ``.metadata`` file; [] without ``folder``."""
+    return _steps_with(folder, METADATA_FILE)
+
+
+def step_to_load(folder: str, load_step: int = -1) -> int | None:
+    """The step a run resumes from: ``load_step`` when >= 0, else the newest complete one (None: none).
+
+    Raises ValueError naming the step folder and the complete steps when ``load_step`` is not
+    complete, and when the newest step is a Hugging Face save (TorchTitan would pick it to resume
+    from, and cannot load it).
+    """
+    steps = complete_steps(folder)
+    found = ", ".join(map(str, steps)) if steps else "none"
+    if load_step < 0:
+        exported = [s for s in _steps_with(folder, HF_INDEX_FILE) if s not in steps]
+        if exported and (not steps or exported[-1] > steps[-1]):
+            raise ValueError(f"step {exported[-1]}: {step_dir(folder, exported[-1])!r} is a Hugging Face save "
+                             "(checkpoint.last_save_in_hf), which TorchTitan would resume from but cannot load; set "
+                             f"checkpoint.load_step to a complete DCP step ({found}) or move that folder away")
+        return steps[-1] if steps else None
+    if load_step not in steps:
+        path = step_dir(folder, load_step)
+        state = "has no .metadata (an incomplete save)" if os.path.isdir(path) else "does not exist"
+        raise ValueError(f"step {load_step}: {path!r} {state}; complete steps in {folder!r}: {found}")
+    return load_step
+
+
+def saved_shapes(checkpoint_dir: str) -> Shapes:
+    """Name -> shape of every tensor saved in the DCP checkpoint ``checkpoint_dir`` (metadata only).
+
+    Raises ValueError naming the path when the folder is missing, has no ``.metadata`` (listing
+    the complete ``step-N`` folders inside it, if any) or its metadata cannot be read.
+    """
+    if not os.path.isdir(checkpoint_dir):
+        raise ValueError(f"{checkpoint_dir!r} is not a directory; expected a DCP checkpoint folder "
+                         "<dump>/checkpoint/step-N")
+    if not os.path.isfile(os.path.join(checkpoint_dir, METADATA_FILE)):
+        inside = complete_steps(checkpoint_dir)
+        hint = f"; it holds checkpoints {', '.join(f'step-{s}' for s in inside)}: pass one of them" if inside else ""
+        raise ValueError(f"{checkpoint_dir!r} has no DCP {METADATA_FILE} file (not a checkpoint, or an "
+                         f"incomplete save){hint}")
+    try:
+        entries = FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    except Exception as exc:  # a truncated or foreign file: unpickling can raise nearly anything
+        raise ValueError(f"{checkpoint_dir!r}: cannot read its DCP metadata ({type(exc).__name__}: {exc})") from None
+    return {name: tuple(entry.size) for name, entry in entries.items() if isinstance(entry, TensorStorageMetadata)}
+
+
+def model_weights(shapes: Shapes) -> Shapes:
+    """``shapes`` without TorchTitan's training states (optimizer, lr schedule, data loader, step)."""
+    return {name: shape for name, shape in shapes.items() if name.split(".", 1)[0] not in TRAINING_STATES}
+
+
+def state_shapes(state: dict[str, torch.Tensor]) -> Shapes:
+    """Name -> shape of a state dict (meta, local or sharded DTensor: the global shape)."""
+    return {name: tuple(value.shape) for name, value in state.items()}
+
+
+class Mismatch(NamedTuple):
+    """One weight that differs: its name and its shape in the checkpoint and in the model (None: absent)."""
+
+    name: str
+    saved: tuple[int, ...] | None
+    expected: tuple[int, ...] | None
+
+
+def weight_mismatches(saved: Shapes, expected: Shapes) -> list[Mismatch]:
+    """Model weights that differ between a checkpoint and a model, both ways.
+
+    saved: the checkpoint's tensors (:func:`saved_shapes`; training states are ignored).
+    expected: the model's weights (:func:`state_shapes`). Returns the weights the model has and the
+    checkpoint lacks or holds in another shape, in the model's order, then the checkpoint's
+    weights the model lacks, in the checkpoint's order. dtypes are not compared.
+    """
+    weights = model_weights(saved)
+    differing = [Mismatch(name, weights.get(name), shape) for name, shape in expected.items()
+                 if weights.get(name) != shape]
+    return differing + [Mismatch(name, shape, None) for name, shape in weights.items() if name not in expected]
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "absent" if shape is None else str(tuple(shape))
+
+
+def describe(mismatches: list[Mismatch]) -> str:
+    """``layers.2.attention.wq.weight: checkpoint (256, 256), model absent (8 weights differ)``."""
+    first = mismatches[0]
+    count = f" ({len(mismatches)} weights differ)" if len(mismatches) > 1 else ""
+    return f"{first.name}: checkpoint {_shape(first.saved)}, model {_shape(first.expected)}{count}"
+

@@ -1,0 +1,103 @@
+"""The decode benchmark's correctness check and launch-configuration sweep (``python -m
+scripts.bench.decode --check --sweep``): our kernel against the fp64 reference and the published
+kernels, and its time under other block sizes, split counts and merges than the heuristic's."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from kernels import parallax_decode
+from kernels.parallax import decode_fused
+from kernels.parallax.decode import parallax_decode_reference
+from scripts.bench.decode_timing import HKV, HQ, kv_bytes, log, make_sets, n_sets_for, time_us
+
+
+def rel_err(out, ref):
+    """Relative L2 difference of ``out`` from ``ref``, in fp64."""
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def check(fns):
+    """Ours vs the fp64 streaming reference (ragged, GQA 1/2/4, both merges), and
+    the competitors vs ours on one shape. Returns rows of results."""
+    rows = []
+    torch.manual_seed(0)
+    for batch, length, hq, hkv, dim, rho in [(4, 4099, 16, 8, 128, 0.5), (3, 5003, 16, 16, 64, 0.5),
+                                             (2, 8191, 16, 4, 128, 20.0), (1, 32768, 16, 8, 64, 0.5)]:
+        q, r, k, v = make_sets(batch, length, dim, 1, rho, hq, hkv)[0]
+        lens = torch.randint(1, length + 1, (batch,), device="cuda", dtype=torch.int32)
+        lens[0] = length
+        ref = parallax_decode_reference(q.double(), r.double(), k.double(), v.double(), lens, dim**-0.5)
+        for fused in (True, False):
+            poison = torch.full_like(q, float("nan"))  # the allocator hands this block to the output
+            del poison
+            out = decode_fused.parallax_decode_triton(q, r, k, v, lens, dim**-0.5, fused_merge=fused)
+            rows.append(dict(shape=[batch, length, hq, hkv, dim], rho=rho, fused=fused, err=rel_err(out, ref),
+                             finite=bool(torch.isfinite(out).all())))
+            log("check", rows[-1])
+    q, r, k, v = make_sets(2, 4096, 128, 1)[0]
+    ours = parallax_decode(q, r, k, v)
+    for name in ("parallax-kernel", "fla"):
+        if name in fns:
+            rows.append(dict(shape=[2, 4096, HQ, HKV, 128], against=name, err=rel_err(fns[name](q, r, k, v), ours)))
+            log("check", rows[-1])
+    return rows
+
+
+SWEEP_ALT_CONFIGS = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (128, 4, 2)], 64: [(64, 4, 3), (128, 8, 3), (32, 4, 3)]}
+SWEEP_SHAPES = [(1, 32768), (32, 16384), (128, 16384)]
+
+
+def sweep_trials(dim, batch, length, default, alts):
+    """(config (block_n, warps, stages), splits, fused merge) of every trial at one shape: each config
+    with the heuristic's split count, the default with other split counts (at batch 1 the alternative
+    configs too), and the default with the unfused merge; and the heuristic's split count."""
+    trials = []
+    for bn, warps, stages in [default] + alts:
+        slots = decode_fused.resident_slots(torch.device("cuda"), bn, dim, stages, 2)
+        trials.append(((bn, warps, stages), decode_fused.pick_num_splits(batch * HKV, length, bn, slots), True))
+    heur = trials[0][1]
+    for splits in sorted({1, 2, max(1, heur // 2), 32, 48, decode_fused.MAX_SPLITS,
+                          min(2 * heur, decode_fused.MAX_SPLITS)} - {heur}):
+        trials.append((default, splits, True))
+        if batch == 1:  # short chunks: a smaller block keeps the pipeline full
+            trials += [(alt, splits, True) for alt in alts]
+    if heur > 1:
+        trials.append((default, heur, False))
+    return trials, heur
+
+
+def sweep_shape(dim, batch, length, alts):
+    """The timed rows of ``sweep_trials`` at one shape (a trial that fails is logged and left out)."""
+    default = decode_fused._CONFIGS[dim]
+    nb = kv_bytes(batch, length, dim)
+    sets = make_sets(batch, length, dim, n_sets_for(nb))
+    trials, heur = sweep_trials(dim, batch, length, default, alts)
+    rows = []
+    for (bn, warps, stages), splits, fused in trials:
+        def fn(q, r, k, v, kw=dict(num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages,
+                                   fused_merge=fused)):
+            return decode_fused.parallax_decode_triton(q, r, k, v, None, dim**-0.5, **kw)
+
+        try:
+            us = time_us(fn, sets)
+        except Exception as exc:
+            log("sweep failed", dim, batch, length, bn, warps, stages, repr(exc)[:300])
+            continue
+        rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages,
+                         splits=splits, heuristic=(bn, warps, stages) == default and splits == heur,
+                         fused=fused, us=us, tbps=nb / us / 1e6))
+        log("sweep", json.dumps(rows[-1]))
+    return rows
+
+
+def sweep(shapes=SWEEP_SHAPES):
+    """``sweep_shape`` rows at the (batch, length) ``shapes``, for each head dim of SWEEP_ALT_CONFIGS."""
+    rows = []
+    for dim, alts in SWEEP_ALT_CONFIGS.items():
+        for batch, length in shapes:
+            rows += sweep_shape(dim, batch, length, alts)
+            torch.cuda.empty_cache()  # the next shape's input sets need the memory
+    return rows

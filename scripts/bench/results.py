@@ -1,0 +1,89 @@
+"""What every benchmark's results page carries, and the one writer of pages and their JSON.
+
+A page opens with a header: what was measured, the hardware and software it ran on (GPU, torch,
+triton, CUDA, Python), the command that reproduces it from the repository root, and the date.
+``describe`` gathers that once into a ``meta`` dict; ``header`` renders it as markdown;
+``write_results`` writes ``PREFIX.md`` (header + body) and ``PREFIX.json`` (``{"meta": ..., **data}``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+from pathlib import Path
+from typing import Iterable, Sequence
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    """The shell command that reruns ``python -m module`` with the arguments ``argv`` (a list of str)."""
+    return shlex.join(["python", "-m", module, *argv])
+
+
+def gpu_description() -> str:
+    """The visible GPUs, e.g. ``"NVIDIA H200 x 2"``; without CUDA, ``"none (CPU, N cores)"``.
+
+    Reads the device properties only (no tensor is allocated), so a benchmark that launches its
+    runs as subprocesses can call it without taking memory on the GPUs they train on."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"none (CPU, {os.cpu_count()} cores)"
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return ", ".join(f"{name} x {names.count(name)}" for name in dict.fromkeys(names))
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of torch, triton, CUDA (the one torch was built with) and Python, as strings."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    return {"torch": torch.__version__, "triton": triton_version,
+            "cuda": torch.version.cuda or "none (CPU build of torch)", "python": platform.python_version()}
+
+
+def describe(title: str, measured: str, command: str) -> dict[str, str]:
+    """The ``meta`` of a results page: its title, what was measured, the reproducing command, the
+    GPU (``gpu_description``), the software versions and the UTC date, all strings."""
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"title": title, "measured": measured, "command": command, "gpu": gpu_description(),
+            **software_versions(), "date": date}
+
+
+def header(meta: dict[str, str]) -> str:
+    """The markdown header of a results page from ``describe``'s ``meta``; ends with a blank line."""
+    return "\n".join([
+        f"# {meta['title']}", "",
+        f"Measured: {meta['measured']}", "",
+        f"- Hardware: {meta['gpu']}",
+        f"- Software: torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}, Python {meta['python']}",
+        f"- Command (from the repository root): `{meta['command']}`",
+        f"- Date: {meta['date']}", "", ""])
+
+
+def table_row(cells: Sequence[object]) -> str:
+    """One markdown table line of ``cells`` (each written with str)."""
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A markdown table as lines: the column names, the separator, one ``table_row`` per row."""
+    return [table_row(columns), "|" + "---|" * len(columns), *map(table_row, rows)]
+
+
+def write_results(prefix: str, meta: dict[str, str], body: str, data: dict | None = None) -> str:
+    """Write ``prefix``.md (``header(meta)`` then ``body``) and, given ``data``, ``prefix``.json
+    (``{"meta": meta, **data}``); make the folder if needed; return the markdown."""
+    text = header(meta) + body
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    Path(prefix + ".md").write_text(text)
+    if data is not None:
+        Path(prefix + ".json").write_text(json.dumps({"meta": meta, **data}, indent=1))
+    return text

@@ -1,0 +1,128 @@
+"""Training throughput of the paper configs, the 1-GPU vs N-GPU scaling check and the resume check.
+
+Throughput: tokens/s per GPU, MFU and peak memory per variant, measured in one invocation, with
+ratios against the first variant::
+
+    python -m scripts.bench.train transformer parallax parallax_dagger --ngpu 1 --steps 30
+    python -m scripts.bench.train transformer parallax --ngpu 8 --steps 300     # the 8-GPU run
+    python -m scripts.bench.train parallax --name-prefix reference_ \\
+        --extra "--parallax.attn_backend reference --compile.no-enable"
+    python -m scripts.bench.train titan_qwen3 transformer --recipe adamw_wsd   # TorchTitan's own trainer first
+
+Scaling (``--scaling N``): the first variant (a) on 1 GPU with local batch B and gradient
+accumulation N (global batch B x N) and (b) on N GPUs with local batch B, both with
+``training.data_order = "global"`` from one seed checkpoint, so the two runs take the same steps::
+
+    python -m scripts.bench.train parallax --scaling 2 --steps 30
+
+Resume (``--resume K``): the first variant on one GPU straight for ``--steps`` steps, and the same
+run stopped at step K (``reliability.stop_at_step``, which saves a full checkpoint) and rerun with
+the same command, which resumes from it; the losses of the two step by step (``resume.md``)::
+
+    python -m scripts.bench.train parallax --resume 8 --steps 16
+
+Run from the repository root. Every run is ``torchrun train.py`` on
+``configs/paper/<flavor>/<variant>_<recipe>.toml`` (or one ``--config`` for every variant, with the
+variant and flavor set on the command line) on the embedded corpus; with the paper configs it
+needs the Qwen3 tokenizer in assets/ (no network) and uses the config's compile and FSDP2.
+``titan_qwen3`` is TorchTitan's own trainer and Qwen3 (``torchrun -m scripts.bench.titan_reference``)
+on the Transformer's config. Throughput and MFU are means over the logged steps after the first
+half. Results go to OUT (``--out``, else $OUT, else outputs/bench_train): ``<run>/metrics.jsonl``,
+``<run>.log``, ``summary.md``/``summary.json``, and with ``--scaling`` ``scaling.md``/``scaling.json``
+(``--resume``: ``resume.md``/``resume.json``). The parts: ``train_launch`` (the torchrun commands),
+``train_scaling`` and ``train_resume`` (the two checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from scripts.bench.results import command_line, describe, write_results
+from scripts.bench.summarize_runs import markdown, summarize
+from scripts.bench.train_launch import REPO, bench_run
+from scripts.bench.train_resume import resume_check
+from scripts.bench.train_scaling import scaling
+
+
+def _glue_extra(argv: list[str]) -> list[str]:
+    """``--extra VALUE`` as ``--extra=VALUE``: argparse takes a VALUE like "--compile.no-enable" for an option."""
+    glued, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--extra" and i + 1 < len(argv):
+            glued.append(f"--extra={argv[i + 1]}")
+            i += 2
+        else:
+            glued.append(argv[i])
+            i += 1
+    return glued
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.train", description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="+", help="model names, e.g. transformer parallax parallax_dagger")
+    parser.add_argument("--ngpu", type=int, default=1, help="GPUs per run (throughput mode)")
+    parser.add_argument("--steps", type=int, default=30, help="training steps per run")
+    parser.add_argument("--recipe", default="muon_wsd", help="config suffix: <variant>_<recipe>.toml")
+    parser.add_argument("--flavor", default="0.6B", help="model size: configs/paper/<flavor>/")
+    parser.add_argument("--local-batch", type=int, default=4, help="training.local_batch_size")
+    parser.add_argument("--extra", default="", help="more train.py arguments, one string, applied last")
+    parser.add_argument("--name-prefix", default="", help="prefix of the run names")
+    parser.add_argument("--run-timeout", type=int, default=420, help="seconds before a run is stopped")
+    parser.add_argument("--out", default=os.environ.get("OUT", os.path.join(REPO, "outputs", "bench_train")),
+                        help="output folder (default: $OUT, else outputs/bench_train in the repository)")
+    parser.add_argument("--config", help="one config file for every variant instead of the paper configs; "
+                        "the variant and --flavor are passed as --model.name and --model.flavor")
+    parser.add_argument("--scaling", type=int, default=0, metavar="N",
+                        help="scaling check of the first variant: 1 GPU with gradient accumulation N vs N GPUs")
+    parser.add_argument("--resume", type=int, default=0, metavar="K",
+                        help="resume check of the first variant: straight vs stopped at step K and rerun")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked; ``out`` and ``config`` made absolute, and ``command`` the shell
+    command that reproduces this invocation (for the results pages)."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(_glue_extra(argv))
+    args.out = os.path.abspath(args.out)
+    args.config = args.config and os.path.abspath(args.config)
+    args.command = command_line(__spec__.name, argv)
+    if args.scaling:
+        if args.scaling < 2:
+            parser.error(f"--scaling {args.scaling}: expected a number of GPUs >= 2")
+        if len(args.variants) > 1 or args.ngpu != 1:
+            parser.error("--scaling measures one variant on 1 and N GPUs; give one variant and no --ngpu")
+    if args.resume and not (0 < args.resume < args.steps and len(args.variants) == 1 and not args.scaling):
+        parser.error(f"--resume {args.resume}: expected one variant, no --scaling and 0 < K < --steps ({args.steps})")
+    return args
+
+
+def throughput(args: argparse.Namespace) -> int:
+    """Run every variant on ``--ngpu`` GPUs and write OUT/summary.{md,json}; the exit status."""
+    folders = [bench_run(args, v, args.name_prefix + v, args.ngpu) for v in args.variants]
+    skip = args.steps // 2
+    rows = [summarize(f, skip) for f in folders if f]
+    if rows:
+        measured = (f"tokens/s per GPU, MFU and peak memory of {', '.join(args.variants)} ({args.flavor}, "
+                    f"{args.config or args.recipe}), {args.steps} steps on {args.ngpu} GPU(s) each, means over the "
+                    f"steps after {skip}; ratios against {rows[0]['run']}")
+        meta = describe("Training throughput", measured, args.command)
+        print(write_results(os.path.join(args.out, "summary"), meta, markdown(rows, rows[0]["run"]), {"runs": rows}))
+    return 0 if all(folders) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark the command line asks for; the exit status (1 when a run failed)."""
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.resume:
+        return resume_check(args)
+    return scaling(args) if args.scaling else throughput(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""A checkpoint of another model is refused before anything is built: on resume (config validation),
+in evaluation (``eval.checkpoint`` and ``python -m eval.lm_eval``) and for up-training. The message
+names the first differing weight and both shapes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import eval.lm_eval as cli
+from eval.checkpoint import load_job_config, load_model
+from parallax_titan.model import ParallaxQwen3Model
+from parallax_titan.spec import BASE_FLAVORS, variant_args
+from parallax_titan.uptrain import load_transformer_weights
+from parallax_titan.config import ConfigError
+from parallax_titan.resume import checkpoint_problems
+from tests._train_runs import REPO
+
+# parallax, debug flavor, 2 layers: dim 256, 8 query / 4 kv heads of 32, FFN 768, vocab 4096
+CONFIG = os.path.join(REPO, "configs", "test_cpu_2rank.toml")
+BASE = ["--training.dataset", "default_corpus"]
+
+# (checkpoint variant and changes, config overrides, first differing weight, its shape in the checkpoint, in the model)
+CASES = {
+    "fewer layers": (("parallax", {"n_layers": 4}), [], "layers.2.attention.q_norm.weight", "(32,)", "absent"),
+    "more layers": (("parallax", {"n_layers": 2}), ["--model.n_layers", "4"],
+                    "layers.2.attention.q_norm.weight", "absent", "(32,)"),
+    "transformer into parallax": (("transformer", {"n_layers": 2}), [],
+                                  "layers.0.attention.wr.weight", "absent", "(256, 256)"),
+    "parallax into transformer": (("parallax", {"n_layers": 2}), ["--model.name", "transformer"],
+                                  "layers.0.attention.wr.weight", "(256, 256)", "absent"),
+    "dagger": (("parallax", {"n_layers": 2}), ["--model.name", "parallax_dagger"],
+               "layers.0.attention.q_norm.weight", "(32,)", "(16,)"),
+    "dim": (("parallax", {"n_layers": 2}), ["--model.dim", "128"],
+            "tok_embeddings.weight", "(4096, 256)", "(4096, 128)"),
+    "gate": (("parallax", {"n_layers": 2, "gate": "head"}), [], "layers.0.attention.gate.weight", "(8, 256)", "absent"),
+}
+
+
+def save_checkpoint(path, variant: str = "parallax", **changes) -> str:
+    """A DCP folder laid out as the trainer writes it: the model's weights at the top level, plus
+    optimizer and train state (whose names mention a layer this model lacks: never compared)."""
+    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), **changes)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in ParallaxQwen3Model(args).state_dict().items()}
+    state = {k: torch.zeros(shape) for k, shape in shapes.items()}
+    state["optimizer"] = {"state": {"layers.9.attention.wq.weight": {"exp_avg": torch.zeros(3)}}}
+    state["train_state"] = {"step": 5}
+    dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    return str(path)
+
+
+def job(dump, *overrides: str):
+    return load_job_config(CONFIG, [*BASE, "--job.dump_folder", str(dump), *overrides])
+
+
+def first_difference(message: str) -> tuple[str, str, str]:
+    name, saved, expected = re.search(r"([\w.]+): checkpoint (absent|\([\d, ]*\)), model (absent|\([\d, ]*\))",
+                                      message).groups()
+    return name, saved, expected
+
+
+def config_errors(cfg) -> str:
+    problems = checkpoint_problems(cfg)
+    assert problems
+    return "\n".join(problems)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_resume_from_another_model_is_refused(tmp_path, case):
+    (variant, changes), overrides, name, saved, expected = CASES[case]
+    path = save_checkpoint(tmp_path / "checkpoint" / "step-5", variant, **changes)
+    message = config_errors(job(tmp_path, *overrides))
+    assert f"checkpoint.folder: {path!r} is from another model" in message
+    assert first_difference(message) == (name, saved, expected)
+
+
+def test_resume_of_the_same_model_is_accepted(tmp_path):
+    save_checkpoint(tmp_path / "checkpoint" / "step-5", "parallax", n_layers=2)
+    assert checkpoint_problems(job(tmp_path)) == []
+    save_checkpoint(tmp_path / "other" / "step-5", "transformer", n_layers=4, dim=128)
+    assert checkpoint_problems(job(tmp_path, "--checkpoint.folder", "other", "--model.name", "transformer",
+                                   "--model.n_layers", "4", "--model.dim", "128")) == []
+
+
+def test_the_step_that_would_load_is_the_one_compared(tmp_path):
+    save_checkpoint(tmp_path / "checkpoint" / "step-2", "parallax", n_layers=2)
+    save_checkpoint(tmp_path / "checkpoint" / "step-3", "parallax", n_layers=4)
+    (tmp_path / "checkpoint" / "step-4").mkdir()  # interrupted save: never loaded
+    assert "step-3' is from another model" in config_errors(job(tmp_path))
+    assert checkpoint_problems(job(tmp_path, "--checkpoint.load_step", "2")) == []
+    assert checkpoint_problems(job(tmp_path, "--checkpoint.no-enable")) == []
+
+
+def test_missing_load_step_is_a_clear_error(tmp_path):
+    save_checkpoint(tmp_path / "checkpoint" / "step-2", "parallax", n_layers=2)
+    (tmp_path / "checkpoint" / "step-3").mkdir()
+    message = config_errors(job(tmp_path, "--checkpoint.load_step", "4"))
+    assert re.search(r"checkpoint.load_step: step 4: '.*step-4' does not exist; complete steps in '.*': 2", message)
+    message = config_errors(job(tmp_path, "--checkpoint.load_step", "3"))
+    assert re.search(r"checkpoint.load_step: step 3: '.*step-3' has no .metadata", message)
+
+
+def test_unreadable_checkpoint_metadata_names_the_path(tmp_path):
+    path = save_checkpoint(tmp_path / "checkpoint" / "step-5", "parallax", n_layers=2)
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        f.write(b"garbage")
+    assert f"checkpoint.folder: {path!r}: cannot read its DCP metadata" in config_errors(job(tmp_path))
+
+
+def test_initial_load_path_and_init_from_transformer_are_compared(tmp_path):
+    bigger = save_checkpoint(tmp_path / "init4", "parallax", n_layers=4)
+    message = config_errors(job(tmp_path, "--checkpoint.initial_load_path", bigger))
+    assert f"checkpoint.initial_load_path: {bigger!r} is from another model" in message
+    assert first_difference(message) == ("layers.2.attention.q_norm.weight", "(32,)", "absent")
+    parallax = save_checkpoint(tmp_path / "parallax2", "parallax", n_layers=2)
+    message = config_errors(job(tmp_path, "--parallax.init_from_transformer", parallax))
+    assert f"parallax.init_from_transformer: {parallax!r} is from another model" in message
+    assert first_difference(message) == ("layers.0.attention.wr.weight", "(256, 256)", "absent")
+    assert checkpoint_problems(job(tmp_path, "--parallax.init_from_transformer",
+                                   save_checkpoint(tmp_path / "transformer2", "transformer", n_layers=2))) == []
+
+
+def test_uptraining_loader_refuses_a_parallax_checkpoint(tmp_path):
+    args = dataclasses.replace(variant_args("parallax", BASE_FLAVORS["debug"]), n_layers=2)
+    with pytest.raises(ValueError, match=r"parallax.init_from_transformer: .* is not a Transformer checkpoint of "
+                                         r"this model's size: layers.0.attention.wr.weight: checkpoint \(256, 256\), "
+                                         r"model absent"):
+        load_transformer_weights(ParallaxQwen3Model(args), save_checkpoint(tmp_path / "p", "parallax", n_layers=2))
+
+
+def test_hugging_face_last_save_needs_a_model_only_save_of_a_named_variant(tmp_path):
+    with pytest.raises(ConfigError, match="checkpoint.last_save_in_hf: true needs checkpoint.last_save_model_only = true"):
+        job(tmp_path, "--checkpoint.last_save_in_hf", "--checkpoint.no-last_save_model_only")
+    assert checkpoint_problems(job(tmp_path, "--checkpoint.last_save_in_hf", "--checkpoint.last_save_model_only")) == []
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_evaluation_of_another_model_is_refused(tmp_path, case):
+    (variant, changes), overrides, name, saved, expected = CASES[case]
+    path = save_checkpoint(tmp_path / "step-5", variant, **changes)
+    with pytest.raises(ValueError) as info:
+        load_model(job(tmp_path, *overrides), path, device="cpu")
+    assert str(info.value).startswith(f"checkpoint: {path!r} holds another model than the config's")
+    assert first_difference(str(info.value)) == (name, saved, expected)
+
+
+def test_evaluation_loads_its_own_model(tmp_path):
+    path = save_checkpoint(tmp_path / "step-5", "parallax", n_layers=2)
+    model, _ = load_model(job(tmp_path), path, device="cpu")
+    assert all(float(v.abs().max()) == 0 for v in model.state_dict().values())  # the saved zeros, not an init
+
+
+def test_lm_eval_command_exits_2_naming_the_weight(tmp_path, capsys):
+    path = save_checkpoint(tmp_path / "step-5", "parallax", n_layers=4)
+    rc = cli.main(["--config", CONFIG, "--checkpoint", path, "--output", str(tmp_path / "out"),
+                   "--tasks", "boolq", "--device", "cpu"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "error: checkpoint:" in err and "layers.2.attention.q_norm.weight: checkpoint (32,), model absent" in err
+    assert not (tmp_path / "out").exists()
