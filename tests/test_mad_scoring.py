@@ -86,6 +86,21 @@ def test_mad_score_is_the_mean_of_per_batch_macro_accuracies():
     assert acc["macro"] == pytest.approx(3 / 4) and acc["micro"] == pytest.approx(9 / 10)
 
 
+def test_batch_macro_matches_torchmetrics():
+    """Where torchmetrics is installed (mad-lab's scorer): MulticlassAccuracy(ignore_index=-100) per batch."""
+    tm = pytest.importorskip("torchmetrics.classification")
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        targets = torch.randint(0, 6, (64,), generator=gen)
+        targets[torch.rand(64, generator=gen) < 0.3] = IGNORE
+        noise = torch.randint(0, 12, (64,), generator=gen)
+        preds = torch.where(torch.rand(64, generator=gen) < 0.8, targets.clamp(min=0), noise)
+        counter = AccuracyCounter(12)
+        counter.update(preds, targets)
+        reference = float(tm.MulticlassAccuracy(num_classes=12, ignore_index=IGNORE)(preds, targets))
+        assert counter.result()["macro"] == pytest.approx(reference, abs=1e-6)
+
+
 def test_macro_accuracy_matches_hand_count():
     c = AccuracyCounter(4)
     c.update(torch.tensor([0, 1, 1, 3, 2]), torch.tensor([0, 1, 2, IGNORE, 2]))
