@@ -12,7 +12,8 @@ from ``ParallaxModelArgs.mixer``):
   - ``r_norm``: per-head RMSNorm on rho with its own weight, applied before RoPE;
   - RoPE on rho (``rho_rope``), with the same cos/sin as q;
   - an optional sigmoid gate (``gate = "token" | "head"``) that scales rho after the norm;
-  - ``wr_init = "zeros"`` makes every layer exactly softmax attention (the up-training path);
+  - ``wr_init = "zeros"`` makes every layer exactly softmax attention at step 0 and lets the probe
+    grow from zero (the up-training path): the rho-norm weight starts at 0, W_R as W_Q;
 
 * ``gated_deltanet``, ``kda``, ``mamba2``, ``mesa_net``: flash-linear-attention layers
   (``parallax_titan.mixers``, docs/mixers.md).
@@ -149,11 +150,13 @@ class ParallaxAttention(Attention):
 
     def init_weights(self, init_std: float):
         super().init_weights(init_std)
-        if self.wr_init == "zeros":
-            nn.init.zeros_(self.wr.weight)
-        else:
-            trunc_normal_(self.wr.weight, mean=0.0, std=0.02)
+        trunc_normal_(self.wr.weight, mean=0.0, std=0.02)
         self.r_norm.reset_parameters()
+        if self.wr_init == "zeros":
+            # rho = 0 through the norm's weight, not through W_R: with W_R = 0 the RMSNorm (eps 1e-6)
+            # would blow its first update up to a unit-RMS probe. With weight 0 and W_R as W_Q, the
+            # probe's size is that weight, which an optimizer step moves by about its lr.
+            nn.init.zeros_(self.r_norm.weight)
         if self.gate is not None:
             trunc_normal_(self.gate.weight, mean=0.0, std=0.02)
 

@@ -1,7 +1,10 @@
 """Up-training: start a Parallax model from a Transformer checkpoint.
 
-The Transformer's weights fill every shared parameter; W_R is set to zero and the rho-norm
-weights to one, so the converted model computes exactly the Transformer's logits at step 0.
+The Transformer's weights fill every shared parameter; the rho-norm weights are set to zero and
+W_R keeps its initialisation (normal, like W_Q), so the converted model computes exactly the
+Transformer's logits at step 0 and the probe grows smoothly: its size is the rho-norm weight,
+which the first optimizer step moves by about that parameter's lr. (With W_R = 0 and weights 1
+instead, the first step's tiny W_R passes through the RMSNorm at full strength, an O(1) jump.)
 """
 
 from __future__ import annotations
@@ -44,7 +47,5 @@ def load_transformer_weights(model: torch.nn.Module, checkpoint_dir: str) -> Non
     dcp.load(state, checkpoint_id=checkpoint_dir)
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
     for name, module in model.named_modules():
-        if name.endswith("attention.wr"):
+        if name.endswith("attention.r_norm"):
             module.weight.zero_()
-        elif name.endswith("attention.r_norm"):
-            module.weight.fill_(1.0)

@@ -26,7 +26,7 @@ register_all()
 
 
 def test_generated_configs_are_current():
-    result = subprocess.run([sys.executable, "scripts/make_configs.py", "--check"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "scripts.make_configs", "--check"], cwd=REPO,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 

@@ -20,6 +20,21 @@ from parallax_titan.suite import PAPER_SUITE
 from tests._train_runs import REPO, train
 
 CONFIG = os.path.join(REPO, "configs", "test_cpu_2rank.toml")
+# SPEC.md section 4: the table's columns, in the paper's order, as (header, task, lm-eval metric,
+# accuracy?); LAMBADA reports perplexity and accuracy, WikiText word perplexity.
+SPEC_COLUMNS = (
+    ("LMB. ppl", "lambada_openai", "perplexity", False),
+    ("Wiki ppl", "wikitext", "word_perplexity", False),
+    ("LMB. acc", "lambada_openai", "acc", True),
+    ("BoolQ", "boolq", "acc", True),
+    ("HSwag", "hellaswag", "acc_norm", True),
+    ("PIQA", "piqa", "acc", True),
+    ("ARC-e", "arc_easy", "acc", True),
+    ("ARC-c", "arc_challenge", "acc_norm", True),
+    ("Wino.", "winogrande", "acc", True),
+    ("OBQA", "openbookqa", "acc_norm", True),
+    ("SciQ", "sciq", "acc", True),
+)
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
 
 
@@ -41,6 +56,12 @@ def parse_table(text: str) -> tuple[list[str], list[list[str]]]:
     return cells[0], cells[2:]
 
 
+def test_table_columns_are_spec_metrics():
+    assert tuple(COLUMNS) == SPEC_COLUMNS
+    assert PAPER_SUITE == ("lambada_openai", "wikitext", "boolq", "hellaswag", "piqa", "arc_easy",
+                           "arc_challenge", "winogrande", "openbookqa", "sciq")
+
+
 def test_checkpoint_loads_the_trained_weights(run_dir):
     checkpoint = str(run_dir / "checkpoint" / "step-2")
     lm = ParallaxLM.from_checkpoint(CONFIG, checkpoint, device="cpu")
@@ -60,7 +81,7 @@ def test_ten_task_suite_writes_the_table(run_dir, tmp_path, capsys):
     table = (tmp_path / "results.md").read_text()
     assert table in capsys.readouterr().out
     header, rows = parse_table(table)
-    assert header == ["Model", *(c[0] for c in COLUMNS), "Avg."]
+    assert header == ["Model", *(c[0] for c in SPEC_COLUMNS), "Avg."]
     names = [f"{run_dir.name}/step-1", f"{run_dir.name}/step-2"]
     assert [r[0] for r in rows] == names
     for name, row in zip(names, rows):
@@ -69,7 +90,7 @@ def test_ten_task_suite_writes_the_table(run_dir, tmp_path, capsys):
         assert results["n-samples"] == {t: {"original": fixture_docs(t), "effective": fixture_docs(t)} for t in PAPER_SUITE}
         values = [float(v) for v in row[1:]]
         accs = []
-        for (_, task, metric, is_acc), value in zip(COLUMNS, values):
+        for (_, task, metric, is_acc), value in zip(SPEC_COLUMNS, values):
             raw = results["results"][task][f"{metric},none"]
             assert value == pytest.approx(100 * raw if is_acc else raw, abs=0.006)
             if is_acc:
@@ -89,7 +110,7 @@ def test_run_at_end_writes_under_dump_folder(run_dir, tmp_path):
     path = run_at_end(job_config, str(run_dir / "checkpoint" / "step-2"))
     assert path == str(tmp_path / "eval" / "results.md")
     _, rows = parse_table(open(path).read())
-    cells = dict(zip([c[0] for c in COLUMNS] + ["Avg."], rows[0][1:]))
+    cells = dict(zip([c[0] for c in SPEC_COLUMNS] + ["Avg."], rows[0][1:]))
     assert cells["LMB. ppl"] == "-" and cells["HSwag"] == "-"
     assert float(cells["Wiki ppl"]) > 1 and cells["Avg."] == cells["BoolQ"] + "*"
 

@@ -20,6 +20,8 @@ num_test_examples = 16
 epochs = 1
 batch_size = 16
 lrs = [5e-3, 1e-3]
+weight_decays = [0.1]
+precision = "fp32"
 [model]
 dim = 32
 n_heads = 2
@@ -35,11 +37,72 @@ def test_cli_tiny_grid(tmp_path):
     assert main(["--config", str(cfg), "--mixers", "attention,parallax", "--out", str(out), "--device", "cpu"]) == 0
     runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert len(runs) == 2 * 2 * 2  # settings x mixers x lrs
+    assert all(0 <= r["test_acc_micro"] <= 1 and 0 <= r["test_acc_macro_all"] <= 1 for r in runs)
     summary = json.loads((out / "results.json").read_text())
     assert set(summary["scores"]) == {"attention", "parallax"}
     assert summary["scores"]["parallax"]["avg"]["n"] == 2
+    assert (summary["runs_finished"], summary["runs_planned"]) == (8, 8)
     table = (out / "table.md").read_text()
-    assert "| ICR |" in table and "| MEM |" in table and "0.716" in table  # paper numbers beside ours
+    assert "| ICR |" in table and "| MEM |" in table and "Runs finished: 8 of 8 planned." in table
+    # one baseline setting per task against the paper's means over 11 / 6 settings: not comparable
+    assert "0.716" not in table and "0.951" not in table and "n/a" in table
+
+
+def fake_runs(calls):
+    """A stand-in for runner.run_job that records its calls and returns a record at once."""
+    from eval.mad import runner
+
+    def run_job(setting, mixer, lr, wd, cfg, device):
+        calls.append((setting.label(), mixer, lr, wd))
+        return [{"task": setting.task, "setting": setting.label(), "params": {}, "mixer": mixer, "lr": lr,
+                 "weight_decay": wd, "config_id": runner.config_id(cfg), "test_acc": 0.5, "test_acc_micro": 0.6,
+                 "final_loss": 1.0, "seconds": 0.0}]
+    return run_job
+
+
+def test_runner_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
+    from eval.mad import runner
+
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY.replace("weight_decays = [0.1]", "weight_decays = [0.0, 0.1]"))
+    cfg = load_config(str(cfg_path))
+    calls = []
+    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
+    out = tmp_path / "out"
+    assert len(runner.run_grid(cfg, ["attention", "parallax"], str(out), log=lambda *_: None)) == 16
+    assert len(set(calls)) == 16  # 2 settings x 2 mixers x 2 lrs x 2 wds
+    lines = (out / "runs.jsonl").read_text().splitlines()
+    # killed mid-run: the last record half written, two more never started
+    (out / "runs.jsonl").write_text("\n".join(lines[:13]) + "\n" + lines[13][:20])
+    calls.clear()
+    assert len(runner.run_grid(cfg, ["attention", "parallax"], str(out), log=lambda *_: None)) == 3
+    assert sorted(calls) == sorted(tuple(json.loads(l)[k] for k in ("setting", "mixer", "lr", "weight_decay"))
+                                   for l in lines[13:])
+    records = [json.loads(l) for l in (out / "runs.jsonl").read_text().splitlines()]
+    assert len(records) == 16 and len({runner.run_key(r) for r in records}) == 16
+    calls.clear()
+    assert runner.run_grid(cfg, ["attention", "parallax"], str(out), log=lambda *_: None) == [] and not calls
+    cfg.train.epochs = 2  # another config: refused, not mixed in
+    with pytest.raises(ValueError, match="runs of other configs"):
+        runner.run_grid(cfg, ["attention"], str(out), log=lambda *_: None)
+
+
+def test_report_shows_the_paper_only_for_the_same_settings(tmp_path):
+    runs = []
+    for task in ("in-context-recall", "memorization"):
+        sweep = "mad" if task == "memorization" else "baseline"
+        for s in task_settings(task, sweep):
+            for wd, acc in ((0.0, 0.7), (0.1, 0.9)):
+                runs.append({"task": task, "setting": s.label(), "params": {}, "mixer": "parallax", "lr": 1e-3,
+                             "weight_decay": wd, "test_acc": acc, "test_acc_micro": acc - 0.05})
+    scores = write_report(runs, str(tmp_path), "t", planned=len(runs) + 4)
+    assert scores["parallax"]["MEM"] == (pytest.approx(0.9), 6)  # best over wd, mean over MAD's 6 settings
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ") and "(n=" in line}
+    assert rows["MEM"] == ["0.900 (n=6)", "0.850", "0.733"]  # all 6 settings: the paper's mean beside ours
+    assert rows["ICR"] == ["0.900 (n=1)", "0.850", "n/a"]  # 1 of 11 settings: not comparable
+    assert rows["avg"][2] == "n/a"
+    assert f"Runs finished: {len(runs)} of {len(runs) + 4} planned." in (tmp_path / "table.md").read_text()
 
 
 def test_report_best_and_mean(tmp_path):
@@ -62,7 +125,15 @@ def test_config_errors(tmp_path):
     bad.write_text("[train]\nepoch = 3\n")
     with pytest.raises(ValueError, match="epoch"):
         load_config(str(bad))
-    assert load_config("configs/mad/paper_baseline.toml").train.lrs == [5e-3, 1e-3, 5e-4]
+    bad.write_text('[train]\nlrs = "5e-3"\n')
+    with pytest.raises(ValueError, match=r"\[train\] lrs = '5e-3': expected a list of float"):
+        load_config(str(bad))
+    bad.write_text('[data]\nnum_train = 5\n')
+    with pytest.raises(ValueError, match="num_train"):
+        load_config(str(bad))
+    paper = load_config("configs/mad/paper_baseline.toml")
+    assert paper.train.lrs == [5e-3, 1e-3, 5e-4] and paper.train.weight_decays == [0.0, 0.1]  # mad-lab's wds
+    assert paper.train.precision == "bf16" and paper.selective_copy == "mad_lab_cached"
     assert len(load_config("configs/mad/paper_baseline.toml").settings()) == 66
     assert len(load_config("configs/mad/paper_hard.toml").settings()) == 12
 

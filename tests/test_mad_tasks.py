@@ -1,5 +1,7 @@
 """MAD task generators: each task's defining properties, determinism, grid sizes."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -88,6 +90,37 @@ def test_selective_copying_targets_are_nonblank_tokens_in_order():
         assert np.all(t[row, :-8] == IGNORE)
 
 
+def test_selective_copying_places_blanks_as_mad_lab():
+    """mad-lab inserts each of the seq_len - 2n - 1 blanks before a content token drawn uniformly,
+    so none follows the last content token and each content token has (seq_len - 2n - 1) / n
+    blanks before it on average."""
+    seq_len, n, rows = 64, 8, 4000
+    x, _, t = selective_copying(np.random.default_rng(5), rows, 16, seq_len, n)
+    prefix = x[:, :seq_len - n - 1]
+    assert np.all(prefix[:, -1] != 14)  # the last content token sits next to the copy token
+    positions = np.array([np.flatnonzero(row != 14) for row in prefix])
+    assert positions.shape == (rows, n)
+    gaps = np.diff(np.concatenate([np.full((rows, 1), -1), positions], axis=1), axis=1) - 1
+    expected = (seq_len - 2 * n - 1) / n  # 47 / 8
+    np.testing.assert_allclose(gaps.mean(axis=0), expected, rtol=0.05)
+    # the first content token comes first only when no blank is inserted before it: (7/8)^47
+    assert (positions[:, 0] == 0).mean() < 0.01
+
+
+def test_selective_copying_in_mad_lab_cached_data_copies_16():
+    """mad-lab before 35772e8 (its cached data, which seed 001 used) ignored num_tokens_to_copy."""
+    cached = task_settings("selective-copying", "mad", selective_copy="mad_lab_cached")
+    current = task_settings("selective-copying", "mad")
+    assert len({s.label() for s in cached}) == len(cached) == len(current) == 13
+    assert sorted({s.num_tokens_to_copy for s in cached}) == [16, 32, 64, 96]
+    for old, new in zip(cached, current):
+        small = {"num_train_examples": 4, "num_test_examples": 4}
+        copied = (make_dataset(dataclasses.replace(old, **small))["test"][1] != IGNORE).sum(axis=1)
+        assert np.all(copied == 16)
+        copied = (make_dataset(dataclasses.replace(new, **small))["test"][1] != IGNORE).sum(axis=1)
+        assert np.all(copied == new.num_tokens_to_copy)
+
+
 def test_memorization_map_fixed_across_samples_and_splits():
     data = make_dataset(TaskSetting("memorization", 64, 16, num_train_examples=100, num_test_examples=50, seed=7))
     kv = {}
@@ -120,6 +153,10 @@ def test_deterministic_from_seed(task):
 def test_grid_sizes_and_errors():
     assert len(task_settings("in-context-recall", "mad")) == 1 + sum(map(len, MAD_CHANGES["in-context-recall"].values()))
     assert sum(len(task_settings(t, "mad")) for t in TASKS) == 66
+    # mad-lab configs/tasks/*.yml: baseline + each change value
+    counts = {"compression": 11, "in-context-recall": 11, "fuzzy-in-context-recall": 11,
+              "noisy-in-context-recall": 14, "memorization": 6, "selective-copying": 13}
+    assert {t: len(task_settings(t, "mad")) for t in TASKS} == counts
     assert [s.seq_len for s in task_settings("selective-copying", "hard")][-1] == 2048
     with pytest.raises(ValueError, match="frac_noise"):
         in_context_recall(np.random.default_rng(0), 2, 32, 64, 16, 1.0)

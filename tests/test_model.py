@@ -28,12 +28,56 @@ def n_params(variant: str, flavor: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# SPEC.md section 2: (d_model, FFN, layers, Hq, Hkv, D, vocab, tied embeddings)
+SPEC_SIZES = {"0.6B": (1024, 3072, 28, 16, 8, 128, 151936, True),
+              "1.7B": (2048, 6144, 28, 16, 8, 128, 151936, False)}
+
+
+def closed_form_params(size: str, variant: str) -> int:
+    """Parameters of a Qwen3 model from SPEC.md section 2's shapes: per layer W_Q, W_K, W_V, W_O,
+    q/k RMSNorm, SwiGLU (3 matrices), two block norms; Parallax adds W_R and the rho RMSNorm;
+    Transformer-dagger has 24 query heads, Parallax-dagger D = 64 and FFN 4480 (0.6B, SPEC; 1.7B,
+    by the same rule: 6144 + ceil(2048 * 128 * 64 / 2 / (3 * 2048)) = 7510, up to a multiple of 64)."""
+    d, ffn, layers, hq, hkv, dh, vocab, tied = SPEC_SIZES[size]
+    if variant == "transformer_dagger":
+        hq = 24
+    if variant == "parallax_dagger":
+        dh, ffn = 64, {"0.6B": 4480, "1.7B": 7552}[size]
+    probe = variant.startswith("parallax")
+    attn = d * dh * (2 * hq + 2 * hkv) + 2 * dh + probe * (d * hq * dh + dh)
+    per_layer = attn + 3 * d * ffn + 2 * d
+    return layers * per_layer + d + vocab * d * (1 if tied else 2)
+
+
 @pytest.mark.parametrize("flavor", ["0.6B", "1.7B"])
 def test_control_parameter_counts_match_parallax(flavor):
+    """Transformer-dagger matches Parallax's parameters up to the rho norms (layers x D); Parallax-dagger
+    is within 1% (0.56% at 0.6B, 0.34% at 1.7B: the FFN width rounds up to a multiple of 64)."""
+    for variant in ("transformer", "parallax", "transformer_dagger", "parallax_dagger"):
+        assert n_params(variant, flavor) == closed_form_params(flavor, variant), variant
     parallax = n_params("parallax", flavor)
-    assert abs(n_params("transformer_dagger", flavor) - parallax) / parallax < 0.005
-    assert abs(n_params("parallax_dagger", flavor) - parallax) / parallax < 0.01
+    assert parallax - n_params("transformer_dagger", flavor) == 28 * 128  # the rho-norm weights
+    gap = (n_params("parallax_dagger", flavor) - parallax) / parallax
+    assert 0 < gap < {"0.6B": 0.0057, "1.7B": 0.0035}[flavor]
     assert n_params("transformer", flavor) < parallax
+
+
+@pytest.mark.parametrize("flavor", ["0.6B", "1.7B"])
+def test_parallax_dagger_attention_flops_equal_the_transformers(flavor):
+    """Attention FLOPs per token (fwd + bwd = 3 x 2 per multiply-add, causality ignored as TorchTitan
+    does): softmax has two products of length D per score pair (q.k, p.v), Parallax four (q.k,
+    rho.k, p.v, (p t).v); Parallax-dagger halves D, so 4 x 64 = 2 x 128."""
+    seq = 4096
+    attention = {}
+    for variant, products in (("transformer", 2), ("parallax", 4), ("parallax_dagger", 4)):
+        args = variant_args(variant, BASE_FLAVORS[flavor])
+        with torch.device("meta"):
+            model = ParallaxQwen3Model(args)
+        _, flops = args.get_nparams_and_flops(model, seq)
+        dense = sum(p.numel() for name, p in model.named_parameters() if "embedding" not in name)
+        attention[variant] = flops - 6 * dense
+        assert attention[variant] == 6 * args.n_layers * args.n_heads * seq * products * args.head_dim
+    assert attention["parallax_dagger"] == attention["transformer"] == attention["parallax"] // 2
 
 
 def test_sizes_follow_spec():

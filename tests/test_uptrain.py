@@ -1,5 +1,5 @@
 """Up-training: a Transformer checkpoint written by the trainer, loaded into a Parallax model
-(W_R = 0, rho-norm weights 1), gives the Transformer's logits."""
+(rho-norm weights 0, W_R as initialised), gives the Transformer's logits."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_parallax_from_transformer_checkpoint_has_its_logits(transformer_checkpo
     tokens = torch.randint(0, 4096, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(parallax(tokens), transformer(tokens), rtol=1e-5, atol=1e-5)
-        assert all(float(m.weight.abs().max()) == 0 for n, m in parallax.named_modules() if n.endswith("wr"))
+        assert all(float(m.weight.abs().max()) == 0 for n, m in parallax.named_modules() if n.endswith("r_norm"))
 
 
 def test_wrong_size_checkpoint_is_rejected(transformer_checkpoint):

@@ -2,6 +2,8 @@
 
     python -m eval.mad --tasks all --mixers attention,parallax --out DIR [--config TOML]
     python -m eval.mad --report-only --out DIR     # rebuild the tables from DIR/runs.jsonl
+
+Rerunning a command with the same --out skips the runs already in DIR/runs.jsonl.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=("muon", "adamw"), default=None, help="override [train] optimizer")
     p.add_argument("--schedule", choices=("wsd", "cosine"), default=None, help="override [train] schedule")
     p.add_argument("--lrs", default=None, help="override [train] lrs, comma list")
+    p.add_argument("--wds", default=None, help="override [train] weight_decays, comma list")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default=None, help="override [train] precision")
     p.add_argument("--num-train-examples", type=int, default=None, help="cap every setting's train set")
     p.add_argument("--num-test-examples", type=int, default=None, help="override every setting's test set size")
     p.add_argument("--backend", default=None, help="override [model] backend (auto/reference/triton)")
@@ -72,6 +76,10 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
         cfg.train.schedule = args.schedule
     if args.lrs:
         cfg.train.lrs = [float(x) for x in args.lrs.split(",")]
+    if args.wds:
+        cfg.train.weight_decays = [float(x) for x in args.wds.split(",")]
+    if args.precision:
+        cfg.train.precision = args.precision
     if args.num_train_examples:
         cfg.data["num_train_examples"] = args.num_train_examples
     if args.num_test_examples:
@@ -104,10 +112,14 @@ def main(argv=None) -> int:
         on_fla = [m for m in mixers if MIXERS[m][0] in FLA_MIXERS]
         if on_fla and not device.startswith("cuda"):
             raise SystemExit(f"mixers {on_fla} run fla's Triton kernels, which need CUDA; got device {device!r}")
-        run_grid(cfg, mixers, args.out, device=device, workers=args.workers, threads=args.threads,
-                 deadline=args.deadline)
+        try:
+            run_grid(cfg, mixers, args.out, device=device, workers=args.workers, threads=args.threads,
+                     deadline=args.deadline)
+        except ValueError as exc:  # runs.jsonl of another config in --out
+            raise SystemExit(str(exc)) from None
     runs = load_runs(os.path.join(args.out, "runs.jsonl"))
-    scores = write_report(runs, args.out, title, args.note, config)
+    planned = len(cfg.settings()) * len(mixers) * len(cfg.train.lrs) * len(cfg.train.weight_decays)
+    scores = write_report(runs, args.out, title, args.note, config, planned)
     for mixer, s in sorted(scores.items()):
         print(mixer, {k: round(v[0], 3) for k, v in s.items()})
     return 0

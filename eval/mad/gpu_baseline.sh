@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# The six MAD baseline settings, attention and Parallax (Triton), Muon + WSD, lr {5e-3, 1e-3, 5e-4},
-# every (setting, mixer, lr) run as its own process on one H200 (36 concurrent runs); each run is
-# shortened (schedule included) to about RUN_SECONDS of training if the epochs would not fit.
-#   bash eval/mad/gpu_baseline.sh [EPOCHS] [RUN_SECONDS]     (writes under ${OUT:-outputs}/mad_baseline_gpu)
+# The paper's MAD grid (configs/mad/paper_baseline.toml) for attention and Parallax on one GPU:
+# 66 settings x lr {5e-3, 1e-3, 5e-4} x weight decay {0, 0.1} x 2 mixers = 792 runs, 60 epochs each.
+# Resumable: each call starts new runs for DEADLINE seconds (largest first) and stops all work at
+# LIMIT seconds; every finished run is appended to runs.jsonl and runs already there are skipped.
+# The grid lives in GRID (committed between calls); with $OUT set (the device tool's folder) the
+# call works on a copy under $OUT/paper_grid, which comes back even when the call is cut short:
+# copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR).
+#   bash eval/mad/gpu_baseline.sh [WORKERS] [DEADLINE_SECONDS] [LIMIT_SECONDS]
 # On the H200 box (no network) the carried wheels in .whl/ (and .whl_mad/ for numpy) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-outputs}/mad_baseline_gpu
-epochs=${1:-20}
+grid=${GRID:-docs/mad/paper_grid}
+workers=${1:-8}
 deadline=${2:-240}
+limit=${3:-540}
+tasks=${TASKS:-all}
+out=$grid
+if [ -n "${OUT:-}" ]; then
+  out=$OUT/paper_grid
+  mkdir -p "$out"
+  [ -f "$grid/runs.jsonl" ] && cp "$grid/runs.jsonl" "$out/"
+fi
 mkdir -p "$out"
 if ! python3 -c "import torchtitan" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -17,6 +29,8 @@ fi
 python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_mad/numpy*.whl
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-python3 -m eval.mad --config configs/mad/paper_baseline.toml --sweep baseline --tasks all \
-  --mixers attention,parallax --epochs "$epochs" --workers 36 --deadline 30 --max-run-seconds "$deadline" \
-  --out "$out" --title "MAD baseline settings on one H200 ($epochs epochs)" 2>&1 | tee "$out/log.txt"
+args=(--config configs/mad/paper_baseline.toml --mixers attention,parallax --tasks "$tasks" --out "$out"
+      --title "MAD, paper protocol (configs/mad/paper_baseline.toml), attention and Parallax, one H200"
+      --note "Command: bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks), repeated; each call skips finished runs.")
+timeout "$limit" python3 -m eval.mad "${args[@]}" --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"
+python3 -m eval.mad "${args[@]}" --report-only | tail -3

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from dataclasses import dataclass, field
+from typing import Literal
 
 from eval.mad.tasks import TASKS, TaskSetting
+from parallax_titan.config.schema import describe, matches
 
 MAD_BASELINES = {
     "compression": dict(vocab_size=16, seq_len=32),
@@ -46,14 +49,26 @@ HARD_LEVELS = {
                           [(64, 256, 16), (128, 512, 32), (256, 1024, 64), (512, 2048, 128)]],
 }
 SWEEPS = ("baseline", "mad", "hard")
+# Selective copying in mad-lab's cached benchmark data (generated before commit 35772e8, which first
+# passed num_tokens_to_copy to the generator) copies the generator's default, 16 tokens, in every
+# setting; seed 001 trained on that cached data.
+MAD_LAB_CACHED_COPIES = 16
+SELECTIVE_COPY = ("setting", "mad_lab_cached")
 
 
-def task_settings(task: str, sweep: str, seed: int = 12345, **overrides) -> list[TaskSetting]:
-    """The settings of ``task`` in ``sweep``; ``overrides`` (e.g. num_train_examples) apply to all."""
+def task_settings(task: str, sweep: str, seed: int = 12345, selective_copy: str = "setting",
+                  **overrides) -> list[TaskSetting]:
+    """The settings of ``task`` in ``sweep``; ``overrides`` (e.g. num_train_examples) apply to all.
+
+    ``selective_copy``: "setting" copies each setting's num_tokens_to_copy (mad-lab since 35772e8);
+    "mad_lab_cached" copies 16 tokens in every setting, as the cached data the paper used.
+    """
     if sweep not in SWEEPS:
         raise ValueError(f"sweep={sweep!r}; expected one of {SWEEPS}")
     if task not in TASKS:
         raise ValueError(f"task={task!r}; expected one of {TASKS}")
+    if selective_copy not in SELECTIVE_COPY:
+        raise ValueError(f"selective_copy={selective_copy!r}; expected one of {SELECTIVE_COPY}")
     if sweep == "hard":
         params = [dict(p) for p in HARD_LEVELS.get(task, [])]
     else:
@@ -61,50 +76,61 @@ def task_settings(task: str, sweep: str, seed: int = 12345, **overrides) -> list
         params = [dict(base)]
         if sweep == "mad":
             params += [{**base, key: v} for key, values in MAD_CHANGES[task].items() for v in values]
-    return [TaskSetting(task=task, seed=seed, **{**p, **overrides}) for p in params]
+    params = [{**p, **overrides} for p in params]
+    if selective_copy == "mad_lab_cached" and task == "selective-copying":
+        params = [{**p, "tokens_copied": MAD_LAB_CACHED_COPIES} if p["num_tokens_to_copy"] != MAD_LAB_CACHED_COPIES
+                  else p for p in params]
+    return [TaskSetting(task=task, seed=seed, **p) for p in params]
 
 
 @dataclass
 class TrainConfig:
     """Training of one run; ``lrs`` x ``weight_decays`` is the optimiser sweep per setting."""
 
-    optimizer: str = "muon"  # "muon" (MuonAdamW, Muon on hidden matrices) or "adamw"
-    schedule: str = "wsd"  # "wsd" (constant, linear decay over the last decay_frac) or "cosine"
+    optimizer: Literal["muon", "adamw"] = "muon"  # MuonAdamW with Muon on hidden matrices, or AdamW
+    schedule: Literal["wsd", "cosine"] = "wsd"  # constant then linear decay over decay_frac, or cosine
     decay_frac: float = 0.2
     epochs: int = 60
-    batch_size: int = 128
-    lrs: list = field(default_factory=lambda: [5e-3, 1e-3, 5e-4])
-    weight_decays: list = field(default_factory=lambda: [0.1])
+    batch_size: int = 128  # also the test batch: mad-lab scores per test batch
+    lrs: list[float] = field(default_factory=lambda: [5e-3, 1e-3, 5e-4])
+    weight_decays: list[float] = field(default_factory=lambda: [0.0, 0.1])  # mad-lab's sweep
     grad_clip: float = 1.0
     min_lr: float = 0.0
+    precision: Literal["bf16", "fp32"] = "bf16"  # bf16: autocast, as mad-lab's precision = "bf16"
     max_seconds: float = 0.0  # > 0: shorten each run (and its schedule) to fit this wall time
 
 
 @dataclass
 class ModelConfig:
-    """The two-block [mixer, SwiGLU] x 2 model (MAD's SwiGLU inner width at dim 128 is 352)."""
+    """The two-block [mixer, SwiGLU] x 2 model (MAD's SwiGLU inner width at dim 128 is 352).
+
+    ``n_heads`` applies to attention and Parallax (mad-lab's mh-attention: 16 heads of 8); the fla
+    mixers are sized by ``parallax_titan.mixers.fla_settings`` with heads of at least 16.
+    """
 
     dim: int = 128
-    n_heads: int = 8
+    n_heads: int = 16
     hidden_dim: int = 352
-    backend: str = "auto"  # Parallax kernel: "auto", "reference" or "triton"
+    backend: Literal["auto", "reference", "triton"] = "auto"  # Parallax kernel
 
 
 @dataclass
 class RunConfig:
     """A whole grid: tasks, sweep, dataset overrides, training and model settings."""
 
-    tasks: list = field(default_factory=lambda: list(TASKS))
-    mixers: list = field(default_factory=lambda: ["attention", "parallax"])  # names of eval.mad.models.MIXERS
-    sweep: str = "mad"
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    mixers: list[str] = field(default_factory=lambda: ["attention", "parallax"])  # eval.mad.models.MIXERS
+    sweep: Literal["baseline", "mad", "hard"] = "mad"
     seed: int = 12345
-    data: dict = field(default_factory=dict)  # e.g. {"num_test_examples": 256}
+    selective_copy: Literal["setting", "mad_lab_cached"] = "setting"
+    data: dict[str, int | float] = field(default_factory=dict)  # e.g. {"num_test_examples": 256}
     train: TrainConfig = field(default_factory=TrainConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
 
     def settings(self) -> list[TaskSetting]:
         """Every task setting of the grid, task by task."""
-        return [s for t in self.tasks for s in task_settings(t, self.sweep, self.seed, **self.data)]
+        return [s for t in self.tasks
+                for s in task_settings(t, self.sweep, self.seed, self.selective_copy, **self.data)]
 
 
 def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
@@ -122,10 +148,14 @@ def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
 
 
 def _fill(cls, values: dict, section: str):
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - names
+    """``cls(**values)`` after checking every key and value type against ``cls``'s annotations."""
+    hints = typing.get_type_hints(cls)
+    unknown = set(values) - set(hints)
     if unknown:
-        raise ValueError(f"[{section}]: unknown keys {sorted(unknown)}; expected some of {sorted(names)}")
+        raise ValueError(f"[{section}]: unknown keys {sorted(unknown)}; expected some of {sorted(hints)}")
+    for key, value in values.items():
+        if not dataclasses.is_dataclass(hints[key]) and not matches(value, hints[key]):
+            raise ValueError(f"[{section}] {key} = {value!r}: expected {describe(hints[key])}")
     return cls(**values)
 
 
@@ -139,9 +169,12 @@ def load_config(path: str) -> RunConfig:
     grid = dict(raw.get("grid", {}))
     if grid.get("tasks") == "all":
         grid["tasks"] = list(TASKS)
-    cfg = _fill(RunConfig, grid, "grid")
+    cfg = _fill(RunConfig, {**grid, "data": dict(raw.get("data", {}))}, "grid")
     check_mixers(cfg.mixers, f"{path}: [grid] mixers", installed=False)  # --mixers may replace them
-    cfg.data = dict(raw.get("data", {}))
+    fields = {f.name for f in dataclasses.fields(TaskSetting)} - {"task", "seed"}
+    unknown = set(cfg.data) - fields
+    if unknown:
+        raise ValueError(f"{path}: [data] unknown keys {sorted(unknown)}; expected some of {sorted(fields)}")
     cfg.train = _fill(TrainConfig, raw.get("train", {}), "train")
     cfg.model = _fill(ModelConfig, raw.get("model", {}), "model")
     return cfg

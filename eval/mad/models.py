@@ -13,9 +13,11 @@ import dataclasses
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
+import kernels
+from parallax_titan.model import ParallaxAttention, ParallaxModelArgs, ParallaxQwen3Model
 from parallax_titan.spec import variant_args
 
 MIXERS = {"attention": ("transformer", {}), "parallax": ("parallax", {}),
@@ -25,17 +27,56 @@ MIXERS = {"attention": ("transformer", {}), "parallax": ("parallax", {}),
           "mamba2": ("mamba2", {}), "mesa_net": ("mesa_net", {})}
 
 
-def mad_model_args(mixer: str, vocab_size: int, seq_len: int, dim: int = 128, n_heads: int = 8,
+# The fused Triton Parallax kernel tiles head_dim with tl.dot, which needs at least 16 columns;
+# fla's kernels need the same.
+MIN_FUSED_HEAD_DIM = 16
+
+
+class PaddedHeadParallax(ParallaxAttention):
+    """Parallax attention whose heads (D < 16) are zero-padded to 16 for the fused CUDA kernel.
+
+    Exact: the zero columns add nothing to q.k or rho.k (the logit scale stays 1/sqrt(D)) and give
+    zero output columns, which are cut off; their gradients are dropped by the padding's backward.
+    When the reference backend runs (on CPU with ``backend = "auto"``, or ``"reference"``), it
+    computes as ParallaxAttention does.
+    """
+
+    def forward(self, x, rope_cache, attention_masks=None, positions=None):
+        fused = self.backend == "triton" or (self.backend == "auto" and x.is_cuda)
+        if not fused or self.head_dim >= MIN_FUSED_HEAD_DIM:
+            return super().forward(x, rope_cache, attention_masks, positions)
+        bs, seqlen, _ = x.shape
+        pad = MIN_FUSED_HEAD_DIM - self.head_dim
+        q, r, k, v = (F.pad(t, (0, pad)) for t in self.project(x, rope_cache, positions))
+        out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend)
+        return self.wo(out[..., : self.head_dim].reshape(bs, seqlen, -1))
+
+
+def pad_narrow_heads(model: nn.Module) -> None:
+    """Let every Parallax layer of ``model`` with heads narrower than 16 use the fused kernel
+    (PaddedHeadParallax holds no state of its own, so the module keeps its weights)."""
+    for module in model.modules():
+        if type(module) is ParallaxAttention and module.head_dim < MIN_FUSED_HEAD_DIM:
+            module.__class__ = PaddedHeadParallax
+
+
+def mad_model_args(mixer: str, vocab_size: int, seq_len: int, dim: int = 128, n_heads: int = 16,
                    hidden_dim: int = 352, backend: str = "auto") -> ParallaxModelArgs:
-    """Arguments of the two-block MAD model (untied head, no GQA, head_dim = dim / n_heads)."""
+    """Arguments of the two-block MAD model (untied head, no GQA, head_dim = dim / n_heads).
+
+    Attention and Parallax use ``n_heads`` heads (mad-lab: 16 heads of 8 at width 128); the fla
+    mixers get heads of at least 16 (their kernels need them).
+    """
     if mixer not in MIXERS:
         raise ValueError(f"mixer={mixer!r}; expected one of {sorted(MIXERS)}")
-    if dim % n_heads:
+    if n_heads < 1 or dim % n_heads:
         raise ValueError(f"n_heads={n_heads} must divide dim={dim}")
+    variant, extra = MIXERS[mixer]
+    if variant not in ("transformer", "parallax"):
+        n_heads = min(n_heads, max(1, dim // MIN_FUSED_HEAD_DIM))
     base = ParallaxModelArgs(vocab_size=vocab_size, dim=dim, n_layers=2, n_heads=n_heads, n_kv_heads=n_heads,
                              head_dim=dim // n_heads, hidden_dim=hidden_dim, max_seq_len=seq_len,
                              enable_weight_tying=False, attn_backend=backend)
-    variant, extra = MIXERS[mixer]
     return dataclasses.replace(variant_args(variant, base), **extra)
 
 
@@ -78,4 +119,5 @@ def build_model(task: str, mixer: str, vocab_size: int, seq_len: int, device="cp
     lm = model.lm if task == "compression" else model
     with torch.no_grad():
         lm.init_weights(buffer_device=torch.device(device))
+    pad_narrow_heads(model)
     return model

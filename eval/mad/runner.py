@@ -1,13 +1,18 @@
-"""Running a grid: one job per (task setting, mixer, lr, weight decay).
+"""Running a grid: one job per (task setting, mixer, lr, weight decay), resumable.
 
 Jobs run in worker processes (``workers`` > 0; several small models share one GPU) or inline
-(``workers = 0``). Every finished run is appended to ``runs.jsonl`` at once, so a grid cut
-short by a time limit still leaves its results; ``deadline`` (seconds) stops starting new jobs.
+(``workers = 0``). Every finished run is appended to ``runs.jsonl`` as one line at once (flushed
+and synced), and a rerun with the same ``--out`` skips the runs already there, so a grid can be
+filled over several calls; ``deadline`` (seconds) stops starting new jobs. A run killed midway
+leaves nothing (or a partial last line, dropped on the next start) and is run again. Records carry
+the grid's ``config_id`` (training, model and data settings); a ``runs.jsonl`` of another config
+is refused rather than mixed in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -30,7 +35,50 @@ def run_job(setting: TaskSetting, mixer: str, lr: float, wd: float, cfg: RunConf
     result = train_and_evaluate(model, data, cfg.train, lr, wd, setting.vocab_size, device=device,
                                 seed=setting.seed)
     return [{"task": setting.task, "setting": setting.label(), "params": dataclasses.asdict(setting),
-             "mixer": mixer, "lr": lr, "weight_decay": wd, "device": device, **result}]
+             "mixer": mixer, "lr": lr, "weight_decay": wd, "device": device, "config_id": config_id(cfg),
+             **result}]
+
+
+def config_id(cfg: RunConfig) -> str:
+    """Short hash of what decides a run's result besides (setting, mixer, lr, wd)."""
+    settings = {"train": dataclasses.asdict(cfg.train), "model": dataclasses.asdict(cfg.model),
+                "data": cfg.data, "seed": cfg.seed}
+    for key in ("lrs", "weight_decays"):  # the sweep lists pick runs; they do not change one
+        settings["train"].pop(key)
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_key(record: dict) -> tuple:
+    """(setting label, mixer, lr, weight decay): what identifies one run of a grid."""
+    return record["setting"], record["mixer"], float(record["lr"]), float(record["weight_decay"])
+
+
+def finished_runs(path: str, cfg: RunConfig) -> set[tuple]:
+    """Keys of the runs in ``path`` (drops a partial last line left by a kill); ValueError when the
+    file holds runs of another config."""
+    if not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        text = f.read()
+    if text and not text.endswith("\n"):  # a write cut short: keep the complete lines only
+        text = text[: text.rfind("\n") + 1]
+        with open(path, "w") as f:
+            f.write(text)
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    ours = config_id(cfg)
+    other = sorted({r.get("config_id", "none") for r in records} - {ours})
+    if other:
+        raise ValueError(f"--out: {path} holds runs of other configs ({other}; this one is {ours}); "
+                         "use another --out or move runs.jsonl away")
+    return {run_key(r) for r in records}
+
+
+def append_records(path: str, batch: list[dict]) -> None:
+    """Append ``batch`` to ``path`` in one write, flushed to disk."""
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in batch))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _worker_init(threads: int) -> None:
@@ -47,18 +95,21 @@ def _cost(job) -> float:
 
 def run_grid(cfg: RunConfig, mixers: list[str], out_dir: str, device: str = "cpu", workers: int = 0,
              threads: int = 1, deadline: float | None = None, log=print) -> list[dict]:
-    """Run every (setting, mixer) job; returns all records (also appended to out_dir/runs.jsonl)."""
+    """Run every (setting, mixer, lr, wd) job not yet in out_dir/runs.jsonl; returns the new records
+    (also appended to it)."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "runs.jsonl")
-    jobs = sorted(((s, m, lr, wd) for s in cfg.settings() for m in mixers for lr in cfg.train.lrs
-                   for wd in cfg.train.weight_decays), key=_cost, reverse=True)
+    done = finished_runs(path, cfg)
+    planned = [(s, m, lr, wd) for s in cfg.settings() for m in mixers for lr in cfg.train.lrs
+               for wd in cfg.train.weight_decays]
+    jobs = sorted((j for j in planned if (j[0].label(), j[1], float(j[2]), float(j[3])) not in done),
+                  key=_cost, reverse=True)
+    log(f"[mad] {len(planned) - len(jobs)} of {len(planned)} runs already in {path}; {len(jobs)} to run")
     stop_at = time.time() + deadline if deadline else float("inf")
     records: list[dict] = []
 
     def save(batch):
-        with open(path, "a") as f:
-            for r in batch:
-                f.write(json.dumps(r) + "\n")
+        append_records(path, batch)
         records.extend(batch)
         best = max(r["test_acc"] for r in batch)
         r = batch[0]

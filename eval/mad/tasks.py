@@ -24,12 +24,14 @@ SHORT = {"compression": "CMP", "in-context-recall": "ICR", "fuzzy-in-context-rec
 
 def selective_copying(rng: np.random.Generator, num_examples: int, vocab_size: int = 16,
                       seq_len: int = 256, num_tokens_to_copy: int = 16):
-    """Copy the non-blank tokens of the prefix, in order, after a copy token.
+    """Copy the non-blank tokens of the prefix, in order, after a copy token (mad-lab's layout).
 
     Layout: content ``[0, vocab_size - 2)``, blank ``vocab_size - 2``, copy ``vocab_size - 1``.
-    A sequence is ``seq_len - n - 1`` prefix tokens (the n tokens to copy at random ordered
-    positions, blanks elsewhere), the copy token, then n blanks whose targets are the copied
-    tokens. Train and test targets are the same. Returns (inputs, targets, targets), (N, seq_len).
+    A sequence is ``seq_len - n - 1`` prefix tokens, the copy token, then n blanks whose targets
+    are the copied tokens. The prefix holds the n content tokens with ``seq_len - 2n - 1`` blanks,
+    each blank placed before a content token drawn uniformly (mad-lab's ``np.insert`` at random
+    indices in [0, n)), so the last content token always sits next to the copy token. Train and
+    test targets are the same. Returns (inputs, targets, targets), int64 (N, seq_len).
     """
     n = num_tokens_to_copy
     _check(n >= 1, "num_tokens_to_copy", n, ">= 1")
@@ -38,7 +40,10 @@ def selective_copying(rng: np.random.Generator, num_examples: int, vocab_size: i
     blank, copy = vocab_size - 2, vocab_size - 1
     prefix = seq_len - n - 1
     content = rng.integers(0, vocab_size - 2, size=(num_examples, n))
-    positions = np.sort(rng.random((num_examples, prefix)).argsort(axis=1)[:, :n], axis=1)
+    before = rng.integers(0, n, size=(num_examples, prefix - n))  # the content token each blank precedes
+    blanks_before = np.zeros((num_examples, n), dtype=np.int64)
+    np.add.at(blanks_before, (np.repeat(np.arange(num_examples), prefix - n), before.ravel()), 1)
+    positions = np.arange(n) + np.cumsum(blanks_before, axis=1)
     tokens = np.full((num_examples, seq_len), blank, dtype=np.int64)
     np.put_along_axis(tokens, positions, content, axis=1)
     tokens[:, prefix] = copy
@@ -92,6 +97,7 @@ class TaskSetting:
     num_tokens_to_copy: int = 0
     k_motif_size: int = 1
     v_motif_size: int = 1
+    tokens_copied: int = 0  # selective copying: tokens actually copied; 0 = num_tokens_to_copy
     seed: int = 12345
 
     def __post_init__(self):
@@ -114,7 +120,7 @@ def _generate(setting: TaskSetting, rng, num: int, training: bool):
         return fuzzy_in_context_recall(rng, num, s.vocab_size, s.seq_len, s.k_motif_size, s.v_motif_size,
                                        training)
     if s.task == "selective-copying":
-        return selective_copying(rng, num, s.vocab_size, s.seq_len, s.num_tokens_to_copy)
+        return selective_copying(rng, num, s.vocab_size, s.seq_len, s.tokens_copied or s.num_tokens_to_copy)
     if s.task == "compression":
         return compression(rng, num, s.vocab_size, s.seq_len)
     return memorization(rng, num, memorization_map(s.vocab_size, s.seed), s.vocab_size, s.seq_len)
