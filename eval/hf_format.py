@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from parallax_titan.hf_adapter import PARALLAX_HF_NAMES, ParallaxStateDictAdapter, abstract_name
 from parallax_titan.model import ParallaxModelArgs
 from parallax_titan.tokenizer import write_tokenizer_config
+from parallax_titan.uptrain import zero_probes
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -109,8 +110,9 @@ def _is_parallax_key(key: str) -> bool:
 def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
     """Load Hugging Face (Qwen3 or our export) weights into ``model``.
 
-    A Parallax model given a Qwen3 (Transformer) state dict gets W_R = 0, rho-norm weights 1 and a
-    zero gate, so it computes exactly the Transformer's function. Raises ValueError for unknown,
+    A Parallax model given a Qwen3 (Transformer) state dict keeps its initialised W_R and gate and
+    gets rho-norm weights 0 (as up-training does), so it computes exactly the Transformer's function.
+    ``model`` must be freshly initialised (``eval.checkpoint.build_model``). Raises ValueError for unknown,
     missing or mis-shaped weights.
     """
     adapter = ParallaxStateDictAdapter(model.model_args)
@@ -130,5 +132,5 @@ def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> 
         if tuple(value.shape) != tuple(target[key].shape):
             raise ValueError(f"hf: {key} has shape {tuple(value.shape)}, the model expects {tuple(target[key].shape)}")
         target[key].copy_(value)
-    for key in missing:  # a Transformer checkpoint: the Parallax layer starts as softmax attention
-        target[key].fill_(1.0 if ".r_norm." in key else 0.0)
+    if missing:  # a Transformer checkpoint: start as it, the probes growing from zero (W_R, gate initialised)
+        zero_probes(model)

@@ -12,7 +12,7 @@ from ``ParallaxModelArgs.mixer``):
   - ``r_norm``: per-head RMSNorm on rho with its own weight, applied before RoPE;
   - RoPE on rho (``rho_rope``), with the same cos/sin as q;
   - an optional sigmoid gate (``gate = "token" | "head"``) that scales rho after the norm;
-  - ``wr_init = "zeros"`` makes every layer exactly softmax attention at step 0 and lets the probe
+  - ``probe_init = "zero"`` makes every layer exactly softmax attention at step 0 and lets the probe
     grow from zero (the up-training path): the rho-norm weight starts at 0, W_R as W_Q;
 
 * ``gated_deltanet``, ``kda``, ``mamba2``, ``mesa_net``: flash-linear-attention layers
@@ -45,7 +45,7 @@ from parallax_titan import mixers
 
 Mixer = Literal["softmax", "parallax", "gated_deltanet", "kda", "mamba2", "mesa_net"]
 Gate = Literal["none", "token", "head"]
-WrInit = Literal["normal", "zeros"]
+ProbeInit = Literal["normal", "zero"]
 Backend = Literal["auto", "reference", "triton"]
 
 SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size")
@@ -61,7 +61,7 @@ class ParallaxModelArgs(Qwen3ModelArgs):
     mixer: Mixer = "parallax"
     rho_rope: bool = True
     gate: Gate = "none"
-    wr_init: WrInit = "normal"
+    probe_init: ProbeInit = "normal"
     attn_backend: Backend = "auto"
     eos_id: int = QWEN3_ENDOFTEXT_ID
 
@@ -85,7 +85,7 @@ class ParallaxModelArgs(Qwen3ModelArgs):
         if self.mixer == "parallax":
             self.rho_rope = section.rho_rope
             self.gate = section.gate
-            self.wr_init = section.wr_init
+            self.probe_init = section.probe_init
         self.attn_backend = section.attn_backend
         self.attn_mask_type = section.attn_mask_type
 
@@ -141,7 +141,7 @@ class ParallaxAttention(Attention):
         super().__init__(model_args)
         self.rho_rope = model_args.rho_rope
         self.gate_kind = model_args.gate
-        self.wr_init = model_args.wr_init
+        self.probe_init = model_args.probe_init
         self.backend = model_args.attn_backend
         self.wr = nn.Linear(model_args.dim, model_args.n_heads * self.head_dim, bias=False)
         self.r_norm = nn.RMSNorm(self.head_dim, eps=model_args.norm_eps, elementwise_affine=True)
@@ -152,7 +152,7 @@ class ParallaxAttention(Attention):
         super().init_weights(init_std)
         trunc_normal_(self.wr.weight, mean=0.0, std=0.02)
         self.r_norm.reset_parameters()
-        if self.wr_init == "zeros":
+        if self.probe_init == "zero":
             # rho = 0 through the norm's weight, not through W_R: with W_R = 0 the RMSNorm (eps 1e-6)
             # would blow its first update up to a unit-RMS probe. With weight 0 and W_R as W_Q, the
             # probe's size is that weight, which an optimizer step moves by about its lr.

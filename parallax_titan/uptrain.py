@@ -46,6 +46,13 @@ def load_transformer_weights(model: torch.nn.Module, checkpoint_dir: str) -> Non
                          f"this model's size: {describe(mismatches)}")
     dcp.load(state, checkpoint_id=checkpoint_dir)
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
+    zero_probes(model)
+
+
+@torch.no_grad()
+def zero_probes(model: torch.nn.Module) -> None:
+    """Set every rho-norm weight to zero: each Parallax layer then computes exactly softmax attention,
+    and its probe grows from there (W_R and the gate keep their values)."""
     for name, module in model.named_modules():
         if name.endswith("attention.r_norm"):
             module.weight.zero_()

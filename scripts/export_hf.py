@@ -4,7 +4,7 @@
     python -m scripts.export_hf export --config X.toml --checkpoint OUT/checkpoint/step-N --output hf_out
 
     # Hugging Face Qwen3 (e.g. a local copy of Qwen/Qwen3-0.6B) -> a DCP folder to train from;
-    # into a Parallax config the probes start at W_R = 0 (exactly the Transformer's function)
+    # into a Parallax config the probes start at zero (exactly the Transformer's function)
     python -m scripts.export_hf import --config configs/paper/0.6B/parallax_muon_wsd.toml \
         --hf ~/Qwen3-0.6B --output outputs/qwen3_parallax_init
     torchrun ... train.py --job.config_file ... --checkpoint.initial_load_path outputs/qwen3_parallax_init

@@ -1,4 +1,4 @@
-"""Hugging Face export/import: round trips, Qwen3 naming, Qwen3 -> Parallax with W_R = 0."""
+"""Hugging Face export/import: round trips, Qwen3 naming, Qwen3 -> Parallax starting as the Transformer."""
 
 import dataclasses
 import importlib.util
@@ -78,9 +78,12 @@ def test_qwen3_weights_into_parallax_give_the_transformers_logits(tmp_path):
     parallax = tiny_model("parallax", seed=1)
     check_hf_config(config, parallax.model_args)
     load_hf_state(parallax, state)
+    fresh = tiny_model("parallax", seed=1)
     for name, module in parallax.named_modules():
-        if name.endswith("attention.wr"):
+        if name.endswith("attention.r_norm"):  # the probe starts at zero through its norm's weight
             assert float(module.weight.detach().abs().max()) == 0.0
+        if name.endswith("attention.wr"):  # W_R keeps its initialisation, so the probe can grow
+            assert torch.equal(module.weight, dict(fresh.named_modules())[name].weight)
     torch.testing.assert_close(logits(parallax), logits(transformer), rtol=1e-5, atol=1e-5)
     assert (logits(parallax) - logits(tiny_model("parallax", seed=1))).abs().max() > 1e-2
 

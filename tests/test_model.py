@@ -1,4 +1,4 @@
-"""The model family: sizes, the softmax limit W_R = 0, up-training, probe switches, document masks,
+"""The model family: sizes, the softmax limit (zero probe), up-training, probe switches, document masks,
 and the transformer variant against TorchTitan's own Qwen3."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def copy_shared_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
 @pytest.mark.parametrize("gate", ["none", "token", "head"])
 def test_zero_probe_gives_transformer_logits(gate):
     transformer = build("transformer")
-    parallax = build("parallax", wr_init="zeros", gate=gate, seed=1)
+    parallax = build("parallax", probe_init="zero", gate=gate, seed=1)
     copy_shared_weights(transformer, parallax)
     tokens = torch.randint(0, 4096, (2, 37))
     torch.testing.assert_close(parallax(tokens), transformer(tokens), rtol=1e-10, atol=1e-10)

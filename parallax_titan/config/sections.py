@@ -37,8 +37,9 @@ class Parallax:
     gate: Literal["none", "token", "head"] = "none"
     """Sigmoid gate on rho after its norm: one scalar per token, or one per token and head."""
 
-    wr_init: Literal["normal", "zeros"] = "normal"
-    """Init of W_R: like W_Q, or zeros (the layer then computes exactly softmax attention)."""
+    probe_init: Literal["normal", "zero"] = "normal"
+    """"zero": the rho-norm weight starts at 0 (W_R like W_Q either way), so every layer computes
+    exactly softmax attention at step 0 and the probe grows from there by about the lr per step."""
 
     attn_backend: Literal["auto", "reference", "triton"] = "auto"
     """Parallax kernel: fused Triton on CUDA and the exact PyTorch reference on CPU when auto."""
@@ -48,7 +49,7 @@ class Parallax:
 
     init_from_transformer: str = ""
     """Up-training: a DCP checkpoint folder of a Transformer run (e.g. outputs/x/checkpoint/step-1000)
-    loaded into a Parallax model at step 0, with W_R = 0 and rho-norm weights 1."""
+    loaded into a Parallax model at step 0, with rho-norm weights 0 (as ``probe_init = "zero"``)."""
 
     def validate(self) -> list[str]:
         problems = value_problems(self, "parallax")
