@@ -10,7 +10,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from parallax_titan.diagnostics.report import load_checkpoint_model, match_checkpoint
-from scripts.analyze import load_config, main
+from eval.checkpoint import load_job_config as load_config
+from scripts.analyze import main
 
 BASE_CONFIG = "configs/test_cpu_2rank.toml"
 SMALL = "\n[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 2\nhead_dim = 16\nhidden_dim = 96\n"
@@ -85,17 +86,16 @@ def test_report_compares_parallax_and_transformer(checkpoints, tmp_path):
 
 
 def test_bad_checkpoint_is_rejected(tmp_path, checkpoints):
-    with pytest.raises(ValueError, match="--checkpoint .* is not a DCP checkpoint"):
+    with pytest.raises(ValueError, match="--checkpoint .* has no DCP .metadata file"):
         load_checkpoint_model(load_config(CONFIG), str(tmp_path))
     job = load_config(CONFIG)
     job.model.n_layers = 3
-    with pytest.raises(ValueError, match="lacks .* weights"):
+    with pytest.raises(ValueError, match=r"holds another model than parallax/debug: layers.2.\S+: checkpoint absent"):
         load_checkpoint_model(job, checkpoints[0])
 
 
 def test_gate_is_read_from_the_checkpoint():
     job = load_config(CONFIG)
-    keys = {"layers.0.attention.wr.weight": None,
-            "layers.0.attention.gate.weight": type("M", (), {"size": torch.Size([4, 256])})()}
+    keys = {"layers.0.attention.wr.weight": (64, 64), "layers.0.attention.gate.weight": (4, 64)}
     match_checkpoint(job, keys)
     assert job.parallax.gate == "head" and job.model.name == "parallax"

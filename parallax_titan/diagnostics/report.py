@@ -16,6 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from parallax_titan.checkpoint_files import describe, saved_shapes, state_shapes, weight_mismatches
 from parallax_titan.diagnostics import plots
 from parallax_titan.diagnostics.runner import DiagnosticsResult
 
@@ -24,15 +25,7 @@ FULL_COLUMNS = ("W_Q", "W_K", "W_V", "W_O", "W_R", "W_1", "W_2", "W_3")
 ATTENTION_COLUMNS = ("cor", "cpa", "corr", "probe_norm", "w_min", "w_max", "sink_p", "sink_w", "entropy", "gate", "cka_v")
 
 
-def checkpoint_keys(checkpoint_dir: str) -> dict:
-    """Tensor keys -> metadata of a DCP checkpoint folder; ValueError naming the folder if it is not one."""
-    if not os.path.isfile(os.path.join(checkpoint_dir, ".metadata")):
-        raise ValueError(f"--checkpoint {checkpoint_dir!r} is not a DCP checkpoint folder (no .metadata); "
-                         "expected e.g. <dump_folder>/checkpoint/step-1000")
-    return dcp.FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
-
-
-def match_checkpoint(job_config, keys: dict) -> None:
+def match_checkpoint(job_config, keys: dict[str, tuple[int, ...]]) -> None:
     """Set ``model.name`` and ``parallax.gate`` of ``job_config`` to what the checkpoint holds
     (W_R present or not; gate width), so one TOML serves a Parallax and a Transformer run."""
     has_probe = any(".attention.wr." in k for k in keys)
@@ -41,18 +34,21 @@ def match_checkpoint(job_config, keys: dict) -> None:
         job_config.model.name = name.replace("transformer", "parallax", 1)
     elif not has_probe and name.startswith("parallax"):
         job_config.model.name = name.replace("parallax", "transformer", 1)
-    gates = [meta.size for k, meta in keys.items() if k.endswith(".attention.gate.weight")]
+    gates = [shape for k, shape in keys.items() if k.endswith(".attention.gate.weight")]
     job_config.parallax.gate = "none" if not gates else ("token" if gates[0][0] == 1 else "head")
 
 
 def load_checkpoint_model(job_config, checkpoint_dir: str) -> torch.nn.Module:
     """Build the model of ``job_config`` (matched to the checkpoint) in float32 on CPU and load
-    the checkpoint's weights. Raises ValueError when the checkpoint lacks a weight of the model."""
+    the checkpoint's weights. Raises ValueError naming the checkpoint when it holds another model."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     from parallax_titan.spec import register_all
 
-    keys = checkpoint_keys(checkpoint_dir)
+    try:
+        keys = saved_shapes(checkpoint_dir)
+    except ValueError as exc:
+        raise ValueError(f"--checkpoint {exc}") from None
     job_config = copy.deepcopy(job_config)
     match_checkpoint(job_config, keys)
     register_all()
@@ -63,10 +59,10 @@ def load_checkpoint_model(job_config, checkpoint_dir: str) -> torch.nn.Module:
     with torch.no_grad():
         model.init_weights()
     state = get_model_state_dict(model)
-    missing = sorted(k for k in state if k not in keys)
-    if missing:
-        raise ValueError(f"--checkpoint {checkpoint_dir!r} lacks {len(missing)} weights of model "
-                         f"{job_config.model.name}/{job_config.model.flavor} (e.g. {missing[:3]}); wrong config?")
+    mismatches = weight_mismatches(keys, state_shapes(state))
+    if mismatches:
+        raise ValueError(f"--checkpoint {checkpoint_dir!r} holds another model than "
+                         f"{job_config.model.name}/{job_config.model.flavor}: {describe(mismatches)}; wrong config?")
     dcp.load(state, checkpoint_id=checkpoint_dir)
     set_model_state_dict(model, state)
     model.eval()
