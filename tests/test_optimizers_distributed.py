@@ -2,7 +2,6 @@
 
 import os
 import socket
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,6 +9,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from parallax_titan.config import LRScheduler, Optimizer
 
 from optimizers.distributed import assign_owners, shard_rows
 from parallax_titan.optim_builder import build_lr_schedulers, build_optimizers
@@ -19,15 +20,15 @@ STEPS, RESUME_AT = 4, 2
 
 
 def optim_cfg():
-    return SimpleNamespace(name="Muon", lr=2e-2, beta1=0.8, beta2=0.95, eps=1e-7, weight_decay=0.1,
-                           muon_headwise="HHF", spectral_power_attn=2, spectral_coeff_attn=0.5,
-                           spectral_power_mlp=0, spectral_coeff_mlp=0.05, ortho_dtype="float32",
-                           lr_multipliers=["embed=0.3", "norm=0.015"])
+    return Optimizer(name="Muon", lr=2e-2, beta1=0.8, beta2=0.95, eps=1e-7, weight_decay=0.1,
+                     muon_headwise="HHF", spectral_power_attn=2, spectral_coeff_attn=0.5,
+                     spectral_power_mlp=0, spectral_coeff_mlp=0.05, ortho_dtype="float32",
+                     lr_multipliers=["embed=0.3", "norm=0.015"])
 
 
 def sched_cfg():
-    return SimpleNamespace(warmup_steps=1, total_steps=None, decay_ratio=0.5, decay_type="linear",
-                           min_lr_factor=0.0, wd_anneal_gamma=1.0)
+    return LRScheduler(warmup_steps=1, total_steps=None, decay_ratio=0.5, decay_type="linear",
+                       min_lr_factor=0.0, wd_anneal_gamma=1.0)
 
 
 def batch(step):

@@ -425,7 +425,7 @@ def _rolling_case():
 
 
 def test_triton_kernel_interpreted():
-    # `python -c` puts its working directory, the repo root, first on sys.path
+    # `python -c` puts its working directory, the repo root, first on the import path
     code = "import tests.test_parallax_decode as m; m._interpreter_report()"
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
