@@ -153,16 +153,16 @@ def soap_directions(G: torch.Tensor, states: list[dict], skip: SkipStep, beta1: 
     G = G.to(_wide(G.dtype))
     k, m, n = G.shape
     fresh = [i for i, s in enumerate(states) if "soap_L" not in s]
+    if fresh and len(fresh) < k:  # matrices that joined late: one call per kind
+        out: list = [None] * k
+        for part in (fresh, [i for i in range(k) if i not in fresh]):
+            rows = soap_directions(torch.stack([G[i] for i in part]), [states[i] for i in part], skip, beta1,
+                                   beta2, shampoo_beta, eps, refresh)
+            for i, row in zip(part, rows.unbind(0)):
+                out[i] = row
+        return torch.stack(out)  # stacking, not indexed writes: a host index list would synchronise
     for i in fresh:
         _soap_init_state(states[i], m, n, G.dtype, G.device)
-    if fresh and len(fresh) < k:  # matrices that joined late: one call per kind
-        old = [i for i in range(k) if i not in fresh]
-        out = torch.empty_like(G)
-        out[fresh] = soap_directions(G[fresh], [states[i] for i in fresh], skip, beta1, beta2, shampoo_beta,
-                                     eps, refresh)
-        out[old] = soap_directions(G[old], [states[i] for i in old], skip, beta1, beta2, shampoo_beta, eps,
-                                   refresh)
-        return out
     old = {key: torch.stack([s[key] for s in states]) for key in SOAP_STATE}
     new = dict(old)
     new["soap_L"] = skip.pick(old["soap_L"], shampoo_beta * old["soap_L"] + (1 - shampoo_beta) * G @ G.mT)
