@@ -3,8 +3,9 @@
 Each ``MatrixSpec`` describes one 2-D parameter whose step needs the whole matrix: the update
 direction of its algorithm (Muon: the orthogonalised momentum, as a full matrix or per head;
 NorMuon, Aurora, SOAP: ``variants``) and/or the spectral-power decay term computed from the
-pre-update weight. ``matrix_deltas`` turns a list of full matrices into the additive deltas,
-batching same-shape matrices into one call per algorithm / S_p rule.
+pre-update weight. ``matrix_terms`` computes both terms for a list of full matrices, batching
+same-shape matrices into one call per algorithm / S_p rule; ``apply_terms`` adds them, with their
+coefficients, to the weights (or to row pieces of them).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from .skip_step import SkipStep
 from .spectral import banded_spectral_power
 from .variants import aurora_polar, normuon_normalize, soap_directions
 
-__all__ = ["MatrixSpec", "update_scale", "matrix_deltas", "matrix_terms", "combine_terms", "UPDATE_SCALES",
-           "ORTHO_DTYPES", "MATRIX_ALGOS", "STATEFUL_ALGOS"]
+__all__ = ["MatrixSpec", "update_scale", "matrix_terms", "apply_terms", "UPDATE_SCALES", "ORTHO_DTYPES",
+           "GRAM_MODES", "MATRIX_ALGOS", "STATEFUL_ALGOS"]
 
 MATRIX_ALGOS = ("muon", "normuon", "aurora", "soap")
 # directions that keep per-matrix state on the owner rank: they run even with a zero coefficient
@@ -30,6 +31,7 @@ STATEFUL_ALGOS = ("normuon", "soap")
 
 UPDATE_SCALES = ("match_rms_adamw", "spectral", "none")
 ORTHO_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
+GRAM_MODES = {"auto": None, "on": True, "off": False}  # orthogonalize(gram=...)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class MatrixSpec:
     method: str = "polar_express"
     steps: int = 0
     dtype: str = "auto"
+    gram: str = "auto"
     head_dim: int = 0
     sp_coeff: float = 0.0
     sp_power: int = 1
@@ -88,19 +91,19 @@ def _direction_key(spec: MatrixSpec, U: torch.Tensor) -> tuple:
     """Matrices with equal keys are computed in one batched call."""
     blocks = (spec.head_dim, U.shape[1]) if spec.head_dim else tuple(U.shape)
     whole = (spec.shape,) if spec.algo in STATEFUL_ALGOS else ()  # their state is per full matrix
-    return (spec.algo, blocks, spec.method, spec.steps, spec.dtype, U.dtype, spec.options) + whole
+    return (spec.algo, blocks, spec.method, spec.steps, spec.dtype, spec.gram, U.dtype, spec.options) + whole
 
 
 def _directions(algo, X, spec, states, skip):
     """Directions of a stack X of blocks ``(batch, rows, cols)`` (full matrices for the stateful
     algorithms) sharing ``spec``'s algorithm and options."""
-    dtype, opts = ORTHO_DTYPES[spec.dtype], dict(spec.options)
+    dtype, gram, opts = ORTHO_DTYPES[spec.dtype], GRAM_MODES[spec.gram], dict(spec.options)
     if algo == "muon":
-        return orthogonalize(X, spec.method, spec.steps, dtype)
+        return orthogonalize(X, spec.method, spec.steps, dtype, gram)
     if algo == "aurora":
-        return aurora_polar(X, spec.method, spec.steps, dtype, **opts)
+        return aurora_polar(X, spec.method, spec.steps, dtype, gram=gram, **opts)
     if algo == "normuon":
-        O = orthogonalize(X, spec.method, spec.steps, dtype).reshape(len(states), *spec.shape)
+        O = orthogonalize(X, spec.method, spec.steps, dtype, gram).reshape(len(states), *spec.shape)
         return normuon_normalize(O, states, opts["beta2"], opts["eps"], skip).reshape(X.shape)
     if algo == "soap":
         return soap_directions(X, states, skip, **opts)
@@ -138,56 +141,43 @@ def _batched_decay(jobs, skip: SkipStep):
     return out
 
 
-def matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, skip: SkipStep | None = None,
-                  states: list | None = None) -> list[torch.Tensor]:
-    """Additive deltas for full matrices.
+def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list, skip: SkipStep | None = None,
+                 states: list | None = None) -> tuple[dict, dict]:
+    """The two terms of each matrix's delta before their coefficients.
 
     Args:
         specs: one ``MatrixSpec`` per matrix.
         updates: full updates ``(m, n)`` (or None when the spec has none).
         weights: full pre-update weights ``(m, n)`` (or None when no S_p decay).
-        skip: when its flag is set every delta is ``-0.0`` (see ``SkipStep``).
+        skip: when its flag is set every term is zero (see ``SkipStep``).
         states: per matrix, the state dict the stateful algorithms keep (None entries elsewhere).
     Returns:
-        list of ``(m, n)`` fp32-or-wider tensors, ``delta = W_new - W``.
+        ``({i: D(U_i)}, {i: T_p(W_i)})`` for the specs with an update (U's dtype; fp32 or wider
+        for NorMuon and SOAP) and for those with S_p decay (W's dtype).
     """
-    ortho, decay = matrix_terms(specs, updates, weights, skip, states)
-    return combine_terms(specs, ortho, decay, updates, weights)
-
-
-def matrix_terms(specs: list[MatrixSpec], updates: list, weights: list, skip: SkipStep | None = None,
-                 states: list | None = None) -> tuple[dict, dict]:
-    """The two terms of each delta before their coefficients: ``{i: D(U_i)}`` for the specs
-    with an update (U's dtype; fp32 or wider for NorMuon and SOAP) and ``{i: T_p(W_i)}`` for
-    those with S_p decay (W's dtype); zeros when ``skip`` is set. ``states`` as in ``matrix_deltas``."""
     skip = skip or SkipStep(None)
     states = states if states is not None else [None] * len(specs)
     for spec, state in zip(specs, states):
         if spec.has_update and spec.algo in STATEFUL_ALGOS and state is None:
             raise ValueError(f"matrix_terms: algo={spec.algo!r} keeps per-matrix state; got states=None")
     jobs = [(i, s, u) for i, (s, u) in enumerate(zip(specs, updates)) if s.has_update]
-    ortho = _batched_directions(jobs, skip, states)
+    directions = _batched_directions(jobs, skip, states)
     decay = _batched_decay([(i, s, w) for i, (s, w) in enumerate(zip(specs, weights)) if s.has_decay], skip)
-    return ortho, decay
+    return directions, decay
 
 
-def combine_terms(specs: list[MatrixSpec], ortho: dict, decay: dict, updates: list,
-                  weights: list) -> list[torch.Tensor]:
-    """``update_coeff * ortho[i] + sp_coeff * decay[i]`` (absent terms skipped) for every matrix, as
-    fresh tensors of ``updates[i]``'s shape, dtype and device (``weights[i]``'s without an update);
-    the same arithmetic on whole matrices or on row pieces. A few foreach calls for all matrices: a
-    multiply per matrix left the GPU idle while the host issued them."""
-    likes = [u if u is not None else w for u, w in zip(updates, weights)]
-    deltas: list = [None] * len(specs)
-    first = [(i, ortho[i], s.update_coeff) if i in ortho else (i, decay[i], s.sp_coeff)
-             for i, s in enumerate(specs) if i in ortho or i in decay]
-    if first:
-        scaled = torch._foreach_mul([t.to(likes[i].dtype) for i, t, _ in first], [c for _, _, c in first])
-        for (i, _, _), delta in zip(first, scaled):
-            deltas[i] = delta
-    second: dict = defaultdict(list)  # the S_p term of matrices that also have an update, by coefficient
-    for i in (i for i in ortho if i in decay):
-        second[specs[i].sp_coeff].append(i)
-    for coeff, idx in second.items():
-        torch._foreach_add_([deltas[i] for i in idx], [decay[i].to(deltas[i].dtype) for i in idx], alpha=coeff)
-    return [d if d is not None else torch.zeros_like(like) for d, like in zip(deltas, likes)]
+def apply_terms(targets: list[torch.Tensor], specs: list[MatrixSpec], directions: dict, decay: dict) -> None:
+    """``targets[i] += update_coeff * directions[i]``, then ``+= sp_coeff * decay[i]``, in place.
+
+    Works on whole matrices and on row pieces alike; the terms may be narrower than the targets
+    (bf16 directions into fp32 weights are added in fp32). One foreach call per coefficient: a
+    launch per matrix left the GPU idle while the host issued them. Zero terms (a skipped step)
+    add ``coeff * 0 = -0.0`` (the coefficients are negative), which changes no bit of a target.
+    """
+    for terms, coeff in ((directions, lambda s: s.update_coeff), (decay, lambda s: s.sp_coeff)):
+        by_coeff: dict = defaultdict(lambda: ([], []))
+        for i, term in terms.items():
+            lhs, rhs = by_coeff[coeff(specs[i])]
+            lhs.append(targets[i]), rhs.append(term)
+        for c, (lhs, rhs) in by_coeff.items():
+            torch._foreach_add_(lhs, rhs, alpha=c)

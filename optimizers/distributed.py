@@ -6,21 +6,24 @@ every rank); one all-to-all sends every rank's row shards to the owners (updates
 orthogonaliser's compute dtype, bf16 on GPUs, since it casts to it first; SOAP's gradients and
 S_p weights in fp32), the owners compute both terms of their matrices (same shapes batched,
 keeping NorMuon's and SOAP's per-matrix state), and a second all-to-all returns each rank its
-rows of the two terms, which it combines exactly as the single-process path does. Plain tensors
-(single process) are computed in place.
+rows of the two terms (directions in the orthogonaliser's dtype where they are exact in it), which
+it adds to its rows of the weights exactly as the single-process path does. Plain tensors (single
+process) are computed in place.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from .directions import ORTHO_DTYPES, STATEFUL_ALGOS, MatrixSpec, combine_terms, matrix_deltas, matrix_terms
+from .directions import ORTHO_DTYPES, STATEFUL_ALGOS, MatrixSpec, matrix_terms
 from .orthogonalize import default_compute_dtype
 from .skip_step import SkipStep
 
-__all__ = ["assign_owners", "shard_rows", "full_matrix_deltas"]
+__all__ = ["assign_owners", "shard_rows", "full_matrix_terms"]
 
 
 def shard_rows(m: int, world: int, rank: int) -> tuple[int, int]:
@@ -55,28 +58,29 @@ def _mesh_group(t: DTensor):
     if len(placements) == 1 and placements[0] == Shard(0):
         return t.device_mesh.get_group(0)
     raise NotImplementedError(
-        f"full_matrix_deltas: parameter placements={placements}; expected (Shard(0),) on a 1-D "
+        f"full_matrix_terms: parameter placements={placements}; expected (Shard(0),) on a 1-D "
         "mesh (FSDP2) or all Replicate"
     )
 
 
-def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, params: list,
-                       skip: SkipStep | None = None, states: list | None = None) -> list[torch.Tensor]:
-    """Local (this rank's rows) deltas for each matrix.
+def full_matrix_terms(specs: list[MatrixSpec], updates: list, weights: list, params: list,
+                      skip: SkipStep | None = None, states: list | None = None) -> tuple[dict, dict]:
+    """This rank's rows of both terms of each matrix (``directions.matrix_terms`` on the owners).
 
     Args:
         specs: per-matrix ``MatrixSpec`` (global shape, coefficients), same on all ranks.
         updates / weights: this rank's local pieces (plain tensors) or None.
         params: the parameters (DTensor or plain) the pieces belong to.
-        skip: the step's ``SkipStep`` (same flag on every rank): deltas are ``-0.0`` when set.
+        skip: the step's ``SkipStep`` (same flag on every rank): terms are zeros when set.
         states: per matrix, the optimizer's state dict of its parameter. The stateful
             algorithms (NorMuon, SOAP) keep their per-matrix state there on the matrix's owner
             rank only (plain tensors under keys no other rank has, so a DCP checkpoint stores
             each once and loads it back on the same owner).
     Returns:
-        list of local delta tensors shaped like each local piece.
+        ``({i: direction rows}, {i: S_p rows})`` shaped like the local pieces, for
+        ``directions.apply_terms``.
     """
-    out: list = [None] * len(specs)
+    directions, decay = {}, {}
     states = states if states is not None else [None] * len(specs)
     by_group: dict = {}
     local_idx = []
@@ -86,17 +90,14 @@ def full_matrix_deltas(specs: list[MatrixSpec], updates: list, weights: list, pa
             local_idx.append(i)
         else:
             by_group.setdefault(group, []).append(i)
-    if local_idx:
-        deltas = matrix_deltas([specs[i] for i in local_idx], [updates[i] for i in local_idx],
-                               [weights[i] for i in local_idx], skip, [states[i] for i in local_idx])
-        for i, d in zip(local_idx, deltas):
-            out[i] = d
-    for group, idx in by_group.items():
-        deltas = _owner_exchange(group, [specs[i] for i in idx], [updates[i] for i in idx],
-                                 [weights[i] for i in idx], skip, [states[i] for i in idx])
-        for i, d in zip(idx, deltas):
-            out[i] = d
-    return out
+    parts = [(local_idx, matrix_terms)] if local_idx else []
+    parts += [(idx, functools.partial(_owner_exchange, group)) for group, idx in by_group.items()]
+    for idx, terms in parts:
+        d, t = terms([specs[i] for i in idx], [updates[i] for i in idx], [weights[i] for i in idx], skip,
+                     [states[i] for i in idx])
+        directions.update({idx[k]: v for k, v in d.items()})
+        decay.update({idx[k]: v for k, v in t.items()})
+    return directions, decay
 
 
 def _comm_dtypes(specs, updates, fallback):
@@ -124,23 +125,20 @@ def _owner_exchange(group, specs, updates, weights, skip, states):
     for i, (u, w) in enumerate(zip(updates, weights)):
         for t in (u, w):
             if t is not None and t.shape != (layout.rows(i, rank), specs[i].shape[1]):
-                raise RuntimeError(f"full_matrix_deltas: local shard {tuple(t.shape)} of matrix {i} does not "
+                raise RuntimeError(f"full_matrix_terms: local shard {tuple(t.shape)} of matrix {i} does not "
                                    f"match the chunk layout {layout.rows(i, rank), specs[i].shape[1]}")
     udtype, ddtype = _comm_dtypes(specs, updates, wide)
     # forward: my rows of every matrix to its owner; the owner computes both terms of its matrices
     full_u = layout.to_owners(group, updates, udtype, ref.device)
     full_w = layout.to_owners(group, weights, wide, ref.device)
-    ortho, decay = matrix_terms([specs[i] for i in layout.mine], [full_u.get(i) for i in layout.mine],
+    dirs, decay = matrix_terms([specs[i] for i in layout.mine], [full_u.get(i) for i in layout.mine],
                                 [full_w.get(i) for i in layout.mine], skip, [states[i] for i in layout.mine])
-    # backward: every rank gets its rows of both terms and combines them as the single-process path does
-    # the direction rows arrive in ddtype and are widened in one cast for all matrices
-    update_dtypes = {t.dtype for t in updates if t is not None}
-    own_ortho = layout.from_owners(group, {i: ortho[k] for k, i in enumerate(layout.mine) if k in ortho},
-                                   [u is not None for u in updates], ddtype, ref.device,
-                                   as_dtype=update_dtypes.pop() if len(update_dtypes) == 1 else None)
+    # backward: every rank gets its rows of both terms, in the dtypes the owners computed them in
+    own_dirs = layout.from_owners(group, {i: dirs[k] for k, i in enumerate(layout.mine) if k in dirs},
+                                  [u is not None for u in updates], ddtype, ref.device)
     own_decay = layout.from_owners(group, {i: decay[k] for k, i in enumerate(layout.mine) if k in decay},
                                    [w is not None for w in weights], wide, ref.device)
-    return combine_terms(specs, own_ortho, own_decay, updates, weights)
+    return own_dirs, own_decay
 
 
 class _Layout:
@@ -178,7 +176,7 @@ class _Layout:
             full[i] = torch.cat(parts)
         return full
 
-    def from_owners(self, group, terms, has, dtype, device, as_dtype=None):
+    def from_owners(self, group, terms, has, dtype, device):
         """{i: this rank's rows of term i} for every matrix with has[i], from each owner's
         ``terms`` (full matrices of the matrices it owns), sent in ``dtype``."""
         if not any(has):
@@ -191,7 +189,7 @@ class _Layout:
         n = self.cols
         sizes = [sum(self.rows(i, self.rank) * n[i] for i in range(len(self.specs)) if has[i] and self.owners[i] == q)
                  for q in range(self.world)]
-        received = _all_to_all(send, sizes, group, device, dtype, as_dtype)
+        received = _all_to_all(send, sizes, group, device, dtype)
         out, offsets = {}, [0] * self.world
         for i in (i for i in range(len(self.specs)) if has[i]):
             q, size = self.owners[i], self.rows(i, self.rank) * n[i]
@@ -200,12 +198,12 @@ class _Layout:
         return out
 
 
-def _all_to_all(send, recv_sizes, group, device, dtype, as_dtype=None):
+def _all_to_all(send, recv_sizes, group, device, dtype):
     """Variable-size all-to-all of flat tensors, sent in ``dtype`` (one cast per destination, not per
-    piece); returns the per-source received pieces, cast to ``as_dtype`` first when given."""
+    piece); returns the per-source received pieces."""
     send_flat = [torch.cat(s).to(dtype) if s else torch.empty(0, dtype=dtype, device=device) for s in send]
     inp = torch.cat(send_flat)
     out = torch.empty(sum(recv_sizes), dtype=dtype, device=device)
     dist.all_to_all_single(out, inp, output_split_sizes=recv_sizes,
                            input_split_sizes=[t.numel() for t in send_flat], group=group)
-    return list((out if as_dtype is None else out.to(as_dtype)).split(recv_sizes))
+    return list(out.split(recv_sizes))

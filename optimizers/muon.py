@@ -12,20 +12,23 @@ Each param group has ``algo`` = "muon", "normuon", "aurora", "soap" or "adamw". 
     soap:    W <- W - lr * D(G), D = Adam in Shampoo's eigenbasis (``variants``)
     adamw:   the usual bias-corrected Adam update with betas and eps.
 
-Full-matrix work (directions, T_p) goes through ``distributed.full_matrix_deltas``, which
+Full-matrix work (directions, T_p) goes through ``distributed.full_matrix_terms``, which
 gathers FSDP2 shards to one owner rank per matrix; NorMuon's and SOAP's per-matrix state lives
 on that owner. ``step(skip=flag)`` skips a step on the device (``skip_step.SkipStep``).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from .directions import MATRIX_ALGOS, MatrixSpec, update_scale
-from .distributed import full_matrix_deltas
+from .directions import GRAM_MODES, MATRIX_ALGOS, ORTHO_DTYPES, MatrixSpec, apply_terms, update_scale
+from .distributed import full_matrix_terms
+from .momentum import momentum_updates
+from .orthogonalize import default_compute_dtype
 from .skip_step import SkipStep
 
 __all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS", "ALGO_OPTIONS"]
@@ -40,9 +43,11 @@ GROUP_DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.0,
     "momentum": 0.95,
     "nesterov": True,
+    "compile_momentum": True,
     "orthogonalizer": "polar_express",
     "ortho_steps": 0,
     "ortho_dtype": "auto",
+    "ortho_gram": "auto",
     "update_scale": "match_rms_adamw",
     "head_dim": 0,
     "sp_power": 1,
@@ -87,6 +92,10 @@ def _check_group(group: dict) -> None:
         bad("algo", f"one of {ALGOS}")
     if algo in MATRIX_ALGOS and any(p.ndim != 2 for p in group["params"]):
         raise ValueError(f"MuonAdamW: group {name!r} is {algo} but holds non-2-D parameters")
+    if not isinstance(group["compile_momentum"], bool):
+        bad("compile_momentum", "a bool")
+    if group["ortho_gram"] not in GRAM_MODES:
+        bad("ortho_gram", f"one of {sorted(GRAM_MODES)}")
     if algo == "soap" and group["head_dim"]:
         bad("head_dim", "0 for algo 'soap' (head-wise updates are for muon, normuon and aurora)")
     for key in ("lr", "weight_decay", "sp_coeff"):  # SkipStep relies on non-positive delta coefficients
@@ -169,38 +178,47 @@ class MuonAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         mask = SkipStep(skip)
-        live_groups, specs, updates, weights, params = [], [], [], [], []
-        for group in self.param_groups:
-            live = [p for p in group["params"] if p.grad is not None]
-            if not live:
-                continue
+        live_groups = [(g, [p for p in g["params"] if p.grad is not None]) for g in self.param_groups]
+        live_groups = [(g, live) for g, live in live_groups if live]
+        for _, live in live_groups:
             mask.check_device(_local(live[0]).device)
-            live_groups.append((group, live))
-            by_param = self._updates(group, live, mask)
+        by_param = self._updates(live_groups, mask)
+        specs, updates, weights, params = [], [], [], []
+        for group, live in live_groups:
             for p, spec, w in self._matrix_work(group, live):
                 if spec.has_update or spec.has_decay:
                     specs.append(spec), updates.append(by_param.get(id(p))), weights.append(w), params.append(p)
-        # the deltas read the pre-update weights: issued before any write below
+        # the terms read the pre-update weights: issued before any write below
         states = [self.state[p] for p in params]
-        deltas = full_matrix_deltas(specs, updates, weights, params, mask, states) if specs else []
+        directions, decay = full_matrix_terms(specs, updates, weights, params, mask, states) if specs else ({}, {})
         for group, live in live_groups:
             mask.scale_([_local(p) for p in live], 1.0 - self.decay_scale(group) * self.ordinary_wd(group))
             if group["algo"] == "adamw":
                 self._adam_update(group, live, mask)
-        if params:
-            # one foreach call: a launch per matrix left the GPU idle while the host issued them
-            torch._foreach_add_([_local(p) for p in params], [d.to(p.dtype) for p, d in zip(params, deltas)])
+        apply_terms([_local(p) for p in params], specs, directions, decay)
         return loss
 
-    def _updates(self, group, live, mask):
-        """{id(param): U}, the input of the group's direction: the momentum update for the Muon
-        algorithms, the gradient for SOAP (its moments live with its bases), none for AdamW."""
-        if group["algo"] == "adamw":
-            return {}
-        if group["algo"] == "soap":
-            group["soap_calls"] += 1
-            return {id(p): _local(p.grad) for p in live}
-        return self._muon_momentum(group, live, mask)
+    def _updates(self, live_groups, mask):
+        """{id(param): U}, the input of each matrix's direction: the momentum update for the Muon
+        algorithms (one momentum call for all groups that share its settings), the gradient for
+        SOAP (its moments live with its bases); nothing for AdamW."""
+        out, batches = {}, defaultdict(list)
+        for group, live in live_groups:
+            if group["algo"] == "soap":
+                group["soap_calls"] += 1
+                out.update({id(p): _local(p.grad) for p in live})
+            elif group["algo"] != "adamw":
+                dtype = ORTHO_DTYPES[group["ortho_dtype"]] or default_compute_dtype(_local(live[0]))
+                key = (group["momentum"], group["nesterov"], dtype, group["compile_momentum"])
+                batches[key].extend(live)
+        for (mu, nesterov, dtype, compiled), live in batches.items():
+            for p in live:
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)  # zeros: as if there were no state
+            bufs = [_local(self.state[p]["momentum_buffer"]) for p in live]
+            upd = momentum_updates(bufs, [_local(p.grad) for p in live], mu, nesterov, dtype, mask, compiled)
+            out.update({id(p): u for p, u in zip(live, upd)})
+        return out
 
     @staticmethod
     def _direction_options(group) -> tuple:
@@ -227,33 +245,13 @@ class MuonAdamW(torch.optim.Optimizer):
             coeff = -group["lr"] * scale if algo in MATRIX_ALGOS else 0.0
             spec = MatrixSpec(
                 shape=(m, n), update_coeff=float(coeff), algo=algo, options=options, method=group["orthogonalizer"],
-                steps=group["ortho_steps"], dtype=group["ortho_dtype"], head_dim=group["head_dim"],
+                steps=group["ortho_steps"], dtype=group["ortho_dtype"], gram=group["ortho_gram"],
+                head_dim=group["head_dim"],
                 sp_coeff=-dscale * group["sp_coeff"] if sp else 0.0, sp_power=group["sp_power"],
                 band=group["sp_band"], tau=group["sp_band_tau"], msign_steps=group["msign_steps"],
             )
             out.append((p, spec, _local(p) if sp else None))
         return out
-
-    def _muon_momentum(self, group, live, mask):
-        """{id(param): update}: B <- mu B + G, U = G + mu B (Nesterov) or B; B kept when skipped."""
-        mu = group["momentum"]
-        bufs = []
-        for p in live:
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)  # zeros: as if there were no state
-            bufs.append(_local(state["momentum_buffer"]))
-        grads = [_local(p.grad) for p in live]
-        if mask.active:
-            new = torch._foreach_mul(bufs, mu)
-            torch._foreach_add_(new, grads)
-            mask.select_(bufs, new)
-        else:
-            torch._foreach_mul_(bufs, mu)
-            torch._foreach_add_(bufs, grads)
-            new = bufs
-        upd = torch._foreach_add(grads, new, alpha=mu) if group["nesterov"] else new
-        return {id(p): u for p, u in zip(live, upd)}
 
     def _adam_update(self, group, live, mask):
         """Adam (bias-corrected; decay is applied before, by ``SkipStep.scale_``) through PyTorch's

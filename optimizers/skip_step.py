@@ -108,7 +108,8 @@ class SkipStep:
             torch._foreach_add_(counts, 1.0)
             return
         keep = 1.0 - self.found_inf(counts[0].device)
-        torch._foreach_add_(counts, keep)
+        # a list of 0-dim tensors: the single-tensor overload synchronises on CUDA for 0-dim operands
+        torch._foreach_add_(counts, [keep] * len(counts))
 
     def zero_if_skipped(self, t: torch.Tensor) -> torch.Tensor:
         """``t``, or zeros of its shape and dtype when skipped (``t`` itself without a flag)."""

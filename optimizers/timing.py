@@ -21,7 +21,8 @@ import torch.nn as nn
 from .muon import MuonAdamW
 from .routing import RoutingConfig, build_param_groups
 
-__all__ = ["Flavor", "FLAVORS", "parallax_shapes", "parallax_parameters", "build_optimizer", "time_step", "step_times", "OPTIMIZERS"]
+__all__ = ["Flavor", "FLAVORS", "parallax_shapes", "parallax_parameters", "build_optimizer", "time_step", "step_times",
+           "OPTIMIZERS"]
 
 
 @dataclass(frozen=True)

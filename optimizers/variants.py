@@ -83,12 +83,12 @@ def normuon_normalize(O: torch.Tensor, states: list[dict], beta2: float, eps: fl
 
 def aurora_polar(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
                  dtype: torch.dtype | None = None, iterations: int = 2, beta: float = 0.5,
-                 eps: float = 1e-7) -> torch.Tensor:
+                 eps: float = 1e-7, gram: bool | None = None) -> torch.Tensor:
     """Aurora's leverage-uniform polar factor (see module docstring).
 
     Args:
         G: ``(..., m, n)`` float tensor; square matrices return ``orthogonalize(G)``.
-        method, steps, dtype: the orthogonaliser and its compute dtype (as ``orthogonalize``).
+        method, steps, dtype, gram: the orthogonaliser and its options (as ``orthogonalize``).
         iterations: K, the number of polar calls; beta: the damping exponent in (0, 1];
         eps: floor of the row norms (and of the squared leverages, as eps^2).
     Returns:
@@ -96,7 +96,7 @@ def aurora_polar(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
     """
     m, n = G.shape[-2:]
     if m == n:
-        return orthogonalize(G, method, steps, dtype)
+        return orthogonalize(G, method, steps, dtype, gram)
     tall = m > n
     # the values the orthogonaliser would see (it casts to its compute dtype first), widened for
     # the row statistics: a bf16 copy of G gives the same result as the fp32 original
@@ -104,7 +104,7 @@ def aurora_polar(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
     rows, cols = X.shape[-2:]
     D = 1.0 / X.norm(dim=-1, keepdim=True).clamp_min(eps)
     for k in range(iterations):
-        O = orthogonalize(D * X, method, steps, dtype)
+        O = orthogonalize(D * X, method, steps, dtype, gram)
         if k + 1 < iterations:
             leverage = O.square().sum(-1, keepdim=True).clamp_min(eps * eps)
             D = D * ((cols / rows) / leverage) ** beta
@@ -153,16 +153,16 @@ def soap_directions(G: torch.Tensor, states: list[dict], skip: SkipStep, beta1: 
     G = G.to(_wide(G.dtype))
     k, m, n = G.shape
     fresh = [i for i, s in enumerate(states) if "soap_L" not in s]
+    if fresh and len(fresh) < k:  # matrices that joined late: one call per kind
+        out: list = [None] * k
+        for part in (fresh, [i for i in range(k) if i not in fresh]):
+            rows = soap_directions(torch.stack([G[i] for i in part]), [states[i] for i in part], skip, beta1,
+                                   beta2, shampoo_beta, eps, refresh)
+            for i, row in zip(part, rows.unbind(0)):
+                out[i] = row
+        return torch.stack(out)  # stacking, not indexed writes: a host index list would synchronise
     for i in fresh:
         _soap_init_state(states[i], m, n, G.dtype, G.device)
-    if fresh and len(fresh) < k:  # matrices that joined late: one call per kind
-        old = [i for i in range(k) if i not in fresh]
-        out = torch.empty_like(G)
-        out[fresh] = soap_directions(G[fresh], [states[i] for i in fresh], skip, beta1, beta2, shampoo_beta,
-                                     eps, refresh)
-        out[old] = soap_directions(G[old], [states[i] for i in old], skip, beta1, beta2, shampoo_beta, eps,
-                                   refresh)
-        return out
     old = {key: torch.stack([s[key] for s in states]) for key in SOAP_STATE}
     new = dict(old)
     new["soap_L"] = skip.pick(old["soap_L"], shampoo_beta * old["soap_L"] + (1 - shampoo_beta) * G @ G.mT)

@@ -197,7 +197,7 @@ def test_two_rank_fsdp_skipped_step_is_no_step(tmp_path):
 
 
 def _exchange_worker(rank, world, port, out):
-    """full_matrix_deltas on Shard(0) DTensors (bf16 orthogonaliser, S_p, per-head, uneven rows)."""
+    """full_matrix_terms on Shard(0) DTensors (bf16 orthogonaliser, S_p, per-head, uneven rows)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -219,11 +219,12 @@ def _exchange_worker(rank, world, port, out):
         params = [distribute_tensor(u if u is not None else w, mesh, [Shard(0)]) for u, w in zip(updates, weights)]
         local = [None if t is None else distribute_tensor(t, mesh, [Shard(0)]).to_local() for t in updates]
         local_w = [None if t is None else distribute_tensor(t, mesh, [Shard(0)]).to_local() for t in weights]
-        deltas = distributed.full_matrix_deltas(specs, local, local_w, params)
+        terms = distributed.full_matrix_terms(specs, local, local_w, params)
         gathered = [None] * world
-        dist.all_gather_object(gathered, deltas)
+        dist.all_gather_object(gathered, terms)
         if rank == 0:
-            torch.save({"deltas": [torch.cat([g[i] for g in gathered]) for i in range(len(specs))], "sent": sent}, out)
+            torch.save({"terms": [{i: torch.cat([g[k][i] for g in gathered]) for i in terms[k]} for k in (0, 1)],
+                        "sent": sent}, out)
     finally:
         dist.destroy_process_group()
 
@@ -237,23 +238,28 @@ def _exchange_case():
              MatrixSpec(shape=shapes[1], update_coeff=-0.2, dtype="bfloat16", sp_coeff=-0.05, sp_power=2),
              MatrixSpec(shape=shapes[2], update_coeff=-0.3, dtype="bfloat16", head_dim=4),
              MatrixSpec(shape=shapes[3], sp_coeff=-0.01, sp_power=2)]
-    updates = [torch.randn(*s, generator=g) if sp.has_update else None for s, sp in zip(shapes, specs)]
+    # updates in the orthogonaliser's dtype, as MuonAdamW's momentum step writes them
+    updates = [torch.randn(*s, generator=g).bfloat16() if sp.has_update else None for s, sp in zip(shapes, specs)]
     weights = [torch.randn(*s, generator=g) if sp.has_decay else None for s, sp in zip(shapes, specs)]
     return specs, updates, weights
 
 
 def test_owner_exchange_equals_single_process_bit_for_bit(tmp_path):
-    """Updates travel in the orthogonaliser's dtype (bf16 here) and both terms come back to be
-    combined locally: the deltas equal the single-process ones exactly."""
-    from optimizers.directions import matrix_deltas
+    """Updates travel in the orthogonaliser's dtype (bf16 here) and both terms come back as
+    rows: they equal the single-process terms exactly, in the same dtypes."""
+    from optimizers.directions import matrix_terms
 
-    out = tmp_path / "deltas.pt"
+    out = tmp_path / "terms.pt"
     mp.spawn(_exchange_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
     got = torch.load(out)
     specs, updates, weights = _exchange_case()
-    for i, ref in enumerate(matrix_deltas(specs, updates, weights)):
-        assert got["deltas"][i].dtype == ref.dtype and torch.equal(got["deltas"][i], ref), i
-        assert ref.abs().max() > 0
+    ref = matrix_terms(specs, updates, weights)
+    assert [sorted(r) for r in ref] == [[0, 1, 2], [1, 3]]
+    for k in (0, 1):
+        assert sorted(got["terms"][k]) == sorted(ref[k])
+        for i, term in ref[k].items():
+            assert got["terms"][k][i].dtype == term.dtype and torch.equal(got["terms"][k][i], term), (k, i)
+            assert term.abs().max() > 0
     # rank 0's sends: updates out and orthogonalised rows back in bf16; S_p weights and terms in fp32
     assert [dtype for dtype, _ in got["sent"]] == [torch.bfloat16, torch.float32, torch.bfloat16, torch.float32]
 
@@ -393,10 +399,10 @@ def _family_exchange_worker(rank, world, port, out):
             params = [distribute_tensor(u, mesh, [Shard(0)]) for u in updates]
             local = [distribute_tensor(u, mesh, [Shard(0)]).to_local() for u in updates]
             local_w = [None if w is None else distribute_tensor(w, mesh, [Shard(0)]).to_local() for w in weights]
-            deltas = distributed.full_matrix_deltas(specs, local, local_w, params, None, states)
+            terms = distributed.full_matrix_terms(specs, local, local_w, params, None, states)
             gathered = [None] * world
-            dist.all_gather_object(gathered, deltas)
-            calls.append([torch.cat([g[i] for g in gathered]) for i in range(len(specs))])
+            dist.all_gather_object(gathered, terms)
+            calls.append([{i: torch.cat([g[k][i] for g in gathered]) for i in terms[k]} for k in (0, 1)])
         owned = [sorted(k for st in states for k in st)]
         all_owned = [None] * world
         dist.all_gather_object(all_owned, owned)
@@ -408,19 +414,22 @@ def _family_exchange_worker(rank, world, port, out):
 
 def test_owner_exchange_family_equals_single_process_bit_for_bit(tmp_path):
     """Three calls of NorMuon / Aurora / SOAP (first call, a refresh, a plain one) through the
-    owner exchange give the single-process deltas exactly; each rank holds only its own
+    owner exchange give the single-process terms exactly; each rank holds only its own
     matrices' state."""
-    from optimizers.directions import matrix_deltas
+    from optimizers.directions import matrix_terms
 
-    out = tmp_path / "family_deltas.pt"
+    out = tmp_path / "family_terms.pt"
     mp.spawn(_family_exchange_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
     got = torch.load(out)
     states = None
-    for call, deltas in zip((1, 2, 3), got["calls"]):
+    for call, terms in zip((1, 2, 3), got["calls"]):
         specs, updates, weights = _family_exchange_case(call)
         states = states or [{} for _ in specs]
-        for i, ref in enumerate(matrix_deltas(specs, updates, weights, None, states)):
-            assert got["calls"][call - 1][i].dtype == ref.dtype and torch.equal(deltas[i], ref), (call, i)
-            assert call == 1 and specs[i].algo == "soap" or ref.abs().max() > 0, (call, i)
+        ref = matrix_terms(specs, updates, weights, None, states)
+        for k in (0, 1):
+            assert sorted(terms[k]) == sorted(ref[k]), (call, k)
+            for i, term in ref[k].items():
+                assert terms[k][i].dtype == term.dtype and torch.equal(terms[k][i], term), (call, k, i)
+                assert call == 1 and specs[i].algo == "soap" and k == 0 or term.abs().max() > 0, (call, k, i)
     owned = [set(keys) for (keys,) in got["owned"]]
     assert owned[0] and owned[1] and owned[0] | owned[1] >= {"normuon_v", "soap_L", "soap_QR"}

@@ -257,3 +257,21 @@ def test_family_options_are_validated():
                         ({"algo": "lion"}, "algo='lion'; expected one of")]:
         with pytest.raises(ValueError, match=match):
             MuonAdamW([{"params": [p], **opts}])
+
+
+def test_soap_matrix_joining_late_gets_its_own_first_call():
+    """A matrix whose gradient appears a call later than its same-shape neighbour's is batched
+    with it but starts as a fresh SOAP matrix (bases from its own first gradient, no update), and
+    both match the direct fp64 implementation."""
+    W0s = [torch.randn(12, 12, generator=torch.Generator().manual_seed(s)) / 4 for s in (11, 12)]
+    grads = gradients([(12, 12), (12, 12)], 4, seed=13)
+    params = [nn.Parameter(w.clone()) for w in W0s]
+    opt = MuonAdamW([{"params": params, "algo": "soap", "soap_precondition_frequency": 1000}], lr=0.01)
+    for call, step in enumerate(grads):
+        params[0].grad = step[0].clone()
+        params[1].grad = step[1].clone() if call > 0 else None
+        opt.step()
+    torch.testing.assert_close(params[0].detach().double(), reference_soap(
+        W0s[0], [g[0] for g in grads], 0.01, 0.95, 0.95, 0.95, 1e-8, 1000), rtol=0, atol=2e-5)
+    torch.testing.assert_close(params[1].detach().double(), reference_soap(
+        W0s[1], [g[1] for g in grads[1:]], 0.01, 0.95, 0.95, 0.95, 1e-8, 1000), rtol=0, atol=2e-5)

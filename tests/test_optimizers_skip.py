@@ -126,12 +126,15 @@ def test_bad_skip_is_named(skip, match):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_gpu_step_never_synchronises_and_skips_exactly(algo):
     """Under ``set_sync_debug_mode("error")`` any device-to-host wait raises: the step with a
-    device flag (set and unset) and without one issues none (SOAP's calls 2-4 include a basis
-    refresh: QR, no eigh). The flag comes from the gradients on the device, as a trainer's
-    non-finite check would make it."""
+    device flag (set and unset) and without one issues none (SOAP's calls 3-5 include a basis
+    refresh: QR, no eigh; the momentum runs compiled). The flag comes from the gradients on the
+    device, as a trainer's non-finite check would make it."""
     opt, params = make("cuda", algo=algo)
     set_grads(params, 0)
-    opt.step()  # state creation (SOAP: eigh, which checks its result on the host) outside the checked region
+    # outside the checked region: state creation (SOAP: eigh, which checks its result on the host)
+    # and the compilation of the momentum kernels, with and without a flag
+    opt.step()
+    opt.step(skip=torch.zeros((), dtype=torch.bool, device="cuda"))
     torch.cuda.synchronize()
     set_grads(params, 1, float("nan"))
     plant_negative_zeros(opt)
@@ -149,3 +152,26 @@ def test_gpu_step_never_synchronises_and_skips_exactly(algo):
         torch.cuda.set_sync_debug_mode("default")
     assert same_bits(skipped, before)
     assert not same_bits(state_bits(opt), before)
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_compiled_momentum_matches_eager():
+    """The compiled momentum kernels (the CUDA default) against the eager foreach path: momentum
+    buffers agree to fp32 rounding (the compiled ones may fuse mu * B + G into one FMA), and a
+    skipped step leaves both bit for bit."""
+    runs = []
+    for compiled in (True, False):
+        opt, params = make("cuda", algo="muon")
+        for group in opt.param_groups:
+            group["compile_momentum"] = compiled
+        for step in range(3):
+            set_grads(params, step)
+            opt.step()
+        before = state_bits(opt)
+        set_grads(params, 9, float("nan"))
+        opt.step(skip=torch.ones((), dtype=torch.bool, device="cuda"))
+        assert same_bits(state_bits(opt), before)
+        runs.append([opt.state[p]["momentum_buffer"] for p in params if "momentum_buffer" in opt.state[p]])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
