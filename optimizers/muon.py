@@ -150,14 +150,14 @@ class MuonAdamW(torch.optim.Optimizer):
         return float(scale) * group["wd_mult"]
 
     @staticmethod
-    def _sp_is_ordinary(group: dict) -> bool:
+    def sp_is_ordinary(group: dict) -> bool:
         """S_1(W) = W: an unbanded p = 1 term is ordinary decay (a banded one is W P_top etc.)."""
         return group["sp_power"] == 1 and group["sp_band"] == "none"
 
     @staticmethod
     def ordinary_wd(group: dict) -> float:
         """Ordinary decay coefficient: ``weight_decay`` plus an unbanded p = 1 S_p coefficient."""
-        extra = group["sp_coeff"] if MuonAdamW._sp_is_ordinary(group) else 0.0
+        extra = group["sp_coeff"] if MuonAdamW.sp_is_ordinary(group) else 0.0
         return group["weight_decay"] + extra
 
     @torch.no_grad()
@@ -233,7 +233,7 @@ class MuonAdamW(torch.optim.Optimizer):
     def _matrix_work(self, group, live):
         """(param, spec, local weight or None) for each 2-D param: the weight when S_p decay reads it."""
         dscale = self.decay_scale(group)
-        sp = group["sp_coeff"] != 0.0 and not self._sp_is_ordinary(group) and dscale != 0.0
+        sp = group["sp_coeff"] != 0.0 and not self.sp_is_ordinary(group) and dscale != 0.0
         algo, options = group["algo"], self._direction_options(group)
         out = []
         for p in live:

@@ -143,7 +143,7 @@ class ParallaxOptimizersContainer(OptimizersContainer):
                 scale = MuonAdamW.decay_scale(group)
                 out[f"optim/lr/{name}"] = float(group["lr"])
                 out[f"optim/wd/{name}"] = scale * MuonAdamW.ordinary_wd(group)
-                if group["sp_coeff"] and group["sp_power"] != 1:
+                if group["sp_coeff"] and not MuonAdamW.sp_is_ordinary(group):
                     out[f"optim/sp_decay_p{group['sp_power']}/{name}"] = scale * group["sp_coeff"]
         if self.optimizers and self.optimizers[0].param_groups:
             out["optim/wd_mult"] = float(self.optimizers[0].param_groups[0]["wd_mult"])

@@ -18,19 +18,20 @@ import time
 
 import torch
 
-import optimizers.directions as directions
-from optimizers import MuonAdamW, RoutingConfig, build_param_groups, orthogonalize
-from optimizers.directions import ORTHO_DTYPES
+from optimizers.timing import build_optimizer, step_times
 from scripts.bench.results import command_line, describe, table, write_results
 
-PAPER_MUON = {"momentum": 0.95}
+SP2 = {"attn": (2, 1e-4), "mlp": (2, 1e-4)}
+# row name -> (optimizers.timing name, options)
 CONFIGS = {
-    "adamw": dict(use_muon=False),
-    "muon_polar_express_batched": dict(use_muon=True),
-    "muon_polar_express_per_matrix": dict(use_muon=True, per_matrix=True),
-    "muon_newton_schulz": dict(use_muon=True, orthogonalizer="newton_schulz"),
-    "muon_polar_express_sp2": dict(use_muon=True, sp=True),
-    "adamw_sp2": dict(use_muon=False, sp=True),
+    "adamw": ("adamw", {}),
+    "muon_polar_express": ("muon", {}),
+    "muon_newton_schulz": ("muon", {"orthogonalizer": "newton_schulz"}),
+    "muon_polar_express_sp2": ("muon", {"spectral": SP2}),
+    "adamw_sp2": ("adamw", {"spectral": SP2}),
+    "normuon": ("normuon", {}),
+    "aurora": ("aurora", {}),
+    "soap": ("soap", {}),
 }
 
 
@@ -50,15 +51,6 @@ def build_model(args, device, dtype):
     with torch.no_grad():
         model.init_weights(buffer_device=torch.device(device))
     return model.to(dtype)
-
-
-def per_matrix_ortho(jobs):
-    """Unbatched variant of directions._batched_ortho: one orthogonaliser call per block."""
-    out = {}
-    for idx, spec, U in jobs:
-        blocks = directions._blocks(U, spec.head_dim)
-        out[idx] = orthogonalize(blocks, spec.method, spec.steps, ORTHO_DTYPES[spec.dtype]).reshape(spec.shape)
-    return out
 
 
 def sync(device):
@@ -81,23 +73,16 @@ def time_fn(fn, device, warmup, iters):
     return statistics.median(times)
 
 
-def bench_optimizer(model, name, opts, device, warmup, iters):
-    """Median seconds of one step of the optimizer ``opts`` (an entry of CONFIGS) on ``model``'s
-    parameters with random gradients."""
-    cfg = RoutingConfig(use_muon=opts["use_muon"], lr=5e-3 if opts["use_muon"] else 3e-4, weight_decay=0.1,
-                        muon={**PAPER_MUON, "orthogonalizer": opts.get("orthogonalizer", "polar_express")},
-                        adam={"betas": (0.8, 0.95) if opts["use_muon"] else (0.9, 0.95)},
-                        spectral={"attn": (2, 1e-4), "mlp": (2, 1e-4)} if opts.get("sp") else {})
-    opt = MuonAdamW(build_param_groups(model, cfg))
+def bench_optimizer(model, row: str, warmup: int, iters: int) -> float:
+    """Median seconds of one step of the optimizer of CONFIGS[row] on ``model``'s parameters with
+    random gradients (SOAP's median includes its basis refresh once per refresh period)."""
+    name, options = CONFIGS[row]
+    opt = build_optimizer(model, name, **options)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
-    original = directions._batched_ortho
-    if opts.get("per_matrix"):
-        directions._batched_ortho = per_matrix_ortho
     try:
-        return time_fn(opt.step, device, warmup, iters)
+        return statistics.median(step_times(opt, warmup, iters))
     finally:
-        directions._batched_ortho = original
         for p in model.parameters():
             p.grad = None
         del opt
@@ -131,10 +116,12 @@ def bench_optimizers(result, args, device):
     result["n_params"] = sum(p.numel() for p in model.parameters())
     result["matrix_shapes_per_layer"] = {n.split("layers.0.")[1]: list(p.shape) for n, p in model.named_parameters()
                                          if n.startswith("layers.0.") and p.ndim == 2}
-    for name, opts in CONFIGS.items():
-        result["opt_step_s"][name] = bench_optimizer(model, name, opts, device, 2, args.iters)
-        print(name, result["opt_step_s"][name], flush=True)
+    for row in CONFIGS:
+        result["opt_step_s"][row] = bench_optimizer(model, row, 2, args.iters)
+        print(row, result["opt_step_s"][row], flush=True)
         write(result, args.out)
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def bench_baselines(result, args, device):
