@@ -545,6 +545,25 @@ def test_gpu_lean_decode_paths_do_not_sync():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_plan_repeat_calls_match_a_fresh_launch():
+    """Repeat calls of a plan (launched without triton's argument binding) give the bits of a fresh
+    plan's first launch, also for a q that is a view at an offset not 16-byte aligned (another
+    compiled variant) and without cache_seqlens."""
+    from kernels.parallax.decode_fused import parallax_decode_triton
+
+    q, r, k, v, lens = _lean_inputs(batch=2)
+    lens[1] = 1000
+    plan = DecodePlan.like(q, k)
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)  # 2-byte offset
+    shifted.copy_(q)
+    for args in ((q, r, k, v, lens), (shifted, r, k, v, lens), (q, r, k, v, None)):
+        fresh = parallax_decode_triton(*args, 128 ** -0.5)
+        assert all(torch.equal(plan(*args), fresh) for _ in range(3))
+    assert rel_err(plan(q, r, k, v, lens), explicit_decode(q, r, k, v, lens.cpu())) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_plan_allocates_only_its_output():
     q, r, k, v, lens = _lean_inputs()
     plan = DecodePlan.like(q, k)
@@ -608,7 +627,7 @@ def test_gpu_decode_host_cost():
              "unchecked": host_us_per_call(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False)),
              "checked": host_us_per_call(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens))}
     print({name: round(us, 1) for name, us in times.items()})
-    assert times["plan"] < 45 and times["unchecked"] < 60, times
+    assert times["plan"] < 30 and times["unchecked"] < 40, times
 
 
 def test_launch_config_by_group_count():
