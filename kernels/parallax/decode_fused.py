@@ -336,7 +336,7 @@ class TritonDecodePlan:
             # a direct launch takes every argument in signature order, the constexprs included
             values = {**self._meta, "HAS_SEQLENS": has_seqlens}
             constexprs = tuple(values[p.name] for p in _decode_split_kernel.params if p.is_constexpr)
-            launch = compiled[self._grid]
+            launch = compiled[(*self._grid, 1)]  # a direct launch reads all three grid dimensions
             self._runners[key] = lambda *runtime: launch(*runtime, *constexprs)
 
 
