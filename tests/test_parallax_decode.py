@@ -545,6 +545,25 @@ def test_gpu_lean_decode_paths_do_not_sync():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_plan_repeat_calls_match_a_fresh_launch():
+    """Repeat calls of a plan (launched without triton's argument binding) give the bits of a fresh
+    plan's first launch, also for a q that is a view at an offset not 16-byte aligned (another
+    compiled variant) and without cache_seqlens."""
+    from kernels.parallax.decode_fused import parallax_decode_triton
+
+    q, r, k, v, lens = _lean_inputs(batch=2)
+    lens[1] = 1000
+    plan = DecodePlan.like(q, k)
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)  # 2-byte offset
+    shifted.copy_(q)
+    for args in ((q, r, k, v, lens), (shifted, r, k, v, lens), (q, r, k, v, None)):
+        fresh = parallax_decode_triton(*args, 128 ** -0.5)
+        assert all(torch.equal(plan(*args), fresh) for _ in range(3))
+    assert rel_err(plan(q, r, k, v, lens), explicit_decode(q, r, k, v, lens.cpu())) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_plan_allocates_only_its_output():
     q, r, k, v, lens = _lean_inputs()
     plan = DecodePlan.like(q, k)
@@ -580,35 +599,40 @@ def test_gpu_plan_replays_in_a_cuda_graph():
         assert rel_err(out, windowed_decode(q, r, k, v, lens.cpu(), 3000)) < 1e-2
 
 
-def host_us_per_call(fn, calls=200):
-    """Microseconds of host time per call of fn: calls enqueued back to back, timed before the GPU
-    has caught up (the kernels queue; the host is not waiting on them)."""
+def host_us_per_call(fns, calls=200, repeats=9):
+    """Microseconds of host time per call of each function in ``fns`` (name -> fn): calls enqueued
+    back to back (the kernels queue, the host does not wait on them), the functions interleaved,
+    the fastest of ``repeats`` rounds (what the code costs, without the noise of a shared host)."""
     import time
 
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
+    rounds = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
-    elapsed = time.perf_counter() - start
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            rounds[name].append((time.perf_counter() - start) / calls * 1e6)
     torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return {name: min(times) for name, times in rounds.items()}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_decode_host_cost():
-    """Host time per eager call at B1 L4096 D128 (the issue's shape): the lean paths far below the
-    checked one. Printed for the record; bounds leave headroom for a loaded host."""
+    """Host time per eager call at B1 L4096 D128 (the issue's shape): a plan call and the public API
+    without the value check within 30 us, the checked call above them (it syncs). Printed."""
     q, r, k, v, lens = _lean_inputs()
     plan = DecodePlan.like(q, k)
     out = torch.empty_like(q)
-    times = {"plan_out": host_us_per_call(lambda: plan(q, r, k, v, lens, out=out)),
-             "plan": host_us_per_call(lambda: plan(q, r, k, v, lens)),
-             "unchecked": host_us_per_call(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False)),
-             "checked": host_us_per_call(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens))}
+    times = host_us_per_call({
+        "plan_out": lambda: plan(q, r, k, v, lens, out=out), "plan": lambda: plan(q, r, k, v, lens),
+        "unchecked": lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False),
+        "checked": lambda: parallax_decode(q, r, k, v, cache_seqlens=lens)})
     print({name: round(us, 1) for name, us in times.items()})
-    assert times["plan"] < 45 and times["unchecked"] < 60, times
+    assert times["plan"] < 25 and times["unchecked"] < 30 < times["checked"], times
 
 
 def test_launch_config_by_group_count():

@@ -422,7 +422,7 @@ def _graph_capture_main():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = parallax_attention(q, r, k, v, cu_seqlens=cu)
-        for offsets in ([0, 300, 1000], [0, 1, 999, 1000]):
+        for offsets in ([0, 300, 1000], [0, 999, 1000]):
             cu.copy_(torch.tensor(offsets, dtype=torch.int32))
             graph.replay()
             eager = parallax_attention(q, r, k, v, cu_seqlens=torch.tensor(offsets, dtype=torch.int32, device="cuda"))
@@ -444,7 +444,7 @@ def test_gpu_cu_seqlens_checked_on_device_under_graph_capture():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     out = proc.stdout
-    assert "REPLAY [0, 300, 1000] True" in out and "REPLAY [0, 1, 999, 1000] True" in out, (out, proc.stderr[-3000:])
+    assert "REPLAY [0, 300, 1000] True" in out and "REPLAY [0, 999, 1000] True" in out, (out, proc.stderr[-3000:])
     assert "INVALID OFFSETS RAN" not in out
     assert "DEVICE ASSERT" in out or "device-side assert" in proc.stderr, (out, proc.stderr[-3000:])
 

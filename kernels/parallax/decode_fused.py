@@ -23,6 +23,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.compiler import CompiledKernel
 
 from kernels.parallax import tuning
 
@@ -296,23 +297,47 @@ class TritonDecodePlan:
         self._merge = dict(HKV=hkv, G=group, HP=hp, D=dim, SP=sp)
         self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
                           num_warps=num_warps, num_stages=num_stages, **self._merge)
+        self._runners = {}  # (seqlens given, strides, pointer alignments) -> launcher of the compiled kernel
 
     def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
         """o (batch, 1, Hq, D) in q's dtype, written into ``out`` when given. Tensors as the plan's
         geometry (not checked here); cache_seqlens int32 (batch,) or None (all L), values in [1, L]
         (not checked; the kernel clamps them to [0, L], so it never reads outside the cache)."""
-        q, r, k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, r, k_cache, v_cache))
+        tensors = [q, r, k_cache, v_cache]
+        if any(x.stride(-1) != 1 for x in tensors):
+            tensors = [x.contiguous() for x in tensors]
+        q, r, k_cache, v_cache = tensors
         out = torch.empty_like(q) if out is None else out
-        seq_arg = self._part_s[0] if cache_seqlens is None else cache_seqlens
-        sq, sr, sk, sv, so = q.stride(), r.stride(), k_cache.stride(), v_cache.stride(), out.stride()
-        _decode_split_kernel[self._grid](
-            q, r, k_cache, v_cache, out, seq_arg, self._part_o, *self._part_s, self._counter, self._scale_log2,
-            sq[0], sq[2], sr[0], sr[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[2], *self._sizes,
-            HAS_SEQLENS=cache_seqlens is not None, **self._meta)
+        tensors += [out, self._part_s[0] if cache_seqlens is None else cache_seqlens]
+        sq, sr, sk, sv, so = (x.stride() for x in tensors[:5])
+        strides = (sq[0], sq[2], sr[0], sr[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[2])
+        args = (*tensors, self._part_o, *self._part_s, self._counter, self._scale_log2, *strides, *self._sizes)
+        self._launch(args, cache_seqlens is not None, strides, tensors)
         if self.split and not self.fused_merge:
             _merge_kernel[(self._grid[1],)](self._part_o, *self._part_s, out, self.num_splits, so[0], so[2],
                                             **self._merge, num_warps=4)
         return out
+
+    def _launch(self, args, has_seqlens, strides, tensors):
+        """Launch the split kernel. Triton's launch path re-derives the compiled variant from every
+        argument on every call (most of a decode step's host time); the variant depends only on the
+        constexprs, the integer arguments' values (fixed here but for the strides) and whether each
+        pointer is 16-byte aligned, so the plan keeps the compiled kernel per (seqlens given, strides,
+        alignments) and launches it directly. Under the interpreter every call takes triton's path."""
+        key = (has_seqlens, strides, tuple(x.data_ptr() % 16 == 0 for x in tensors))
+        runner = self._runners.get(key)
+        if runner is not None:
+            runner(*args)
+            return
+        compiled = _decode_split_kernel[self._grid](*args, HAS_SEQLENS=has_seqlens, **self._meta)
+        if isinstance(compiled, CompiledKernel):
+            if len(self._runners) >= 8:  # strides or alignments that keep changing: keep a few
+                self._runners.clear()
+            # a direct launch takes every argument in signature order, the constexprs included
+            values = {**self._meta, "HAS_SEQLENS": has_seqlens}
+            constexprs = tuple(values[p.name] for p in _decode_split_kernel.params if p.is_constexpr)
+            launch = compiled[(*self._grid, 1)]  # a direct launch reads all three grid dimensions
+            self._runners[key] = lambda *runtime: launch(*runtime, *constexprs)
 
 
 def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, window=None, **launch):
