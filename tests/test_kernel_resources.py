@@ -55,3 +55,32 @@ def test_inner_loops_counts_the_innermost_backward_branches():
         /*0080*/                   EXIT ;
     """
     assert kr.inner_loops(sass) == [(3, 0), (3, 1)]
+
+
+def test_shipped_tiles_cover_every_shipped_config_once_in_its_orientation():
+    """The report's kernels together cover each kernel's shipped list, the column pass split by ROWS."""
+    from kernels.parallax import tuning
+
+    def tiles(configs):
+        return {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages) for c in configs}
+
+    assert set(kr.shipped_tiles("fwd")) == tiles(tuning.SHIPPED["fwd"])
+    assert set(kr.shipped_tiles("dq")) == tiles(tuning.SHIPPED["dq"])
+    rows = [c for c in tuning.SHIPPED["dkdv"] if c.kwargs.get("ROWS")]
+    keys_by_queries = [c for c in tuning.SHIPPED["dkdv"] if not c.kwargs.get("ROWS")]
+    assert rows and keys_by_queries
+    assert set(kr.shipped_tiles("dkdv_rows")) == tiles(rows)
+    assert set(kr.shipped_tiles("dkdv")) == tiles(keys_by_queries)
+    assert all(len(kr.shipped_tiles(n)) == len(set(kr.shipped_tiles(n))) for n in kr.KERNELS)
+
+
+def test_window_and_tuning_bucket_arguments_are_int32_sizes():
+    """The kernels' runtime WINDOW and TUNE_W (and the other tuning buckets) compile as i32 scalars,
+    not as pointers, and are not marked 16-divisible (their values vary per call)."""
+    consts = {"D": 64, "BM": 64, "BN": 64, "VARLEN": False, "PREC": "tf32", "GLOBAL_ORDER": True}
+    for name in ("fwd", "dq", "dkdv"):
+        kernel = fused.JIT_KERNELS[name]
+        sig = kr.signature(kernel, consts)
+        assert {sig[a] for a in ("WINDOW", "TUNE_T", "TUNE_L", "TUNE_W")} == {"i32"}
+        marked = {kernel.arg_names[i] for (i,) in kr.aligned(kernel, consts)}
+        assert not marked & {"WINDOW", "TUNE_T", "TUNE_L", "TUNE_W"}

@@ -370,8 +370,6 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
 # ----------------------------------------------------------------------------- launch
 # The JIT kernels by their names in tuning (launch configs: kernels/parallax/tuning.py).
 JIT_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel}
-# scripts/kernel_resources.py reads the shipped lists here.
-FWD_CONFIGS, DQ_CONFIGS, DKDV_CONFIGS = (tuning.SHIPPED[name] for name in ("fwd", "dq", "dkdv"))
 
 
 def _tokens(x):

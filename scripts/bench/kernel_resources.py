@@ -29,7 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.parallax import fused
+from kernels.parallax import fused, tuning
 from scripts.bench.results import command_line, describe, header, table, table_row
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -39,13 +39,11 @@ INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
 STRIDES = {"sqt", "sqh", "skt", "skh"}
-KERNELS = {  # name -> (JIT function, shipped configs, constexpr flags of a --config)
-    "fwd": (fused._fwd_kernel, fused.FWD_CONFIGS, {}),
-    "dq": (fused._bwd_dq_kernel, fused.DQ_CONFIGS, {}),
-    # the column pass in its two orientations: keys x queries, and queries on the rows (ROWS)
-    "dkdv": (fused._bwd_dkdv_kernel, [c for c in fused.DKDV_CONFIGS if not c.kwargs.get("ROWS")], {"ROWS": False}),
-    "dkdv_rows": (fused._bwd_dkdv_kernel, [c for c in fused.DKDV_CONFIGS if c.kwargs.get("ROWS")], {"ROWS": True}),
-}
+# report name -> (name in fused.JIT_KERNELS and tuning.SHIPPED, constexpr flags); the column pass in
+# its two orientations: keys x queries, and queries on the rows (ROWS), each with the shipped configs
+# of its orientation
+KERNELS = {"fwd": ("fwd", {}), "dq": ("dq", {}), "dkdv": ("dkdv", {"ROWS": False}),
+           "dkdv_rows": ("dkdv", {"ROWS": True})}
 
 
 def signature(kernel, constexprs: dict) -> dict:
@@ -145,13 +143,22 @@ def launch_config(text: str) -> tuple[int, int, int, int]:
     return bm, bn, warps, stages
 
 
+def shipped_tiles(name: str) -> list[tuple[int, int, int, int]]:
+    """(BM, BN, num_warps, num_stages) of the configs in ``tuning.SHIPPED`` that report kernel ``name``
+    (a key of KERNELS) covers, sorted, each once (the two program orders compile alike)."""
+    kernel_name, flags = KERNELS[name]
+    rows = flags.get("ROWS", False)
+    return sorted({(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages)
+                   for c in tuning.SHIPPED[kernel_name] if c.kwargs.get("ROWS", False) == rows})
+
+
 def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims: list[int]):
     """Table cells per (kernel, head dim, config): the shipped configs of each kernel in ``names``, or
     the one ``config`` (BM, BN, num_warps, num_stages)."""
     for name in names:
-        kernel, configs, flags = KERNELS[name]
-        tiles = ([config] if config else
-                 sorted({(c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages) for c in configs}))
+        kernel_name, flags = KERNELS[name]
+        kernel = fused.JIT_KERNELS[kernel_name]
+        tiles = [config] if config else shipped_tiles(name)
         for d in dims:
             for bm, bn, warps, stages in tiles:
                 constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, **flags)
