@@ -1,9 +1,12 @@
-"""scripts.bench.attention's report: the header, the table, and the agreement section only when other
-Parallax kernels ran beside ours (a run with --no-competitors has nothing to compare)."""
+"""scripts.bench.attention's reports on fabricated timings: the training table (the agreement section
+only when other Parallax kernels ran beside ours), the --window and --affine-la pages; the command
+line's checks; and the --sweep lists being in force while a mode times."""
 
 import json
 
-from scripts.bench.attention import write
+import pytest
+
+from scripts.bench.attention import parser, write
 
 ROW = {"B": 4, "L": 4096, "Hq": 16, "Hkv": 8, "D": 128, "method": "parallax_ours", "mode": "fwd_bwd",
        "ms": 5.072, "vs_cudnn_same_D": 2.48, "vs_cudnn_D128": 2.48}
@@ -28,3 +31,72 @@ def test_page_and_json_carry_the_command_that_reproduces_them(tmp_path):
     assert text.startswith("# Parallax attention training benchmark\n") and f"`{COMMAND}`" in text
     saved = json.loads(open(out + ".json").read())
     assert saved["meta"]["command"] == COMMAND and saved["ratios"] == [ROW] and saved["tuning"] == tuning
+
+
+# Rows as kernels.parallax.benchmark.time_window_vs_causal returns them (fabricated timings).
+WINDOW_ROWS = [
+    {"window": None, "mode": "fwd", "ms": 4.0, "work_ratio": 1.0, "speedup": 1.0},
+    {"window": None, "mode": "fwd_bwd", "ms": 16.0, "work_ratio": 1.0, "speedup": 1.0},
+    {"window": 1024, "mode": "fwd_bwd", "ms": 2.5, "work_ratio": 8.258, "speedup": 6.4},
+    {"window": 1024, "mode": "fwd", "ms": 0.5, "work_ratio": 8.258, "speedup": 8.0},
+]
+
+
+def test_window_page_lists_causal_first_per_mode_with_speedup_and_work_ratio(tmp_path):
+    from scripts.bench import attention_variants as variants
+
+    out = str(tmp_path / "attention_window")
+    text = variants.write_window(WINDOW_ROWS, 16384, out, "python -m scripts.bench.attention --window 1024")
+    assert text.startswith("# Parallax attention: sliding window vs full causal\n")
+    assert "`python -m scripts.bench.attention --window 1024`" in text
+    assert "Shape: B1, L=16384, Hq16/Hkv8, D128, bf16." in text
+    body = [line for line in text.splitlines() if line.startswith("| fwd")]
+    assert body == ["| fwd | causal | 4.00 | 1.0x | 1.0x |", "| fwd | 1024 | 0.50 | 8.0x | 8.3x |",
+                    "| fwd_bwd | causal | 16.00 | 1.0x | 1.0x |", "| fwd_bwd | 1024 | 2.50 | 6.4x | 8.3x |"]
+    saved = json.loads(open(out + ".json").read())
+    assert saved["shape"]["seq_len"] == 16384 and saved["rows"] == WINDOW_ROWS
+
+
+def test_affine_page_marks_a_missing_fla(tmp_path):
+    from scripts.bench import attention_variants as variants
+
+    rows = [{"shape": (4, 4096, 16, 16, 128), "dtype": "torch.bfloat16", "backward": False, "affine_la_ms": 1.25,
+             "fla_linear_attn_ms": 1.0, "ratio": 1.25},
+            {"shape": (4, 4096, 16, 16, 128), "dtype": "torch.bfloat16", "backward": True, "affine_la_ms": 3.5,
+             "fla_linear_attn_ms": None, "ratio": None}]
+    text = variants.write_affine(rows, str(tmp_path / "affine"), "python -m scripts.bench.attention --affine-la")
+    assert "| 4 | 4096 | 16 | 16 | 128 | fwd | 1.250 | 1.000 | 1.25 |" in text
+    assert "| 4 | 4096 | 16 | 16 | 128 | fwd_bwd | 3.500 | - | - |" in text
+    assert "fla (fla-core) was not importable" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--window", "0"], "window sizes >= 1"), (["--window", "1024,x"], "window sizes >= 1"),
+    (["--affine-shape", "4,4096,16,16"], "B,L,Hq,Hkv,D"), (["--affine-shape", "4,4096,16,6,128"], "multiple of Hkv"),
+    (["--window", "1024", "--affine-la"], "not allowed with"),
+])
+def test_bad_mode_arguments_are_refused_naming_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_modes_run_under_the_sweep_lists_only_with_sweep(tmp_path, monkeypatch):
+    """--sweep puts every kernel on tuning.SWEEP for the mode's timings, and the shipped lists return
+    afterwards; without it the timings see tuning.SHIPPED."""
+    from kernels.parallax import tuning
+    from scripts.bench import attention, attention_variants as variants
+
+    seen = []
+
+    def fake_window(seq_len, windows):
+        seen.append({name: tuning.active(name) for name in tuning.KERNEL_NAMES})
+        return WINDOW_ROWS
+
+    monkeypatch.setattr(variants, "run_window", fake_window)
+    for argv in (["--window", "1024", "--sweep"], ["--window", "1024"]):
+        args = parser().parse_args([*argv, "--out", str(tmp_path / "w")])
+        assert "| fwd | 1024 | 0.50 |" in attention.run_mode(args, "cmd")
+    assert seen == [{name: tuning.SWEEP[name] for name in tuning.KERNEL_NAMES},
+                    {name: tuning.SHIPPED[name] for name in tuning.KERNEL_NAMES}]
+    assert all(tuning.active(name) == tuning.SHIPPED[name] for name in tuning.KERNEL_NAMES)

@@ -8,19 +8,27 @@ wheels, never dependencies). Times are medians of triton.testing.do_bench, measu
 ratios are against cuDNN softmax at the same shape (and, for D=64, at D=128) from this run.
 
     python -m scripts.bench.attention --out docs/bench/attention_train [--sweep]
+    python -m scripts.bench.attention --window 1024,4096 [--window-len 16384]
+    python -m scripts.bench.attention --affine-la [--affine-shape 4,4096,16,16,128]
 
---sweep autotunes our kernels over a wider config list and records every config's time.
+--sweep autotunes our kernels over the wider lists tuning.SWEEP (instead of tuning.SHIPPED) and
+records every config's time. --window times sliding-window attention against full causal attention
+(kernels.parallax.benchmark.time_window_vs_causal); --affine-la times the family's fused Affine
+Linear Attention beside fla's chunked linear attention (kernels.family.bench.time_affine_la).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from kernels.parallax import tuning
+from scripts.bench import attention_variants as variants
 from scripts.bench.results import command_line, describe, table, write_results
 
 SHAPES = [  # (B, L, Hq, Hkv, D)
@@ -30,44 +38,6 @@ SHAPES = [  # (B, L, Hq, Hkv, D)
     (1, 16384, 16, 8, 64),
 ]
 MATMULS = {"fwd": 4, "fwd_bwd": 15}  # Parallax (causal) matmuls of size L x L x D per head: fwd 4, bwd 11
-
-
-def sweep_configs():
-    """name of an autotuned kernel in fused -> (its JIT kernel, the wider candidate list of the sweep):
-    tile shapes around the short lists' winners, each in both program orders."""
-    from kernels.parallax import fused
-
-    both = fused._both_orders
-    return {
-        "_FWD_TUNED": (fused._fwd_kernel, both([(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 2)])),
-        "_DQ_TUNED": (fused._bwd_dq_kernel, both([(128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 2)])),
-        "_DKDV_TUNED": (fused._bwd_dkdv_kernel,
-                        both([(64, 64, 4, 1), (64, 64, 4, 2), (32, 128, 8, 1), (32, 128, 8, 2), (32, 64, 4, 1),
-                              (64, 32, 4, 2)], ROWS=True)
-                        + both([(32, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3)])),
-    }
-
-
-def install_sweep():
-    """Replace our autotuned kernels by ones over the sweep's wider lists (for choosing the short lists)."""
-    from kernels.parallax import fused
-
-    for name, (kernel, configs) in sweep_configs().items():
-        setattr(fused, name, fused._autotuned(kernel, configs))
-
-
-def tuning_report():
-    """Best config and all timings per autotune key, for each of our autotuned kernels."""
-    from kernels.parallax import fused
-
-    out = {}
-    for name in ("_FWD_TUNED", "_DQ_TUNED", "_DKDV_TUNED"):
-        tuner = getattr(fused, name)
-        out[name] = {str(key): str(cfg) for key, cfg in tuner.cache.items()}
-        timings = getattr(tuner, "configs_timings", None) or {}
-        out[name + "_last_timings_ms"] = {str(c): (t[0] if isinstance(t, (list, tuple)) else t)
-                                          for c, t in timings.items()}
-    return out
 
 
 def make_inputs(b, n, hq, hkv, d, seed=0):
@@ -177,14 +147,12 @@ def bench_shape(impls, shape):
         ms = entry.get(f"parallax_ours/{mode}", {}).get("ms")
         if ms:
             entry[f"parallax_ours/{mode}"]["tflops"] = mm * flops / ms / 1e9
-    entry["tuning"] = tuning_report()  # the last autotune key of each kernel is this shape's
+    entry["tuning"] = tuning.autotune_report()  # the last autotune key of each kernel is this shape's
     return entry
 
 
 def run(args):
     """The result entries (``bench_shape``) of the shapes and methods the command line selects."""
-    if args.sweep:
-        install_sweep()
     impls = methods(args.competitors)
     if args.methods:
         impls = {name: impls[name] for name in args.methods.split(",") if name in impls}
@@ -232,31 +200,59 @@ def report_markdown(results: list[dict], rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: list[dict], rows: list[dict], tuning: dict, out: str, command: str) -> str:
-    """Write ``out``.md (header and ``report_markdown``) and ``out``.json (results, ratios, tuning);
-    return the markdown."""
+def write(results: list[dict], rows: list[dict], tuning_choices: dict, out: str, command: str) -> str:
+    """Write ``out``.md (header and ``report_markdown``) and ``out``.json (results, ratios, the
+    autotuners' choices); return the markdown."""
     meta = describe("Parallax attention training benchmark", MEASURED, command)
     return write_results(out, meta, report_markdown(results, rows),
-                         {"results": results, "ratios": rows, "tuning": tuning})
+                         {"results": results, "ratios": rows, "tuning": tuning_choices})
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: the training table (default), or one of the modes --window and --affine-la."""
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.attention", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="output path without extension (default: docs/bench/attention_train, "
+                                 "attention_window with --window, affine_la with --affine-la)")
+    p.add_argument("--sweep", action="store_true", help="autotune over tuning.SWEEP instead of tuning.SHIPPED")
+    p.add_argument("--competitors", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time parallax-kernel and fla (their first-call autotuning takes minutes)")
+    p.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all)")
+    p.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))),
+                   help="indices into SHAPES (default: all)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--window", type=variants.window_list, metavar="W[,W...]",
+                      help="time sliding windows W against full causal attention (B1 Hq16/Hkv8 D128) instead")
+    mode.add_argument("--affine-la", action="store_true",
+                      help="time the fused Affine Linear Attention beside fla's linear attention instead")
+    p.add_argument("--window-len", type=int, default=16384, help="sequence length of --window (default 16384)")
+    p.add_argument("--affine-shape", type=variants.affine_shape, default=(4, 4096, 16, 16, 128), metavar="B,L,Hq,Hkv,D",
+                   help="shape of --affine-la (default 4,4096,16,16,128)")
+    return p
+
+
+def run_mode(args: argparse.Namespace, command: str) -> str:
+    """Run the mode ``args`` selects (``parser``), under ``tuning.SWEEP`` with --sweep; write its page
+    (``command`` reproduces it) and return the markdown."""
+    with tuning.candidates(**tuning.SWEEP) if args.sweep else contextlib.nullcontext():
+        if args.window:
+            rows = variants.run_window(args.window_len, args.window)
+            return variants.write_window(rows, args.window_len, args.out or "docs/bench/attention_window", command)
+        if args.affine_la:
+            return variants.write_affine(variants.run_affine(args.affine_shape), args.out or "docs/bench/affine_la",
+                                         command)
+        results = run(args)
+        return write(results, ratios(results), tuning.autotune_report(), args.out or "docs/bench/attention_train",
+                     command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark the command line asks for and write its results page."""
+    """Run the benchmark the command line asks for and print its results page."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench.attention", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="docs/bench/attention_train", help="output path without extension")
-    parser.add_argument("--sweep", action="store_true", help="autotune over a wider config list")
-    parser.add_argument("--competitors", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time parallax-kernel and fla (their first-call autotuning takes minutes)")
-    parser.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all)")
-    parser.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))),
-                        help="indices into SHAPES (default: all)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts.bench.attention needs a CUDA GPU")
-    results = run(args)
-    print(write(results, ratios(results), tuning_report(), args.out, command_line(__spec__.name, argv)))
+    print(run_mode(args, command_line(__spec__.name, argv)))
 
 
 if __name__ == "__main__":
