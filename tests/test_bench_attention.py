@@ -100,3 +100,18 @@ def test_modes_run_under_the_sweep_lists_only_with_sweep(tmp_path, monkeypatch):
     assert seen == [{name: tuning.SWEEP[name] for name in tuning.KERNEL_NAMES},
                     {name: tuning.SHIPPED[name] for name in tuning.KERNEL_NAMES}]
     assert all(tuning.active(name) == tuning.SHIPPED[name] for name in tuning.KERNEL_NAMES)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_gpu_window_mode_is_faster_than_causal_where_the_band_is_small(tmp_path):
+    """--window at L=4096 with W=256 (about 8x fewer query-key pairs than causal): each mode's window
+    row is faster than causal, by no more than the work ratio (with slack), and the page lists both."""
+    from scripts.bench import attention
+
+    args = parser().parse_args(["--window", "256", "--window-len", "4096", "--out", str(tmp_path / "w")])
+    text = attention.run_mode(args, "python -m scripts.bench.attention --window 256 --window-len 4096")
+    rows = json.loads(open(str(tmp_path / "w") + ".json").read())["rows"]
+    windowed = [r for r in rows if r["window"] == 256]
+    assert len(windowed) == 2 and all(1.5 < r["speedup"] < 1.5 * r["work_ratio"] for r in windowed), rows
+    assert "| fwd | 256 |" in text and "| fwd_bwd | 256 |" in text

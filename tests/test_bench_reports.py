@@ -1,5 +1,6 @@
-"""The results pages of scripts.bench.optimizers and scripts.bench.decode on fabricated timings: the
-ratios they derive, the table rows, and the header with the reproducing command."""
+"""The results pages of scripts.bench.optimizers and scripts.bench.decode (table and --host-cost) on
+fabricated timings: the ratios they derive, the table rows, and the header with the reproducing
+command; the decode host-cost timing on a fake clock and the decode sweep's configs."""
 
 import json
 
@@ -44,3 +45,87 @@ def test_decode_table_marks_contenders_that_did_not_run():
     text = decode.markdown([row], 4.25)
     assert text.startswith("Device-to-device copy ceiling 4.25 TB/s (read + write).\n")
     assert "| 128 | 1 | 4096 | 20.0 | 25.0 | - | - | - | - | 22.0 | 0.76 | 1.10 | - | - |" in text
+
+
+def test_host_cost_takes_the_median_of_interleaved_rounds_per_call():
+    """host_us_per_call on a fake clock: one untimed call each, then per round every function in
+    turn, each block of `calls` calls after a sync; the median per-call time over the rounds."""
+    from scripts.bench.decode_host import host_us_per_call
+
+    per_call_s = {"a": [1e-6, 5e-6, 2e-6], "b": [10e-6, 30e-6, 20e-6]}  # per round
+    now, events, made = [0.0], [], {"a": 0, "b": 0}
+
+    def fn(name):
+        def call():
+            events.append(name)
+            made[name] += 1
+            timed = made[name] - 2  # the first call is the untimed warm-up
+            if timed >= 0:
+                now[0] += per_call_s[name][timed // 4]
+        return call
+
+    times = host_us_per_call({"a": fn("a"), "b": fn("b")}, calls=4, rounds=3,
+                             sync=lambda: events.append("|"), clock=lambda: now[0])
+    assert "".join(events) == "ab" + "|aaaa|bbbb" * 3 + "|"
+    assert times["a"]["rounds_us"] == pytest.approx([1.0, 5.0, 2.0])
+    assert times["a"]["median_us"] == pytest.approx(2.0) and times["a"]["min_us"] == pytest.approx(1.0)
+    assert times["b"]["median_us"] == pytest.approx(20.0)
+
+
+def test_host_cost_page_rows_and_goal(tmp_path):
+    from scripts.bench import decode_host
+
+    def t(us):
+        return {"median_us": us, "min_us": us, "rounds_us": [us]}
+
+    times = {"plan(..., out=)": t(17.8), "plan(...)": t(20.2), "parallax_decode(..., check_seqlens=False)": t(24.7),
+             "parallax_decode (no cache_seqlens)": t(23.3), "parallax_decode (checked)": t(61.4),
+             "CUDA-graph replay": t(2.4)}
+    text = decode_host.markdown(times)
+    lines = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [line.rsplit("|", 2)[-2].strip() for line in lines] == ["17.8", "20.2", "24.7", "23.3", "61.4", "2.4"]
+    assert lines[0].startswith("| `plan(..., out=)` |") and lines[-1].startswith("| `CUDA-graph replay` |")
+    assert text.rstrip().endswith("at most 30 us per call; met.")
+    times["parallax_decode(..., check_seqlens=False)"] = t(31.0)
+    assert decode_host.markdown(times).rstrip().endswith("not met.")
+
+
+def test_decode_sweep_times_the_kernels_pick_first_and_every_other_config_once():
+    """At batch 128 (1024 groups) the kernel runs the many-groups config: the sweep's default is that
+    one, and the latency config joins the alternatives; at batch 1 the latency config is the default."""
+    import torch
+
+    from kernels.parallax import tuning
+    from scripts.bench.decode_tuning import sweep_configs
+
+    cpu = torch.device("cpu")  # pick_config assumes the H200's SM count off-GPU
+    for dim in tuning.DECODE_SWEEP:
+        default, alts = sweep_configs(dim, 1, cpu)
+        assert default == tuning.DECODE_CONFIGS[dim] and default not in alts
+        assert set(alts) == set(tuning.DECODE_SWEEP[dim]) - {default} and len(alts) == len(set(alts))
+        many, alts = sweep_configs(dim, 128, cpu)
+        assert many == tuning.DECODE_MANY_GROUPS_CONFIGS[dim] and many not in alts
+        assert tuning.DECODE_CONFIGS[dim] in alts
+
+
+@pytest.mark.parametrize("argv, message", [(["--sweep-shapes", "32by16384"], "expected BATCHxLENGTH")])
+def test_decode_command_line_refuses_bad_shapes(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        decode.parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_gpu_host_cost_mode_writes_every_call_and_the_replay_is_the_cheapest(tmp_path):
+    """--host-cost on the GPU, few rounds: a row for each call; replaying a captured call costs the
+    host less than any eager call, and the checked API (it syncs) more than a plan call."""
+    from scripts.bench import decode_host
+
+    times = decode_host.host_us_per_call(decode_host.decode_calls(**decode_host.SHAPE), calls=50, rounds=3)
+    assert list(times) == list(decode_host.CALLS)
+    eager = [times[name]["median_us"] for name in decode_host.CALLS if name != "CUDA-graph replay"]
+    assert times["CUDA-graph replay"]["median_us"] < min(eager)
+    assert times["parallax_decode (checked)"]["median_us"] > times["plan(..., out=)"]["median_us"]
+    text = decode_host.markdown(times)
+    assert text.count("| `") == len(decode_host.CALLS)

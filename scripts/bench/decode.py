@@ -15,8 +15,11 @@ rotating over enough input sets to exceed 3x the L2 cache, median of replays.
 Bandwidth = bytes of K + V read / time.
 
     python -m scripts.bench.decode --check --sweep --out docs/bench/attention_decode
+    python -m scripts.bench.decode --host-cost --out docs/bench/decode_host_cost
 
-Writes OUT.md (the benchmark table) and OUT.json (everything measured).
+Writes OUT.md (the benchmark table) and OUT.json (everything measured). --host-cost measures
+instead the host time per eager call (DecodePlan, the public API with and without its checks,
+CUDA-graph replay; scripts/bench/decode_host.py).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import parallax_decode
-from kernels.parallax import decode_fused
+from kernels.parallax import tuning
+from scripts.bench import decode_host
 from scripts.bench.decode_timing import HKV, copy_bandwidth, kv_bytes, log, make_sets, n_sets_for, time_us
 from scripts.bench.decode_tuning import SWEEP_SHAPES, check, sweep
 from scripts.bench.results import command_line, describe, table, write_results
@@ -152,23 +156,44 @@ def batch_by_length(text: str) -> tuple[int, int]:
     return batch, length
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line: checks, sweep and benchmark table, or the --host-cost mode."""
+    p = argparse.ArgumentParser(prog="python -m scripts.bench.decode", description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="correctness vs fp64 and competitors first")
+    p.add_argument("--sweep", action="store_true", help="tuning sweep of our launch configuration")
+    p.add_argument("--sweep-shapes", nargs="+", type=batch_by_length, default=SWEEP_SHAPES, metavar="BxL",
+                   help="BATCHxLENGTH shapes of the sweep (default: %(default)s)")
+    p.add_argument("--no-bench", action="store_true", help="skip the full benchmark table")
+    p.add_argument("--host-cost", action="store_true",
+                   help="only measure the host time per eager call (B1 L4096 D128) and write its page")
+    p.add_argument("--out", help="output path without extension (default: docs/bench/attention_decode, "
+                                 "docs/bench/decode_host_cost with --host-cost)")
+    return p
+
+
+def host_cost(out: str, command: str) -> str:
+    """Measure ``decode_host.run`` and write its page ``out``.md (and .json); return the markdown."""
+    meta = describe("Parallax decode: host time per eager call", decode_host.MEASURED, command)
+    times = decode_host.run()
+    return write_results(out, meta, decode_host.markdown(times),
+                         {"shape": decode_host.SHAPE, "goal_us": decode_host.GOAL_US, "times": times})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the checks, sweep and benchmark the command line asks for; write OUT.json (and OUT.md)."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench.decode", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="correctness vs fp64 and competitors first")
-    parser.add_argument("--sweep", action="store_true", help="tuning sweep of our launch configuration")
-    parser.add_argument("--sweep-shapes", nargs="+", type=batch_by_length, default=SWEEP_SHAPES, metavar="BxL",
-                        help="BATCHxLENGTH shapes of the sweep (default: %(default)s)")
-    parser.add_argument("--no-bench", action="store_true", help="skip the full benchmark table")
-    parser.add_argument("--out", default="docs/bench/attention_decode", help="output path without extension")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts.bench.decode needs a CUDA GPU")
+    command = command_line(__spec__.name, argv)
+    if args.host_cost:
+        log(host_cost(args.out or "docs/bench/decode_host_cost", command))
+        return
     fns = contenders()
-    meta = describe("Parallax decode benchmark", MEASURED, command_line(__spec__.name, argv))
-    result = {"configs": {str(k): v for k, v in decode_fused._CONFIGS.items()}, "min_chunk": decode_fused._MIN_CHUNK,
-              "copy_tbps": copy_bandwidth()}
+    meta = describe("Parallax decode benchmark", MEASURED, command)
+    result = {"configs": {str(k): v for k, v in tuning.DECODE_CONFIGS.items()},
+              "many_groups_configs": {str(k): v for k, v in tuning.DECODE_MANY_GROUPS_CONFIGS.items()},
+              "min_chunk": tuning.DECODE_MIN_CHUNK, "copy_tbps": copy_bandwidth()}
     log("meta", meta, result)
     t0 = time.time()
     if args.check:
@@ -181,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         result["bench"] = bench(fns)
     body = (markdown(result["bench"], result["copy_tbps"]) if "bench" in result
             else "No benchmark table (--no-bench); the check and sweep rows are in the JSON.\n")
-    log(write_results(args.out, meta, body, result))
+    log(write_results(args.out or "docs/bench/attention_decode", meta, body, result))
     log(f"done {time.time() - t0:.0f}s")
 
 

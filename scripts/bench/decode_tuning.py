@@ -9,7 +9,7 @@ import json
 import torch
 
 from kernels import parallax_decode
-from kernels.parallax import decode_fused
+from kernels.parallax import decode_fused, tuning
 from kernels.parallax.decode import parallax_decode_reference
 from scripts.bench.decode_timing import HKV, HQ, kv_bytes, log, make_sets, n_sets_for, time_us
 
@@ -46,8 +46,16 @@ def check(fns):
     return rows
 
 
-SWEEP_ALT_CONFIGS = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (128, 4, 2)], 64: [(64, 4, 3), (128, 8, 3), (32, 4, 3)]}
 SWEEP_SHAPES = [(1, 32768), (32, 16384), (128, 16384)]
+
+
+def sweep_configs(dim, batch, device):
+    """(default, alternatives) (block_n, num_warps, num_stages) of a sweep at head dim ``dim`` and
+    ``batch``: the config the kernel picks for batch x HKV groups (``decode_fused.pick_config``), and
+    the others of ``tuning.DECODE_CONFIGS`` and ``tuning.DECODE_SWEEP`` for that head dim, each once."""
+    default = decode_fused.pick_config(batch * HKV, dim, device)
+    alts = [tuning.DECODE_CONFIGS.get(dim), *tuning.DECODE_SWEEP.get(dim, [])]
+    return default, [c for c in dict.fromkeys(alts) if c is not None and c != default]
 
 
 def sweep_trials(dim, batch, length, default, alts):
@@ -69,9 +77,9 @@ def sweep_trials(dim, batch, length, default, alts):
     return trials, heur
 
 
-def sweep_shape(dim, batch, length, alts):
+def sweep_shape(dim, batch, length):
     """The timed rows of ``sweep_trials`` at one shape (a trial that fails is logged and left out)."""
-    default = decode_fused._CONFIGS[dim]
+    default, alts = sweep_configs(dim, batch, torch.device("cuda"))
     nb = kv_bytes(batch, length, dim)
     sets = make_sets(batch, length, dim, n_sets_for(nb))
     trials, heur = sweep_trials(dim, batch, length, default, alts)
@@ -94,10 +102,10 @@ def sweep_shape(dim, batch, length, alts):
 
 
 def sweep(shapes=SWEEP_SHAPES):
-    """``sweep_shape`` rows at the (batch, length) ``shapes``, for each head dim of SWEEP_ALT_CONFIGS."""
+    """``sweep_shape`` rows at the (batch, length) ``shapes``, for each head dim of ``tuning.DECODE_SWEEP``."""
     rows = []
-    for dim, alts in SWEEP_ALT_CONFIGS.items():
+    for dim in tuning.DECODE_SWEEP:
         for batch, length in shapes:
-            rows += sweep_shape(dim, batch, length, alts)
+            rows += sweep_shape(dim, batch, length)
             torch.cuda.empty_cache()  # the next shape's input sets need the memory
     return rows
