@@ -78,15 +78,13 @@ def test_host_cost_page_rows_and_goal(tmp_path):
     def t(us):
         return {"median_us": us, "min_us": us, "rounds_us": [us]}
 
-    times = {"plan(..., out=)": t(17.8), "plan(...)": t(20.2), "parallax_decode(..., check_seqlens=False)": t(24.7),
-             "parallax_decode (no cache_seqlens)": t(23.3), "parallax_decode (checked)": t(61.4),
-             "CUDA-graph replay": t(2.4)}
+    times = dict(zip(decode_host.CALLS, map(t, [17.8, 20.2, 24.7, 23.3, 61.4, 2.4])))
     text = decode_host.markdown(times)
     lines = [line for line in text.splitlines() if line.startswith("| `")]
     assert [line.rsplit("|", 2)[-2].strip() for line in lines] == ["17.8", "20.2", "24.7", "23.3", "61.4", "2.4"]
-    assert lines[0].startswith("| `plan(..., out=)` |") and lines[-1].startswith("| `CUDA-graph replay` |")
+    assert lines[0].startswith("| `plan(q, r, k, v, lens, out=out)` |") and lines[-1].startswith("| `graph.replay()` |")
     assert text.rstrip().endswith("at most 30 us per call; met.")
-    times["parallax_decode(..., check_seqlens=False)"] = t(31.0)
+    times["parallax_decode(q, r, k, v, cache_seqlens=lens, check_seqlens=False)"] = t(31.0)
     assert decode_host.markdown(times).rstrip().endswith("not met.")
 
 
@@ -124,8 +122,9 @@ def test_gpu_host_cost_mode_writes_every_call_and_the_replay_is_the_cheapest(tmp
 
     times = decode_host.host_us_per_call(decode_host.decode_calls(**decode_host.SHAPE), calls=50, rounds=3)
     assert list(times) == list(decode_host.CALLS)
-    eager = [times[name]["median_us"] for name in decode_host.CALLS if name != "CUDA-graph replay"]
-    assert times["CUDA-graph replay"]["median_us"] < min(eager)
-    assert times["parallax_decode (checked)"]["median_us"] > times["plan(..., out=)"]["median_us"]
+    eager = [times[name]["median_us"] for name in decode_host.CALLS if name != "graph.replay()"]
+    assert times["graph.replay()"]["median_us"] < min(eager)
+    checked, plan = "parallax_decode(q, r, k, v, cache_seqlens=lens)", "plan(q, r, k, v, lens, out=out)"
+    assert times[checked]["median_us"] > times[plan]["median_us"]
     text = decode_host.markdown(times)
     assert text.count("| `") == len(decode_host.CALLS)

@@ -20,11 +20,11 @@ WINDOW_MEASURED = ("forward and forward+backward time of Parallax attention (ker
                    "backend) with full causal attention and with sliding windows W (keys i - W < j <= i), "
                    "B1, Hq16/Hkv8, D128, bf16; triton.testing.do_bench median (warmup 25 ms, rep 200 ms) after an "
                    "untimed call that autotunes; fwd under no_grad. Speedup = causal ms / window ms; work ratio = "
-                   "causal (query, key) pairs / the band's pairs, the speedup if time followed the pairs exactly")
+                   "causal (query, key) pairs / the band's pairs, the speedup if time followed the pairs exactly.")
 AFFINE_MEASURED = ("forward and forward+backward time of the fused Affine Linear Attention "
                    "(kernels.affine_linear_attention, triton backend) beside fla's chunk_linear_attn (normalize=False, "
                    "scale 1, kv heads repeated to the query heads) when fla is installed, bf16; median of 10 "
-                   "CUDA-event-timed calls after 3 warm-up calls (kernels.family.bench.time_affine_la)")
+                   "CUDA-event-timed calls after 3 warm-up calls (kernels.family.bench.time_affine_la).")
 
 
 def window_list(text: str) -> list[int]:
