@@ -5,6 +5,7 @@ line's checks; and the --sweep lists being in force while a mode times."""
 import json
 
 import pytest
+import torch
 
 from scripts.bench.attention import parser, write
 
@@ -73,7 +74,7 @@ def test_affine_page_marks_a_missing_fla(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--window", "0"], "window sizes >= 1"), (["--window", "1024,x"], "window sizes >= 1"),
     (["--affine-shape", "4,4096,16,16"], "B,L,Hq,Hkv,D"), (["--affine-shape", "4,4096,16,6,128"], "multiple of Hkv"),
-    (["--window", "1024", "--affine-la"], "not allowed with"),
+    (["--window", "1024", "--affine-la"], "not allowed with"), (["--window-len", "0"], "an int >= 1"),
 ])
 def test_bad_mode_arguments_are_refused_naming_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -103,7 +104,7 @@ def test_modes_run_under_the_sweep_lists_only_with_sweep(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_window_mode_is_faster_than_causal_where_the_band_is_small(tmp_path):
     """--window at L=4096 with W=256 (about 8x fewer query-key pairs than causal): each mode's window
     row is faster than causal, by no more than the work ratio (with slack), and the page lists both."""

@@ -5,6 +5,7 @@ command; the decode host-cost timing on a fake clock and the decode sweep's conf
 import json
 
 import pytest
+import torch
 
 from scripts.bench import decode, optimizers
 from scripts.bench.results import describe
@@ -91,8 +92,6 @@ def test_host_cost_page_rows_and_goal(tmp_path):
 def test_decode_sweep_times_the_kernels_pick_first_and_every_other_config_once():
     """At batch 128 (1024 groups) the kernel runs the many-groups config: the sweep's default is that
     one, and the latency config joins the alternatives; at batch 1 the latency config is the default."""
-    import torch
-
     from kernels.parallax import tuning
     from scripts.bench.decode_tuning import sweep_configs
 
@@ -114,7 +113,7 @@ def test_decode_command_line_refuses_bad_shapes(argv, message, capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_host_cost_mode_writes_every_call_and_the_replay_is_the_cheapest(tmp_path):
     """--host-cost on the GPU, few rounds: a row for each call; replaying a captured call costs the
     host less than any eager call, and the checked API (it syncs) more than a plan call."""

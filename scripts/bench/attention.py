@@ -225,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
                       help="time sliding windows W against full causal attention (B1 Hq16/Hkv8 D128) instead")
     mode.add_argument("--affine-la", action="store_true",
                       help="time the fused Affine Linear Attention beside fla's linear attention instead")
-    p.add_argument("--window-len", type=int, default=16384, help="sequence length of --window (default 16384)")
+    p.add_argument("--window-len", type=variants.sequence_length, default=16384, help="sequence length of --window (default 16384)")
     p.add_argument("--affine-shape", type=variants.affine_shape, default=(4, 4096, 16, 16, 128), metavar="B,L,Hq,Hkv,D",
                    help="shape of --affine-la (default 4,4096,16,16,128)")
     return p

@@ -38,6 +38,13 @@ def window_list(text: str) -> list[int]:
     return windows
 
 
+def sequence_length(text: str) -> int:
+    """``"16384"`` as an int >= 1 (argparse type of ``--window-len``)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a sequence length, an int >= 1")
+    return int(text)
+
+
 def affine_shape(text: str) -> tuple[int, int, int, int, int]:
     """``"B,L,Hq,Hkv,D"`` (e.g. "4,4096,16,16,128") as five ints >= 1 (argparse type of ``--affine-shape``)."""
     try:
