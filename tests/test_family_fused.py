@@ -19,17 +19,13 @@ Normalisation matched against fla (fla-core 0.6.0):
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests import _family_reference as ref
+from tests._interpret import rel_err, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (B, L, Hq, Hkv, D, dtype, intercept); the interpreter's chunk is 16 tokens
 INTERPRET_CASES = {
@@ -110,18 +106,7 @@ def _opcheck():
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    out_path = tmp_path_factory.mktemp("interp") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    code = f"import tests.test_family_fused as m; m._interpret_main({str(out_path)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out_path)
-
-
-def rel_err(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1.0)).item()  # floor: exact-zero grads at L = 1
+    return run_interpreted("tests.test_family_fused", tmp_path_factory.mktemp("interp") / "results.pt")
 
 
 def reference(r, k, v, do, intercept=True):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kernels.parallax.naive import parallax_attention_naive
+from tests._interpret import rel_err, run_interpreted
 from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,18 +210,7 @@ def _error(call):
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    out_path = tmp_path_factory.mktemp("interp") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    code = f"import tests.test_parallax_fused as m; m._interpret_main({str(out_path)!r})"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out_path)
-
-
-def rel_err(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1.0)).item()  # floor: exact-zero grads at L=1
+    return run_interpreted("tests.test_parallax_fused", tmp_path_factory.mktemp("interp") / "results.pt")
 
 
 def reference(inputs, cu, upstream=None):

@@ -12,8 +12,8 @@ import os
 import torch
 
 from kernels.family import chunked
-from kernels.family.common import (check_choice, check_lam, check_positive, check_tensors, grouped, grouped_lam,
-                                   ungrouped, work_dtype)
+from kernels.family.common import check_choice, check_lam, check_positive, check_tensors, grouped_lam, work_dtype
+from kernels.layout import grouped, ungrouped
 
 BACKENDS = ("auto", "reference", "triton")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -1,7 +1,7 @@
 """Chunked parallel PyTorch forms of the uniform-weight family (SPEC 1b), the training path on
 any device (autograd through PyTorch ops).
 
-All functions take grouped tensors (see ``common.grouped``): queries/probes (B, Hkv, G, L, D),
+All functions take grouped tensors (see ``kernels.layout.grouped``): queries/probes (B, Hkv, G, L, D),
 keys/values (B, Hkv, 1, L, D), in the accumulation dtype, and return (B, Hkv, G, L, D).
 With n_i = i (1-based position), s_k, s_v the causal cumulative sums, S_vk(i) = sum_{j<=i} v_j k_j^T:
 

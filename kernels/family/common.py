@@ -78,18 +78,6 @@ def check_choice(fn: str, name: str, value, choices) -> None:
         raise ValueError(f"{fn}: {name}={value!r}, expected one of {choices}")
 
 
-def grouped(x: torch.Tensor, hkv: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B, L, H, D) -> contiguous (B, Hkv, H // Hkv, L, D) in dtype (query head h = kv * G + g)."""
-    b, n, h, d = x.shape
-    return x.to(dtype).reshape(b, n, hkv, h // hkv, d).permute(0, 2, 3, 1, 4).contiguous()
-
-
-def ungrouped(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of grouped: (B, Hkv, G, L, D) -> (B, L, Hkv * G, D) in dtype."""
-    b, hkv, g, n, d = x.shape
-    return x.permute(0, 3, 1, 2, 4).reshape(b, n, hkv * g, d).to(dtype)
-
-
 def grouped_lam(lam, hkv: int, dtype: torch.dtype):
     """lam as a float, or a (Hq,) tensor reshaped to (Hkv, G, 1, 1) to broadcast over (B, Hkv, G, L, D)."""
     if isinstance(lam, torch.Tensor):

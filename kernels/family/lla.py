@@ -26,8 +26,8 @@ import math
 
 import torch
 
-from kernels.family.common import (check_choice, check_lam, check_positive, check_tensors, grouped, grouped_lam,
-                                   ungrouped, work_dtype)
+from kernels.family.common import check_choice, check_lam, check_positive, check_tensors, grouped_lam, work_dtype
+from kernels.layout import grouped, ungrouped
 
 SOLVERS = ("cholesky", "cg")
 DEFAULT_MAX_COST = 2 ** 37

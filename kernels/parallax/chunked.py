@@ -12,22 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from kernels.layout import grouped, ungrouped
 from kernels.parallax.naive import document_ids
 
 DEFAULT_BLOCK = 256
-
-
-def _grouped(x: torch.Tensor, hkv: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B, L, H, D) -> (B, Hkv, H // Hkv, L, D) in dtype (query heads h = kv * G + g)."""
-    b, n, h, d = x.shape
-    # Contiguous: batched matmuls on the permuted view fall off the fast path (100x slower on CPU).
-    return x.to(dtype).reshape(b, n, hkv, h // hkv, d).permute(0, 2, 3, 1, 4).contiguous()
-
-
-def _ungrouped(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of _grouped: (B, Hkv, G, L, D) -> (B, L, Hkv*G, D) in dtype."""
-    b, hkv, g, n, d = x.shape
-    return x.permute(0, 3, 1, 2, 4).reshape(b, n, hkv * g, d).to(dtype)
 
 
 class _Plan:
@@ -131,20 +119,20 @@ class ChunkedParallaxAttention(torch.autograd.Function):
     def forward(ctx, q, r, k, v, scale, causal, cu_seqlens, block, window):
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
         hkv = k.shape[2]
-        qg, rg, kg, vg = (_grouped(x, hkv, work) for x in (q, r, k, v))
+        qg, rg, kg, vg = (grouped(x, hkv, work) for x in (q, r, k, v))
         plan = _Plan(q.shape[1], block, causal, cu_seqlens, q.device, window)
         o, vbar, tbar, lse = _forward(plan, qg, rg, kg, vg, scale)
         ctx.save_for_backward(q, r, k, v, o, vbar, tbar, lse)
         ctx.plan, ctx.scale, ctx.work = plan, scale, work
-        return _ungrouped(o, q.dtype)
+        return ungrouped(o, q.dtype)
 
     @staticmethod
     def backward(ctx, do):
         q, r, k, v, o, vbar, tbar, lse = ctx.saved_tensors
         hkv = k.shape[2]
-        qg, rg, kg, vg, dog = (_grouped(x, hkv, ctx.work) for x in (q, r, k, v, do))
+        qg, rg, kg, vg, dog = (grouped(x, hkv, ctx.work) for x in (q, r, k, v, do))
         dq, dr, dk, dv = _backward(ctx.plan, qg, rg, kg, vg, ctx.scale, o, vbar, tbar, lse, dog)
-        grads = (_ungrouped(g, x.dtype) for g, x in zip((dq, dr, dk, dv), (q, r, k, v)))
+        grads = (ungrouped(g, x.dtype) for g, x in zip((dq, dr, dk, dv), (q, r, k, v)))
         return (*grads, None, None, None, None, None)
 
 
