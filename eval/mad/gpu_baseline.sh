@@ -8,8 +8,8 @@
 # copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR).
 #   bash eval/mad/gpu_baseline.sh [WORKERS] [DEADLINE_SECONDS] [LIMIT_SECONDS]
 # Another grid: CONFIG (a configs/mad/ file), MIXERS (comma list; unset: attention,parallax; empty: the
-# config's [grid] mixers) and GRID, e.g. the
-# family grid (it shares paper_baseline's settings: a copy of that grid's runs.jsonl in GRID counts):
+# config's [grid] mixers) and GRID, e.g. the family grid (it shares paper_baseline's settings: a copy of
+# that grid's runs.jsonl in GRID counts):
 #   CONFIG=configs/mad/family.toml MIXERS= GRID=docs/mad/family_grid bash eval/mad/gpu_baseline.sh 8
 # On the H200 box (no network) the carried wheels in .whl/ (and .whl_mad/ for numpy; .whl_fla/, with
 # .whl_tilelang/ and .whl_z3/ where present, for the fla mixers) are installed first.
