@@ -275,8 +275,9 @@ LAMBDA_INIT = 1.0
 
 
 def ridge_lambda(params: torch.Tensor) -> torch.Tensor:
-    """(Hq,) fp32 ridge lambdas softplus(params) + LAMBDA_FLOOR from the (Hq,) raw parameters."""
-    return F.softplus(params.float()) + LAMBDA_FLOOR
+    """(Hq,) ridge lambdas softplus(params) + LAMBDA_FLOOR from the (Hq,) raw parameters, in fp32 or
+    wider (bf16 parameters are widened: lambda sets the conditioning of the solve)."""
+    return F.softplus(params.to(torch.promote_types(params.dtype, torch.float32))) + LAMBDA_FLOOR
 
 
 class FamilyMixer(nn.Module):
