@@ -5,7 +5,8 @@
 # LIMIT seconds; every finished run is appended to runs.jsonl and runs already there are skipped.
 # The grid lives in GRID (committed between calls); with $OUT set (the device tool's folder) the
 # call works on a copy under $OUT/<GRID's folder name>, which comes back even when the call is cut short:
-# copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR).
+# copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
+# baseline settings (a subset of the full sweep's runs, which later calls complete).
 #   bash eval/mad/gpu_baseline.sh [WORKERS] [DEADLINE_SECONDS] [LIMIT_SECONDS]
 # Another grid: CONFIG (a configs/mad/ file), MIXERS (comma list; unset: attention,parallax; empty: the
 # config's [grid] mixers) and GRID, e.g. the family grid (it shares paper_baseline's settings: a copy of
@@ -22,6 +23,7 @@ workers=${1:-8}
 deadline=${2:-240}
 limit=${3:-540}
 tasks=${TASKS:-all}
+sweep=${SWEEP:-}
 out=$grid
 if [ -n "${OUT:-}" ]; then
   out=$OUT/$(basename "$grid")
@@ -40,8 +42,8 @@ if [ -d .whl_fla ] && ! python3 -c "import fla.layers" 2>/dev/null; then
 fi
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-args=(--config "$config" ${mixers:+--mixers "$mixers"} --tasks "$tasks" --out "$out"
+args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} --tasks "$tasks" --out "$out"
       --title "MAD, paper protocol ($config), ${mixers:-every mixer of the config}, one H200"
-      --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks), repeated; each call skips finished runs.")
+      --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep), repeated; each call skips finished runs.")
 timeout "$limit" python3 -m eval.mad "${args[@]}" --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"
 python3 -m eval.mad "${args[@]}" --report-only | tail -3
