@@ -1,13 +1,18 @@
-"""Baseline sequence mixers from flash-linear-attention (fla), in the attention slot of our Qwen3 block.
+"""Sequence mixers other than softmax and Parallax attention, in the attention slot of our Qwen3 block.
 
-``ParallaxModelArgs.mixer`` picks one of :data:`FLA_MIXERS`; the block keeps its norms, SwiGLU MLP
-and embeddings and only the attention module becomes :class:`FlaMixer`, which owns fla's layer and
-takes TorchTitan's attention call ``(x, rope_cache, attention_masks, positions)``. These mixers
-carry position information in their recurrence and short convolutions, so RoPE is ignored.
+``ParallaxModelArgs.mixer`` picks one; the block keeps its norms, SwiGLU MLP and embeddings and only
+the attention module changes. Every mixer takes TorchTitan's attention call
+``(x, rope_cache, attention_masks, positions)``.
 
-fla is optional (``pip install flash-linear-attention==0.6.0``, which pulls ``fla-core==0.6.0``
-and ``transformers``): :func:`require_fla` gives the install hint, and nothing here imports fla
-until a mixer is built. fla's kernels are Triton kernels and need a CUDA device (see docs/mixers.md).
+* :data:`FLA_MIXERS`: baselines from flash-linear-attention (fla), :class:`FlaMixer` owning fla's
+  layer. These carry position information in their recurrence and short convolutions, so RoPE is
+  ignored. fla is optional (``pip install flash-linear-attention==0.6.0``, which pulls
+  ``fla-core==0.6.0`` and ``transformers``): :func:`require_fla` gives the install hint, and nothing
+  here imports fla until a mixer is built. fla's kernels are Triton kernels and need a CUDA device
+  (see docs/mixers.md).
+* :data:`FAMILY_MIXERS`: the Parallax family (SPEC sections 1 and 1b, ``kernels.family``): exact
+  local-linear attention and the uniform-weight members Value Averaging, Affine Linear Attention and
+  Affine MesaNet, with projections named as the attention's (docs/models.md).
 """
 
 from __future__ import annotations
@@ -15,13 +20,19 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import math
 import os
 import re
 import shutil
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torchtitan.models.qwen3.model.model import apply_rotary_emb
+from torchtitan.models.utils import trunc_normal_
+
+import kernels
 
 FLA_VERSION = "0.6.0"
 FLA_INSTALL = f"pip install flash-linear-attention=={FLA_VERSION}"
@@ -216,8 +227,6 @@ class FlaMixer(nn.Module):
         Every other parameter (A_log, dt_bias, D, lambda, conv filters, norm weights) takes the
         value of a freshly constructed fla layer, i.e. fla's own init, also for sharded DTensors.
         """
-        from torchtitan.models.utils import trunc_normal_
-
         fresh = None
         for name, module in self.layer.named_modules():
             if isinstance(module, nn.Linear):
@@ -254,3 +263,164 @@ def build_mixer(layer_id: int, args) -> FlaMixer:
     """The fla mixer ``args.mixer`` for block ``layer_id`` of a model with arguments ``args``."""
     settings = fla_settings(args.mixer, args.dim, args.head_dim, args.n_heads, args.n_kv_heads)
     return FlaMixer(args.mixer, args.dim, settings, layer_id, args.norm_eps)
+
+
+# --- The Parallax family (SPEC sections 1 and 1b; kernels.family) ------------------------------------
+
+# The ridge lambda of exact LLA and Affine MesaNet, one per query head: softplus(lambda_params) +
+# LAMBDA_FLOOR, starting at LAMBDA_INIT (fla's MesaNet bounds its lambda the same way: floor 0.25,
+# initial value 1). The floor keeps Sigma_KK + lambda I positive definite for the Cholesky solve.
+LAMBDA_FLOOR = 0.25
+LAMBDA_INIT = 1.0
+
+
+def ridge_lambda(params: torch.Tensor) -> torch.Tensor:
+    """(Hq,) ridge lambdas softplus(params) + LAMBDA_FLOOR from the (Hq,) raw parameters, in fp32 or
+    wider (bf16 parameters are widened: lambda sets the conditioning of the solve)."""
+    return F.softplus(params.to(torch.promote_types(params.dtype, torch.float32))) + LAMBDA_FLOOR
+
+
+class FamilyMixer(nn.Module):
+    """A family mixer: input projections named as the attention's (``wq``, ``wk``, ``wv``, ``wr``; the
+    default optimizer routing sends them, and ``wo``, where it sends attention's), a mixing step on
+    heads of ``head_dim``, and the output projection ``wo`` (Hq * D -> dim).
+
+    Subclasses list their input projections in ``INPUTS`` and implement ``mix``. Block-causal masks
+    (packed documents) are not supported: config validation refuses them, and ``forward`` raises.
+
+    forward(x (batch, seq, dim), rope_cache, attention_masks=None, positions=None) -> (batch, seq,
+    dim) in x's dtype.
+    """
+
+    INPUTS: tuple[str, ...] = ()
+    name = ""
+
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        rows = {"wq": args.n_heads, "wr": args.n_heads, "wk": args.n_kv_heads, "wv": args.n_kv_heads}
+        for proj in self.INPUTS:
+            setattr(self, proj, nn.Linear(args.dim, rows[proj] * args.head_dim, bias=False))
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def heads(self, proj: str, x: torch.Tensor) -> torch.Tensor:
+        """Projection ``proj`` of x (batch, seq, dim) as (batch, seq, heads, head_dim)."""
+        return getattr(self, proj)(x).unflatten(-1, (-1, self.head_dim))
+
+    def mix(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """x (batch, seq, dim) -> (batch, seq, Hq, head_dim) before the output projection."""
+        raise NotImplementedError
+
+    def forward(self, x, rope_cache=None, attention_masks=None, positions=None):
+        if attention_masks is not None:
+            raise ValueError(f"parallax.attn_mask_type = 'block_causal' is not supported by mixer {self.name!r} "
+                             "(the family kernels take no document boundaries); use 'causal'")
+        return self.wo(self.mix(x, rope_cache, positions).flatten(-2))
+
+    @torch.no_grad()
+    def init_weights(self, init_std: float) -> None:
+        """Input projections truncated N(0, 0.02), ``wo`` truncated N(0, init_std) (TorchTitan's
+        depth-scaled std, as the attention's), norms to 1, ridge lambdas to LAMBDA_INIT."""
+        for proj in self.INPUTS:
+            trunc_normal_(getattr(self, proj).weight, mean=0.0, std=0.02)
+        trunc_normal_(self.wo.weight, mean=0.0, std=init_std)
+        for module in self.children():
+            if isinstance(module, nn.RMSNorm):
+                module.reset_parameters()
+        params = getattr(self, "lambda_params", None)
+        if params is not None:  # the inverse of softplus at LAMBDA_INIT - LAMBDA_FLOOR
+            params.fill_(math.log(math.expm1(LAMBDA_INIT - LAMBDA_FLOOR)))
+
+
+class ExactLLA(FamilyMixer):
+    """Exact local-linear attention (SPEC 1, the parent of Parallax), ``kernels.exact_lla``:
+
+        o_i = vbar_i + Sigma_KV(i) (Sigma_KK(i) + lambda_h I)^-1 (q_i - kbar_i)
+
+    with softmax weights p_ij = softmax_j(q_i . k_j / sqrt(D)). q, k, v as Qwen3's attention (q/k
+    RMSNorm, RoPE on q and k, GQA), lambda_h = softplus(lambda_params[h]) + LAMBDA_FLOOR learned per
+    query head. Direct Cholesky solve per query: O(L^2 D^2 + L D^3) per head and sequence
+    (``kernels.exact_lla_cost``), so it is for MAD and small models; ``args.lla_max_cost`` bounds a
+    forward (None: no bound).
+    """
+
+    INPUTS = ("wq", "wk", "wv")
+    name = "exact_lla"
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.q_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+        self.k_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+        self.lambda_params = nn.Parameter(torch.empty(args.n_heads))
+        self.scaling = args.head_dim ** -0.5
+        self.max_cost = args.lla_max_cost
+
+    def mix(self, x, rope_cache, positions):
+        q, k = apply_rotary_emb(self.q_norm(self.heads("wq", x)), self.k_norm(self.heads("wk", x)), rope_cache,
+                                positions)
+        return kernels.exact_lla(q, k, self.heads("wv", x), lam=ridge_lambda(self.lambda_params),
+                                 scale=self.scaling, max_cost=self.max_cost)
+
+
+class ValueAveraging(FamilyMixer):
+    """Value Averaging (SPEC 1b, zero probe), ``kernels.value_averaging``: o_i = vbar_i = (1/i)
+    sum_{j<=i} v_j, the Hkv value heads repeated to the Hq heads that ``wo`` reads (W_V and W_O keep
+    the attention's shapes). No queries, keys or position information."""
+
+    INPUTS = ("wv",)
+    name = "value_averaging"
+
+    def mix(self, x, rope_cache, positions):
+        return kernels.value_averaging(self.heads("wv", x), q_heads=self.n_heads)
+
+
+class AffineLinearAttention(FamilyMixer):
+    """Affine Linear Attention (SPEC 1b, learned probe), ``kernels.affine_linear_attention``:
+
+        o_i = vbar_i - Sigma_KV(i) rho_i,   rho_i = RMSNorm_h(W_R x_i)
+
+    with uniform causal moments (p_ij = 1/i): Parallax attention without queries. The probe has a
+    per-head RMSNorm (``r_norm``) as Parallax's, keys Qwen3's ``k_norm``; no RoPE (uniform weights
+    carry no positions). ``wr`` takes W_Q's place, so the parameters are the attention's.
+    ``args.attn_backend`` picks the kernel: fused Triton on CUDA for head_dim 16-128, else the
+    chunked PyTorch form.
+    """
+
+    INPUTS = ("wr", "wk", "wv")
+    name = "affine_la"
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.r_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+        self.k_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+        self.backend = args.attn_backend
+
+    def mix(self, x, rope_cache, positions):
+        r, k = self.r_norm(self.heads("wr", x)), self.k_norm(self.heads("wk", x))
+        return kernels.affine_linear_attention(r, k, self.heads("wv", x), backend=self.backend)
+
+
+class AffineMesaNet(FamilyMixer):
+    """Affine MesaNet (SPEC 1b, solved probe; uniform-weight exact LLA), ``kernels.affine_mesanet``:
+
+        o_i = vbar_i + Sigma_KV(i) (Sigma_KK(i) + lambda_h I)^-1 (q_i - kbar_i)
+
+    with uniform causal moments. q and k L2-normalised per head as fla's MesaNet, lambda_h =
+    softplus(lambda_params[h]) + LAMBDA_FLOOR per query head; no RoPE, no short convolution, no
+    output gate. One Cholesky factorisation per token and head: O(L D^3) per head and sequence.
+    """
+
+    INPUTS = ("wq", "wk", "wv")
+    name = "affine_mesanet"
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.lambda_params = nn.Parameter(torch.empty(args.n_heads))
+
+    def mix(self, x, rope_cache, positions):
+        q, k = F.normalize(self.heads("wq", x), dim=-1), F.normalize(self.heads("wk", x), dim=-1)
+        return kernels.affine_mesanet(q, k, self.heads("wv", x), lam=ridge_lambda(self.lambda_params))
+
+
+# [model] name -> family mixer class
+FAMILY_MIXERS = {cls.name: cls for cls in (ExactLLA, ValueAveraging, AffineLinearAttention, AffineMesaNet)}

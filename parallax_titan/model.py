@@ -14,9 +14,12 @@ from ``ParallaxModelArgs.mixer``):
   - an optional sigmoid gate (``gate = "token" | "head"``) that scales rho after the norm;
   - ``probe_init = "zero"`` makes every layer exactly softmax attention at step 0 and lets the probe
     grow from zero (the up-training path): the rho-norm weight starts at 0, W_R as W_Q;
+  - a sliding window (``window = W``): query i reads keys i - W < j <= i (SPEC 1b);
 
 * ``gated_deltanet``, ``kda``, ``mamba2``, ``mesa_net``: flash-linear-attention layers
-  (``parallax_titan.mixers``, docs/mixers.md).
+  (``parallax_titan.mixers``, docs/mixers.md);
+* ``exact_lla``, ``value_averaging``, ``affine_la``, ``affine_mesanet``: the Parallax family
+  (``parallax_titan.mixers``, docs/models.md).
 
 The SwiGLU MLP, the attention projections, the RoPE table and their initialisations are
 TorchTitan's Qwen3 building blocks.
@@ -41,9 +44,11 @@ from torchtitan.models.utils import get_moe_model_nparams_and_flops, trunc_norma
 from torchtitan.protocols.model import ModelProtocol
 
 import kernels
+from kernels.family.lla import DEFAULT_MAX_COST
 from parallax_titan import mixers
 
-Mixer = Literal["softmax", "parallax", "gated_deltanet", "kda", "mamba2", "mesa_net"]
+Mixer = Literal["softmax", "parallax", "gated_deltanet", "kda", "mamba2", "mesa_net", "exact_lla",
+                "value_averaging", "affine_la", "affine_mesanet"]
 Gate = Literal["none", "token", "head"]
 ProbeInit = Literal["normal", "zero"]
 Backend = Literal["auto", "reference", "triton"]
@@ -63,6 +68,8 @@ class ParallaxModelArgs(Qwen3ModelArgs):
     gate: Gate = "none"
     probe_init: ProbeInit = "normal"
     attn_backend: Backend = "auto"
+    window: int = 0  # Parallax sliding window W; 0 = full causal
+    lla_max_cost: int | None = DEFAULT_MAX_COST  # exact LLA: most multiply-adds per forward (None: no bound)
     eos_id: int = QWEN3_ENDOFTEXT_ID
 
     @property
@@ -86,6 +93,7 @@ class ParallaxModelArgs(Qwen3ModelArgs):
             self.rho_rope = section.rho_rope
             self.gate = section.gate
             self.probe_init = section.probe_init
+            self.window = section.window
         self.attn_backend = section.attn_backend
         self.attn_mask_type = section.attn_mask_type
 
@@ -143,6 +151,7 @@ class ParallaxAttention(Attention):
         self.gate_kind = model_args.gate
         self.probe_init = model_args.probe_init
         self.backend = model_args.attn_backend
+        self.window = model_args.window or None  # the kernels' None is full causal attention
         self.wr = nn.Linear(model_args.dim, model_args.n_heads * self.head_dim, bias=False)
         self.r_norm = nn.RMSNorm(self.head_dim, eps=model_args.norm_eps, elementwise_affine=True)
         gate_out = {"none": 0, "token": 1, "head": model_args.n_heads}[model_args.gate]
@@ -182,23 +191,27 @@ class ParallaxAttention(Attention):
         if isinstance(attention_masks, DocumentBoundaries):
             packed = [t.reshape(1, bs * seqlen, *t.shape[2:]) for t in (q, r, k, v)]
             out = kernels.parallax_attention(
-                *packed, scale=self.scaling, backend=self.backend, cu_seqlens=attention_masks.cu_seqlens
+                *packed, scale=self.scaling, backend=self.backend, cu_seqlens=attention_masks.cu_seqlens,
+                window=self.window,
             )
         else:
-            out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend)
+            out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend, window=self.window)
         return self.wo(out.reshape(bs, seqlen, -1))
 
 
 def sequence_mixer(layer_id: int, args: ParallaxModelArgs) -> nn.Module:
-    """The attention slot of block ``layer_id``: softmax, Parallax or an fla layer (``args.mixer``)."""
+    """The attention slot of block ``layer_id``: softmax, Parallax, an fla layer or a family mixer
+    (``args.mixer``)."""
     if args.mixer == "softmax":
         return Attention(args)
     if args.mixer == "parallax":
         return ParallaxAttention(args)
     if args.mixer in mixers.FLA_MIXERS:
         return mixers.build_mixer(layer_id, args)
+    if args.mixer in mixers.FAMILY_MIXERS:
+        return mixers.FAMILY_MIXERS[args.mixer](args)
     raise ValueError(f"mixer: {args.mixer!r} is unknown; expected 'softmax', 'parallax' or one of "
-                     f"{', '.join(map(repr, mixers.FLA_MIXERS))}")
+                     f"{', '.join(map(repr, [*mixers.FLA_MIXERS, *mixers.FAMILY_MIXERS]))}")
 
 
 class Block(nn.Module):

@@ -21,10 +21,15 @@ from optimizers.routing import RoutingConfig, build_param_groups
 from optimizers.schedules import SchedulePhases, wd_anneal_factor
 from parallax_titan.compat import schedule_phases
 from parallax_titan.config import LRScheduler, Optimizer
+from parallax_titan.config.optim import MATRIX_ALGO_OF
 from parallax_titan.step_flags import StepFlags
 
 __all__ = ["ParallaxOptimizersContainer", "WDALRSchedulersContainer", "build_optimizers", "build_lr_schedulers",
-           "routing_config", "model_head_dim"]
+           "routing_config", "matrix_options", "model_head_dim"]
+
+# [optimizer] keys that are MuonAdamW group options of the same name (optimizers.muon.GROUP_DEFAULTS)
+FAMILY_OPTIONS = ("normuon_beta2", "normuon_eps", "aurora_iterations", "aurora_beta", "aurora_eps", "soap_beta1",
+                  "soap_beta2", "soap_shampoo_beta", "soap_eps", "soap_precondition_frequency")
 
 
 def model_head_dim(model: nn.Module) -> int:
@@ -36,19 +41,30 @@ def model_head_dim(model: nn.Module) -> int:
     return dims.pop() if dims else 0
 
 
+def matrix_options(config: Optimizer) -> dict[str, Any]:
+    """Options of the hidden-matrix groups (``MuonAdamW`` group keys): the algorithm ``name`` picks
+    (``muon``, ``normuon``, ``aurora``, ``soap``) and the options of every algorithm of the family, of
+    which each group reads its own."""
+    return {"algo": MATRIX_ALGO_OF.get(config.name, "adamw"), "momentum": config.muon_momentum,
+            "nesterov": config.muon_nesterov, "compile_momentum": config.muon_compile_momentum,
+            "orthogonalizer": config.orthogonalizer, "ortho_steps": config.ortho_steps,
+            "ortho_dtype": config.ortho_dtype, "ortho_gram": config.ortho_gram,
+            "update_scale": config.muon_update_scale,
+            **{key: getattr(config, key) for key in FAMILY_OPTIONS}}
+
+
 def routing_config(config: Optimizer, model: nn.Module) -> RoutingConfig:
-    """The parameter routing of ``model`` that the ``[optimizer]`` section asks for."""
+    """The parameter routing of ``model`` that the ``[optimizer]`` section asks for: with a Muon-family
+    ``name`` the hidden matrices get that algorithm (:func:`matrix_options`) and the rest Adam."""
     return RoutingConfig(
-        use_muon=config.name == "Muon",
+        use_muon=config.name in MATRIX_ALGO_OF,
         rules=list(config.param_rules),
         muon_categories=tuple(config.muon_categories),
         lr=config.lr,
         lr_multipliers=config.multipliers(),
         weight_decay=config.weight_decay,
         no_decay_categories=tuple(config.no_decay_categories),
-        muon={"momentum": config.muon_momentum, "nesterov": config.muon_nesterov,
-              "orthogonalizer": config.orthogonalizer, "ortho_steps": config.ortho_steps,
-              "ortho_dtype": config.ortho_dtype, "update_scale": config.muon_update_scale},
+        muon=matrix_options(config),
         adam={"betas": (config.beta1, config.beta2), "eps": config.eps},
         headwise=config.muon_headwise,
         head_dim=config.muon_head_dim or model_head_dim(model),

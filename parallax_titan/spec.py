@@ -11,10 +11,16 @@ gated_deltanet     Gated DeltaNet from flash-linear-attention (optional dependen
 kda                Kimi Delta Attention from flash-linear-attention
 mamba2             Mamba2 from flash-linear-attention (MAD baseline)
 mesa_net           MesaNet from flash-linear-attention (MAD baseline)
+exact_lla          exact local-linear attention, the parent of Parallax (MAD and small models)
+value_averaging    Value Averaging: o_i = mean of v_j, j <= i (the family's zero probe)
+affine_la          Affine Linear Attention: Parallax with uniform weights (learned probe)
+affine_mesanet     Affine MesaNet: uniform-weight exact LLA (solved probe)
 ================== ============================================================
 
 The fla mixers keep the Qwen3 block (norms, MLP, embeddings) and size their heads to the
-attention they replace (``parallax_titan.mixers.fla_settings``; docs/mixers.md).
+attention they replace (``parallax_titan.mixers.fla_settings``; docs/mixers.md). The family
+mixers (``parallax_titan.mixers.FAMILY_MIXERS``; docs/models.md) keep the attention's heads and
+projection shapes.
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ from torchtitan.components.validate import build_validator
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
 from parallax_titan.hf_adapter import ParallaxStateDictAdapter
-from parallax_titan.mixers import FLA_MIXERS
+from parallax_titan.mixers import FAMILY_MIXERS, FLA_MIXERS
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
 
-VARIANTS = ("transformer", "transformer_dagger", "parallax", "parallax_dagger", *FLA_MIXERS)
+VARIANTS = ("transformer", "transformer_dagger", "parallax", "parallax_dagger", *FLA_MIXERS, *FAMILY_MIXERS)
 
 BASE_FLAVORS = {
     "debug": ParallaxModelArgs(
@@ -72,7 +78,7 @@ def variant_args(variant: str, base: ParallaxModelArgs) -> ParallaxModelArgs:
         return dataclasses.replace(
             base, mixer="parallax", head_dim=base.head_dim // 2, hidden_dim=dagger_hidden_dim(base)
         )
-    if variant in FLA_MIXERS:
+    if variant in FLA_MIXERS or variant in FAMILY_MIXERS:
         return dataclasses.replace(base, mixer=variant)
     raise ValueError(f"model.name: unknown variant {variant!r}; expected one of {VARIANTS}")
 

@@ -4,9 +4,10 @@ configs/README.md, the table of what each config reproduces.
     python -m scripts.make_configs          # rewrite the files
     python -m scripts.make_configs --check  # exit 1 if a committed file differs (used by tests)
 
-Every recipe value below names its source: SPEC.md section 3, or a passage of a seed paper
-(seed 000: the codesign study; seed 001: the Parallax family paper; seed 003: the spectral-power
-weight-decay paper). A value no source gives is marked "ours" in the config header, with its reason.
+Every recipe value below names its source: SPEC.md section 3, a passage of a seed paper (seed 000:
+the codesign study; seed 001: the Parallax family paper; seed 003: the spectral-power weight-decay
+paper), or the setting a seed names (seed 000: modded-NanoGPT). A value no source gives is marked
+"ours" in the config header, with its reason.
 """
 
 from __future__ import annotations
@@ -114,6 +115,39 @@ ASYM_MODEL_NOTE = (
     "stage (Figure 10); 256 warmup steps and a 20% linear decay to 0 are ours.",
 )
 
+# --- Seed 000's codesign study (section "Architecture-Optimizer Codesign") --------------------------
+# The seed: "modded-NanoGPT experiments with four optimizers (Muon, Aurora, NorMuon, SOAP), each paired
+# with Parallax (+Parallax, solid) and standard attention (dashed) ... Parallax reaches lower val loss at
+# matched step count", and "Muon with warmup-stable-decay scheduling is likely suboptimal". It states no
+# size, step count, batch or hyperparameter. Modded-NanoGPT's optimization track
+# (records/track_3_optimization, where all four optimizers have results) fixes the model, data and batch:
+# the GPT-2 124M shape (12 layers, width 768; heads of 128, so 6), causal attention over 1024-token
+# sequences, 512 per step (524,288 tokens), validation on 20 x 524,288 tokens; its baseline
+# (train_gpt_simple.py, tuned Muon) trains 3,250 steps, constant lr then linear to 0 over the last 70%.
+CODESIGN_MODEL = {"dim": 768, "n_layers": 12, "n_heads": 6, "n_kv_heads": 6, "head_dim": 128, "hidden_dim": 2048}
+CODESIGN_STEPS = 3_250
+CODESIGN_BATCH = 512
+CODESIGN_SEQ_LEN = 1024
+CODESIGN_SCHEDULE = {"warmup_steps": 0, "decay_ratio": 0.7, "decay_type": "linear", "min_lr_factor": 0.0}
+CODESIGN_OPTIMIZERS = {"muon": "Muon", "normuon": "NorMuon", "aurora": "Aurora", "soap": "SOAP"}
+CODESIGN_NOTE = (
+    "Not in the seed; from modded-NanoGPT's optimization track, the setting we read the seed's",
+    "\"modded-NanoGPT experiments\" as (all four optimizers have results there): the GPT-2 124M shape",
+    "(12 layers, width 768, 6 heads of 128, no GQA), 1024-token sequences, 512 per step, and its",
+    "baseline's 3,250 steps with no warmup, constant lr, then linear to 0 over the last 70%.",
+    "Ours: our Qwen3 block at that shape (q/k RMSNorm, RoPE 1e6, SwiGLU width 2048 = the 4x MLP's",
+    "parameters in three matrices), the Qwen3 tokenizer with tied embeddings (151,936 x 768 = 117M",
+    "embedding parameters; 85M in the blocks), Ultra-FineWeb (the track trains on FineWeb), and one",
+    "recipe for all four optimizers so that only the optimizer changes: SPEC.md section 3's Muon recipe",
+    "(lr 5e-3, weight decay 0.1, Adam group (0.8, 0.95), eps 1e-7, lr x0.3 embeddings, x0.015 norms,",
+    "Muon scale 0.2 sqrt(max(m, n)); SOAP's Adam-normalised direction takes lr unscaled), each",
+    "algorithm's own options at their defaults (docs/config.md), grad clip 1.0. None is tuned here.",
+    "Validation loss (the seed's metric; the track's: 10,485,760 tokens every 125 steps) needs a",
+    "held-out set:",
+    "  --validation.enable --validation.dataset local --validation.dataset_path <held-out files>",
+    "  --validation.freq 125 --validation.seq_len 1024",
+    "Compared runs must use the same number of GPUs (same data split) or training.data_order = global.",
+)
 
 @dataclass(frozen=True)
 class Entry:
@@ -299,9 +333,29 @@ def asym_entry(stem: str, folder: str, p_a: int, p_m: int, lr: float, lam_a: flo
                  group)
 
 
+def codesign_entries() -> list[Entry]:
+    """Seed 000's codesign grid: four optimizers x {softmax attention, Parallax} at the GPT-2 124M shape."""
+    out = []
+    for variant in ("transformer", "parallax"):
+        for stem, name in CODESIGN_OPTIMIZERS.items():
+            file = f"{variant}_{stem}"
+            config = job_config(file, "codesign", {"name": variant, "flavor": "0.6B", **CODESIGN_MODEL}, {},
+                                {**MUON, "name": name}, dict(CODESIGN_SCHEDULE),
+                                f"{file} (seed 000 codesign: {name}, {variant})", CODESIGN_BATCH, CODESIGN_STEPS,
+                                training={"seq_len": CODESIGN_SEQ_LEN, "local_batch_size": 16})
+            header = (f"Seed 000, \"Architecture-Optimizer Codesign\": {name} with "
+                      f"{'Parallax' if variant == 'parallax' else 'softmax attention'}, one of 4 optimizers x "
+                      "{softmax, Parallax};",
+                      "from the seed: the four optimizers, each with and without Parallax, compared at matched steps.")
+            out.append(Entry(f"configs/codesign/{file}.toml", config, header + CODESIGN_NOTE,
+                             "seed 000 codesign (setting: modded-NanoGPT's optimization track)",
+                             "port (seed: modded-NanoGPT's GPT)"))
+    return out
+
+
 def all_entries() -> list[Entry]:
     """Every generated config."""
-    return paper_entries() + ablation_entries() + seed003_entries()
+    return paper_entries() + ablation_entries() + seed003_entries() + codesign_entries()
 
 
 def all_configs() -> dict[str, dict]:

@@ -123,7 +123,7 @@ def test_toml_recipe_builds_groups_and_metrics(tmp_path):
     ("optimizer", "muon_headwise", '"HQF"', "optimizer.muon_headwise='HQF'"),
     ("optimizer", "lr", "-1.0", "optimizer.lr: expected a finite float > 0, got -1.0"),
     ("optimizer", "spectral_power_mlp", "-2", "optimizer.spectral_power_mlp: expected an int >= 0, got -2"),
-    ("optimizer", "name", '"SGD"', "optimizer.name: expected one of ('Muon', 'AdamW'), got 'SGD'"),
+    ("optimizer", "name", '"SGD"', "optimizer.name: expected one of ('Muon', 'NorMuon', 'Aurora', 'SOAP', 'AdamW'), got 'SGD'"),
     ("optimizer", "lr_multipliers", '["embed:0.3"]', "optimizer.lr_multipliers: entry 'embed:0.3'"),
     ("optimizer", "spectral_band", '"top"', "optimizer.spectral_band_tau: expected > 0 when spectral_band is set, got 0.0"),
     ("lr_scheduler", "wd_anneal_gamma", "-1.0", "lr_scheduler.wd_anneal_gamma: expected a finite float >= 0, got -1.0"),

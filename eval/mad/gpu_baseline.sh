@@ -4,20 +4,29 @@
 # Resumable: each call starts new runs for DEADLINE seconds (largest first) and stops all work at
 # LIMIT seconds; every finished run is appended to runs.jsonl and runs already there are skipped.
 # The grid lives in GRID (committed between calls); with $OUT set (the device tool's folder) the
-# call works on a copy under $OUT/paper_grid, which comes back even when the call is cut short:
-# copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR).
+# call works on a copy under $OUT/<GRID's folder name>, which comes back even when the call is cut short:
+# copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
+# baseline settings (a subset of the full sweep's runs, which later calls complete).
 #   bash eval/mad/gpu_baseline.sh [WORKERS] [DEADLINE_SECONDS] [LIMIT_SECONDS]
-# On the H200 box (no network) the carried wheels in .whl/ (and .whl_mad/ for numpy) are installed first.
+# Another grid: CONFIG (a configs/mad/ file), MIXERS (comma list; unset: attention,parallax; empty: the
+# config's [grid] mixers) and GRID, e.g. the family grid (it shares paper_baseline's settings: a copy of
+# that grid's runs.jsonl in GRID counts):
+#   CONFIG=configs/mad/family.toml MIXERS= GRID=docs/mad/family_grid bash eval/mad/gpu_baseline.sh 8
+# On the H200 box (no network) the carried wheels in .whl/ (and .whl_mad/ for numpy; .whl_fla/, with
+# .whl_tilelang/ and .whl_z3/ where present, for the fla mixers) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 grid=${GRID:-docs/mad/paper_grid}
+config=${CONFIG:-configs/mad/paper_baseline.toml}
+mixers=${MIXERS-attention,parallax}
 workers=${1:-8}
 deadline=${2:-240}
 limit=${3:-540}
 tasks=${TASKS:-all}
+sweep=${SWEEP:-}
 out=$grid
 if [ -n "${OUT:-}" ]; then
-  out=$OUT/paper_grid
+  out=$OUT/$(basename "$grid")
   mkdir -p "$out"
   [ -f "$grid/runs.jsonl" ] && cp "$grid/runs.jsonl" "$out/"
 fi
@@ -27,10 +36,14 @@ if ! python3 -c "import torchtitan" 2>/dev/null; then
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 python3 -c "import numpy" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl_mad/numpy*.whl
+if [ -d .whl_fla ] && ! python3 -c "import fla.layers" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    $(ls .whl_tilelang/*.whl .whl_z3/*.whl 2>/dev/null) .whl_fla/*.whl
+fi
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-args=(--config configs/mad/paper_baseline.toml --mixers attention,parallax --tasks "$tasks" --out "$out"
-      --title "MAD, paper protocol (configs/mad/paper_baseline.toml), attention and Parallax, one H200"
-      --note "Command: bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks), repeated; each call skips finished runs.")
+args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} --tasks "$tasks" --out "$out"
+      --title "MAD, paper protocol ($config), ${mixers:-every mixer of the config}, one H200"
+      --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep), repeated; each call skips finished runs.")
 timeout "$limit" python3 -m eval.mad "${args[@]}" --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"
 python3 -m eval.mad "${args[@]}" --report-only | tail -3

@@ -104,8 +104,9 @@ class TrainConfig:
 class ModelConfig:
     """The two-block [mixer, SwiGLU] x 2 model (MAD's SwiGLU inner width at dim 128 is 352).
 
-    ``n_heads`` applies to attention and Parallax (mad-lab's mh-attention: 16 heads of 8); the fla
-    mixers are sized by ``parallax_titan.mixers.fla_settings`` with heads of at least 16.
+    ``n_heads`` applies to attention, Parallax and the Parallax family (mad-lab's mh-attention: 16
+    heads of 8); the fla mixers are sized by ``parallax_titan.mixers.fla_settings`` with heads of at
+    least 16.
     """
 
     dim: int = 128

@@ -1,8 +1,11 @@
 """MAD models: ``ParallaxQwen3Model`` with two blocks [RMSNorm, mixer, RMSNorm, SwiGLU] at width 128.
 
-Mixers: ``attention`` (TorchTitan's softmax SDPA), ``parallax`` (Parallax attention through
-``kernels.parallax_attention``), ``parallax_norope`` (Parallax without RoPE on rho). The model
-is the language model's own code (``parallax_titan.spec.variant_args``), only smaller.
+Mixers (:data:`MIXERS`): ``attention`` (TorchTitan's softmax SDPA), ``parallax`` (Parallax attention
+through ``kernels.parallax_attention``), ``parallax_norope`` (Parallax without RoPE on rho), the
+Parallax family ``exact_lla``, ``value_averaging``, ``affine_la``, ``affine_mesanet``
+(``kernels.family``, PyTorch forms on any device) and the flash-linear-attention baselines
+``gated_deltanet``, ``kda``, ``mamba2``, ``mesa_net`` (CUDA only). The model is the language model's
+own code (``parallax_titan.spec.variant_args``), only smaller.
 Compression wraps the same trunk in MAD's auto-encoder: the last position's hidden state plus
 sin-cos position embeddings feeds a two-layer GELU decoder and the model's own norm and head.
 """
@@ -17,11 +20,18 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from parallax_titan.mixers import FLA_MIXERS
 from parallax_titan.model import ParallaxAttention, ParallaxModelArgs, ParallaxQwen3Model
 from parallax_titan.spec import variant_args
 
+# MAD mixer name -> (variant, argument overrides)
 MIXERS = {"attention": ("transformer", {}), "parallax": ("parallax", {}),
           "parallax_norope": ("parallax", {"rho_rope": False}),
+          # the Parallax family (docs/models.md). Exact LLA's cost bound is for language-model
+          # configs; MAD's grid is fixed, and its longest settings (batch 128 x 1024 tokens) lie just
+          # above that bound
+          "exact_lla": ("exact_lla", {"lla_max_cost": None}), "value_averaging": ("value_averaging", {}),
+          "affine_la": ("affine_la", {}), "affine_mesanet": ("affine_mesanet", {}),
           # flash-linear-attention baselines (optional install, CUDA only: docs/mixers.md)
           "gated_deltanet": ("gated_deltanet", {}), "kda": ("kda", {}),
           "mamba2": ("mamba2", {}), "mesa_net": ("mesa_net", {})}
@@ -48,7 +58,7 @@ class PaddedHeadParallax(ParallaxAttention):
         bs, seqlen, _ = x.shape
         pad = MIN_FUSED_HEAD_DIM - self.head_dim
         q, r, k, v = (F.pad(t, (0, pad)) for t in self.project(x, rope_cache, positions))
-        out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend)
+        out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend, window=self.window)
         return self.wo(out[..., : self.head_dim].reshape(bs, seqlen, -1))
 
 
@@ -64,15 +74,15 @@ def mad_model_args(mixer: str, vocab_size: int, seq_len: int, dim: int = 128, n_
                    hidden_dim: int = 352, backend: str = "auto") -> ParallaxModelArgs:
     """Arguments of the two-block MAD model (untied head, no GQA, head_dim = dim / n_heads).
 
-    Attention and Parallax use ``n_heads`` heads (mad-lab: 16 heads of 8 at width 128); the fla
-    mixers get heads of at least 16 (their kernels need them).
+    Attention, Parallax and the family mixers use ``n_heads`` heads (mad-lab: 16 heads of 8 at width
+    128); the fla mixers get heads of at least 16 (their kernels need them).
     """
     if mixer not in MIXERS:
         raise ValueError(f"mixer={mixer!r}; expected one of {sorted(MIXERS)}")
     if n_heads < 1 or dim % n_heads:
         raise ValueError(f"n_heads={n_heads} must divide dim={dim}")
     variant, extra = MIXERS[mixer]
-    if variant not in ("transformer", "parallax"):
+    if variant in FLA_MIXERS:
         n_heads = min(n_heads, max(1, dim // MIN_FUSED_HEAD_DIM))
     base = ParallaxModelArgs(vocab_size=vocab_size, dim=dim, n_layers=2, n_heads=n_heads, n_kv_heads=n_heads,
                              head_dim=dim // n_heads, hidden_dim=hidden_dim, max_seq_len=seq_len,

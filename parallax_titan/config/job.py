@@ -19,6 +19,7 @@ from parallax_titan.config.optim import LRScheduler, Optimizer
 from parallax_titan.config.schema import toml_problems
 from parallax_titan.config.sections import (
     Checkpoint, Eval, Metrics, Model, Parallax, Parallelism, Reliability, Training, Validation, _problems_of,
+    mixer_problems,
 )
 
 FLOAT8 = "quantize.linear.float8"
@@ -68,9 +69,7 @@ class JobConfig(titan.JobConfig):
         if args.n_heads % args.n_kv_heads:
             problems.append(f"model.n_heads: {args.n_heads} query heads is not a multiple of model.n_kv_heads = "
                             f"{args.n_kv_heads} (model {name!r}, flavor {flavor!r})")
-        if args.mixer == "softmax" and self.parallax.attn_mask_type == "block_causal":
-            problems.append(f"parallax.attn_mask_type: 'block_causal' needs a Parallax model; {name!r} supports "
-                            "'causal' only")
+        problems += mixer_problems(self, args)
         if self.parallax.init_from_transformer and args.mixer != "parallax":
             problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
                             f"but model.name {name!r} is not Parallax")

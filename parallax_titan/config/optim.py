@@ -1,8 +1,9 @@
-"""``[optimizer]`` and ``[lr_scheduler]``: TorchTitan's keys plus Muon, S_p decay and WDA.
+"""``[optimizer]`` and ``[lr_scheduler]``: TorchTitan's keys plus the Muon family, S_p decay and WDA.
 
 TorchTitan's ``name``, ``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay`` and the schedule keys
-(``warmup_steps``, ``decay_ratio``, ``decay_type``, ``min_lr_factor``) keep their meaning; for Muon
-runs ``beta1``/``beta2``/``eps`` configure the Adam group. See docs/optimizers.md.
+(``warmup_steps``, ``decay_ratio``, ``decay_type``, ``min_lr_factor``) keep their meaning; for runs of
+the Muon family (Muon, NorMuon, Aurora, SOAP on the hidden matrices) ``beta1``/``beta2``/``eps``
+configure the Adam group. See docs/optimizers.md.
 
 No ``from __future__ import annotations`` here: tyro reads these annotations as real types.
 """
@@ -20,7 +21,13 @@ from optimizers.spectral import BANDS
 from parallax_titan.config.schema import value_problems
 from parallax_titan.config.sections import finite_at_least
 
-OPTIMIZER_NAMES = ("Muon", "AdamW")
+# optimizer.name -> MuonAdamW algorithm of the hidden matrices (optimizers.muon); AdamW: every group Adam
+MATRIX_ALGO_OF = {"Muon": "muon", "NorMuon": "normuon", "Aurora": "aurora", "SOAP": "soap"}
+OPTIMIZER_NAMES = (*MATRIX_ALGO_OF, "AdamW")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_multipliers(entries: list[str]) -> dict[str, float]:
@@ -40,7 +47,8 @@ def parse_multipliers(entries: list[str]) -> dict[str, float]:
 
 @dataclass
 class Optimizer(titan.Optimizer):
-    """``[optimizer]``: TorchTitan's keys (``name`` = "Muon" | "AdamW") plus Muon and decay options."""
+    """``[optimizer]``: TorchTitan's keys (``name`` = "Muon" | "NorMuon" | "Aurora" | "SOAP" | "AdamW") plus
+    the options of the Muon family and of the decay."""
 
     muon_momentum: float = 0.95
     """Muon momentum coefficient mu (B <- mu B + G)."""
@@ -106,6 +114,43 @@ class Optimizer(titan.Optimizer):
     msign_steps: int = 20
     """Iterations of the matrix-sign polynomial for band projectors."""
 
+    ortho_gram: Literal["auto", "on", "off"] = "auto"
+    """Orthogonalise rectangular matrices on their Gram side: "auto" = in bf16/fp16 when the long side
+    is clearly longer; "on"/"off" force it (Muon, NorMuon, Aurora)."""
+
+    muon_compile_momentum: bool = True
+    """Compile the momentum update into a few fused kernels on CUDA (eager on CPU or if compiling fails)."""
+
+    normuon_beta2: float = 0.95
+    """NorMuon: decay of the per-row second moment v_i of the orthogonalised update."""
+
+    normuon_eps: float = 1e-8
+    """NorMuon: guard in N_ij = O_ij / (sqrt(v_i) + eps)."""
+
+    aurora_iterations: int = 2
+    """Aurora: polar calls K of the leverage-uniform iteration (tall matrices)."""
+
+    aurora_beta: float = 0.5
+    """Aurora: damping exponent of the row rescaling, in (0, 1]."""
+
+    aurora_eps: float = 1e-7
+    """Aurora: floor of the row norms (and, squared, of the leverages)."""
+
+    soap_beta1: float = 0.95
+    """SOAP: first-moment decay in the eigenbasis."""
+
+    soap_beta2: float = 0.95
+    """SOAP: second-moment decay in the eigenbasis."""
+
+    soap_shampoo_beta: float = 0.95
+    """SOAP: decay of the Shampoo factors L = E[G G^T], R = E[G^T G]."""
+
+    soap_eps: float = 1e-8
+    """SOAP: Adam's denominator guard."""
+
+    soap_precondition_frequency: int = 10
+    """SOAP: refresh the eigenbases (one power iteration + QR) every this many steps."""
+
     def multipliers(self) -> dict[str, float]:
         """``lr_multipliers`` as {category: multiplier} (the section must be valid)."""
         return parse_multipliers(self.lr_multipliers)
@@ -119,9 +164,14 @@ class Optimizer(titan.Optimizer):
 
         need(self.name in OPTIMIZER_NAMES, "name", f"one of {OPTIMIZER_NAMES}")
         need(finite_at_least(self.lr, 0) and self.lr > 0, "lr", "a finite float > 0")
-        for key in ("beta1", "beta2", "muon_momentum"):
+        for key in ("beta1", "beta2", "muon_momentum", "normuon_beta2", "soap_beta1", "soap_beta2",
+                    "soap_shampoo_beta"):
             need(finite_at_least(getattr(self, key), 0) and getattr(self, key) < 1, key, "a float in [0, 1)")
-        need(finite_at_least(self.eps, 0) and self.eps > 0, "eps", "a float > 0")
+        for key in ("eps", "normuon_eps", "aurora_eps", "soap_eps"):
+            need(finite_at_least(getattr(self, key), 0) and getattr(self, key) > 0, key, "a float > 0")
+        need(finite_at_least(self.aurora_beta, 0) and 0 < self.aurora_beta <= 1, "aurora_beta", "a float in (0, 1]")
+        for key in ("aurora_iterations", "soap_precondition_frequency"):
+            need(_is_int(getattr(self, key)) and getattr(self, key) >= 1, key, "an int >= 1")
         for key in ("weight_decay", "spectral_coeff_attn", "spectral_coeff_mlp", "spectral_band_tau"):
             need(finite_at_least(getattr(self, key), 0), key, "a finite float >= 0")
         need(self.orthogonalizer in ORTHOGONALIZERS, "orthogonalizer", f"one of {sorted(ORTHOGONALIZERS)}")
@@ -132,6 +182,8 @@ class Optimizer(titan.Optimizer):
         need(self.spectral_band == "none" or self.spectral_band_tau > 0, "spectral_band_tau",
              "> 0 when spectral_band is set")
         need(isinstance(self.msign_steps, int) and self.msign_steps >= 1, "msign_steps", "an int >= 1")
+        need(self.name != "SOAP" or "H" not in str(self.muon_headwise), "muon_headwise",
+             "only F letters with name = 'SOAP' (head-wise updates are for Muon, NorMuon and Aurora)")
         need(not self.early_step_in_backward, "early_step_in_backward", "false (not supported by MuonAdamW)")
         for check in (lambda: parse_headwise(self.muon_headwise), lambda: parse_rules(self.param_rules),
                       self.multipliers):

@@ -47,12 +47,18 @@ class Parallax:
     attn_mask_type: Literal["causal", "block_causal"] = "causal"
     """causal over the packed row, or block_causal: no attention across <|endoftext|>."""
 
+    window: int = 0
+    """Sliding window W of Parallax attention: query i reads keys i - W < j <= i (SPEC 1b); 0 = full
+    causal attention. Parallax models only."""
+
     init_from_transformer: str = ""
     """Up-training: a DCP checkpoint folder of a Transformer run (e.g. outputs/x/checkpoint/step-1000)
     loaded into a Parallax model at step 0, with rho-norm weights 0 (as ``probe_init = "zero"``)."""
 
     def validate(self) -> list[str]:
         problems = value_problems(self, "parallax")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+            problems.append(f"parallax.window: expected an int >= 0 (0 = full causal attention), got {self.window!r}")
         if self.init_from_transformer and not os.path.isdir(self.init_from_transformer):
             problems.append(f"parallax.init_from_transformer: {self.init_from_transformer!r} is not a checkpoint folder")
         return problems
@@ -109,6 +115,53 @@ class Model(titan.Model):
         known = model_converter_names()
         return [f"model.converters: {name!r} is not a TorchTitan model converter; expected one of "
                 f"{', '.join(map(repr, known))}" for name in self.converters if name not in known]
+
+
+
+def mixer_problems(job, args) -> list[str]:
+    """Problems of the model's sequence mixer (``args.mixer`` of the model ``job`` builds) with the
+    ``[parallax]`` switches and with the shapes the run feeds it: block-causal masks need a mixer that
+    takes document boundaries, a sliding window needs Parallax attention, and exact LLA's cost per
+    forward (``kernels.exact_lla_cost``, the direct Cholesky solve) must stay within
+    ``args.lla_max_cost`` for every (batch, seq_len) the run uses (training, validation, final eval)."""
+    from parallax_titan.mixers import VARLEN_MIXERS
+
+    name, parallax, problems = job.model.name, job.parallax, []
+    packed = ("parallax", *VARLEN_MIXERS)  # mixers that take document boundaries
+    if parallax.attn_mask_type == "block_causal" and args.mixer not in packed:
+        problems.append(f"parallax.attn_mask_type: 'block_causal' needs a mixer that takes packed documents "
+                        f"({', '.join(packed)}); model.name {name!r} supports 'causal' only")
+    if isinstance(parallax.window, int) and parallax.window > 0 and args.mixer != "parallax":
+        problems.append(f"parallax.window: a sliding window needs Parallax attention (model.name parallax or "
+                        f"parallax_dagger); got window = {parallax.window} with model.name {name!r}")
+    if args.mixer == "exact_lla" and args.lla_max_cost is not None:
+        problems += _exact_lla_cost_problems(job, args)
+    return problems
+
+
+def _exact_lla_cost_problems(job, args) -> list[str]:
+    from kernels.family.lla import exact_lla_cost
+
+    training = job.training
+    shapes = [("training", "training.local_batch_size", training.local_batch_size, "training.seq_len",
+               training.seq_len)]
+    if job.validation.enable:
+        shapes.append(("validation", "validation.local_batch_size", job.validation.local_batch_size,
+                       "validation.seq_len", job.validation.seq_len))
+    if job.eval.at_end:
+        shapes.append(("the final eval", "eval.batch_size", job.eval.batch_size, "eval.max_length",
+                       job.eval.max_length or training.seq_len))
+    problems = []
+    for what, batch_key, batch, len_key, seq_len in shapes:
+        cost = exact_lla_cost(batch, seq_len, args.n_heads, args.head_dim)
+        if cost > args.lla_max_cost:
+            problems.append(
+                f"model.name: 'exact_lla' costs B*Hq*L*(L*D^2 + D^3) = {cost:.3g} multiply-adds per layer and "
+                f"forward for {what} ({batch_key} B = {batch}, {len_key} L = {seq_len}, Hq = {args.n_heads}, "
+                f"D = {args.head_dim}), above the limit {args.lla_max_cost:.3g}: exact LLA solves one D x D "
+                "system per query and is meant for MAD and small models; use a smaller batch or sequence, or "
+                "model.name 'parallax' (learned probe) or 'affine_mesanet' (uniform weights)")
+    return problems
 
 
 @dataclass
