@@ -153,7 +153,7 @@ def test_ridge_lambda_starts_at_one(variant):
 
 # Muon recipe's categories of the attention slot's parameters (optimizers/routing.py's default rules).
 CATEGORIES = {"wq": "attn_q", "wr": "attn_r", "wk": "attn_k", "wv": "attn_v", "wo": "attn_o",
-              "q_norm": "norm", "k_norm": "norm", "r_norm": "norm", "lambda_params": "other:vector"}
+              "q_norm": "norm", "k_norm": "norm", "r_norm": "norm", "lambda_params": "ssm"}  # like fla's ridge
 
 
 @pytest.mark.parametrize("variant", FAMILY)
