@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -53,10 +54,15 @@ class ParallaxLM(TemplateLM):
     token; causal attention keeps padding from reaching any scored position. Generation runs on a
     KV cache of ``batch_size`` x ``max_length`` (``graph``: decode steps as CUDA graphs; None = on
     CUDA for the attention variants); ``seed`` seeds sampled generation.
+
+    distributed: one instance per rank of the default ``torch.distributed`` group, each with its
+    own full model; lm-eval then gives each rank a share of every task's documents and gathers
+    the per-document scores on rank 0 (the forward itself runs no collective).
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, max_length: int = 0,
-                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, graph: bool | None = None, seed: int = 1234):
+                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, graph: bool | None = None, seed: int = 1234,
+                 distributed: bool = False):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
@@ -71,6 +77,8 @@ class ParallaxLM(TemplateLM):
         self._device = next(model.parameters()).device
         self.graph, self.seed = graph, seed
         self._generator: Generator | None = None
+        if distributed and dist.is_initialized():
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
 
     @classmethod
     def from_job_config(cls, job_config, checkpoint_dir: str, *, device=None, dtype="auto",
@@ -106,6 +114,27 @@ class ParallaxLM(TemplateLM):
                 raise ValueError(f"model_args: {key}= is missing in {arg_string!r}; expected config=X.toml,checkpoint=DIR")
         config, checkpoint = args.pop("config"), args.pop("checkpoint")
         return cls.from_checkpoint(config, checkpoint, **{**args, **extra})
+
+    # ------------------------------------------------------------------ ranks (lm-eval's distributed API)
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` of every rank, stacked along a new first dimension (world_size, ...)."""
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
+
+    def gather_object(self, obj, dst: int = 0):
+        """Every rank's ``obj`` as a list on rank ``dst``, None on the others."""
+        if self.world_size == 1:
+            return [obj]
+        gathered = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object(obj, gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
 
     # ------------------------------------------------------------------ tokenizer and shapes
     @property
