@@ -20,6 +20,7 @@ decode steps); everywhere else the exact PyTorch reference below runs.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import torch
@@ -31,10 +32,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_parallax import ParallaxQwen3Config
 
-try:  # Parallax-Titan's kernels, when this runs inside (or beside) its repository
+try:  # Parallax-Titan's kernels, when this runs inside (or beside) its repository, and Triton
     import kernels as _titan_kernels
 
-    FUSED_KERNELS = hasattr(_titan_kernels, "parallax_attention") and hasattr(_titan_kernels, "parallax_decode")
+    FUSED_KERNELS = (hasattr(_titan_kernels, "parallax_attention") and hasattr(_titan_kernels, "parallax_decode")
+                     and importlib.util.find_spec("triton") is not None)
 except ImportError:
     _titan_kernels, FUSED_KERNELS = None, False
 
