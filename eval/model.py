@@ -262,7 +262,8 @@ class ParallaxLM(TemplateLM):
             graph = self.graph
             if graph is None:
                 graph = self.device.type == "cuda" and self.model.model_args.mixer in ATTENTION_MIXERS
-            self._generator = Generator(self.model, batch_size=self.batch_size, capacity=self.max_length, graph=graph)
+            self._generator = Generator(self.model, batch_size=self.batch_size, capacity=self.max_length, graph=graph,
+                                        document_end=self.eot_token_id)
         return self._generator
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -270,7 +271,8 @@ class ParallaxLM(TemplateLM):
         through the KV cache. Requests with the same sampling settings run together, longest
         context first, ``batch_size`` at a time; a context longer than ``max_length`` keeps its
         last tokens, and so does a sequence that outgrows it (the window slides, each new token
-        seeing the last ``max_length``).
+        seeing the last ``max_length``). Models trained with block-causal masks see the same
+        document masks as in scoring.
 
         Returns the generated text cut before the first stop string.
         """

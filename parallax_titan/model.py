@@ -187,7 +187,7 @@ def write_cache(layer: KVLayer, step, k: torch.Tensor, v: torch.Tensor) -> None:
         layer.v[step.rows, step.slots] = v[:, 0].to(layer.v.dtype)
 
 
-def step_positions(step, seqlen: int) -> torch.Tensor | None:
+def step_positions(step) -> torch.Tensor | None:
     """RoPE positions of a cached forward: None (0..T-1) for a prefill, (batch, 1) for a decode step."""
     return None if isinstance(step, PrefillStep) else step.slots[:, None]
 
@@ -211,7 +211,7 @@ class SoftmaxAttention(Attention):
 
     def forward_cached(self, x, rope_cache, layer: KVLayer, step):
         bs, seqlen, _ = x.shape
-        q, k, v = self.project(x, rope_cache, step_positions(step, seqlen))
+        q, k, v = self.project(x, rope_cache, step_positions(step))
         write_cache(layer, step, k, v)
         if isinstance(step, PrefillStep):
             out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=self.scaling,
@@ -289,7 +289,7 @@ class ParallaxAttention(Attention):
         :class:`DecodeStep` through the step's ``kernels.DecodePlan`` over the cache; either
         first writes k, v into ``layer``."""
         bs, seqlen, _ = x.shape
-        q, r, k, v = self.project(x, rope_cache, step_positions(step, seqlen))
+        q, r, k, v = self.project(x, rope_cache, step_positions(step))
         write_cache(layer, step, k, v)
         if isinstance(step, PrefillStep):
             out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend)
@@ -375,7 +375,8 @@ class ParallaxQwen3Model(ModelProtocol):
         """Logits of one position per row through the cached path (``parallax_titan.generation``).
 
         tokens (batch, T) int64; layer_caches: one per block (its mixer's part of the cache);
-        step: :class:`PrefillStep` or :class:`DecodeStep`; last: (batch,) int64 position whose
+        step: :class:`PrefillStep` or :class:`DecodeStep` (None for the fla mixers, whose state
+        carries the positions); last: (batch,) int64 position whose
         logits are returned (default T - 1, the only one of a decode step). Returns (batch, vocab).
         """
         h = self.tok_embeddings(tokens)

@@ -61,7 +61,7 @@ def run(args, overrides: list[str], out=sys.stdout) -> list[str]:
                          f"{model_args.max_seq_len}; pass --max-length {longest} (or fewer new tokens)")
     device = next(model.parameters()).device
     graph = not args.no_graph and device.type == "cuda" and model_args.mixer in ATTENTION_MIXERS
-    generator = Generator(model, batch_size=1, capacity=longest, graph=graph)
+    generator = Generator(model, batch_size=1, capacity=longest, graph=graph, document_end=tokenizer.eos_id)
     texts = []
     for text, prompt in zip(args.prompt, prompts):
         out.write(text)

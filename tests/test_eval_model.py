@@ -35,8 +35,8 @@ def tokenizer():
     return PretrainTokenizer(TINY_TOKENIZER_PATH)
 
 
-def tiny_model(variant: str) -> ParallaxQwen3Model:
-    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), n_layers=2, max_seq_len=64)
+def tiny_model(variant: str, **changes) -> ParallaxQwen3Model:
+    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), n_layers=2, max_seq_len=64, **changes)
     torch.manual_seed(0)
     model = ParallaxQwen3Model(args)
     with torch.no_grad():
@@ -140,8 +140,9 @@ def recompute_generate_until(model, tokenizer, context: str, until: list[str], m
     stops = [s for s in until + [tokenizer.decode([eot])] if s]
     generated: list[int] = []
     while len(generated) < max_new:
-        with torch.no_grad():
-            token = int(model(torch.tensor([(tokens + generated)[-window:]]))[0, -1].argmax())
+        row = torch.tensor([(tokens + generated)[-window:]])
+        with torch.no_grad():  # block-causal models: the document masks of training
+            token = int(model(row, attention_masks=model.get_attention_masks(row, tokenizer))[0, -1].argmax())
         if token == eot:
             break
         generated.append(token)
@@ -162,12 +163,14 @@ GENERATE_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("variant", ["transformer", "parallax"])
+@pytest.mark.parametrize("variant, changes", [("transformer", {}), ("parallax", {}),
+                                              ("parallax", {"attn_mask_type": "block_causal"})])
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_cached_generate_until_equals_recomputing(tokenizer, variant, batch_size):
+def test_cached_generate_until_equals_recomputing(tokenizer, variant, changes, batch_size):
     """Token for token (fp32, greedy) the recompute path's text, contexts and sequences longer than
-    the window included (the window slides)."""
-    model = tiny_model(variant)
+    the window included (the window slides); an empty context is <|endoftext|>, after which a
+    block-causal model starts a new document."""
+    model = tiny_model(variant, **changes)
     lm = make_lm(model, tokenizer, batch_size=batch_size)
     out = lm.generate_until(requests("generate_until", GENERATE_REQUESTS), disable_tqdm=True)
     expected = [recompute_generate_until(model, tokenizer, context, kwargs.get("until", []), kwargs["max_gen_toks"],

@@ -3,6 +3,8 @@ batches, end tokens, stop strings, streaming, a full cache, seeds."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -75,6 +77,29 @@ def test_full_cache_stops_or_slides():
     assert stopped[0].tokens == slid[0].tokens[:3]
     with pytest.raises(ValueError, match=r"prompts\[0\]: 9 tokens exceed the capacity of 8"):
         generator.generate([PROMPTS[2]])
+
+
+def test_block_causal_model_starts_a_new_document_after_the_end_token():
+    """A token after ``document_end`` sees only its own document, as the training masks say: the
+    greedy tokens equal recomputing with document masks, in a prompt and in generated text."""
+    model = tiny_model("parallax", attn_mask_type="block_causal")
+    end = 9
+    ends = lambda tokens: SimpleNamespace(eos_id=end)
+    prompts = [[5, 6, 9, 7, 8], [9], [3, 4, 9]]
+
+    def recompute(prompt, steps):
+        tokens = list(prompt)
+        for _ in range(steps):
+            row = torch.tensor([tokens])
+            with torch.no_grad():
+                tokens.append(int(model(row, attention_masks=model.get_attention_masks(row, ends(row)))[0, -1].argmax()))
+        return tokens[len(prompt):]
+
+    out = Generator(model, batch_size=3, capacity=12, document_end=end).generate(
+        prompts, stopping=StopCriteria(max_new_tokens=6))
+    assert [c.tokens for c in out] == [recompute(p, 6) for p in prompts]
+    with pytest.raises(ValueError, match="document_end"):
+        Generator(model, batch_size=1, capacity=8)
 
 
 def test_seeded_sampling_repeats():

@@ -17,7 +17,7 @@ import torch
 
 from kernels import DecodePlan
 from parallax_titan.mixers import FLA_MIXERS
-from parallax_titan.model import DecodeStep, KVLayer, PrefillStep
+from parallax_titan.model import DecodeStep, KVLayer
 
 ATTENTION_MIXERS = ("softmax", "parallax")
 
@@ -68,10 +68,6 @@ class KVCache:
             self.plan = DecodePlan(batch, args.n_heads, args.n_kv_heads, args.head_dim, capacity, dtype, device,
                                    scale=scale, backend=args.attn_backend)
 
-    def prefill_step(self, rows: torch.Tensor) -> PrefillStep:
-        """The step that starts the sequences of cache rows ``rows`` (n,) int64."""
-        return PrefillStep(rows=rows)
-
     def set_lengths(self, rows: torch.Tensor, lengths: torch.Tensor) -> None:
         """Rows ``rows`` now hold ``lengths`` valid positions (both (n,) on the cache's device)."""
         self.seqlens.index_copy_(0, rows, lengths.to(torch.int32))
@@ -93,10 +89,6 @@ class KVCache:
 
     def layer_caches(self) -> list[KVLayer]:
         return self.layers
-
-    def bytes_per_position(self) -> int:
-        """Bytes of k and v one position holds across layers and kv heads."""
-        return 2 * self.k[:, 0, 0].numel() * self.k.element_size()
 
 
 def fla_cache_class():

@@ -8,7 +8,9 @@ string, ``max_new_tokens``, or a full cache.
 
 A row whose sequence outgrows the cache either finishes (``overflow = "stop"``) or keeps the last
 ``capacity`` tokens as its context, prefilled again for every further token (``"slide"``: what
-recomputing the whole window per token gives, lm-eval's truncation).
+recomputing the whole window per token gives, lm-eval's truncation). With a model trained on
+block-causal masks, a token after the end-of-document token starts its row again from itself
+(RoPE is relative, so this is the document mask of training).
 """
 
 from __future__ import annotations
@@ -55,21 +57,43 @@ class Completion:
 
 
 class _Row:
-    """A sequence being generated in one cache row."""
+    """A sequence being generated in one cache row.
 
-    def __init__(self, index: int, prompt: list[int], stopping: StopCriteria, decode):
+    Its context, what the cache holds for the next token, is the end of ``history``: from the
+    first token after the last end of document before the newest token (block-causal models:
+    ``document_end``), and at most ``capacity`` tokens when the window slides. ``start`` is where
+    the cached context begins; when the context's start moves, the row is prefilled again.
+    """
+
+    def __init__(self, index: int, prompt: list[int], stopping: StopCriteria, decode, capacity: int,
+                 overflow: Overflow, document_end: int | None):
         self.index, self.stopping = index, stopping
+        self.capacity, self.overflow, self.document_end = capacity, overflow, document_end
         self.history = list(prompt)
+        ends = [i for i, t in enumerate(prompt[:-1]) if t == document_end] if document_end is not None else []
+        self.document_start = ends[-1] + 1 if ends else 0
+        self.start = self.context_start()
         self.completion = Completion()
         self.stream = TextStream(decode, stopping.stop) if decode is not None else None
 
-    def accept(self, token: int, capacity: int, overflow: Overflow) -> str:
+    def context_start(self) -> int:
+        if self.overflow == "slide":
+            return max(self.document_start, len(self.history) - self.capacity)
+        return self.document_start
+
+    def context(self) -> list[int]:
+        """The tokens the cache holds for the next token."""
+        return self.history[self.context_start():]
+
+    def accept(self, token: int) -> str:
         """Take the sampled ``token``; returns newly settled text. Sets ``finish_reason`` when the
         row ends."""
         done = self.completion
         if token in self.stopping.stop_token_ids:
             done.finish_reason = "stop_token"
             return self.stream.flush() if self.stream else ""
+        if self.history[-1] == self.document_end:
+            self.document_start = len(self.history)  # this token starts a new document
         done.tokens.append(token)
         self.history.append(token)
         text = ""
@@ -79,8 +103,8 @@ class _Row:
                 done.finish_reason = "stop"
         if not done.finish_reason and len(done.tokens) >= self.stopping.max_new_tokens:
             done.finish_reason = "length"
-        if not done.finish_reason and overflow == "stop" and len(self.history) > capacity:
-            done.finish_reason = "capacity"
+        if not done.finish_reason and len(self.history) - self.context_start() > self.capacity:
+            done.finish_reason = "capacity"  # overflow == "stop": the token cannot be cached
         if done.finish_reason and self.stream is not None:
             text += self.stream.flush()
         return text
@@ -93,11 +117,19 @@ class _Row:
 class Generator:
     """Generation with ``model`` (eval mode, any variant) for up to ``batch_size`` sequences of
     ``capacity`` positions at once; graph: decode steps as one CUDA graph (CUDA, attention models).
+
+    document_end: the end-of-document token id, needed by models trained with block-causal masks
+    (``model_args.needs_document_masks``): a token after it does not see the tokens before it.
     """
 
-    def __init__(self, model: torch.nn.Module, *, batch_size: int, capacity: int, graph: bool = False):
+    def __init__(self, model: torch.nn.Module, *, batch_size: int, capacity: int, graph: bool = False,
+                 document_end: int | None = None):
+        if model.model_args.needs_document_masks and document_end is None:
+            raise ValueError("document_end: the model attends within documents (attn_mask_type = 'block_causal'); "
+                             "pass the end-of-document token id")
         self.session = DecodeSession(model, batch_size, capacity, graph=graph)
         self.batch_size, self.capacity = batch_size, capacity
+        self.document_end = document_end if model.model_args.needs_document_masks else None
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
                  stopping: StopCriteria | Sequence[StopCriteria] = StopCriteria(), *,
@@ -113,27 +145,26 @@ class Generator:
         stoppings = _per_prompt(stopping, len(prompts))
         if overflow not in ("stop", "slide"):
             raise ValueError(f"overflow: expected 'stop' or 'slide', got {overflow!r}")
+        rows = []
         for i, (prompt, crit) in enumerate(zip(prompts, stoppings)):
             if not prompt:
                 raise ValueError(f"prompts[{i}]: empty; expected at least one token")
-            if overflow == "stop" and len(prompt) > self.capacity:
-                raise ValueError(f"prompts[{i}]: {len(prompt)} tokens exceed the capacity of {self.capacity}")
             if crit.stop and decode is None:
                 raise ValueError("stop: stop strings need decode (token ids -> text)")
+            rows.append(_Row(i, list(prompt), crit, decode, self.capacity, overflow, self.document_end))
+            if len(rows[-1].context()) > self.capacity:
+                raise ValueError(f"prompts[{i}]: {len(rows[-1].context())} tokens exceed the capacity of "
+                                 f"{self.capacity}")
         sampler = None
-        results: list[Completion] = []
-        for start in range(0, len(prompts), self.batch_size):
-            rows = [_Row(start + j, list(p), stoppings[start + j], decode)
-                    for j, p in enumerate(prompts[start : start + self.batch_size])]
-            sampler = self._run_batch(rows, sampling, sampler, on_text, overflow)
-            for row in rows:
-                row.completion.text = row.stream.text if row.stream is not None else None
-                results.append(row.completion)
-        return results
+        for start in range(0, len(rows), self.batch_size):
+            sampler = self._run_batch(rows[start : start + self.batch_size], sampling, sampler, on_text)
+        for row in rows:
+            row.completion.text = row.stream.text if row.stream is not None else None
+        return [row.completion for row in rows]
 
-    def _run_batch(self, rows: list[_Row], sampling: SamplingParams, sampler, on_text, overflow) -> Sampler:
+    def _run_batch(self, rows: list[_Row], sampling: SamplingParams, sampler, on_text) -> Sampler:
         session = self.session
-        contexts = [r.history[-self.capacity :] for r in rows]
+        contexts = [row.context() for row in rows]
         contexts += [contexts[0][:1]] * (self.batch_size - len(rows))  # idle rows keep the shapes fixed
         logits = session.prefill(contexts)
         if sampler is None:
@@ -144,17 +175,18 @@ class Generator:
             tokens = sampler(logits)
             for row, token in zip(rows, tokens.tolist()):
                 if not row.finished:
-                    text = row.accept(token, self.capacity, overflow)
+                    text = row.accept(token)
                     if text and on_text is not None:
                         on_text(row.index, text)
             if all(row.finished for row in rows):
                 return sampler
             logits = session.step(tokens)
-            outgrown = [i for i, row in enumerate(rows) if not row.finished and len(row.history) > self.capacity]
-            if outgrown:  # "slide": the last `capacity` tokens, prefilled again (see the module docstring)
+            moved = [i for i, row in enumerate(rows) if not row.finished and row.context_start() != row.start]
+            if moved:  # a new document or a sliding window: the row's context, prefilled again
                 logits = logits.clone()
-                logits[outgrown] = session.prefill([rows[i].history[-self.capacity :] for i in outgrown],
-                                                   rows=outgrown).to(logits.dtype)
+                logits[moved] = session.prefill([rows[i].context() for i in moved], rows=moved).to(logits.dtype)
+                for i in moved:
+                    rows[i].start = rows[i].context_start()
 
 
 def _per_prompt(stopping, count: int) -> list[StopCriteria]:
@@ -168,14 +200,15 @@ def _per_prompt(stopping, count: int) -> list[StopCriteria]:
 
 def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
              stopping: StopCriteria | Sequence[StopCriteria] = StopCriteria(), *, batch_size: int | None = None,
-             capacity: int | None = None, graph: bool = False, decode=None, on_text: OnText | None = None
-             ) -> list[Completion]:
+             capacity: int | None = None, graph: bool = False, decode=None, on_text: OnText | None = None,
+             document_end: int | None = None) -> list[Completion]:
     """One-off generation: a :class:`Generator` sized for these prompts (batch: all of them, or
     ``batch_size``; capacity: the longest prompt plus its max_new_tokens, or ``capacity``)."""
     stoppings = _per_prompt(stopping, len(prompts))
     if capacity is None:
         capacity = max(len(p) + s.max_new_tokens for p, s in zip(prompts, stoppings))
-    generator = Generator(model, batch_size=batch_size or len(prompts), capacity=capacity, graph=graph)
+    generator = Generator(model, batch_size=batch_size or len(prompts), capacity=capacity, graph=graph,
+                          document_end=document_end)
     return generator.generate(prompts, sampling, stoppings, decode=decode, on_text=on_text)
 
 

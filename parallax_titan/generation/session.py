@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from parallax_titan.generation.cache import ATTENTION_MIXERS, KVCache, RecurrentCache, model_dtype_device
+from parallax_titan.model import PrefillStep
 
 
 class DecodeSession:
@@ -73,8 +74,8 @@ class DecodeSession:
         for i, prompt in enumerate(prompts):
             tokens[i, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
         rows_t = torch.tensor(rows, device=self.device)
-        step = self.cache.prefill_step(rows_t)
-        logits = self.model.forward_cached(tokens.to(self.device), self.cache.layer_caches(), step, last=lengths - 1)
+        logits = self.model.forward_cached(tokens.to(self.device), self.cache.layer_caches(), PrefillStep(rows_t),
+                                           last=lengths - 1)
         self.cache.set_lengths(rows_t, lengths)
         return logits
 
