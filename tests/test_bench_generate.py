@@ -24,6 +24,19 @@ def test_transformers_qwen3_holds_our_weights():
     assert out[0, 6:].tolist() == recompute_greedy(ours, tokens[0, :6].tolist(), 5)
 
 
+def test_timers_run_on_cpu():
+    """The timed paths (ours without the graph, transformers' two caches, the recompute path) on a
+    tiny model: every sequence gets exactly the new tokens asked for."""
+    pytest.importorskip("transformers")
+    ours = tiny_model("transformer", max_seq_len=64)
+    row = bench.time_ours(ours, batch=2, prompt=10, new=5, graph=False)
+    assert row["total_s"] > 0 and len(row["first_tokens"]) == 2
+    hf = bench.hf_qwen3(ours)
+    for cache in ("static", "dynamic"):
+        assert bench.time_hf(hf, 2, 10, 5, cache, compile_=False)["first_tokens"] == row["first_tokens"]
+    assert bench.time_recompute(ours, 2, 10, 3)["total_s"] > 0
+
+
 def test_step_bytes_counts_weights_once_and_the_kv_of_the_context():
     model = tiny_model("parallax")  # debug: 2 layers, Hkv 4, D 32, tied embeddings, fp32
     args = model.model_args

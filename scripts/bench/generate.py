@@ -40,7 +40,9 @@ RECOMPUTE_BATCH, RECOMPUTE_NEW = 4, 16  # the one recompute-path setting (at the
 
 
 def synchronized() -> float:
-    torch.cuda.synchronize()
+    """The time once the queued GPU work is done."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter()
 
 
@@ -81,9 +83,9 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
     return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
 
 
-def time_ours(model, batch: int, prompt: int, new: int) -> dict:
+def time_ours(model, batch: int, prompt: int, new: int, graph: bool = True) -> dict:
     """One timed ``Generator.generate`` (graph captured and kernels compiled by a warm-up call)."""
-    generator = Generator(model, batch_size=batch, capacity=prompt + new, graph=True)
+    generator = Generator(model, batch_size=batch, capacity=prompt + new, graph=graph)
     prompts = random_prompts(batch, prompt, model.model_args.vocab_size, seed=batch + prompt)
     stopping = StopCriteria(max_new_tokens=new)
     generator.generate(prompts, SamplingParams(), StopCriteria(max_new_tokens=4))
@@ -100,7 +102,7 @@ def time_ours(model, batch: int, prompt: int, new: int) -> dict:
 
 def time_hf(hf, batch: int, prompt: int, new: int, cache: str, compile_: bool) -> dict:
     """One timed transformers ``generate`` with ``cache`` ("static" or "dynamic") after a warm-up."""
-    ids = torch.tensor(random_prompts(batch, prompt, hf.config.vocab_size, seed=batch + prompt), device="cuda")
+    ids = torch.tensor(random_prompts(batch, prompt, hf.config.vocab_size, seed=batch + prompt), device=hf.device)
     kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None,
                   disable_compile=not compile_)
     if cache == "static":
@@ -117,7 +119,8 @@ def time_hf(hf, batch: int, prompt: int, new: int, cache: str, compile_: bool) -
 @torch.no_grad()
 def time_recompute(model, batch: int, prompt: int, new: int) -> dict:
     """The whole sequence through the model per new token (greedy), as lm-eval's adapter did."""
-    tokens = torch.tensor(random_prompts(batch, prompt, model.model_args.vocab_size, seed=1), device="cuda")
+    device = next(model.parameters()).device
+    tokens = torch.tensor(random_prompts(batch, prompt, model.model_args.vocab_size, seed=1), device=device)
     model(tokens[:, :8])
     start = synchronized()
     for _ in range(new):
