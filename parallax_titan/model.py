@@ -104,8 +104,10 @@ class ParallaxModelArgs(Qwen3ModelArgs):
 
 
 def apply_rope(x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-    """Rotate ``x`` (batch, seq, heads, head_dim) with TorchTitan's Qwen3 RoPE cache."""
-    cache = reshape_for_broadcast(rope_cache, x, positions)
+    """Rotate ``x`` (batch, seq, heads, head_dim) with TorchTitan's Qwen3 RoPE cache: the table
+    (max_seq_len, 2 * head_dim) read at ``positions`` (None: 0..seq-1), or its rows for x already
+    read, (batch, seq, 1, 2 * head_dim) (a decode step reads them once for every layer)."""
+    cache = rope_cache if rope_cache.dim() == 4 else reshape_for_broadcast(rope_cache, x, positions)
     head_dim = x.shape[-1]
     cos = cache[..., :head_dim].to(dtype=x.dtype, device=x.device)
     sin = cache[..., head_dim:].to(dtype=x.dtype, device=x.device)
@@ -187,11 +189,6 @@ def write_cache(layer: KVLayer, step, k: torch.Tensor, v: torch.Tensor) -> None:
         layer.v[step.rows, step.slots] = v[:, 0].to(layer.v.dtype)
 
 
-def step_positions(step) -> torch.Tensor | None:
-    """RoPE positions of a cached forward: None (0..T-1) for a prefill, (batch, 1) for a decode step."""
-    return None if isinstance(step, PrefillStep) else step.slots[:, None]
-
-
 class SoftmaxAttention(Attention):
     """TorchTitan's Qwen3 attention (its ``forward`` unchanged) with the cached inference path.
 
@@ -211,7 +208,7 @@ class SoftmaxAttention(Attention):
 
     def forward_cached(self, x, rope_cache, layer: KVLayer, step):
         bs, seqlen, _ = x.shape
-        q, k, v = self.project(x, rope_cache, step_positions(step))
+        q, k, v = self.project(x, rope_cache, None)
         write_cache(layer, step, k, v)
         if isinstance(step, PrefillStep):
             out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=self.scaling,
@@ -289,7 +286,7 @@ class ParallaxAttention(Attention):
         :class:`DecodeStep` through the step's ``kernels.DecodePlan`` over the cache; either
         first writes k, v into ``layer``."""
         bs, seqlen, _ = x.shape
-        q, r, k, v = self.project(x, rope_cache, step_positions(step))
+        q, r, k, v = self.project(x, rope_cache, None)
         write_cache(layer, step, k, v)
         if isinstance(step, PrefillStep):
             out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend)
@@ -334,7 +331,8 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
     def forward_cached(self, x, rope_cache, layer_cache, step):
-        """``forward`` through the mixer's cached path (``layer_cache``: the mixer's part of the cache)."""
+        """``forward`` through the mixer's cached path (``layer_cache``: the mixer's part of the cache;
+        ``rope_cache``: the table, or for a decode step its rows, see :func:`apply_rope`)."""
         h = x + self.attention.forward_cached(self.attention_norm(x), rope_cache, layer_cache, step)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -380,8 +378,11 @@ class ParallaxQwen3Model(ModelProtocol):
         logits are returned (default T - 1, the only one of a decode step). Returns (batch, vocab).
         """
         h = self.tok_embeddings(tokens)
+        rope = self.rope_cache  # a prefill's positions are 0..T-1
+        if isinstance(step, DecodeStep):  # each row's own position, read once for every layer
+            rope = self.rope_cache[step.slots][:, None, None, :].to(h.dtype)
         for block, layer_cache in zip(self.layers.values(), layer_caches, strict=True):
-            h = block.forward_cached(h, self.rope_cache, layer_cache, step)
+            h = block.forward_cached(h, rope, layer_cache, step)
         h = h[:, -1] if last is None else h[torch.arange(h.shape[0], device=h.device), last]
         return self.output(self.norm(h))
 
