@@ -66,6 +66,7 @@ def test_generate_with_and_without_the_cache(tmp_path, variant, changes):
     kwargs = dict(max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
     cached = hf.generate(prompt, use_cache=True, **kwargs)
     assert torch.equal(cached, hf.generate(prompt, use_cache=False, **kwargs))
+    assert torch.equal(cached, hf.generate(prompt, cache_implementation="static", **kwargs))
     for row in range(2):
         assert cached[row, 6:].tolist() == recompute_greedy(ours, prompt[row].tolist(), 10)
 

@@ -226,16 +226,21 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         bs, q_len = h.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
-        mask_2d = _plain_mask(attention_mask, past + q_len)
+        mask_2d, mask_4d = _split_mask(attention_mask, past + q_len)
         if position_ids is None:
             if mask_2d is None:
                 position_ids = (past + torch.arange(q_len, device=h.device))[None].expand(bs, -1)
             else:  # left padding: every sequence starts at position 0
                 position_ids = (mask_2d.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
         doc_start = self._document_starts(input_ids, cache, past, bs)
-        plain = mask_2d is None or bool(mask_2d.all())
+        plain = mask_4d is None and (mask_2d is None or bool(mask_2d.all()))
         plain = plain and (doc_start is None or not bool(doc_start.any()))
-        allowed = attention_allowed(bs, q_len, past, mask_2d, doc_start, h.device)
+        allowed = mask_4d
+        if allowed is None:
+            allowed = attention_allowed(bs, q_len, past, mask_2d, doc_start, h.device)
+        elif doc_start is not None:  # a static cache's mask (all its slots): documents on top
+            slots = torch.arange(allowed.shape[-1], device=h.device)
+            allowed = allowed & (slots[None, None, :] >= doc_start[:, :, None])[:, None]
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         for layer in self.layers:
             h = layer(h, cos, sin, allowed, cache, plain)
@@ -255,16 +260,20 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         return starts
 
 
-def _plain_mask(attention_mask, kv_len):
-    """The 2-D padding mask (B, kv_len), or None when there is none."""
+def _split_mask(attention_mask, kv_len):
+    """transformers' attention mask -> (2-D padding mask (B, kv_len) or None, 4-D (B, 1, Tq, Tk)
+    bool mask or None). A 4-D mask (a static cache's, over all its slots) is boolean (True =
+    attend) or additive (0 = attend)."""
+    if isinstance(attention_mask, dict):
+        attention_mask = attention_mask.get("full_attention")
     if attention_mask is None:
-        return None
-    if isinstance(attention_mask, dict) or attention_mask.dim() != 2:
-        raise ValueError("attention_mask: expected a 2-D (batch, length) padding mask (1 = token); got "
-                         f"{type(attention_mask).__name__} {getattr(attention_mask, 'shape', '')}")
-    if attention_mask.shape[1] < kv_len:
-        raise ValueError(f"attention_mask: covers {attention_mask.shape[1]} positions, the cache and input hold {kv_len}")
-    return attention_mask
+        return None, None
+    if attention_mask.dim() == 4:
+        return None, attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    if attention_mask.dim() != 2 or attention_mask.shape[1] < kv_len:
+        raise ValueError(f"attention_mask: expected (batch, length >= {kv_len}) with 1 for tokens, or a 4-D mask; "
+                         f"got shape {tuple(attention_mask.shape)}")
+    return attention_mask, None
 
 
 class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
