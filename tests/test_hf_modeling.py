@@ -17,8 +17,6 @@ from eval import hf_modeling
 from eval.hf_format import export_hf
 from eval.hf_modeling.configuration_parallax import ParallaxQwen3Config
 from eval.hf_modeling.modeling_parallax import attention_allowed, parallax_reference
-from eval.lm_eval import evaluate
-from eval.model import ParallaxLM
 from parallax_titan.hf_adapter import ParallaxStateDictAdapter
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
 from tests._generation_models import recompute_greedy, tiny_model
@@ -145,6 +143,9 @@ def test_lm_eval_hf_backend_scores_like_our_adapter(tmp_path):
     offline fixtures (log-likelihood, multiple choice, rolling perplexity)."""
     pytest.importorskip("accelerate", reason="lm-eval's hf backend imports accelerate")
     from lm_eval.models.huggingface import HFLM
+
+    from eval.lm_eval import evaluate
+    from eval.model import ParallaxLM
 
     tokenizer = PretrainTokenizer(TINY_TOKENIZER_PATH)
     model = tiny_model("parallax", seed=0)

@@ -38,10 +38,6 @@ class DecodeSession:
         if graph:
             self._capture()
 
-    @property
-    def uses_graph(self) -> bool:
-        return self._graph is not None
-
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
     def prefill(self, prompts: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> torch.Tensor:
