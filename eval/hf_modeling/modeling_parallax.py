@@ -99,7 +99,7 @@ class ParallaxQwen3Attention(nn.Module):
     def __init__(self, config: ParallaxQwen3Config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        self.head_dim = config.head_dim
         self.n_heads, self.n_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.scaling = self.head_dim**-0.5
         self.rho_rope = config.parallax["rho_rope"]
