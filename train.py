@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     init_logger()
     register_all()
     config = load_config(argv)
-    trainer = ParallaxTrainer(config)
+    trainer = ParallaxTrainer(config, step_callbacks=step_callbacks(config))
     try:
         if config.checkpoint.create_seed_checkpoint:
             # Same weights for any world size: runs load it via checkpoint.initial_load_path.
@@ -44,6 +44,15 @@ def main(argv: list[str]) -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     logger.info("Training finished")
+
+
+def step_callbacks(config: JobConfig) -> list:
+    """What the trainer calls after every step: downstream evaluation (``[eval] every_n_steps``)."""
+    if not config.eval.every_n_steps:
+        return []
+    from eval.downstream import DownstreamEvaluator
+
+    return [DownstreamEvaluator(config)]
 
 
 def evaluate_final_checkpoint(config: JobConfig, step: int) -> None:

@@ -5,8 +5,10 @@ Qwen3's, plus ``r_proj``, ``r_norm`` and ``r_gate`` for the Parallax weights), t
 TorchTitan's ``checkpoint.last_save_in_hf`` also uses.
 
 ``config.json`` is a Qwen3 config; Transformer variants have ``model_type = "qwen3"`` and load in
-``transformers.Qwen3ForCausalLM``. Parallax variants have ``model_type = "parallax_qwen3"`` and a
-``parallax`` block (``rho_rope``, ``gate``, ``attn_mask_type``); docs/eval.md gives the layer.
+``transformers.Qwen3ForCausalLM``. Parallax variants have ``model_type = "parallax_qwen3"``, a
+``parallax`` block (``rho_rope``, ``gate``, ``attn_mask_type``) and an ``auto_map`` naming the
+modeling code exported beside it (``eval/hf_modeling``), so that
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` loads them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import shutil
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from eval import hf_modeling
 from parallax_titan.hf_adapter import PARALLAX_HF_NAMES, ParallaxStateDictAdapter, abstract_name
 from parallax_titan.model import ParallaxModelArgs
 from parallax_titan.tokenizer import write_tokenizer_config
@@ -51,13 +55,16 @@ def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = 
         config["architectures"] = ["ParallaxQwen3ForCausalLM"]
         config["model_type"] = "parallax_qwen3"
         config["parallax"] = {"rho_rope": args.rho_rope, "gate": args.gate, "attn_mask_type": args.attn_mask_type}
+        config["auto_map"] = dict(hf_modeling.AUTO_MAP)
+        del config["rope_scaling"]  # a Qwen3 key (plain RoPE here); newer transformers warn on it
     return config
 
 
 @torch.no_grad()
 def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | None = None,
               tokenizer_dir: str | None = None, eos_id: int | None = None) -> str:
-    """Write ``model`` as ``model.safetensors`` + ``config.json`` (+ the tokenizer) into ``output_dir``.
+    """Write ``model`` as ``model.safetensors`` + ``config.json`` (+ the tokenizer) into ``output_dir``;
+    for Parallax variants also the modeling code (``configuration_parallax.py``, ``modeling_parallax.py``).
 
     dtype: storage dtype (default: the parameters'). eos_id: the tokenizer's end-of-document id
     (default: Qwen3's). Returns ``output_dir``.
@@ -71,6 +78,9 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     with open(os.path.join(output_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(hf_config(args, dtype, eos_id), f, indent=2)
         f.write("\n")
+    if args.mixer == "parallax":
+        for name in hf_modeling.REMOTE_CODE_FILES:
+            shutil.copyfile(os.path.join(hf_modeling.FOLDER, name), os.path.join(output_dir, name))
     if tokenizer_dir:
         shutil.copyfile(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(output_dir, "tokenizer.json"))
         write_tokenizer_config(output_dir)

@@ -32,21 +32,23 @@ DEFAULT_BOOTSTRAP_ITERS = 100000  # lm-eval's default
 
 
 def evaluate(lm, tasks: list[str], *, data_dir: str | None = None, limit: int = 0,
-             bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS) -> dict:
-    """Run ``tasks`` zero-shot on ``lm`` (any lm-eval LM); returns lm-eval's results dict.
+             bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, task_manager: TaskManager | None = None) -> dict | None:
+    """Run ``tasks`` zero-shot on ``lm`` (any lm-eval LM); returns lm-eval's results dict (None on
+    the ranks other than 0 of a distributed ``lm``).
 
     data_dir: local task files (offline); None reads the Hugging Face hub or its cache.
-    limit: documents per task, 0 = all.
+    limit: documents per task, 0 = all. task_manager: lm-eval's (built here when None; building
+    the default index takes seconds, so repeated calls pass one).
     """
     if limit < 0:
         raise ValueError(f"limit: got {limit}; expected 0 (all documents) or a positive count")
-    manager = TaskManager(include_defaults=not data_dir)
+    manager = task_manager or TaskManager(include_defaults=not data_dir)
     results = lm_eval.simple_evaluate(
         model=lm, tasks=task_specs(tasks, data_dir), task_manager=manager, num_fewshot=0,
         limit=limit or None, log_samples=False, bootstrap_iters=bootstrap_iters,
     )
-    if results is None:
-        raise RuntimeError("lm_eval.simple_evaluate returned no results (not rank 0?)")
+    if results is None and lm.rank == 0:
+        raise RuntimeError("lm_eval.simple_evaluate returned no results on rank 0")
     return results
 
 

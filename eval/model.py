@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -18,6 +19,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from eval.checkpoint import load_job_config, load_model
+from parallax_titan.generation import Generator, SamplingParams, StopCriteria
+from parallax_titan.generation.cache import ATTENTION_MIXERS
 from parallax_titan.tokenizer import build_tokenizer
 
 MODEL_NAME = "parallax_titan"
@@ -48,11 +51,18 @@ class ParallaxLM(TemplateLM):
 
     Build it with :meth:`from_checkpoint` (TOML config + DCP folder) or :meth:`from_job_config`.
     ``batch_size`` sequences go through the model at once, right-padded with the end-of-document
-    token; causal attention keeps padding from reaching any scored position.
+    token; causal attention keeps padding from reaching any scored position. Generation runs on a
+    KV cache of ``batch_size`` x ``max_length`` (``graph``: decode steps as CUDA graphs; None = on
+    CUDA for the attention variants); ``seed`` seeds sampled generation.
+
+    distributed: one instance per rank of the default ``torch.distributed`` group, each with its
+    own full model; lm-eval then gives each rank a share of every task's documents and gathers
+    the per-document scores on rank 0 (the forward itself runs no collective).
     """
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, max_length: int = 0,
-                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS):
+                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, graph: bool | None = None, seed: int = 1234,
+                 distributed: bool = False):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
@@ -65,6 +75,10 @@ class ParallaxLM(TemplateLM):
             )
         self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
         self._device = next(model.parameters()).device
+        self.graph, self.seed = graph, seed
+        self._generator: Generator | None = None
+        if distributed and dist.is_initialized():
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
 
     @classmethod
     def from_job_config(cls, job_config, checkpoint_dir: str, *, device=None, dtype="auto",
@@ -100,6 +114,27 @@ class ParallaxLM(TemplateLM):
                 raise ValueError(f"model_args: {key}= is missing in {arg_string!r}; expected config=X.toml,checkpoint=DIR")
         config, checkpoint = args.pop("config"), args.pop("checkpoint")
         return cls.from_checkpoint(config, checkpoint, **{**args, **extra})
+
+    # ------------------------------------------------------------------ ranks (lm-eval's distributed API)
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` of every rank, stacked along a new first dimension (world_size, ...)."""
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
+
+    def gather_object(self, obj, dst: int = 0):
+        """Every rank's ``obj`` as a list on rank ``dst``, None on the others."""
+        if self.world_size == 1:
+            return [obj]
+        gathered = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object(obj, gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
 
     # ------------------------------------------------------------------ tokenizer and shapes
     @property
@@ -197,53 +232,64 @@ class ParallaxLM(TemplateLM):
         return totals
 
     # ------------------------------------------------------------------ generation
-    def _stop_strings(self, gen_kwargs: dict) -> tuple[list[str], int]:
+    def _request_settings(self, gen_kwargs: dict) -> tuple[SamplingParams, StopCriteria]:
+        """lm-eval's generation arguments -> how to sample and when to stop.
+
+        ``until`` (stop strings; ``<|endoftext|>`` is always one), ``max_gen_toks``, and sampling
+        when ``do_sample`` is true, or unset with ``temperature`` > 0: ``temperature`` (1.0 if
+        unset), ``top_k``, ``top_p``, seeded with the adapter's ``seed``. Otherwise greedy.
+        """
         kwargs = dict(gen_kwargs)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         max_new = _positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
-        if kwargs.pop("do_sample", False) or float(kwargs.pop("temperature", 0.0) or 0.0) > 0:
-            raise ValueError(f"generate_until: only greedy decoding is supported; got {gen_kwargs!r}")
-        return until + [self.tok_decode([self.eot_token_id])], max_new
+        do_sample = kwargs.pop("do_sample", None)
+        temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+        top_k, top_p = int(kwargs.pop("top_k", 0) or 0), float(kwargs.pop("top_p", 1.0) or 1.0)
+        if kwargs:
+            raise ValueError(f"generate_until: unsupported generation arguments {sorted(kwargs)} in {gen_kwargs!r}; "
+                             "expected until, max_gen_toks, do_sample, temperature, top_k, top_p")
+        sample = do_sample if do_sample is not None else temperature > 0
+        sampling = (SamplingParams(temperature=temperature or 1.0, top_k=top_k, top_p=top_p, seed=self.seed)
+                    if sample else SamplingParams())
+        stops = tuple(until) + (self.tok_decode([self.eot_token_id]),)
+        return sampling, StopCriteria(max_new_tokens=max_new, stop=stops, stop_token_ids=(self.eot_token_id,))
 
-    @staticmethod
-    def _cut(text: str, stops: list[str]) -> str:
-        cuts = [text.index(s) for s in stops if s and s in text]
-        return text[: min(cuts)] if cuts else text
-
-    def _generate_batch(self, contexts: list[list[int]], settings: list[tuple[list[str], int]]) -> list[str]:
-        generated: list[list[int]] = [[] for _ in contexts]
-        active = list(range(len(contexts)))
-        while active:
-            rows = [(contexts[i] + generated[i])[-self.max_length :] for i in active]
-            logits, lengths = self._logits(rows)
-            still = []
-            for j, i in enumerate(active):
-                token = int(logits[j, lengths[j] - 1].argmax())
-                stops, max_new = settings[i]
-                if token == self.eot_token_id:
-                    continue
-                generated[i].append(token)
-                text = self.tok_decode(generated[i])
-                if len(generated[i]) < max_new and not any(s and s in text for s in stops):
-                    still.append(i)
-            active = still
-        return [self._cut(self.tok_decode(g), s) for g, (s, _) in zip(generated, settings)]
+    @property
+    def generator(self) -> Generator:
+        """The cached-generation engine: ``batch_size`` rows of ``max_length`` positions (built once)."""
+        if self._generator is None:
+            graph = self.graph
+            if graph is None:
+                graph = self.device.type == "cuda" and self.model.model_args.mixer in ATTENTION_MIXERS
+            self._generator = Generator(self.model, batch_size=self.batch_size, capacity=self.max_length, graph=graph,
+                                        document_end=self.eot_token_id)
+        return self._generator
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy generation from each context until a stop string, ``<|endoftext|>`` or max tokens.
+        """Generation from each context until a stop string, ``<|endoftext|>`` or ``max_gen_toks``,
+        through the KV cache. Requests with the same sampling settings run together, longest
+        context first, ``batch_size`` at a time; a context longer than ``max_length`` keeps its
+        last tokens, and so does a sequence that outgrows it (the window slides, each new token
+        seeing the last ``max_length``). Models trained with block-causal masks see the same
+        document masks as in scoring.
 
         Returns the generated text cut before the first stop string.
         """
         contexts = [self.tok_encode(r.args[0]) or [self.eot_token_id] for r in requests]
-        settings = [self._stop_strings(r.args[1] if len(r.args) > 1 else {}) for r in requests]
-        order = sorted(range(len(requests)), key=lambda i: -len(contexts[i]))
+        settings = [self._request_settings(r.args[1] if len(r.args) > 1 else {}) for r in requests]
+        groups: dict[SamplingParams, list[int]] = {}
+        for index, (sampling, _) in enumerate(settings):
+            groups.setdefault(sampling, []).append(index)
         results: list[str | None] = [None] * len(requests)
         with tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm) as bar:
-            for indices in _chunks(order, self.batch_size):
-                texts = self._generate_batch([contexts[i] for i in indices], [settings[i] for i in indices])
-                for index, text in zip(indices, texts):
-                    results[index] = text
-                    self.cache_hook.add_partial("generate_until", requests[index].args, text)
-                bar.update(len(indices))
+            for sampling, members in groups.items():
+                order = sorted(members, key=lambda i: -len(contexts[i]))
+                completions = self.generator.generate(
+                    [contexts[i] for i in order], sampling, [settings[i][1] for i in order],
+                    decode=self.tok_decode, overflow="slide")
+                for index, completion in zip(order, completions):
+                    results[index] = completion.text
+                    self.cache_hook.add_partial("generate_until", requests[index].args, completion.text)
+                bar.update(len(members))
         return results

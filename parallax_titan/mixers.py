@@ -208,6 +208,18 @@ class FlaMixer(nn.Module):
                 f"mixer {self.mixer!r}: fla's Triton kernels need a CUDA device; got input on {x.device}")
         return self._mix(x, _cu_seqlens(attention_masks))
 
+    def forward_cached(self, x, rope_cache, layer_cache, step):
+        """The inference path: x (batch, seq, dim) through fla's layer with its recurrent state.
+
+        ``layer_cache`` is the fla cache object of the whole model (fla's layers find their own
+        entry by ``layer_idx``); a prefill starts it, a decode step advances it by one token.
+        ``step`` is unused: fla's state carries the positions.
+        """
+        if x.device.type != "cuda":
+            raise RuntimeError(f"mixer {self.mixer!r}: fla's recurrent kernels need a CUDA device; got input on "
+                               f"{x.device}")
+        return self.layer(x, past_key_values=layer_cache, use_cache=True)[0]
+
     # Inductor cannot trace fla's Triton autograd functions; the rest of the block still compiles.
     @torch.compiler.disable
     def _mix(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:

@@ -21,6 +21,12 @@ from ``ParallaxModelArgs.mixer``):
 * ``exact_lla``, ``value_averaging``, ``affine_la``, ``affine_mesanet``: the Parallax family
   (``parallax_titan.mixers``, docs/models.md).
 
+Besides ``forward`` (training, scoring), every mixer has ``forward_cached``, the inference path over
+a cache (``parallax_titan.generation`` owns the caches): a :class:`PrefillStep` runs whole prompts
+through the training kernels and writes their keys and values into the cache; a
+:class:`DecodeStep` runs one new token per sequence against it (``kernels.parallax_decode`` for
+Parallax, SDPA for softmax attention, fla's recurrent state for the fla mixers).
+
 The SwiGLU MLP, the attention projections, the RoPE table and their initialisations are
 TorchTitan's Qwen3 building blocks.
 """
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
 from torchtitan.models.qwen3.model.model import (
@@ -105,8 +112,10 @@ class ParallaxModelArgs(Qwen3ModelArgs):
 
 
 def apply_rope(x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-    """Rotate ``x`` (batch, seq, heads, head_dim) with TorchTitan's Qwen3 RoPE cache."""
-    cache = reshape_for_broadcast(rope_cache, x, positions)
+    """Rotate ``x`` (batch, seq, heads, head_dim) with TorchTitan's Qwen3 RoPE cache: the table
+    (max_seq_len, 2 * head_dim) read at ``positions`` (None: 0..seq-1), or its rows for x already
+    read, (batch, seq, 1, 2 * head_dim) (a decode step reads them once for every layer)."""
+    cache = rope_cache if rope_cache.dim() == 4 else reshape_for_broadcast(rope_cache, x, positions)
     head_dim = x.shape[-1]
     cos = cache[..., :head_dim].to(dtype=x.dtype, device=x.device)
     sin = cache[..., head_dim:].to(dtype=x.dtype, device=x.device)
@@ -135,6 +144,89 @@ def document_boundaries(tokens: torch.Tensor, eos_id: int) -> DocumentBoundaries
     end_positions = torch.nonzero(ends.flatten(), as_tuple=False).flatten() + 1
     zero = torch.zeros(1, dtype=end_positions.dtype, device=tokens.device)
     return DocumentBoundaries(torch.cat([zero, end_positions]).to(torch.int32))
+
+
+@dataclass
+class KVLayer:
+    """One attention layer's part of a static KV cache: ``k``, ``v`` (batch, capacity, Hkv, D), the
+    layout ``kernels.parallax_decode`` reads; slot p of a row holds the token at position p."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+@dataclass
+class PrefillStep:
+    """A cached forward over whole prompts (n, T), right-padded, that starts their sequences.
+
+    ``rows`` (n,) int64: the cache rows the prompts fill, slots [0, T). Padding positions are
+    written too; the sequence lengths kept by the cache exclude them, and causal attention keeps
+    them from reaching any real position.
+    """
+
+    rows: torch.Tensor
+
+
+@dataclass
+class DecodeStep:
+    """One new token for every cache row (batch, 1).
+
+    slots: (batch,) int64, the new token's position and cache slot; seqlens: (batch,) int32, the
+    valid slots after the write (slots + 1); rows: (batch,) int64, arange(batch); plan: the
+    ``kernels.DecodePlan`` of the cache's geometry (Parallax layers); valid: (batch, 1, 1, capacity)
+    bool, slot < seqlens (SDPA's mask for softmax layers). All device tensors: a step can be
+    captured in a CUDA graph.
+    """
+
+    slots: torch.Tensor
+    seqlens: torch.Tensor
+    rows: torch.Tensor
+    plan: object
+    valid: torch.Tensor
+
+
+def write_cache(layer: KVLayer, step, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store k, v (n, T, Hkv, D) at the step's slots: a prompt's [0, T) in its rows, or a decode
+    step's one token per row (no host sync)."""
+    if isinstance(step, PrefillStep):
+        length = k.shape[1]
+        layer.k[:, :length].index_copy_(0, step.rows, k.to(layer.k.dtype))
+        layer.v[:, :length].index_copy_(0, step.rows, v.to(layer.v.dtype))
+    else:
+        layer.k[step.rows, step.slots] = k[:, 0].to(layer.k.dtype)
+        layer.v[step.rows, step.slots] = v[:, 0].to(layer.v.dtype)
+
+
+class SoftmaxAttention(Attention):
+    """TorchTitan's Qwen3 attention (its ``forward`` unchanged) with the cached inference path.
+
+    forward_cached(x (batch, seq, dim), rope_cache, layer (KVLayer), step (PrefillStep or
+    DecodeStep)) -> (batch, seq, dim): a prefill attends as ``forward`` does (SDPA, causal); a
+    decode step attends to the cache through SDPA with the step's mask, each kv head's query heads
+    packed as rows of one query block.
+    """
+
+    def project(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None):
+        """x (batch, seq, dim) -> q (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE."""
+        shape = (x.shape[0], x.shape[1], -1, self.head_dim)
+        q, k, v = self.wq(x).view(shape), self.wk(x).view(shape), self.wv(x).view(shape)
+        q = q if self.q_norm is None else self.q_norm(q)
+        k = k if self.k_norm is None else self.k_norm(k)
+        return apply_rope(q, rope_cache, positions), apply_rope(k, rope_cache, positions), v
+
+    def forward_cached(self, x, rope_cache, layer: KVLayer, step):
+        bs, seqlen, _ = x.shape
+        q, k, v = self.project(x, rope_cache, None)
+        write_cache(layer, step, k, v)
+        if isinstance(step, PrefillStep):
+            out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=self.scaling,
+                                       enable_gqa=self.enable_gqa).transpose(1, 2)
+        else:
+            # query head h reads kv head h // G: (batch, 1, Hq, D) -> (batch, Hkv, G, D)
+            packed = q.reshape(bs, self.n_kv_heads, self.n_rep, self.head_dim)
+            out = F.scaled_dot_product_attention(packed, layer.k.transpose(1, 2), layer.v.transpose(1, 2),
+                                                 attn_mask=step.valid, scale=self.scaling)
+        return self.wo(out.reshape(bs, seqlen, -1))
 
 
 class ParallaxAttention(Attention):
@@ -198,12 +290,26 @@ class ParallaxAttention(Attention):
             out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend, window=self.window)
         return self.wo(out.reshape(bs, seqlen, -1))
 
+    def forward_cached(self, x, rope_cache, layer: KVLayer, step):
+        """The inference path: x (batch, seq, dim) -> (batch, seq, dim). A :class:`PrefillStep`
+        attends causally through ``kernels.parallax_attention`` (as ``forward``), a
+        :class:`DecodeStep` through the step's ``kernels.DecodePlan`` over the cache; either
+        first writes k, v into ``layer``."""
+        bs, seqlen, _ = x.shape
+        q, r, k, v = self.project(x, rope_cache, None)
+        write_cache(layer, step, k, v)
+        if isinstance(step, PrefillStep):
+            out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend)
+        else:
+            out = step.plan(q, r, layer.k, layer.v, step.seqlens)
+        return self.wo(out.reshape(bs, seqlen, -1))
+
 
 def sequence_mixer(layer_id: int, args: ParallaxModelArgs) -> nn.Module:
     """The attention slot of block ``layer_id``: softmax, Parallax, an fla layer or a family mixer
     (``args.mixer``)."""
     if args.mixer == "softmax":
-        return Attention(args)
+        return SoftmaxAttention(args)
     if args.mixer == "parallax":
         return ParallaxAttention(args)
     if args.mixer in mixers.FLA_MIXERS:
@@ -237,6 +343,12 @@ class Block(nn.Module):
         h = x + self.attention(self.attention_norm(x), rope_cache, attention_masks, positions)
         return h + self.feed_forward(self.ffn_norm(h))
 
+    def forward_cached(self, x, rope_cache, layer_cache, step):
+        """``forward`` through the mixer's cached path (``layer_cache``: the mixer's part of the cache;
+        ``rope_cache``: the table, or for a decode step its rows, see :func:`apply_rope`)."""
+        h = x + self.attention.forward_cached(self.attention_norm(x), rope_cache, layer_cache, step)
+        return h + self.feed_forward(self.ffn_norm(h))
+
     def init_weights(self) -> None:
         for norm in (self.attention_norm, self.ffn_norm):
             norm.reset_parameters()
@@ -268,6 +380,23 @@ class ParallaxQwen3Model(ModelProtocol):
         h = self.tok_embeddings(tokens)
         for block in self.layers.values():
             h = block(h, self.rope_cache, attention_masks, positions)
+        return self.output(self.norm(h))
+
+    def forward_cached(self, tokens, layer_caches, step, last: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of one position per row through the cached path (``parallax_titan.generation``).
+
+        tokens (batch, T) int64; layer_caches: one per block (its mixer's part of the cache);
+        step: :class:`PrefillStep` or :class:`DecodeStep` (None for the fla mixers, whose state
+        carries the positions); last: (batch,) int64 position whose
+        logits are returned (default T - 1, the only one of a decode step). Returns (batch, vocab).
+        """
+        h = self.tok_embeddings(tokens)
+        rope = self.rope_cache  # a prefill's positions are 0..T-1
+        if isinstance(step, DecodeStep):  # each row's own position, read once for every layer
+            rope = self.rope_cache[step.slots][:, None, None, :].to(h.dtype)
+        for block, layer_cache in zip(self.layers.values(), layer_caches, strict=True):
+            h = block.forward_cached(h, rope, layer_cache, step)
+        h = h[:, -1] if last is None else h[torch.arange(h.shape[0], device=h.device), last]
         return self.output(self.norm(h))
 
     def get_attention_masks(self, input_batch, tokenizer, extra_inputs=None) -> DocumentBoundaries | None:

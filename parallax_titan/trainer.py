@@ -7,6 +7,8 @@ progress bar and diagnostics, and handles interruptions (SIGTERM, ``reliability.
 non-finite steps (``reliability.nonfinite``; the skip itself is decided by the optimizers
 container) by saving a full checkpoint and leaving the loop, so that rerunning the command resumes
 exactly. It expects a config from :func:`parallax_titan.config.load_config` (validated there).
+``step_callbacks`` are called as ``callback(trainer)`` after every step (the entry point injects
+them, e.g. downstream evaluation from ``eval/``, which this package may not import).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from parallax_titan.step_flags import StepFlags
 
 
 class ParallaxTrainer(Trainer):
-    def __init__(self, job_config: JobConfig):
+    def __init__(self, job_config: JobConfig, step_callbacks=()):
         problems = checkpoint_problems(job_config)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
@@ -43,6 +45,7 @@ class ParallaxTrainer(Trainer):
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)
+        self.step_callbacks = list(step_callbacks)
         self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
         source = job_config.parallax.init_from_transformer
         if source:
@@ -82,6 +85,8 @@ class ParallaxTrainer(Trainer):
         self.diagnostics.maybe_run(
             self.step, self.model_parts, self.metrics_processor.logger.log, self._log_figure
         )
+        for callback in self.step_callbacks:
+            callback(self)
         if self.step == self.job_config.reliability.stop_at_step:
             self._stop_reason = f"reliability.stop_at_step = {self.step}"
         if bool(self._sigterm_flags.read()):

@@ -1,6 +1,7 @@
 """Export a checkpoint to Hugging Face format, or import Hugging Face Qwen3 weights for training.
 
-    # DCP checkpoint -> <out>/model.safetensors + config.json + tokenizer
+    # DCP checkpoint -> <out>/model.safetensors + config.json + tokenizer (+ the modeling code of a
+    # Parallax model: AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True) loads it)
     python -m scripts.export_hf export --config X.toml --checkpoint OUT/checkpoint/step-N --output hf_out
 
     # Hugging Face Qwen3 (e.g. a local copy of Qwen/Qwen3-0.6B) -> a DCP folder to train from;

@@ -35,8 +35,8 @@ def tokenizer():
     return PretrainTokenizer(TINY_TOKENIZER_PATH)
 
 
-def tiny_model(variant: str) -> ParallaxQwen3Model:
-    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), n_layers=2, max_seq_len=64)
+def tiny_model(variant: str, **changes) -> ParallaxQwen3Model:
+    args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), n_layers=2, max_seq_len=64, **changes)
     torch.manual_seed(0)
     model = ParallaxQwen3Model(args)
     with torch.no_grad():
@@ -131,7 +131,55 @@ def test_batching_and_padding_do_not_change_scores(model, tokenizer):
     )
 
 
-def test_generate_until_is_greedy_and_stops(tokenizer):
+def recompute_generate_until(model, tokenizer, context: str, until: list[str], max_new: int, window: int) -> str:
+    """The adapter's generation before the KV cache: the whole (last ``window`` tokens of the)
+    sequence through the model per new token, greedy, ending at <|endoftext|>, a stop string
+    (searched in the decoded text) or ``max_new`` tokens; the text cut before the first stop."""
+    eot = tokenizer.eos_id
+    tokens = tokenizer.encode(context, add_bos=False, add_eos=False) or [eot]
+    stops = [s for s in until + [tokenizer.decode([eot])] if s]
+    generated: list[int] = []
+    while len(generated) < max_new:
+        row = torch.tensor([(tokens + generated)[-window:]])
+        with torch.no_grad():  # block-causal models: the document masks of training
+            token = int(model(row, attention_masks=model.get_attention_masks(row, tokenizer))[0, -1].argmax())
+        if token == eot:
+            break
+        generated.append(token)
+        if any(s in tokenizer.decode(generated) for s in stops):
+            break
+    text = tokenizer.decode(generated)
+    cuts = [text.index(s) for s in stops if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+GENERATE_REQUESTS = [
+    ("Once upon a time", {"until": [], "max_gen_toks": 6}),
+    ("Another prompt of other length", {"max_gen_toks": 2}),
+    ("", {"until": ["\n"], "max_gen_toks": 5}),
+    ("The river ran past the mill and under the stone bridge, where the children",  # > WINDOW tokens
+     {"until": ["zzz"], "max_gen_toks": 7}),
+    ("Question: what colour is the sky?\nAnswer:", {"until": ["\n\n", "."], "max_gen_toks": 12}),
+]
+
+
+@pytest.mark.parametrize("variant, changes", [("transformer", {}), ("parallax", {}),
+                                              ("parallax", {"attn_mask_type": "block_causal"})])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_cached_generate_until_equals_recomputing(tokenizer, variant, changes, batch_size):
+    """Token for token (fp32, greedy) the recompute path's text, contexts and sequences longer than
+    the window included (the window slides); an empty context is <|endoftext|>, after which a
+    block-causal model starts a new document."""
+    model = tiny_model(variant, **changes)
+    lm = make_lm(model, tokenizer, batch_size=batch_size)
+    out = lm.generate_until(requests("generate_until", GENERATE_REQUESTS), disable_tqdm=True)
+    expected = [recompute_generate_until(model, tokenizer, context, kwargs.get("until", []), kwargs["max_gen_toks"],
+                                         WINDOW) for context, kwargs in GENERATE_REQUESTS]
+    assert out == expected
+    assert len(tokenizer.encode(GENERATE_REQUESTS[3][0], add_bos=False, add_eos=False)) > WINDOW
+
+
+def test_generate_until_stops_at_strings(tokenizer):
     model = tiny_model("parallax")
     lm = make_lm(model, tokenizer, batch_size=2)
     context = "Once upon a time"
@@ -142,12 +190,24 @@ def test_generate_until_is_greedy_and_stops(tokenizer):
     out = lm.generate_until(requests("generate_until", [
         (context, {"until": [], "max_gen_toks": 6}),
         (context, {"until": [stop], "max_gen_toks": 6}),
-        ("Another prompt of other length", {"max_gen_toks": 2}),
     ]), disable_tqdm=True)
     assert out[0] == text
     assert out[1] == text[: text.index(stop)]
-    with pytest.raises(ValueError, match="greedy"):
-        lm.generate_until(requests("generate_until", [(context, {"do_sample": True})]), disable_tqdm=True)
+
+
+def test_generate_until_samples_with_a_seed(tokenizer):
+    model = tiny_model("parallax")
+    sampled = [("Once upon a time", {"do_sample": True, "temperature": 1.5, "top_k": 50, "max_gen_toks": 8})] * 3
+    run = lambda seed: ParallaxLM(model, tokenizer, batch_size=2, max_length=WINDOW, seed=seed).generate_until(
+        requests("generate_until", sampled), disable_tqdm=True)
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+    greedy = make_lm(model, tokenizer).generate_until(
+        requests("generate_until", [("Once upon a time", {"temperature": 0.0, "max_gen_toks": 8})]), disable_tqdm=True)
+    assert greedy[0] == tokenizer.decode(greedy_tokens(model, tokenizer.encode("Once upon a time", add_bos=False,
+                                                                               add_eos=False), 8))
+    with pytest.raises(ValueError, match="unsupported generation arguments \\['num_beams'\\]"):
+        make_lm(model, tokenizer).generate_until(requests("generate_until", [("x", {"num_beams": 2})]), disable_tqdm=True)
 
 
 @pytest.mark.parametrize("kwargs, name", [({"batch_size": 0}, "batch_size"), ({"max_length": 65}, "max_length")])

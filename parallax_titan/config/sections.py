@@ -278,10 +278,16 @@ EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class Eval:
-    """``[eval]``: downstream evaluation of the final checkpoint (lm-eval, zero-shot)."""
+    """``[eval]``: downstream evaluation (lm-eval, zero-shot) of the final checkpoint, and of the
+    live model during training."""
 
     at_end: bool = False
     """Run the suite on the final checkpoint when training ends; the table goes to <dump_folder>/eval/."""
+
+    every_n_steps: int = 0
+    """During training, after every N-th step: run ``tasks`` (``limit`` documents each) on the live
+    model's weights, sharded across data-parallel ranks, and log the scores as
+    ``eval/downstream/<task>/<metric>`` (TensorBoard, metrics.jsonl). 0 = never. Training is unchanged by it."""
 
     tasks: list[str] = field(default_factory=lambda: list(PAPER_SUITE))
     """Tasks to run: the paper's suite or a subset of it (lambada_openai, wikitext, boolq, ...)."""
@@ -314,7 +320,8 @@ class Eval:
             problems.append(f"eval.tasks: unknown {unknown}; expected names from {list(PAPER_SUITE)}")
         if self.dtype not in EVAL_DTYPES:
             problems.append(f"eval.dtype: expected one of {EVAL_DTYPES}, got {self.dtype!r}")
-        for key, low in (("limit", 0), ("batch_size", 1), ("max_length", 0), ("bootstrap_iters", 0)):
+        for key, low in (("limit", 0), ("batch_size", 1), ("max_length", 0), ("bootstrap_iters", 0),
+                         ("every_n_steps", 0)):
             if isinstance(getattr(self, key), int) and getattr(self, key) < low:
                 problems.append(f"eval.{key}: expected an integer >= {low}, got {getattr(self, key)!r}")
         return problems

@@ -1,0 +1,43 @@
+"""Configuration of Qwen3 with Parallax attention for Hugging Face transformers (remote code).
+
+Exported beside ``config.json`` by Parallax-Titan (``python -m scripts.export_hf export``); loaded by
+``AutoConfig.from_pretrained(dir, trust_remote_code=True)``. Self-contained: imports transformers only.
+"""
+
+from transformers import PretrainedConfig
+
+GATES = ("none", "token", "head")
+MASK_TYPES = ("causal", "block_causal")
+
+
+class ParallaxQwen3Config(PretrainedConfig):
+    """Qwen3's fields plus ``parallax``: ``rho_rope`` (RoPE on the probe), ``gate`` ("none",
+    "token", "head": a sigmoid gate on the probe after its norm) and ``attn_mask_type`` ("causal",
+    or "block_causal": no attention across ``eos_token_id``, documents as in training)."""
+
+    model_type = "parallax_qwen3"
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+
+    def __init__(self, vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+                 max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                 attention_bias=False, use_cache=True, initializer_range=0.02, parallax=None, **kwargs):
+        parallax = {"rho_rope": True, "gate": "none", "attn_mask_type": "causal", **(parallax or {})}
+        if parallax["gate"] not in GATES:
+            raise ValueError(f"parallax.gate: expected one of {GATES}, got {parallax['gate']!r}")
+        if parallax["attn_mask_type"] not in MASK_TYPES:
+            raise ValueError(f"parallax.attn_mask_type: expected one of {MASK_TYPES}, got {parallax['attn_mask_type']!r}")
+        if hidden_act != "silu" or attention_bias:
+            raise ValueError(f"hidden_act / attention_bias: Parallax-Qwen3 uses silu without biases, got "
+                             f"{hidden_act!r} / {attention_bias!r}")
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(f"num_attention_heads: {num_attention_heads} is not a multiple of num_key_value_heads "
+                             f"= {num_key_value_heads}")
+        self.vocab_size, self.hidden_size, self.intermediate_size = vocab_size, hidden_size, intermediate_size
+        self.num_hidden_layers, self.num_attention_heads = num_hidden_layers, num_attention_heads
+        self.num_key_value_heads, self.head_dim, self.hidden_act = num_key_value_heads, head_dim, hidden_act
+        self.max_position_embeddings, self.rope_theta, self.rms_norm_eps = max_position_embeddings, rope_theta, rms_norm_eps
+        self.attention_bias, self.use_cache, self.initializer_range = attention_bias, use_cache, initializer_range
+        self.tie_word_embeddings = tie_word_embeddings
+        self.parallax = parallax
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)

@@ -1,0 +1,148 @@
+"""Next-token choice: greedy, temperature, top-k, top-p, repetition penalty, seeded.
+
+The order is that of Hugging Face ``generate``: the repetition penalty on the raw logits, then
+temperature, top-k, top-p, and a draw from what is left. ``temperature = 0`` is greedy (the
+penalty still applies). :func:`token_probabilities` is the distribution a draw is taken from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen (the same for every row of a batch).
+
+    temperature: 0 = greedy (argmax), else logits / temperature. top_k: keep the k most likely
+    tokens (0 = all). top_p: keep the smallest set of most likely tokens whose probability reaches
+    top_p (1 = all). repetition_penalty: a token already in the sequence (prompt or generated) has
+    its logit divided by the penalty if positive, multiplied if negative (1 = off). seed: seeds the
+    draws (None: a fresh random seed).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every out-of-range field, as ``"<field>: ..."``."""
+        out = []
+        if not _finite(self.temperature) or self.temperature < 0:
+            out.append(f"temperature: expected a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            out.append(f"top_k: expected an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _finite(self.top_p) or not 0 < self.top_p <= 1:
+            out.append(f"top_p: expected a number in (0, 1] (1 = off), got {self.top_p!r}")
+        if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            out.append(f"repetition_penalty: expected a number > 0 (1 = off), got {self.repetition_penalty!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            out.append(f"seed: expected an integer or None, got {self.seed!r}")
+        return out
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Repetition penalty: logits (batch, vocab) fp32, seen (batch, vocab) bool -> new logits."""
+    if penalty == 1.0:
+        return logits
+    scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, scaled, logits)
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """logits (batch, vocab) with every token outside the top-k and the top-p nucleus at -inf.
+
+    The nucleus is the smallest prefix of the tokens sorted by probability (after top-k) whose
+    probability reaches top_p; a token is kept when the tokens before it hold less than top_p.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0:
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = before >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits
+
+
+def token_probabilities(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The distribution the next token is drawn from, (batch, vocab) fp32, for temperature > 0.
+
+    logits (batch, vocab) any float dtype; seen: (batch, vocab) bool, tokens already in each
+    sequence (needed for a repetition penalty).
+    """
+    if params.greedy:
+        raise ValueError("token_probabilities: temperature = 0 is greedy (argmax), not a distribution")
+    logits = _penalized(logits, params, seen)
+    logits = filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def _penalized(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
+    logits = logits.float()
+    if params.repetition_penalty != 1.0:
+        if seen is None:
+            raise ValueError("repetition_penalty: needs the tokens seen so far (seen)")
+        logits = penalize(logits, seen, params.repetition_penalty)
+    return logits
+
+
+class Sampler:
+    """Chooses one token per row from logits, remembering each row's tokens for the penalty.
+
+    batch, vocab: the logits' shape; device: theirs. The draws use one ``torch.Generator`` seeded
+    with ``params.seed``, so a seeded run repeats exactly on the same device.
+    """
+
+    def __init__(self, params: SamplingParams, batch: int, vocab: int, device: torch.device):
+        self.params = params
+        self.seen = None
+        if params.repetition_penalty != 1.0:
+            self.seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
+        self.generator = None
+        if not params.greedy:
+            self.generator = torch.Generator(device=device)
+            if params.seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(params.seed)
+
+    def observe(self, row: int, tokens) -> None:
+        """Row ``row``'s sequence now contains ``tokens`` (a list of ids; a new prompt resets it)."""
+        if self.seen is not None:
+            self.seen[row].zero_()
+            self.seen[row, torch.as_tensor(list(tokens), dtype=torch.long, device=self.seen.device)] = True
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token of every row, (batch,) int64 on the logits' device; each also counts as
+        seen from now on."""
+        if self.params.greedy:
+            tokens = _penalized(logits, self.params, self.seen).argmax(dim=-1)
+        else:
+            probs = token_probabilities(logits, self.params, self.seen)
+            tokens = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        if self.seen is not None:
+            self.seen[torch.arange(tokens.shape[0], device=tokens.device), tokens] = True
+        return tokens

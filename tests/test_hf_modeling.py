@@ -1,0 +1,179 @@
+"""Hugging Face remote code for Parallax exports (eval/hf_modeling): transformers loads the exported
+folder with trust_remote_code and computes our logits (fp32, 1e-5), generate() gives the same
+tokens with and without its cache, and lm-eval's own hf backend scores like our adapter."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import kernels
+from eval import hf_modeling
+from eval.hf_format import export_hf
+from eval.hf_modeling.configuration_parallax import ParallaxQwen3Config
+from eval.hf_modeling.modeling_parallax import attention_allowed, parallax_reference
+from parallax_titan.hf_adapter import ParallaxStateDictAdapter
+from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
+from tests._generation_models import recompute_greedy, tiny_model
+
+transformers = pytest.importorskip("transformers")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
+EOS = 7  # end of document for the block-causal tests (any id of the 4096-token vocabulary)
+CASES = [
+    ("parallax", {}),
+    ("parallax", {"gate": "head", "rho_rope": False}),
+    ("parallax", {"gate": "token", "enable_weight_tying": False}),
+    ("parallax_dagger", {}),
+]
+
+
+def export_and_load(model, folder, **kwargs):
+    export_hf(model, str(folder), **kwargs)
+    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True,
+                                                             dtype=torch.float32).eval()
+
+
+def random_tokens(batch, length, seed=1):
+    return torch.randint(8, 4096, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("variant, changes", CASES)
+def test_loaded_model_gives_our_logits(tmp_path, variant, changes):
+    ours = tiny_model(variant, seed=0, **changes)
+    hf = export_and_load(ours, tmp_path)
+    assert type(hf).__name__ == "ParallaxQwen3ForCausalLM"
+    tokens = random_tokens(2, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, ours(tokens), rtol=1e-5, atol=1e-5)
+    expected = set(ParallaxStateDictAdapter(ours.model_args).to_hf(ours.state_dict()))
+    assert set(hf.state_dict()) == expected | {"lm_head.weight"}  # tied: lm_head is the embedding
+    assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == ours.model_args.enable_weight_tying
+
+
+@pytest.mark.parametrize("variant, changes", CASES[:2])
+def test_generate_with_and_without_the_cache(tmp_path, variant, changes):
+    ours = tiny_model(variant, seed=0, **changes)
+    hf = export_and_load(ours, tmp_path)
+    prompt = random_tokens(2, 6)
+    kwargs = dict(max_new_tokens=10, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    cached = hf.generate(prompt, use_cache=True, **kwargs)
+    assert torch.equal(cached, hf.generate(prompt, use_cache=False, **kwargs))
+    assert torch.equal(cached, hf.generate(prompt, cache_implementation="static", **kwargs))
+    for row in range(2):
+        assert cached[row, 6:].tolist() == recompute_greedy(ours, prompt[row].tolist(), 10)
+
+
+def test_left_padded_batch_generates_as_single_rows(tmp_path):
+    hf = export_and_load(tiny_model("parallax", seed=2), tmp_path)
+    prompts = [random_tokens(1, 9, seed=3)[0], random_tokens(1, 4, seed=4)[0]]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    mask = torch.zeros(2, 9, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, 9 - len(prompt):], mask[row, 9 - len(prompt):] = prompt, 1
+    both = hf.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    for row, prompt in enumerate(prompts):
+        alone = hf.generate(prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                            max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert both[row, 9:].tolist() == alone[0, len(prompt):].tolist()
+
+
+def test_block_causal_documents_as_in_training(tmp_path):
+    """attn_mask_type = "block_causal": no attention across the end-of-document token, in the
+    forward and in generate with the cache."""
+    ours = tiny_model("parallax", seed=0, attn_mask_type="block_causal")
+    hf = export_and_load(ours, tmp_path, eos_id=EOS)
+    tokens = random_tokens(2, 20)
+    tokens[0, 5], tokens[0, 12], tokens[1, 15] = EOS, EOS, EOS
+    with torch.no_grad():
+        masks = ours.get_attention_masks(tokens, SimpleNamespace(eos_id=EOS))
+        expected = ours(tokens, attention_masks=masks)
+        torch.testing.assert_close(hf(tokens).logits, expected, rtol=1e-5, atol=1e-5)
+        assert (hf(tokens).logits - ours(tokens)).abs().max() > 1e-2  # the documents matter
+    prompt = tokens[:, :16]
+    kwargs = dict(max_new_tokens=5, do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0,
+                  eos_token_id=None)
+    assert torch.equal(hf.generate(prompt, use_cache=True, **kwargs), hf.generate(prompt, use_cache=False, **kwargs))
+
+
+def test_reference_attention_against_the_kernels_reference():
+    """fp64: the modeling file's masked reference equals kernels.parallax_attention (causal, GQA),
+    and a left-padded row equals the same row unpadded."""
+    gen = torch.Generator().manual_seed(0)
+    q, r = (torch.randn(2, 9, 4, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, 9, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    expected = kernels.parallax_attention(q, r, k, v, backend="reference")
+    heads = lambda x: x.transpose(1, 2)
+    allowed = attention_allowed(2, 9, 0, None, None, q.device)
+    out = parallax_reference(heads(q), heads(r), heads(k), heads(v), allowed, 16**-0.5)
+    torch.testing.assert_close(heads(out), expected, rtol=1e-12, atol=1e-12)
+    pad = lambda x: torch.cat([torch.zeros_like(x[:, :3]), x], dim=1)
+    mask = torch.cat([torch.zeros(2, 3), torch.ones(2, 9)], dim=1)
+    padded = parallax_reference(*(heads(pad(x)) for x in (q, r, k, v)), attention_allowed(2, 12, 0, mask, None, "cpu"),
+                                16**-0.5)
+    torch.testing.assert_close(heads(padded)[:, 3:], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_export_writes_the_remote_code(tmp_path):
+    export_hf(tiny_model("parallax"), str(tmp_path / "p"))
+    config = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert config["auto_map"] == hf_modeling.AUTO_MAP and config["model_type"] == ParallaxQwen3Config.model_type
+    for name in hf_modeling.REMOTE_CODE_FILES:
+        assert filecmp.cmp(tmp_path / "p" / name, os.path.join(hf_modeling.FOLDER, name), shallow=False)
+    export_hf(tiny_model("transformer"), str(tmp_path / "t"))
+    assert "auto_map" not in json.loads((tmp_path / "t" / "config.json").read_text())
+    assert not set(hf_modeling.REMOTE_CODE_FILES) & set(os.listdir(tmp_path / "t"))
+
+
+@pytest.mark.parametrize("key, value, name", [("parallax", {"gate": "all"}, "parallax.gate"),
+                                              ("parallax", {"attn_mask_type": "x"}, "parallax.attn_mask_type"),
+                                              ("num_key_value_heads", 3, "num_attention_heads")])
+def test_config_names_bad_values(key, value, name):
+    with pytest.raises(ValueError, match=name):
+        ParallaxQwen3Config(**{key: value})
+
+
+def test_lm_eval_hf_backend_scores_like_our_adapter(tmp_path):
+    """The exported folder through lm-eval's own ``hf`` model gives our adapter's numbers on the
+    offline fixtures (log-likelihood, multiple choice, rolling perplexity)."""
+    pytest.importorskip("accelerate", reason="lm-eval's hf backend imports accelerate")
+    from lm_eval.models.huggingface import HFLM
+
+    from eval.lm_eval import evaluate
+    from eval.model import ParallaxLM
+
+    tokenizer = PretrainTokenizer(TINY_TOKENIZER_PATH)
+    model = tiny_model("parallax", seed=0)
+    export_hf(model, str(tmp_path), tokenizer_dir=TINY_TOKENIZER_PATH, eos_id=tokenizer.eos_id)
+    tasks = ["lambada_openai", "piqa", "wikitext"]
+    ours = evaluate(ParallaxLM(model, tokenizer, batch_size=4, max_length=32), tasks, data_dir=FIXTURES,
+                    bootstrap_iters=0)["results"]
+    hf = HFLM(pretrained=str(tmp_path), trust_remote_code=True, dtype="float32", device="cpu", batch_size=4,
+              max_length=32)
+    theirs = evaluate(hf, tasks, data_dir=FIXTURES, bootstrap_iters=0)["results"]
+    metrics = {"lambada_openai": ("perplexity,none", "acc,none"), "piqa": ("acc,none", "acc_norm,none"),
+               "wikitext": ("word_perplexity,none", "byte_perplexity,none")}
+    for task, names in metrics.items():
+        for name in names:
+            assert theirs[task][name] == pytest.approx(ours[task][name], rel=1e-5), (task, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_kernels_on_cuda(tmp_path):
+    """With CUDA and Triton the loaded model runs Parallax-Titan's kernels: logits close to ours,
+    generate() with the cache equals without it (fp32)."""
+    ours = tiny_model("parallax", seed=0, device="cuda", max_seq_len=256)
+    export_hf(ours, str(tmp_path))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), trust_remote_code=True,
+                                                           dtype=torch.float32).cuda().eval()
+    tokens = random_tokens(2, 100).cuda()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, ours(tokens), rtol=1e-4, atol=1e-4)
+    kwargs = dict(max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(tokens), pad_token_id=0)
+    assert torch.equal(hf.generate(tokens, use_cache=True, **kwargs), hf.generate(tokens, use_cache=False, **kwargs))
