@@ -39,7 +39,13 @@ SHAPE_FIELDS = {
 
 
 def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = None) -> dict:
-    """The ``config.json`` of a model with ``args`` stored in ``dtype`` (eos: the tokenizer's end of document)."""
+    """The ``config.json`` of a model with ``args`` stored in ``dtype`` (eos: the tokenizer's end of document).
+
+    Raises ValueError for a sliding-window model: the Hugging Face modeling code attends to the
+    whole causal prefix, so the exported model would compute something else."""
+    if getattr(args, "window", 0):
+        raise ValueError(f"hf: parallax.window = {args.window} has no Hugging Face form (the exported modeling "
+                         "code is full causal attention); export a model without a window")
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
         "vocab_size": args.vocab_size, "hidden_size": args.dim, "intermediate_size": args.hidden_dim,
@@ -71,12 +77,13 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     """
     args = model.model_args
     dtype = dtype or next(model.parameters()).dtype
+    config = hf_config(args, dtype, eos_id)  # before anything is written: it refuses what HF cannot hold
     hf_state = ParallaxStateDictAdapter(args).to_hf(model.state_dict())
     tensors = {k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in hf_state.items()}
     os.makedirs(output_dir, exist_ok=True)
     save_file(tensors, os.path.join(output_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(output_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(hf_config(args, dtype, eos_id), f, indent=2)
+        json.dump(config, f, indent=2)
         f.write("\n")
     if args.mixer == "parallax":
         for name in hf_modeling.REMOTE_CODE_FILES:

@@ -299,7 +299,7 @@ class ParallaxAttention(Attention):
         q, r, k, v = self.project(x, rope_cache, None)
         write_cache(layer, step, k, v)
         if isinstance(step, PrefillStep):
-            out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend)
+            out = kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend, window=self.window)
         else:
             out = step.plan(q, r, layer.k, layer.v, step.seqlens)
         return self.wo(out.reshape(bs, seqlen, -1))

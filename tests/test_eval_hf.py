@@ -150,3 +150,10 @@ def test_exported_transformer_loads_in_transformers_qwen3(tmp_path, tied):
     tokens = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(hf(tokens).logits, logits(model), rtol=1e-5, atol=1e-5)
+
+
+def test_sliding_window_models_are_not_exported(tmp_path):
+    """The exported modeling code is full causal attention: a windowed model would change its function."""
+    with pytest.raises(ValueError, match="parallax.window = 8 has no Hugging Face form"):
+        export_hf(tiny_model("parallax", seed=0, window=8), str(tmp_path))
+    assert not (tmp_path / "model.safetensors").exists()

@@ -83,6 +83,9 @@ class JobConfig(titan.JobConfig):
         if ckpt.enable and ckpt.last_save_in_hf and not ckpt.last_save_model_only:
             problems.append("checkpoint.last_save_in_hf: true needs checkpoint.last_save_model_only = true "
                             "(the Hugging Face format holds the model weights only)")
+        if ckpt.enable and ckpt.last_save_in_hf and self.parallax.window:
+            problems.append(f"checkpoint.last_save_in_hf: parallax.window = {self.parallax.window} has no Hugging "
+                            "Face form (its modeling code is full causal attention)")
         if ckpt.enable and ckpt.last_save_in_hf and mixer not in HF_MIXERS:
             problems.append(f"checkpoint.last_save_in_hf: model.name = {self.model.name!r} has no Hugging Face "
                             "weight names; only the transformer and parallax variants have them")

@@ -66,7 +66,7 @@ class KVCache:
         if args.mixer == "parallax":
             scale = next(iter(model.layers.values())).attention.scaling
             self.plan = DecodePlan(batch, args.n_heads, args.n_kv_heads, args.head_dim, capacity, dtype, device,
-                                   scale=scale, backend=args.attn_backend)
+                                   scale=scale, backend=args.attn_backend, window=args.window or None)
 
     def set_lengths(self, rows: torch.Tensor, lengths: torch.Tensor) -> None:
         """Rows ``rows`` now hold ``lengths`` valid positions (both (n,) on the cache's device)."""
