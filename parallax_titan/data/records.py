@@ -218,9 +218,9 @@ def check_file(path: str, skip_bad: bool = False, max_bytes: int = DEFAULT_MAX_R
             file = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"data file {path!r} is not a readable parquet file ({e})") from None
-        _string_column(path, file.schema_arrow)
         if file.metadata.num_rows == 0:
             raise ValueError(f"data file {path!r} is empty (0 rows)")
+        _string_column(path, file.schema_arrow)
     elif path.endswith(JSONL_SUFFIXES):
         bad = BadRecords()
         try:
@@ -228,8 +228,10 @@ def check_file(path: str, skip_bad: bool = False, max_bytes: int = DEFAULT_MAX_R
         except (OSError, EOFError) as e:  # a .gz that is not gzip
             raise ValueError(f"data file {path!r} cannot be read ({e})") from None
         if found is None:
-            what = f"{bad.total(path)} bad records: {bad.describe(path)}" if bad.total(path) else "only blank lines"
-            raise ValueError(f"data file {path!r} has no good record ({what})")
+            if bad.total(path):
+                raise ValueError(f"data file {path!r} has no good record ({bad.total(path)} bad records: "
+                                 f"{bad.describe(path)})")
+            raise ValueError(f"data file {path!r} is empty (no records, only blank lines if any)")
     else:
         raise ValueError(f"data file {path!r}: unsupported format; expected {PARQUET_SUFFIXES + JSONL_SUFFIXES}")
 
