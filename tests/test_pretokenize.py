@@ -131,7 +131,7 @@ def test_killed_run_resumes_without_rewriting_finished_shards(tmp_path, docs, mo
 
 def test_resume_with_other_settings_is_refused(local_run):
     source, out, _ = local_run
-    with pytest.raises(ValueError, match=r"other settings \(options\).*same arguments"):
+    with pytest.raises(ValueError, match=r"other settings \(options differ\); rerun with the same arguments"):
         run(source, out, validation_fraction=0.5)
 
 
