@@ -12,6 +12,7 @@ manifests.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -163,11 +164,19 @@ def _batches(texts, size: int):
         yield batch
 
 
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str):
+    """The tokenizer at ``path``, loaded once per process (the Qwen3 file takes about a second to parse)."""
+    from parallax_titan.tokenizer import load_tokenizer_json
+
+    return load_tokenizer_json(path)
+
+
 def run_unit(root: str, spec: SourceSpec, options: Options, tokenizer_path: str, eos_id: int, unit: dict) -> dict:
     """Tokenize one unit into its two shards, then write its manifest; returns the manifest."""
-    from parallax_titan.tokenizer import encode_documents, load_tokenizer_json
+    from parallax_titan.tokenizer import encode_documents
 
-    tokenizer = load_tokenizer_json(tokenizer_path)
+    tokenizer = _tokenizer(tokenizer_path)
     bad = BadRecords() if options.bad_data == "skip" else None
     writers = {split: ShardWriter(root, split, unit["name"]) for split in SPLITS}
     for texts in _batches(unit_texts(spec, unit, bad, options.max_record_bytes), options.batch_size):
