@@ -175,11 +175,11 @@ def render(results: dict) -> str:
                             kilo(per_process), f"{per_process / ref:.2f}"])
         text = entry["text_loader"]
         rows_loader.append([name, "text, tokenized while training (`default_corpus`)", kilo(text["tokens_per_s"]),
-                            f"{text['cpu_per_wall']:.2f}", f"{text['core_share_at_h200_rate']:.3f}",
+                            f"{text['cpu_per_wall']:.2f}", f"{text['core_share_at_h200_rate']:.2g}",
                             f"{text['tokens_per_s'] / results['h200_tokens_per_s']:.1f}x"])
         for mask, run in entry["pretokenized_loader"].items():
             rows_loader.append([name, f"`pretokenized`, rank 0 of 8, {mask}", kilo(run["tokens_per_s"]),
-                                f"{run['cpu_per_wall']:.2f}", f"{run['core_share_at_h200_rate']:.3f}",
+                                f"{run['cpu_per_wall']:.2f}", f"{run['core_share_at_h200_rate']:.2g}",
                                 f"{run['tokens_per_s'] / results['h200_tokens_per_s']:.1f}x"])
     lines = [
         f"This machine has {results['cpu_cores']} CPU cores, shared with other jobs while it ran: the figures are "
