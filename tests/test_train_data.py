@@ -77,3 +77,22 @@ def test_sharded_order_refuses_another_number_of_ranks(tmp_path):
     assert ("the checkpoint holds the data positions of 1 data-parallel ranks in training.data_order = 'sharded'"
             in result.stdout + result.stderr)
     assert sorted(losses(tmp_path)) == [1]  # nothing trained
+
+
+@pytest.mark.slow
+def test_documented_second_path_pretokenize_the_embedded_corpus_and_train_from_shards(tmp_path):
+    """docs/data.md's second path: the pre-tokenizer's command line on the embedded corpus, then the
+    CPU demo config trained from the shards (training and validation)."""
+    shards = tmp_path / "embedded_tiny"
+    cli = subprocess.run([sys.executable, "-m", "scripts.pretokenize", "--source", "embedded", "--tokenizer",
+                          TINY_TOKENIZER_PATH, "--out", str(shards), "--docs-per-shard", "500", "--no-progress"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    train(tmp_path / "run", "--training.dataset", "pretokenized", "--training.dataset_path", str(shards),
+          "--validation.dataset", "pretokenized", "--validation.dataset_path", str(shards),
+          "--diagnostics.dataset", "default_corpus_validation", "--training.steps", "2", "--validation.freq", "2",
+          "--validation.steps", "1", "--metrics.log_freq", "1", config="configs/demo_cpu.toml")
+    rows = metric_rows(tmp_path / "run")
+    assert sorted(losses(tmp_path / "run")) == [1, 2]
+    assert any("validation_metrics/loss" in r for r in rows)
+    assert any(r.get("data/embedded_tiny/fraction") == 1.0 for r in rows)
