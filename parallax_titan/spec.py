@@ -30,7 +30,6 @@ import dataclasses
 import math
 
 from torchtitan.components.loss import build_cross_entropy_loss
-from torchtitan.components.validate import build_validator
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
 from parallax_titan.hf_adapter import ParallaxStateDictAdapter
@@ -95,7 +94,7 @@ def model_args_for(job_config) -> ParallaxModelArgs:
 def build_train_spec(variant: str) -> TrainSpec:
     """The TorchTitan train spec of one variant, with every flavor and the Hugging Face adapter
     (``checkpoint.last_save_in_hf``)."""
-    from parallax_titan.data import build_dataloader
+    from parallax_titan.data import build_dataloader, build_validator
     from parallax_titan.metrics import build_metrics_processor
     from parallax_titan.optim_builder import build_lr_schedulers, build_optimizers
     from parallax_titan.parallelize import parallelize_parallax

@@ -9,9 +9,12 @@ fetched by ``scripts/get_tokenizer.py``) and a tiny 4096-token BPE committed at
 ``parallax_titan/assets/tokenizer/tiny`` for CPU runs and tests.
 """
 
+import hashlib
 import json
 import os
 
+import numpy as np
+from tokenizers import Tokenizer
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.tools.logging import logger
 
@@ -61,6 +64,40 @@ def check_tokenizer_path(path: str | None) -> str:
     return path
 
 
+def tokenizer_sha256(path: str) -> str:
+    """Hex sha256 of ``path``/tokenizer.json's bytes: the tokenizer's identity in pre-tokenized manifests."""
+    with open(os.path.join(check_tokenizer_path(path), "tokenizer.json"), "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def load_tokenizer_json(path: str) -> Tokenizer:
+    """``path``/tokenizer.json as a ``tokenizers.Tokenizer``; ValueError naming the file when it
+    cannot be parsed (a truncated or foreign file)."""
+    file = os.path.join(check_tokenizer_path(path), "tokenizer.json")
+    try:
+        return Tokenizer.from_file(file)
+    except Exception as e:  # the Rust parser raises plain Exception subclasses with its own text
+        raise ValueError(f"model.hf_assets_path = {path!r}: {file} is not a readable tokenizer ({e})") from None
+
+
+def check_tokenizer_vocab(path: str, model_vocab_size: int) -> None:
+    """The model's embedding rows must cover every token id of the tokenizer at ``path``
+    (special tokens included); ValueError naming both sizes otherwise."""
+    tokenizer_vocab = load_tokenizer_json(path).get_vocab_size(with_added_tokens=True)
+    if model_vocab_size < tokenizer_vocab:
+        raise ValueError(f"model.vocab_size: {model_vocab_size} is smaller than the vocabulary of the tokenizer at "
+                         f"model.hf_assets_path = {path!r} ({tokenizer_vocab} tokens); expected at least "
+                         f"{tokenizer_vocab}")
+
+
+def encode_documents(tokenizer: Tokenizer, texts: list[str], eos_id: int) -> list[np.ndarray]:
+    """Each text encoded by ``tokenizer`` (special-token strings as plain text, nothing added)
+    followed by ``eos_id``, as uint32 arrays: the pretraining convention, in one batch call."""
+    tokenizer.encode_special_tokens = True
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    return [np.array(e.ids + [eos_id], dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
+
+
 class PretrainTokenizer(HuggingFaceTokenizer):
     """HuggingFaceTokenizer whose eos is ``<|endoftext|>`` and which has no BOS.
 
@@ -72,7 +109,7 @@ class PretrainTokenizer(HuggingFaceTokenizer):
     """
 
     def __init__(self, tokenizer_path: str):
-        check_tokenizer_path(tokenizer_path)
+        load_tokenizer_json(tokenizer_path)  # a clear error naming the file before TorchTitan parses it
         super().__init__(tokenizer_path)
         eos_id = self.tokenizer.token_to_id(EOS_TOKEN)
         if eos_id is None:

@@ -23,6 +23,7 @@ from torchtitan.train import Trainer
 
 from parallax_titan.compat import configure_for_host, save_checkpoint_now
 from parallax_titan.config import ConfigError, JobConfig
+from parallax_titan.data import DOCUMENT_STARTS, document_boundaries_from_starts
 from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
 from parallax_titan.resume import checkpoint_problems
 from parallax_titan.step_flags import StepFlags
@@ -44,6 +45,7 @@ class ParallaxTrainer(Trainer):
         self._microbatch = 0
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
+            signal.signal(signal.SIGUSR1, self._on_sigterm)  # Slurm's warning ahead of the time limit
         self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)
         self.step_callbacks = list(step_callbacks)
         self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
@@ -56,10 +58,14 @@ class ParallaxTrainer(Trainer):
 
     def post_dataloading_process(self, input_dict, labels):
         """TorchTitan's batch preparation, plus document boundaries when the model asks for them
-        (TorchTitan builds masks only for its own flex and varlen attention)."""
+        (TorchTitan builds masks only for its own flex and varlen attention); pre-tokenized batches
+        bring them from the shards' document index."""
+        starts = input_dict.pop(DOCUMENT_STARTS, None)
         inputs, labels, extra_inputs, extra_kwargs = super().post_dataloading_process(input_dict, labels)
         if self.model_args.needs_document_masks:
-            extra_kwargs["attention_masks"] = self.model_parts[0].get_attention_masks(inputs, self.tokenizer)
+            extra_kwargs["attention_masks"] = (
+                document_boundaries_from_starts(starts) if starts is not None
+                else self.model_parts[0].get_attention_masks(inputs, self.tokenizer))
         return inputs, labels, extra_inputs, extra_kwargs
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
@@ -82,6 +88,9 @@ class ParallaxTrainer(Trainer):
         if self.optimizers.last_step_skipped():
             self._report_nonfinite()
         self.metrics_processor.advance(self.step)
+        mixture = getattr(self.dataloader, "mixture_metrics", None)  # pre-tokenized sources' realised shares
+        if mixture is not None and self.metrics_processor.should_log(self.step):
+            self.metrics_processor.logger.log(mixture(self.step), self.step)
         self.diagnostics.maybe_run(
             self.step, self.model_parts, self.metrics_processor.logger.log, self._log_figure
         )

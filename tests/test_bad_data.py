@@ -1,16 +1,23 @@
-"""Malformed local data: a clear error naming file and line, or skipped and counted
-(``[reliability] bad_data``)."""
+"""Malformed local data: a clear error naming file and line, or skipped and counted per file and
+reason (``[reliability] bad_data``); record size caps; unreadable tokenizers; vocabulary sizes."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from parallax_titan.data import _file_documents, check_dataset_config, resolve_data_files
+from parallax_titan.config import ConfigError, load_config
+from parallax_titan.data import check_dataset_config, resolve_data_files
+from parallax_titan.data.records import check_file, documents
+from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer, check_tokenizer_vocab
 
 GOOD = [f"good document {i}" for i in range(3)]
 
@@ -24,32 +31,66 @@ def data_dir(tmp_path):
         b'{"content": "unterminated\n',
         json.dumps({"text": "wrong column"}).encode() + b"\n",
         json.dumps({"content": None}).encode() + b"\n",
+        json.dumps({"content": 12345}).encode() + b"\n",
         json.dumps({"content": "kept two"}).encode() + b"\n",
     ]))
     (tmp_path / "c_empty.jsonl").write_bytes(b"")
     return tmp_path
 
 
-def test_error_policy_names_the_file(data_dir):
+def test_error_policy_names_the_file_and_line(data_dir):
     with pytest.raises(ValueError, match="c_empty.jsonl.* is empty"):
         resolve_data_files(str(data_dir))
     with pytest.raises(ValueError, match=r"b_bad.jsonl, line 2: not valid UTF-8"):
-        list(_file_documents([str(data_dir / "b_bad.jsonl")]))
+        list(documents([str(data_dir / "b_bad.jsonl")]))
 
 
-def test_skip_policy_skips_and_counts(data_dir, caplog):
+def test_non_string_content_names_file_and_line(tmp_path):
+    path = tmp_path / "numbers.jsonl"
+    path.write_text(json.dumps({"content": "fine"}) + "\n" + json.dumps({"content": 12345}) + "\n")
+    with pytest.raises(ValueError, match=r"numbers\.jsonl, line 2: 'content' is 12345 \(int\); expected a string"):
+        list(documents([str(path)]))
+
+
+def test_skip_policy_counts_per_file_and_reason(data_dir, caplog):
     files = resolve_data_files(str(data_dir), skip_bad=True)
-    assert [f.rsplit("/", 1)[1] for f in files] == ["a_good.jsonl", "b_bad.jsonl"]
+    assert [os.path.basename(f) for f in files] == ["a_good.jsonl", "b_bad.jsonl"]
     with caplog.at_level(logging.WARNING):
-        texts = [d["content"] for d in _file_documents(files, skip_bad=True)]
+        texts = [d["content"] for d in documents(files, skip_bad=True)]
     assert texts == GOOD + ["kept one", "kept two"]
-    assert "b_bad.jsonl: skipped 4 malformed records" in caplog.text
+    report = [r.getMessage() for r in caplog.records if "b_bad.jsonl: skipped" in r.getMessage()]
+    assert len(report) == 1, caplog.text
+    message = report[0]
+    assert "skipped 5 bad records" in message
+    for count_and_reason, line in [("1 invalid UTF-8", 2), ("1 invalid JSON", 3), ("1 no 'content' field", 4),
+                                   ("2 'content' is not a string", 5)]:
+        assert f"{count_and_reason} (first: " in message and f"line {line}:" in message
+    assert "a_good.jsonl: skipped" not in caplog.text
+
+
+def test_binary_file_is_reported_by_reason_not_as_empty(tmp_path):
+    path = tmp_path / "image.jsonl"
+    path.write_bytes(bytes(range(256)) * 8 + b"\n\xff\xfe\n")
+    with pytest.raises(ValueError) as info:
+        check_file(str(path), skip_bad=True)
+    message = str(info.value)
+    assert "is empty" not in message
+    assert re.search(r"image\.jsonl' has no good record \(\d+ bad records: \d+ invalid JSON .*\d+ invalid UTF-8", message)
 
 
 def test_skip_policy_parquet_null_content(tmp_path):
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"content": ["x", None, "y"]}), path)
-    assert [d["content"] for d in _file_documents([str(path)], skip_bad=True)] == ["x", "y"]
+    assert [d["content"] for d in documents([str(path)], skip_bad=True)] == ["x", "y"]
+    with pytest.raises(ValueError, match=r"d\.parquet, row 2: 'content' is null"):
+        list(documents([str(path)]))
+
+
+def test_parquet_content_of_another_type_is_named(tmp_path):
+    path = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"content": [1, 2]}), path)
+    with pytest.raises(ValueError, match=r"ints\.parquet: column 'content' holds int64, expected strings"):
+        resolve_data_files(str(path))
 
 
 def test_nothing_usable_is_still_an_error(tmp_path):
@@ -60,8 +101,59 @@ def test_nothing_usable_is_still_an_error(tmp_path):
 
 def test_config_check_follows_the_policy(data_dir):
     class Training:
-        dataset, dataset_path = "local", str(data_dir)
+        dataset, dataset_path, sources = "local", str(data_dir), []
 
     with pytest.raises(ValueError, match="c_empty.jsonl"):
         check_dataset_config(Training())
     check_dataset_config(Training(), skip_bad=True)
+
+
+def test_long_record_is_refused_or_skipped_within_the_cap(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b"".join([json.dumps({"content": "before"}).encode() + b"\n",
+                               json.dumps({"content": "x" * 5000}).encode() + b"\n",
+                               json.dumps({"content": "after"}).encode() + b"\n"]))
+    with pytest.raises(ValueError, match=r"long\.jsonl, line 2: record of 5016 bytes is longer than the limit of 1000"):
+        list(documents([str(path)], max_bytes=1000))
+    assert [d["content"] for d in documents([str(path)], skip_bad=True, max_bytes=1000)] == ["before", "after"]
+    assert len(list(documents([str(path)], max_bytes=6000))) == 3  # a line exactly within the cap is read
+
+
+PEAK_RSS = """
+import json, resource, sys
+from parallax_titan.data.records import check_file, documents
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+texts = [d["content"] for d in documents([sys.argv[1]], skip_bad=True, max_bytes=1 << 20)]
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"texts": texts, "peak_growth_kib": after - before}))
+"""
+
+
+def test_fifty_megabyte_line_costs_at_most_the_cap(tmp_path):
+    """A 50 MB single-line document under a 1 MiB cap: skipped, and the reader's peak memory grows by
+    a few MiB (the cap and read chunks), not by the line."""
+    path = tmp_path / "huge.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"content": "' + b"y" * (50 << 20) + b'"}\n')
+        f.write(json.dumps({"content": "small"}).encode() + b"\n")
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(path)], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["texts"] == ["small"]
+    assert result["peak_growth_kib"] < 16 << 10, result
+
+
+def test_garbage_tokenizer_file_is_named(tmp_path):
+    (tmp_path / "tokenizer.json").write_bytes(b"\xff\xfe not a tokenizer \x00")
+    with pytest.raises(ValueError, match=r"model\.hf_assets_path = .*tokenizer\.json is not a readable tokenizer"):
+        PretrainTokenizer(str(tmp_path))
+
+
+def test_vocab_size_is_checked_against_the_tokenizer(tmp_path):
+    with pytest.raises(ValueError, match=r"model\.vocab_size: 1000 is smaller than .*4096 tokens"):
+        check_tokenizer_vocab(TINY_TOKENIZER_PATH, 1000)
+    check_tokenizer_vocab(TINY_TOKENIZER_PATH, 4096)
+    with pytest.raises(ConfigError, match=r"model\.vocab_size: 1000 is smaller"):
+        load_config(["--job.config_file", "configs/demo_cpu.toml", "--model.vocab_size", "1000",
+                     "--job.dump_folder", str(tmp_path)])

@@ -63,6 +63,7 @@ class JobConfig(titan.JobConfig):
         if not model_ok:
             return []
         from parallax_titan.spec import model_args_for
+        from parallax_titan.tokenizer import check_tokenizer_vocab
 
         args, problems = model_args_for(self), []
         name, flavor = self.model.name, self.model.flavor
@@ -70,6 +71,7 @@ class JobConfig(titan.JobConfig):
             problems.append(f"model.n_heads: {args.n_heads} query heads is not a multiple of model.n_kv_heads = "
                             f"{args.n_kv_heads} (model {name!r}, flavor {flavor!r})")
         problems += mixer_problems(self, args)
+        problems += _problems_of(lambda: check_tokenizer_vocab(self.model.hf_assets_path, args.vocab_size))
         if self.parallax.init_from_transformer and args.mixer != "parallax":
             problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
                             f"but model.name {name!r} is not Parallax")
@@ -118,10 +120,12 @@ class JobConfig(titan.JobConfig):
         """The training and validation data sources, read under the bad-data policy."""
         from parallax_titan.data import check_dataset_config
 
-        skip_bad = self.reliability.bad_data == "skip"
-        problems = _problems_of(lambda: check_dataset_config(self.training, "training", skip_bad))
+        skip_bad, tokenizer = self.reliability.bad_data == "skip", self.model.hf_assets_path
+        limit = self.training.max_record_bytes
+        problems = _problems_of(lambda: check_dataset_config(self.training, "training", skip_bad, tokenizer, limit))
         if self.validation.enable:
-            problems += _problems_of(lambda: check_dataset_config(self.validation, "validation", skip_bad))
+            problems += _problems_of(
+                lambda: check_dataset_config(self.validation, "validation", skip_bad, tokenizer, limit))
         return problems
 
     def _job_problems(self) -> list[str]:

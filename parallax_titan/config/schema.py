@@ -47,6 +47,14 @@ def matches(value, tp) -> bool:
     return True
 
 
+def table_list_entry(tp):
+    """The dataclass of a ``list[SomeDataclass]`` annotation (an array of TOML tables), else None."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
 def toml_problems(data: dict, cls, prefix: str = "") -> list[str]:
     """Unknown keys and wrongly typed values of the TOML table ``data`` against dataclass ``cls``."""
     hints = typing.get_type_hints(cls)
@@ -61,6 +69,12 @@ def toml_problems(data: dict, cls, prefix: str = "") -> list[str]:
                 problems.extend(toml_problems(value, hints[key], f"{name}."))
             else:
                 problems.append(f"{name}: expected a [{name}] table, got {value!r}")
+        elif (entry := table_list_entry(hints[key])) is not None:
+            if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+                for i, v in enumerate(value):
+                    problems.extend(toml_problems(v, entry, f"{name}[{i}]."))
+            else:
+                problems.append(f"{name}: expected [[{name}]] tables, got {value!r}")
         elif not matches(value, hints[key]):
             problems.append(f"{name}: expected {describe(hints[key])}, got {value!r} ({type(value).__name__})")
     return problems

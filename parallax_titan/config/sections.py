@@ -165,20 +165,57 @@ def _exact_lla_cost_problems(job, args) -> list[str]:
 
 
 @dataclass
+class DataSource:
+    """One ``[[training.sources]]`` entry: a pre-tokenized dataset and its share of the mixture."""
+
+    path: str = ""
+    """Folder written by ``python -m scripts.pretokenize`` (its ``train`` split is read)."""
+
+    weight: float = 0.0
+    """Share of the training sequences, relative to the other sources' weights (> 0)."""
+
+    tokens: int = 0
+    """Or a token budget: the tokens this source gives over ``training.steps`` (all sources then use
+    budgets, which must add up to steps x global batch x seq_len)."""
+
+    name: str = ""
+    """Name in the logged proportions (``data/<name>/fraction``); empty: the folder's name."""
+
+
+@dataclass
 class Training(titan.Training):
-    """``[training]``: TorchTitan's keys plus the data order across data-parallel ranks."""
+    """``[training]``: TorchTitan's keys plus the data order, pre-tokenized sources and record limits."""
 
     data_order: Literal["sharded", "global"] = "sharded"
-    """Which packed sequences a data-parallel rank trains on. "sharded" (TorchTitan's): each rank
-    reads its own part of the documents, so the batches depend on the number of ranks. "global":
-    every rank reads the whole token stream and keeps sequence i when
+    """Text datasets: which packed sequences a data-parallel rank trains on. "sharded" (TorchTitan's):
+    each rank reads its own part of the documents, so the batches depend on the number of ranks.
+    "global": every rank reads the whole token stream and keeps sequence i when
     ``(i // local_batch_size) % dp_world_size == dp_rank``, so step s trains on sequences
     ``[s*G, (s+1)*G)`` (G = local batch x DP degree x gradient accumulation) on any number of
-    GPUs; each rank then tokenizes the whole stream."""
+    GPUs; each rank then tokenizes the whole stream. ``dataset = "pretokenized"`` is always global."""
+
+    sources: list[DataSource] = field(default_factory=list)
+    """``dataset = "pretokenized"``: the datasets to mix (``[[training.sources]]`` tables); empty:
+    ``dataset_path`` alone."""
+
+    data_seed: int = 0
+    """Seed of the pre-tokenized sequence permutation (independent of ``debug.seed``)."""
+
+    verify_shards: Literal["checksum", "size"] = "checksum"
+    """Before training: check every shard's sha256 against its manifest (the ranks share the work),
+    or only its size (config validation always checks sizes and the tokenizer hash)."""
+
+    max_record_bytes: int = 64 << 20
+    """Longest JSONL line a text reader takes; a longer one is a bad record (``reliability.bad_data``)."""
+
+    def __post_init__(self):
+        # TOML gives [[training.sources]] as dicts: make them typed entries (unknown keys are
+        # reported by the TOML check before this runs)
+        self.sources = [DataSource(**s) if isinstance(s, dict) else s for s in self.sources]
 
     def validate(self) -> list[str]:
         problems = value_problems(self, "training")
-        for key in ("steps", "seq_len", "local_batch_size"):
+        for key in ("steps", "seq_len", "local_batch_size", "max_record_bytes"):
             if not positive_int(getattr(self, key)):
                 problems.append(f"training.{key}: expected a positive integer, got {getattr(self, key)!r}")
         if not finite_at_least(self.max_norm, 0) or self.max_norm == 0:
@@ -192,6 +229,31 @@ class Training(titan.Training):
             problems.append(f"training.dataloader.prefetch_factor: expected unset with num_workers = 0, or a "
                             f"positive integer with num_workers = 1; got {loader.prefetch_factor!r} with "
                             f"num_workers = {loader.num_workers!r}")
+        return problems + self._source_problems()
+
+    def _source_problems(self) -> list[str]:
+        """Each ``[[training.sources]]`` entry: a path, and a weight > 0 or a token budget > 0 (one kind for all)."""
+        problems = []
+        if self.sources and self.dataset_path:
+            problems.append(f"training.dataset_path: set to {self.dataset_path!r} beside training.sources; set one")
+        for i, source in enumerate(self.sources):
+            key = f"training.sources[{i}]"
+            problems += [f"{key}.{p.split('.', 1)[1]}" for p in value_problems(source, "source")]
+            if not source.path:
+                problems.append(f"{key}.path: expected a pre-tokenized dataset folder, got {source.path!r}")
+            if source.weight and source.tokens:
+                problems.append(f"{key}: set weight or tokens, not both (got weight = {source.weight!r}, "
+                                f"tokens = {source.tokens!r})")
+            elif source.tokens:
+                if not positive_int(source.tokens):
+                    problems.append(f"{key}.tokens: expected a positive integer, got {source.tokens!r}")
+            elif not (finite_at_least(source.weight, 0) and source.weight > 0):
+                problems.append(f"{key}.weight: expected a finite number > 0, got {source.weight!r}")
+        if len({bool(s.tokens) for s in self.sources}) > 1:
+            problems.append("training.sources: give every source a weight, or every source a token budget")
+        names = [s.name or os.path.basename(os.path.normpath(s.path)) for s in self.sources]
+        if len(set(names)) < len(names):
+            problems.append(f"training.sources: names {names} repeat; set name = ... to tell them apart")
         return problems
 
 
@@ -228,12 +290,16 @@ class Checkpoint(titan.Checkpoint):
 
 @dataclass
 class Validation(titan.Validation):
-    """``[validation]``: TorchTitan's keys."""
+    """``[validation]``: TorchTitan's keys; ``dataset = "pretokenized"`` reads the ``validation``
+    split of the folder ``dataset_path``."""
 
     def validate(self) -> list[str]:
+        problems = []
         if self.enable and not positive_int(self.freq):
-            return [f"validation.freq: expected a positive integer, got {self.freq!r}"]
-        return []
+            problems.append(f"validation.freq: expected a positive integer, got {self.freq!r}")
+        if self.enable and not positive_int(self.local_batch_size):
+            problems.append(f"validation.local_batch_size: expected a positive integer, got {self.local_batch_size!r}")
+        return problems
 
 
 @dataclass

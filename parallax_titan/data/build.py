@@ -1,0 +1,280 @@
+"""The TrainSpec's data builders and the checks a run makes on its data before training.
+
+``check_dataset_config`` (called by config validation, on every rank, cheap) checks names, paths,
+local files, and for ``pretokenized`` the manifests, the tokenizer hash and every shard's size.
+``build_dataloader`` then (on each rank, before the first step) verifies the shards' checksums,
+each rank a share of them, refuses a resume whose saved data position this loader cannot take, and
+builds the loader. ``build_validator`` is TorchTitan's validator reading our validation loader.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torchtitan.components.validate import Validator
+from torchtitan.tools.logging import logger
+
+from parallax_titan.data.pretokenized import DOCUMENT_STARTS, PretokenizedLoader, SequenceSource, sequence_count_problem
+from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES, check_file, resolve_data_files
+from parallax_titan.data.shards import TokenStream, check_split, read_manifest, split_shards
+from parallax_titan.data.text import EMBEDDED, GLOBAL_STATE_KEY, TEXT_DATASETS, build_text_loader
+
+PRETOKENIZED = "pretokenized"
+DATASET_NAMES = (*TEXT_DATASETS, PRETOKENIZED)
+
+
+def _split_of(section_name: str) -> str:
+    return "train" if section_name == "training" else "validation"
+
+
+def _skip_bad(job_config) -> bool:
+    return job_config.reliability.bad_data == "skip"
+
+
+def _max_bytes(job_config) -> int:
+    return getattr(job_config.training, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)
+
+
+def source_entries(cfg, section: str) -> list[tuple[str, str, float]]:
+    """(name, path, weight or token budget) of each pre-tokenized source of a section:
+    ``[[training.sources]]`` when given, else ``dataset_path`` with weight 1."""
+    sources = getattr(cfg, "sources", [])
+    if sources:
+        return [(s.name or os.path.basename(os.path.normpath(s.path)), s.path, float(s.weight or s.tokens))
+                for s in sources]
+    path = cfg.dataset_path or ""
+    return [(os.path.basename(os.path.normpath(path)) or "data", path, 1.0)]
+
+
+def _source_key(cfg, section: str, i: int) -> str:
+    return f"{section}.sources[{i}].path" if getattr(cfg, "sources", []) else f"{section}.dataset_path"
+
+
+def check_pretokenized(cfg, section: str, tokenizer_path: str | None, checksums: bool = False) -> list[dict]:
+    """Check each source of a ``pretokenized`` section; returns their manifests.
+
+    The manifest exists and is ours, its tokenizer's sha256 is that of ``tokenizer_path``'s
+    ``tokenizer.json`` (when given), and every shard of the section's split is there with its
+    recorded size (and sha256 with ``checksums``). ValueError naming the key and what is wrong.
+    """
+    from parallax_titan.tokenizer import tokenizer_sha256
+
+    wanted = tokenizer_sha256(tokenizer_path) if tokenizer_path else None
+    manifests = []
+    for i, (_, path, _) in enumerate(source_entries(cfg, section)):
+        key = _source_key(cfg, section, i)
+        manifest = read_manifest(path, key)
+        saved = manifest["tokenizer"]["sha256"]
+        if wanted is not None and saved != wanted:
+            raise ValueError(f"{key} = {path!r} was tokenized with another tokenizer (tokenizer.json sha256 "
+                             f"{saved[:12]}..., from {manifest['tokenizer'].get('path')!r}) than model.hf_assets_path "
+                             f"= {tokenizer_path!r} (sha256 {wanted[:12]}...); pre-tokenize with this tokenizer or "
+                             "set model.hf_assets_path to the one used")
+        check_split(path, manifest, _split_of(section), key, checksums)
+        manifests.append(manifest)
+    return manifests
+
+
+def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False, tokenizer_path: str | None = None,
+                         max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+    """Validate ``cfg.dataset`` / ``cfg.dataset_path`` (and ``cfg.sources``) without reading the data.
+
+    ``cfg`` is JobConfig.training or JobConfig.validation (``section`` names it in errors). For
+    ``local`` each file's footer / first record is checked; for ``pretokenized``,
+    :func:`check_pretokenized` without checksums; remote datasets are not contacted. Raises
+    ValueError naming the key and the value.
+    """
+    name = (cfg.dataset or "").lower()
+    if name not in DATASET_NAMES:
+        raise ValueError(f"{section}.dataset = {cfg.dataset!r} is not a known dataset; expected one of "
+                         f"{sorted(DATASET_NAMES)}")
+    if getattr(cfg, "sources", []) and name != PRETOKENIZED:
+        raise ValueError(f"{section}.sources: mixing needs {section}.dataset = {PRETOKENIZED!r}, got {cfg.dataset!r}")
+    if name == "local":
+        resolve_data_files(cfg.dataset_path, f"{section}.dataset_path", skip_bad, max_bytes)
+    elif name in EMBEDDED:
+        check_file(cfg.dataset_path or TEXT_DATASETS[name].path)
+    elif name == PRETOKENIZED:
+        check_pretokenized(cfg, section, tokenizer_path)
+
+
+def verify_checksums_share(cfg, section: str, dp_rank: int, dp_world_size: int) -> None:
+    """Verify the sha256 of this rank's share of the shards (shard j of the sorted list when
+    ``j % dp_world_size == dp_rank``); together the ranks check every shard once."""
+    split, j = _split_of(section), 0
+    for i, (_, path, _) in enumerate(source_entries(cfg, section)):
+        manifest = read_manifest(path, _source_key(cfg, section, i))
+        for shard in split_shards(manifest, split):
+            if j % dp_world_size == dp_rank:
+                one = {**manifest, "splits": {split: {"shards": [m for m in manifest["splits"][split]["shards"]
+                                                                 if m["unit"] == shard.unit]}}}
+                check_split(path, one, split, _source_key(cfg, section, i), checksums=True)
+            j += 1
+
+
+def _sources(cfg, section: str, seq_len: int) -> tuple[list[SequenceSource], list[float]]:
+    sources, weights = [], []
+    for i, (name, path, weight) in enumerate(source_entries(cfg, section)):
+        manifest = read_manifest(path, _source_key(cfg, section, i))
+        source = SequenceSource(name, TokenStream(path, _split_of(section), manifest), seq_len)
+        problem = sequence_count_problem(source)
+        if problem:
+            raise ValueError(f"{_source_key(cfg, section, i)} = {path!r}: {problem}")
+        sources.append(source)
+        weights.append(weight)
+    return sources, weights
+
+
+def global_batch_size(job_config, dp_world_size: int) -> int:
+    """Sequences per optimizer step: ``training.global_batch_size``, or local batch x ranks when unset."""
+    training = job_config.training
+    return training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * dp_world_size
+
+
+def _check_budgets(job_config, sources: list[SequenceSource], dp_world_size: int) -> None:
+    """Token budgets (``tokens``) must add up to the run's tokens: steps x global batch x seq_len."""
+    entries = job_config.training.sources
+    if not entries or not entries[0].tokens:
+        return
+    training = job_config.training
+    run_tokens = training.steps * global_batch_size(job_config, dp_world_size) * training.seq_len
+    budget = sum(s.tokens for s in entries)
+    if abs(budget - run_tokens) > run_tokens // 1000:
+        raise ValueError(f"training.sources: the token budgets add up to {budget:,}, but the run trains on "
+                         f"training.steps x global batch x seq_len = {run_tokens:,} tokens; make them agree (or use "
+                         "weights)")
+    for source, entry in zip(sources, entries):
+        epochs = entry.tokens / max(1, source.num_sequences * source.seq_len)
+        if epochs > 1:
+            logger.warning(f"training.sources: {source.name} gives {entry.tokens:,} tokens from "
+                           f"{source.num_sequences * source.seq_len:,}: {epochs:.2f} epochs")
+
+
+def build_pretokenized_loader(job_config, section_name: str, dp_world_size: int, dp_rank: int) -> PretokenizedLoader:
+    """The ``pretokenized`` loader of ``[training]`` or ``[validation]``, after verifying this rank's share
+    of the shard checksums (``training.verify_shards = "checksum"``)."""
+    section = getattr(job_config, section_name)
+    if getattr(job_config.training, "verify_shards", "checksum") == "checksum":
+        verify_checksums_share(section, section_name, dp_rank, dp_world_size)
+    sources, weights = _sources(section, section_name, section.seq_len)
+    training = section_name == "training"
+    if training:
+        _check_budgets(job_config, sources, dp_world_size)
+    return PretokenizedLoader(
+        sources, weights, local_batch_size=section.local_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size,
+        global_batch_size=global_batch_size(job_config, dp_world_size), seed=job_config.training.data_seed,
+        training=training, document_starts=job_config.parallax.attn_mask_type == "block_causal")
+
+
+def saved_loader_keys(job_config) -> list[str] | None:
+    """The data-loader keys of the checkpoint this run will resume from (None: no resume)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from parallax_titan.checkpoint_files import step_dir, step_to_load
+
+    ckpt = job_config.checkpoint
+    folder = os.path.join(job_config.job.dump_folder, ckpt.folder)
+    if not ckpt.enable:
+        return None
+    step = step_to_load(folder, ckpt.load_step)
+    if step is None:
+        return None
+    entries = FileSystemReader(step_dir(folder, step)).read_metadata().state_dict_metadata
+    return sorted(k.split(".", 1)[1] for k in entries if k.startswith("dataloader."))
+
+
+def resume_problem(job_config, dp_world_size: int) -> str | None:
+    """Why this run cannot continue from its checkpoint's data position, or None.
+
+    ``pretokenized`` and ``data_order = "global"`` save one position for all ranks and resume on any
+    number of ranks; ``"sharded"`` saves one state per rank, each over its own documents, which
+    another number of ranks cannot continue.
+    """
+    saved = saved_loader_keys(job_config)
+    if not saved:
+        return None
+    training = job_config.training
+    if training.dataset.lower() == PRETOKENIZED:
+        wanted, kind = ["data", "position"], f"training.dataset = {PRETOKENIZED!r}"
+    elif training.data_order == "global":
+        wanted, kind = [GLOBAL_STATE_KEY], "training.data_order = 'global'"
+    else:
+        ranks = sorted(int(k.rsplit("_", 1)[1]) for k in saved if k.startswith("dp_rank_"))
+        if ranks and len(ranks) != dp_world_size:
+            return (f"the checkpoint holds the data positions of {len(ranks)} data-parallel ranks in "
+                    f"training.data_order = 'sharded' (each rank read its own part of the documents); this run has "
+                    f"{dp_world_size}: resume on {len(ranks)} ranks, or use training.data_order = 'global' or "
+                    f"training.dataset = {PRETOKENIZED!r}, whose position is one index")
+        wanted, kind = sorted(["world_size"] + [f"dp_rank_{r}" for r in ranks]), "training.data_order = 'sharded'"
+    if saved != wanted:
+        return (f"the checkpoint's data-loader state ({', '.join(saved)}) was not written with {kind}, this run's "
+                "setting; resume with the data settings the checkpoint was written with")
+    return None
+
+
+def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
+    """TrainSpec.build_dataloader_fn: the checkpointable training loader of ``[training]``.
+
+    Text datasets: :func:`parallax_titan.data.text.build_text_loader` (tokenized while training);
+    ``pretokenized``: :class:`PretokenizedLoader`. Raises ValueError, before any training, for bad
+    data or a saved data position this run cannot continue.
+    """
+    training = job_config.training
+    check_dataset_config(training, "training", _skip_bad(job_config), max_bytes=_max_bytes(job_config))
+    problem = resume_problem(job_config, dp_world_size)
+    if problem:
+        raise ValueError(f"cannot resume the data position: {problem}")
+    if training.dataset.lower() == PRETOKENIZED:
+        return build_pretokenized_loader(job_config, "training", dp_world_size, dp_rank)
+    return build_text_loader(training, dp_world_size, dp_rank, tokenizer, data_order=training.data_order,
+                             infinite=infinite, skip_bad=_skip_bad(job_config), max_bytes=_max_bytes(job_config))
+
+
+def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = False):
+    """The loader of ``[validation]`` (same batch format as :func:`build_dataloader`)."""
+    validation = job_config.validation
+    check_dataset_config(validation, "validation", _skip_bad(job_config), max_bytes=_max_bytes(job_config))
+    if validation.dataset.lower() == PRETOKENIZED:
+        return build_pretokenized_loader(job_config, "validation", dp_world_size, dp_rank)
+    return build_text_loader(validation, dp_world_size, dp_rank, tokenizer, data_order="sharded", infinite=infinite,
+                             skip_bad=_skip_bad(job_config), max_bytes=_max_bytes(job_config))
+
+
+def document_boundaries_from_starts(starts: torch.Tensor):
+    """Block-causal masks from a batch's ``document_starts`` (bool [batch, seq]): the model's
+    :class:`~parallax_titan.model.DocumentBoundaries` (every row start is a document start)."""
+    from parallax_titan.model import DocumentBoundaries
+
+    flat = starts.clone()
+    flat[:, 0] = True
+    positions = torch.nonzero(flat.flatten(), as_tuple=False).flatten()
+    end = torch.tensor([flat.numel()], dtype=positions.dtype, device=positions.device)
+    return DocumentBoundaries(torch.cat([positions, end]).to(torch.int32))
+
+
+class DataValidator(Validator):
+    """TorchTitan's validator over :func:`build_validation_dataloader`; the batches' document starts
+    (pre-tokenized data) become the model's block-causal masks."""
+
+    def __init__(self, *, job_config, dp_world_size, dp_rank, tokenizer, parallel_dims, loss_fn, validation_context,
+                 maybe_enable_amp, metrics_processor, pp_schedule=None, pp_has_first_stage=None,
+                 pp_has_last_stage=None):
+        self.job_config, self.tokenizer, self.parallel_dims, self.loss_fn = job_config, tokenizer, parallel_dims, loss_fn
+        self.validation_dataloader = build_validation_dataloader(
+            dp_world_size, dp_rank, tokenizer, job_config, infinite=job_config.validation.steps != -1)
+        self.validation_context, self.maybe_enable_amp = validation_context, maybe_enable_amp
+        self.metrics_processor = metrics_processor
+        self.pp_schedule, self.pp_has_first_stage, self.pp_has_last_stage = pp_schedule, pp_has_first_stage, pp_has_last_stage
+
+    def post_dataloading_process(self, input_dict, labels, model_parts):
+        starts = input_dict.pop(DOCUMENT_STARTS, None)
+        inputs, labels, extra_inputs, extra_kwargs = super().post_dataloading_process(input_dict, labels, model_parts)
+        if starts is not None and getattr(model_parts[0].model_args, "needs_document_masks", False):
+            extra_kwargs["attention_masks"] = document_boundaries_from_starts(starts)
+        return inputs, labels, extra_inputs, extra_kwargs
+
+
+def build_validator(**kwargs) -> DataValidator:
+    """TrainSpec.build_validator_fn: :class:`DataValidator`."""
+    return DataValidator(**kwargs)
