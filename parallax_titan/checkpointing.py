@@ -119,6 +119,22 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _save_failure(step: int, final: str, exc: BaseException) -> str:
+    """What failed in a save, the space left where it went, and the checkpoint that stays newest."""
+    folder = os.path.dirname(final)
+    cause = _cause(exc)
+    if "unexpected pos" in cause:  # torch's file writer reports a short write (ENOSPC, EFBIG) so
+        cause += ": a file could not be written in full"
+    try:
+        free = f"; {shutil.disk_usage(folder).free / 2**30:.1f} GiB free there"
+    except OSError:
+        free = ""
+    steps = complete_steps(folder)
+    newest = f"step-{steps[-1]}" if steps else "none"
+    return (f"saving checkpoint step {step} to {final!r} failed ({cause}){free}; nothing of it was kept, and the "
+            f"newest complete checkpoint is {newest}")
+
+
 def _set_aside(path: str, prefix: str) -> str:
     """Rename the folder ``path`` to ``<parent>/<prefix>-<step>`` (plus a time if that exists)."""
     target = os.path.join(os.path.dirname(path), f"{prefix}-{os.path.basename(path).split('-', 1)[1]}")
@@ -177,10 +193,7 @@ class ParallaxCheckpointManager(CheckpointManager):
         except (Exception, CheckpointException) as exc:
             if _rank() == 0:
                 shutil.rmtree(partial, ignore_errors=True)
-            steps = complete_steps(os.path.dirname(final))
-            newest = f"step-{steps[-1]}" if steps else "none"
-            raise CheckpointError(f"saving checkpoint step {step} to {final!r} failed ({_cause(exc)}); nothing of it "
-                                  f"was kept, and the newest complete checkpoint is {newest}") from None
+            raise CheckpointError(_save_failure(step, final, exc)) from None
         self.saved_steps.add(step)
         if _rank() == 0:
             self._purge(os.path.dirname(final))
