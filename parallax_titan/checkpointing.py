@@ -175,9 +175,21 @@ class ParallaxCheckpointManager(CheckpointManager):
     @torch.no_grad()
     def dcp_save(self, state_dict, checkpoint_id, async_mode, enable_garbage_collection=False, to_hf=False):
         match = _STEP_ID.fullmatch(os.path.basename(os.fspath(checkpoint_id)))
-        if to_hf or async_mode != AsyncMode.DISABLED or match is None:
+        if match is None:
             return super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
         step, final = int(match.group(1)), os.fspath(checkpoint_id)
+        result = None
+        if to_hf or async_mode != AsyncMode.DISABLED:  # TorchTitan's own (Hugging Face export, background save)
+            result = super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
+        else:
+            self._save_atomic(state_dict, step, final, enable_garbage_collection)
+        self.saved_steps.add(step)
+        if _rank() == 0:
+            self._purge(os.path.dirname(final))
+        return result
+
+    def _save_atomic(self, state_dict, step: int, final: str, enable_garbage_collection: bool) -> None:
+        """DCP into ``.partial-<step>``, then :meth:`_publish`; CheckpointError (every rank) on failure."""
         partial = os.path.join(os.path.dirname(final), f".partial-{step}")
         begin = time.monotonic()
         try:
@@ -194,12 +206,8 @@ class ParallaxCheckpointManager(CheckpointManager):
             if _rank() == 0:
                 shutil.rmtree(partial, ignore_errors=True)
             raise CheckpointError(_save_failure(step, final, exc)) from None
-        self.saved_steps.add(step)
-        if _rank() == 0:
-            self._purge(os.path.dirname(final))
         logger.info(f"Checkpoint step-{step} complete in {time.monotonic() - begin:.2f} s"
                     + (" (with checksums)" if self.verify else ""))
-        return None
 
     def _publish(self, step: int, partial: str, final: str, writer) -> None:
         """Gather the ranks' digests; rank 0 writes settings and manifest and renames the folder.
