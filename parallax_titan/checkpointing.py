@@ -256,10 +256,10 @@ class ParallaxCheckpointManager(CheckpointManager):
             self._check_initial_load()
             return super().load(step)
         chosen, passed = choose_step(self.folder, step, self._problem_of, self.on_corrupt == "stop")
-        if passed:
-            self._set_aside_corrupt(passed, chosen)
         if chosen is None:
             return False
+        if passed:
+            self._set_aside_corrupt(passed, chosen)
         path = step_dir(self.folder, chosen)
         try:
             loaded = super().load(step=chosen)
@@ -271,12 +271,14 @@ class ParallaxCheckpointManager(CheckpointManager):
         return loaded
 
     def _problem_of(self, step: int) -> str | None:
-        """What is wrong with ``step-<step>``, as all ranks agree (None: valid or not verified).
+        """What is wrong with ``step-<step>`` (None: valid, or checksums are off)."""
+        return self._agreed_problem(step_dir(self.folder, step)) if self.verify else None
 
-        Every rank checks sizes; each hashes every world-size-th file of the manifest."""
-        if not self.verify:
-            return None
-        path = step_dir(self.folder, step)
+    def _agreed_problem(self, path: str) -> str | None:
+        """The first problem any rank finds in the checkpoint folder ``path`` (the same on every rank).
+
+        Every rank checks the sizes of its share of the files and hashes it: every world-size-th file
+        of the manifest, in threads."""
         try:
             manifest = read_manifest(path)
         except ValueError as exc:
@@ -289,24 +291,23 @@ class ParallaxCheckpointManager(CheckpointManager):
         except (OSError, ValueError) as exc:  # every rank must reach the gather below
             local = [f"{path}: cannot be checked ({type(exc).__name__}: {exc})"]
         problems = sorted(p for part in _all_gather(local) for p in part)
-        logger.info(f"Checked the checksums of step-{step} in {time.monotonic() - begin:.2f} s")
+        logger.info(f"Checked the checksums of {path} in {time.monotonic() - begin:.2f} s")
         return problems[0] if problems else None
 
-    def _set_aside_corrupt(self, passed: list, chosen: int | None) -> None:
+    def _set_aside_corrupt(self, passed: list, chosen: int) -> None:
+        """Warn about each step passed over; rank 0 renames their folders ``corrupt-N``."""
         for step, problem in passed:
-            moved = os.path.join(self.folder, f"corrupt-{step}")
             logger.warning(f"checkpoint step-{step} is not valid: {problem}; checkpoint.on_corrupt = 'fallback': "
-                           f"loading {f'step-{chosen}' if chosen is not None else 'nothing'} instead; "
-                           f"step-{step} is moved to {moved!r}")
-        if _rank() == 0:  # every rank has checked (the gathers in _problem_of) before anything moves
+                           f"loading step-{chosen} instead")
+        if _rank() == 0:  # every rank has checked (the gathers in _agreed_problem) before anything moves
             for step, _ in passed:
-                _set_aside(step_dir(self.folder, step), "corrupt")
+                moved = _set_aside(step_dir(self.folder, step), "corrupt")
+                logger.warning(f"step-{step} is moved to {moved!r}")
 
     def _check_initial_load(self) -> None:
-        """Check ``checkpoint.initial_load_path`` against its manifest, where it has one."""
+        """Check ``checkpoint.initial_load_path`` against its manifest, where it has one (no fallback)."""
         path = self.initial_load_path
-        if not (self.verify and path and os.path.isfile(os.path.join(path, MANIFEST_FILE))):
-            return
-        problems = content_problems(path, read_manifest(path), threads=checksum_threads())
-        if problems:
-            raise CheckpointError(f"checkpoint.initial_load_path {path!r} is not valid: {problems[0]}")
+        if self.verify and path and os.path.isfile(os.path.join(path, MANIFEST_FILE)):
+            problem = self._agreed_problem(path)
+            if problem:
+                raise CheckpointError(f"checkpoint.initial_load_path {path!r} is not valid: {problem}")

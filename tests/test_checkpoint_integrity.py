@@ -41,6 +41,15 @@ def output(result) -> str:
     return result.stdout + result.stderr
 
 
+def flip(path, offset: int, n: int = 1024) -> None:
+    """Invert ``n`` bytes of ``path`` from ``offset`` (every one of them changes)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        block = f.read(n)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in block))
+
+
 def test_every_checkpoint_has_a_manifest_that_matches(saved):
     folder = str(saved / "checkpoint")
     assert complete_steps(folder) == [2, 4]
@@ -56,11 +65,7 @@ def test_overwritten_kilobyte_falls_back_to_the_previous_checkpoint(dump, saved)
     """1 KB inside a .distcp payload: the warning names the file, the run replays from step 2 with
     the original losses, and keep_latest_k counts complete checkpoints only (never the stray
     incomplete step-7, step-8 folders, which TorchTitan's purge would keep instead of step 4)."""
-    with open(checkpoint(dump, 4) / DATA_FILE, "r+b") as f:
-        f.seek(1 << 20)
-        block = f.read(1024)
-        f.seek(1 << 20)
-        f.write(bytes(b ^ 0xFF for b in block))
+    flip(checkpoint(dump, 4) / DATA_FILE, 1 << 20)
     for stray in (7, 8):
         checkpoint(dump, stray).mkdir()
     result = run_single(dump, *ARGS, "--checkpoint.keep_latest_k", "2")
@@ -68,6 +73,7 @@ def test_overwritten_kilobyte_falls_back_to_the_previous_checkpoint(dump, saved)
     log = output(result)
     assert "checkpoint step-4 is not valid:" in log and f"step-4/{DATA_FILE}: bytes 0-" in log, log[-4000:]
     assert "checkpoint.on_corrupt = 'fallback': loading step-2 instead" in log
+    assert f"step-4 is moved to '{dump / 'checkpoint' / 'corrupt-4'}'" in log
     assert "Training starts at step 3" in log
     assert losses(dump) == losses(saved)  # steps 3 and 4 replayed exactly (the rows of both runs are compared)
     folder = dump / "checkpoint"
@@ -119,3 +125,17 @@ def test_unwritable_dump_folder_is_refused_before_the_build(tmp_path):
     result = run_single(tmp_path / "file" / "dump", *ARGS)
     assert result.returncode == 2
     assert f"job.dump_folder: '{tmp_path / 'file' / 'dump'}' is not writable (NotADirectoryError" in result.stderr
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_a_corrupt_file_and_fall_back_together(tmp_path):
+    """Each rank hashes half of the files; the damage to rank 1's file (checked by rank 0) sends both
+    ranks back to step 2, and both finish the run."""
+    two = [*ARGS, "--parallelism.data_parallel_shard_degree", "2"]
+    train(tmp_path, *two, nproc=2)
+    data = checkpoint(tmp_path, 4) / "__1_0.distcp"
+    flip(data, 4096)
+    result = train(tmp_path, *two, nproc=2)
+    log = output(result)
+    assert f"{data}: bytes 0-" in log and "loading step-2 instead" in log and "Training starts at step 3" in log
+    assert complete_steps(str(tmp_path / "checkpoint")) == [2, 4]
