@@ -1,14 +1,21 @@
 """Parallax-Titan training entry point.
 
-    torchrun --nproc_per_node=N train.py --job.config_file configs/<name>.toml [--section.key value ...]
+    python -m parallax_titan.launch --nproc_per_node=N train.py --job.config_file configs/<name>.toml [--section.key value ...]
 
-Any TOML key can be overridden on the command line (``--training.steps 100``). The config is
-checked (unknown keys, types, meaning) before any model is built or data is read.
+(``parallax_titan.launch`` is torchrun with a shutdown timeout that covers a checkpoint save and
+SIGTERM handled as a stop; plain ``torchrun`` works too.) Without a launcher, ``python train.py ...``
+runs as one process. Any TOML key can be overridden on the command line (``--training.steps 100``).
+The config is checked (unknown keys, types, meaning) before any model is built or data is read.
+
+Exit codes: 0 done (or stopped by SIGTERM / ``reliability.stop_at_step`` with a checkpoint saved),
+2 invalid config or a refused resume, 3 stopped on a non-finite step (``reliability.nonfinite =
+"stop"``), 4 a checkpoint could not be saved or loaded.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 from parallax_titan.launch_env import set_defaults  # imports no torch
@@ -18,15 +25,42 @@ set_defaults()  # before torch: the allocator reads its setting once
 import torch  # noqa: E402  (after the allocator setting)
 from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 
+from parallax_titan.checkpoint_files import CheckpointError  # noqa: E402
 from parallax_titan.config import ConfigError, JobConfig, load_config  # noqa: E402
 from parallax_titan.spec import register_all  # noqa: E402
-from parallax_titan.trainer import ParallaxTrainer  # noqa: E402
+from parallax_titan.trainer import NonFiniteStop, ParallaxTrainer  # noqa: E402
+
+EXIT_CODES = ((ConfigError, 2), (NonFiniteStop, 3), (CheckpointError, 4))
+
+
+def single_process_env() -> None:
+    """Without torchrun's variables, run as rank 0 of 1 on a free local port."""
+    if "LOCAL_RANK" in os.environ or "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
 
 
 def main(argv: list[str]) -> None:
     init_logger()
     register_all()
+    single_process_env()
     config = load_config(argv)
+    try:
+        final_step = train(config)
+        if config.eval.at_end and final_step == config.training.steps:
+            evaluate_final_checkpoint(config, final_step)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    logger.info("Training finished")
+
+
+def train(config: JobConfig) -> int:
+    """Train (or write the seed checkpoint) with ``config``; the last step trained."""
     trainer = ParallaxTrainer(config, step_callbacks=step_callbacks(config))
     try:
         if config.checkpoint.create_seed_checkpoint:
@@ -35,15 +69,9 @@ def main(argv: list[str]) -> None:
             logger.info("Created seed checkpoint")
         else:
             trainer.train()
-        final_step = trainer.step
-        trainer.close()
-        del trainer
-        if config.eval.at_end and final_step == config.training.steps:
-            evaluate_final_checkpoint(config, final_step)
+        return trainer.step
     finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-    logger.info("Training finished")
+        trainer.close()
 
 
 def step_callbacks(config: JobConfig) -> list:
@@ -71,6 +99,6 @@ def evaluate_final_checkpoint(config: JobConfig, step: int) -> None:
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except ConfigError as exc:
+    except tuple(error for error, _ in EXIT_CODES) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(next(code for error, code in EXIT_CODES if isinstance(exc, error)))

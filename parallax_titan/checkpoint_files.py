@@ -4,7 +4,10 @@ The trainer writes ``<dump_folder>/<checkpoint.folder>/step-N``; a step is compl
 written its ``.metadata`` file (the last file of a save). Its model weights sit at the top level
 under the model's own names (``layers.0.attention.wq.weight``); TorchTitan's other training
 states (optimizer, lr schedule, data loader, train state) sit under their own prefixes beside
-them and are not model weights. Everything here reads metadata only, never tensor data.
+them and are not model weights. Beside ``.metadata`` the trainer writes ``settings.json`` (the
+run's settings that resume rules compare) and, with ``checkpoint.verify``, ``manifest.json``
+(checksums, :mod:`parallax_titan.checksums`). Everything here reads metadata and those small
+files only, never tensor data.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
+from parallax_titan.checksums import MANIFEST_FILE, content_problems, read_manifest, size_problems
+
 METADATA_FILE = ".metadata"
+SETTINGS_FILE = "settings.json"
 HF_INDEX_FILE = "model.safetensors.index.json"  # in a step of TorchTitan's Hugging Face last save
 TRAINING_STATES = (OPTIMIZER, LR_SCHEDULER, DATALOADER, TRAIN_STATE)
 _STEP = re.compile(r"step-(\d+)")
@@ -64,6 +70,52 @@ def step_to_load(folder: str, load_step: int = -1) -> int | None:
         state = "has no .metadata (an incomplete save)" if os.path.isdir(path) else "does not exist"
         raise ValueError(f"step {load_step}: {path!r} {state}; complete steps in {folder!r}: {found}")
     return load_step
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be saved or loaded; the message names the step folder and the file."""
+
+
+def quick_problem(checkpoint_dir: str) -> str | None:
+    """The first problem :func:`parallax_titan.checksums` finds in a step folder without reading its
+    tensor files: no readable manifest, a listed file missing or of another size (a truncated
+    file), or ``.metadata`` / ``settings.json`` differing from their checksums. None: none found."""
+    try:
+        manifest = read_manifest(checkpoint_dir)
+    except ValueError as exc:
+        return f"{exc}, so its files cannot be checked (saved with checkpoint.verify = false, by another program, " \
+               "or damaged); checkpoint.verify = false loads it unchecked"
+    small = [name for name in (METADATA_FILE, SETTINGS_FILE) if name in manifest.files]
+    large = [name for name in manifest.files if name not in small]
+    problems = size_problems(checkpoint_dir, manifest, large) + content_problems(checkpoint_dir, manifest, small)
+    return problems[0] if problems else None
+
+
+def choose_step(folder: str, load_step: int, problem_of, stop_on_corrupt: bool) -> tuple[int | None, list]:
+    """The step a run resumes from, and the newer steps passed over: ``(step, [(step, problem), ...])``.
+
+    ``problem_of(step)`` returns what is wrong with ``folder/step-<step>`` (None: it is valid).
+    ``load_step`` >= 0: that step, which must be complete (ValueError, as :func:`step_to_load`) and
+    valid (else CheckpointError: an explicit step has no fallback). Otherwise the newest complete
+    step that is valid, going back over invalid ones unless ``stop_on_corrupt`` (then the first
+    invalid one raises CheckpointError). ``(None, [])`` when there is no complete step; CheckpointError
+    when none of them is valid.
+    """
+    newest = step_to_load(folder, load_step)
+    if newest is None:
+        return None, []
+    candidates = [newest] if load_step >= 0 else [s for s in reversed(complete_steps(folder)) if s <= newest]
+    passed = []
+    for step in candidates:
+        problem = problem_of(step)
+        if problem is None:
+            return step, passed
+        if load_step >= 0 or stop_on_corrupt:
+            why = "checkpoint.load_step names it" if load_step >= 0 else "checkpoint.on_corrupt = 'stop'"
+            raise CheckpointError(f"checkpoint {step_dir(folder, step)!r} is not valid: {problem}; not loaded ({why})")
+        passed.append((step, problem))
+    found = "; ".join(f"step {s}: {p}" for s, p in passed)
+    raise CheckpointError(f"no valid checkpoint in {folder!r}: {found}; move the folder away to start from step 0")
 
 
 def saved_shapes(checkpoint_dir: str) -> Shapes:

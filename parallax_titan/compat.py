@@ -17,6 +17,7 @@ Call :func:`configure_for_host` once, before TorchTitan's Trainer is built.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import types
@@ -116,22 +117,35 @@ def force_sum_reductions(model: torch.nn.Module) -> None:
 
 def save_checkpoint_now(checkpointer, step: int) -> None:
     """Write a full checkpoint (model, optimizer, schedules, data position) for ``step`` now,
-    whatever the interval; a no-op if it exists. Uses TorchTitan 0.2.2's CheckpointManager
-    internals (there is no public "save now")."""
-    import os
-
+    whatever the interval; a no-op if this run already saved that step. ``checkpointer`` is a
+    :class:`parallax_titan.checkpointing.ParallaxCheckpointManager`. Uses TorchTitan 0.2.2's
+    CheckpointManager internals (there is no public "save now")."""
     from torchtitan.components.checkpoint import AsyncMode
 
+    from parallax_titan.checkpoint_files import step_dir
+
     require_pinned_torchtitan()
-    if not checkpointer.enable:
-        return
-    checkpoint_id = checkpointer._create_checkpoint_id(step)
-    if os.path.isfile(os.path.join(checkpoint_id, ".metadata")):
+    if not checkpointer.enable or step in checkpointer.saved_steps:
         return
     checkpointer._async_wait()
-    checkpointer.dcp_save(
-        checkpointer._flattened_model_states_sd(), checkpoint_id=checkpoint_id, async_mode=AsyncMode.DISABLED
-    )
+    checkpointer.dcp_save(checkpointer._flattened_model_states_sd(), checkpoint_id=step_dir(checkpointer.folder, step),
+                          async_mode=AsyncMode.DISABLED, enable_garbage_collection=True)
+
+
+@contextlib.contextmanager
+def trainer_checkpoint_manager(manager_class):
+    """While in this block, TorchTitan 0.2.2's ``Trainer.__init__`` builds ``manager_class`` (same
+    arguments as its ``CheckpointManager``) as ``trainer.checkpointer``: the Trainer names the
+    class directly, with no hook to pass another."""
+    require_pinned_torchtitan()
+    import torchtitan.train as titan_train
+
+    original = titan_train.CheckpointManager
+    titan_train.CheckpointManager = manager_class
+    try:
+        yield
+    finally:
+        titan_train.CheckpointManager = original
 
 
 def model_converter_names() -> list[str]:

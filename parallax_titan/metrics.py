@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from torchtitan.components.metrics import BaseLogger, MetricsProcessor
+from torchtitan.components.metrics import BaseLogger, LoggerContainer, MetricsProcessor
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -34,6 +34,9 @@ class ParallaxMetricsProcessor(MetricsProcessor):
         super().__init__(job_config, parallel_dims, tag)
         self._bar = None
         if job_config.metrics.save_jsonl and _is_rank0():
+            if not isinstance(self.logger, LoggerContainer):
+                # TorchTitan's logger is a bare no-op BaseLogger when TensorBoard and W&B are both off
+                self.logger = LoggerContainer()
             self.logger.add_logger(JsonlLogger(os.path.join(job_config.job.dump_folder, METRICS_FILE)))
 
     def advance(self, step: int) -> None:

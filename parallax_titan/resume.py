@@ -7,13 +7,44 @@ import os
 import torch
 
 
+def resume_step(cfg) -> int | None:
+    """The step this run would resume from in its checkpoint folder (None: none), judged without
+    reading tensor files: with ``checkpoint.verify``, steps whose manifest or small files are bad
+    are passed over (``on_corrupt = "fallback"``) or stop the run (CheckpointError). The load
+    itself checks every file again. Raises ValueError for a ``checkpoint.load_step`` that is not complete."""
+    from parallax_titan.checkpoint_files import choose_step, quick_problem, step_dir
+
+    ckpt = cfg.checkpoint
+    folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
+    problem_of = (lambda step: quick_problem(step_dir(folder, step))) if ckpt.verify else (lambda step: None)
+    return choose_step(folder, ckpt.load_step, problem_of, ckpt.on_corrupt == "stop")[0]
+
+
+def settings_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
+    """The resume rules' refusals (:mod:`parallax_titan.resume_rules`) for resuming ``checkpoint_dir``
+    (at ``step``) with ``cfg``; none for step 0 (a seed checkpoint: weights only, any run may start from it)."""
+    from parallax_titan.config.job import world_size
+    from parallax_titan.resume_rules import differences, read_settings, refusals, run_settings
+
+    try:
+        saved = read_settings(checkpoint_dir)
+    except ValueError as exc:
+        return [f"checkpoint.folder: {exc}"]
+    if step == 0 or saved is None:
+        return []
+    current = run_settings(cfg, world_size())
+    return refusals(differences(saved, current), checkpoint_dir, step, current)
+
+
 def checkpoint_problems(cfg) -> list[str]:
     """Every checkpoint this run would load must hold exactly this model's weights (variant, size,
-    shape overrides): the resume step (``checkpoint.load_step`` or the newest complete one), else
+    shape overrides): the resume step (``checkpoint.load_step`` or the newest valid one), else
     ``checkpoint.initial_load_path``, and the Transformer part for ``parallax.init_from_transformer``.
-    Call only for a valid config (``JobConfig.validate``)."""
+    A resume step must also hold training state (not a model-only save) and pass the resume rules.
+    Call only for a valid config (``JobConfig.validate``). A checkpoint that ``checkpoint.on_corrupt
+    = "stop"`` refuses raises CheckpointError."""
     from parallax_titan.checkpoint_files import (
-        describe, saved_shapes, state_shapes, step_dir, step_to_load, weight_mismatches)
+        TRAINING_STATES, describe, saved_shapes, state_shapes, step_dir, weight_mismatches)
     from parallax_titan.model import ParallaxQwen3Model
     from parallax_titan.spec import model_args_for
     from parallax_titan.uptrain import shared_weights
@@ -24,9 +55,10 @@ def checkpoint_problems(cfg) -> list[str]:
     resume = "resume with the checkpoint's [model] settings, or use another job.dump_folder for this model"
     loads = []  # (config key, DCP folder, the weights it must hold, what to do instead)
     folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
+    step = None
     if ckpt.enable:
         try:
-            step = step_to_load(folder, ckpt.load_step)
+            step = resume_step(cfg)
         except ValueError as exc:
             return errors + [f"checkpoint.{'load_step' if ckpt.load_step >= 0 else 'folder'}: {exc}"]
         if step is not None:
@@ -40,11 +72,18 @@ def checkpoint_problems(cfg) -> list[str]:
                       "expected a Transformer checkpoint of this size"))
     for key, path, weights, fix in loads:
         try:
-            mismatches = weight_mismatches(saved_shapes(path), weights)
+            saved = saved_shapes(path)
         except ValueError as exc:
             errors.append(f"{key}: {exc}")
             continue
+        mismatches = weight_mismatches(saved, weights)
         if mismatches:
             errors.append(f"{key}: {path!r} is from another model than model.name = {cfg.model.name!r}, model.flavor = "
                           f"{cfg.model.flavor!r} with its [model] overrides: {describe(mismatches)}; {fix}")
+        elif key == "checkpoint.folder" and step and not any(n.split(".", 1)[0] in TRAINING_STATES for n in saved):
+            errors.append(f"checkpoint.folder: {path!r} holds model weights only (checkpoint.last_save_model_only = "
+                          "true saves so at the last step), so training cannot resume from it; set "
+                          "checkpoint.load_step to an earlier full checkpoint, or move that folder away")
+        elif key == "checkpoint.folder":
+            errors.extend(settings_problems(cfg, path, step))
     return errors

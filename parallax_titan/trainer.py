@@ -6,13 +6,17 @@ checkpoint of another model before anything is built, runs the up-training conve
 progress bar and diagnostics, and handles interruptions (SIGTERM, ``reliability.stop_at_step``) and
 non-finite steps (``reliability.nonfinite``; the skip itself is decided by the optimizers
 container) by saving a full checkpoint and leaving the loop, so that rerunning the command resumes
-exactly. It expects a config from :func:`parallax_titan.config.load_config` (validated there).
-``step_callbacks`` are called as ``callback(trainer)`` after every step (the entry point injects
-them, e.g. downstream evaluation from ``eval/``, which this package may not import).
+exactly. Checkpoints go through :class:`parallax_titan.checkpointing.ParallaxCheckpointManager`
+(atomic saves, checksums); after a resume, settings changed since the checkpoint follow
+:mod:`parallax_titan.resume_rules`. It expects a config from
+:func:`parallax_titan.config.load_config` (validated there). ``step_callbacks`` are called as
+``callback(trainer)`` after every step (the entry point injects them, e.g. downstream evaluation
+from ``eval/``, which this package may not import).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -21,25 +25,52 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from parallax_titan.compat import configure_for_host, save_checkpoint_now
+from parallax_titan.checkpoint_files import step_dir
+from parallax_titan.checkpointing import ParallaxCheckpointManager
+from parallax_titan.compat import configure_for_host, save_checkpoint_now, trainer_checkpoint_manager
 from parallax_titan.config import ConfigError, JobConfig
 from parallax_titan.data import DOCUMENT_STARTS, document_boundaries_from_starts
 from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
-from parallax_titan.resume import checkpoint_problems
+from parallax_titan.resume import checkpoint_problems, settings_problems
+from parallax_titan.resume_rules import applied, configured_hyperparameters, differences, reapply, run_settings
 from parallax_titan.step_flags import StepFlags
+
+
+class NonFiniteStop(RuntimeError):
+    """``reliability.nonfinite = "stop"`` ended the run after saving; the message names the step."""
+
+
+def dump_folder_problems(folder: str) -> list[str]:
+    """``job.dump_folder`` must be a folder this process can create and write a file in."""
+    probe = os.path.join(folder, f".write_check.{os.getpid()}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"0")
+        os.remove(probe)
+    except OSError as exc:
+        return [f"job.dump_folder: {folder!r} is not writable ({type(exc).__name__}: {exc}); checkpoints, metrics "
+                "and logs are written there"]
+    return []
 
 
 class ParallaxTrainer(Trainer):
     def __init__(self, job_config: JobConfig, step_callbacks=()):
-        problems = checkpoint_problems(job_config)
+        problems = checkpoint_problems(job_config) + dump_folder_problems(job_config.job.dump_folder)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         configure_for_host(job_config)
-        super().__init__(job_config)
+        with trainer_checkpoint_manager(ParallaxCheckpointManager):
+            super().__init__(job_config)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.checkpointer.settings = run_settings(job_config, world)
+        self.checkpointer.on_loaded = self._apply_resume_rules
+        self._configured = configured_hyperparameters(self.optimizers)  # before a load overwrites them
         reliability = job_config.reliability
         self.optimizers.skip_nonfinite = reliability.nonfinite != "off"
         self.nonfinite_steps = 0
         self._stop_reason: str | None = None
+        self._nonfinite_stop: str | None = None
         self._sigterm = False
         self._sigterm_flags = StepFlags()
         self._microbatch = 0
@@ -111,11 +142,32 @@ class ParallaxTrainer(Trainer):
             + ("update skipped" if policy == "skip" else "update skipped, saving and stopping")
         )
         if policy == "stop":
-            self._stop_reason = f"non-finite loss or gradient at step {self.step}"
+            self._stop_reason = self._nonfinite_stop = f"non-finite loss or gradient at step {self.step}"
+
+    def _apply_resume_rules(self, step: int, saved: dict | None) -> None:
+        """After a load of ``step``: refuse what the resume rules refuse, apply the rest (logged)."""
+        path = step_dir(self.checkpointer.folder, step)
+        problems = settings_problems(self.job_config, path, step)
+        if problems:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        before = self.lr_schedulers.schedulers[0].get_last_lr()[0]
+        reapply(self.optimizers, self.lr_schedulers, self._configured)
+        after = self.lr_schedulers.schedulers[0].get_last_lr()[0]
+        if saved is None and step > 0:
+            logger.warning(f"{path!r} has no settings.json, so changes since it cannot be listed; the config's "
+                           "optimizer and schedule settings apply from here")
+        for line in applied([] if step == 0 or saved is None else differences(saved, self.checkpointer.settings), step):
+            logger.info(f"Resume: {line}")
+        if after != before:
+            logger.info(f"Resume: lr of step {step + 1}: {before:.6g} -> {after:.6g} (first parameter group)")
 
     def should_continue_training(self) -> bool:
         if self._stop_reason is None:
             return super().should_continue_training()
         save_checkpoint_now(self.checkpointer, self.step)
+        if self._nonfinite_stop:
+            raise NonFiniteStop(f"{self._nonfinite_stop} (reliability.nonfinite = 'stop'); checkpoint step-{self.step} "
+                                "saved")
         logger.info(f"Stopping after step {self.step} ({self._stop_reason}); checkpoint saved, rerun to resume")
         return False
+

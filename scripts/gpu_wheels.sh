@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Download the wheels that an H200 machine without network access lacks (it has Python 3.12, torch
-# 2.11 and triton 3.6) into .whl/: pure Python, plus torchao (an abi3 wheel; float8 linears).
+# 2.11 and triton 3.6) into .whl/: pure Python, plus torchao (an abi3 wheel; float8 linears) and xxhash
+# (cp312; checkpoint checksums).
 # There: python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
 #        export PYTHONPATH=/tmp/site
 #
@@ -18,7 +19,8 @@ case "${1:-}" in
   "")
     mkdir -p .whl
     "${download[@]}" -d .whl torchtitan==0.2.2 torchdata==0.11.0 tyro==1.0.17 docstring-parser==0.18.0 \
-      typeguard==4.6.1 tomli==2.5.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 torchao==0.18.0
+      typeguard==4.6.1 tomli==2.5.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 torchao==0.18.0 \
+      xxhash==4.1.0
     ls .whl ;;
   --tilelang)
     mkdir -p .whl_tilelang .whl_z3

@@ -11,12 +11,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEST_CONFIG = "configs/test_cpu_2rank.toml"
 
 
-def train(dump, *args: str, nproc: int = 1, config: str = TEST_CONFIG) -> subprocess.CompletedProcess:
-    """``torchrun train.py --job.config_file config --job.dump_folder dump *args``; asserts success."""
+def run_train(dump, *args: str, nproc: int = 1, config: str = TEST_CONFIG, **popen) -> subprocess.CompletedProcess:
+    """``torchrun train.py --job.config_file config --job.dump_folder dump *args``, whatever its exit
+    code; ``popen``: more arguments of ``subprocess.run`` (e.g. ``preexec_fn``)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
            "train.py", "--job.config_file", config, "--job.dump_folder", str(dump), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env, **popen)
+
+
+def run_single(dump, *args: str, config: str = TEST_CONFIG, **popen) -> subprocess.CompletedProcess:
+    """``python train.py ...`` as one process without torchrun (so its exit code is train.py's own)."""
+    cmd = [sys.executable, "train.py", "--job.config_file", config, "--job.dump_folder", str(dump), *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**env, "OMP_NUM_THREADS": "1"}, **popen)
+
+
+def train(dump, *args: str, nproc: int = 1, config: str = TEST_CONFIG) -> subprocess.CompletedProcess:
+    """:func:`run_train`, asserting success."""
+    result = run_train(dump, *args, nproc=nproc, config=config)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
 

@@ -9,13 +9,17 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from parallax_titan.checkpoint_files import (
+    CheckpointError,
     Mismatch,
+    choose_step,
     complete_steps,
     describe,
+    quick_problem,
     saved_shapes,
     step_to_load,
     weight_mismatches,
 )
+from parallax_titan.checksums import digest_files, write_manifest
 
 
 def save(path, state: dict) -> str:
@@ -94,3 +98,48 @@ def test_newest_step_in_hugging_face_format_cannot_be_resumed(folder):
     with pytest.raises(ValueError, match=r"step 7: '.*step-7' is a Hugging Face save .*complete DCP step \(1, 3\)"):
         step_to_load(folder)
     assert step_to_load(folder, 3) == 3
+
+
+def test_choose_step_goes_back_over_invalid_steps(folder):
+    problems = {3: "step-3 is damaged"}
+    problem_of = problems.get
+    assert choose_step(folder, -1, problem_of, stop_on_corrupt=False) == (1, [(3, "step-3 is damaged")])
+    assert choose_step(folder, -1, lambda step: None, stop_on_corrupt=True) == (3, [])
+    with pytest.raises(CheckpointError, match=r"checkpoint '.*step-3' is not valid: step-3 is damaged; not loaded "
+                                              r"\(checkpoint.on_corrupt = 'stop'\)"):
+        choose_step(folder, -1, problem_of, stop_on_corrupt=True)
+
+
+def test_choose_step_has_no_fallback_for_an_explicit_step(folder):
+    assert choose_step(folder, 1, {3: "bad"}.get, stop_on_corrupt=False) == (1, [])
+    with pytest.raises(CheckpointError, match=r"step-3' is not valid: bad; not loaded \(checkpoint.load_step names it\)"):
+        choose_step(folder, 3, {3: "bad"}.get, stop_on_corrupt=False)
+    with pytest.raises(ValueError, match="step 5: .* has no .metadata"):
+        choose_step(folder, 5, {}.get, stop_on_corrupt=False)
+
+
+def test_choose_step_with_nothing_valid_or_nothing_at_all(folder, tmp_path):
+    with pytest.raises(CheckpointError, match=r"no valid checkpoint in '.*': step 3: a; step 1: b; move the folder away"):
+        choose_step(folder, -1, {3: "a", 1: "b"}.get, stop_on_corrupt=False)
+    assert choose_step(str(tmp_path / "absent"), -1, {}.get, stop_on_corrupt=False) == (None, [])
+
+
+def test_quick_problem_reads_no_tensor_file(tmp_path):
+    """A manifest, sizes and the small files are checked; a changed byte inside a large file is
+    left to the full check at load time."""
+    path = save(tmp_path / "step-1", {"w": torch.arange(6.0)})
+    assert "manifest.json' does not exist" in quick_problem(path)
+    write_manifest(path, digest_files(path, os.listdir(path), 1, "blake2b_128"), "blake2b_128")
+    assert quick_problem(path) is None
+    data = os.path.join(path, "__0_0.distcp")
+    with open(data, "r+b") as f:
+        f.write(b"\xff")
+    assert quick_problem(path) is None
+    with open(data, "ab") as f:
+        f.write(b"\0")
+    assert quick_problem(path).startswith(f"{data}: ")
+    with open(os.path.join(path, ".metadata"), "r+b") as f:
+        f.write(b"\xff")
+    os.truncate(data, os.path.getsize(data) - 1)
+    assert quick_problem(path) == (f"{os.path.join(path, '.metadata')}: bytes 0-{os.path.getsize(path + '/.metadata')} "
+                                   "differ from their blake2b_128 checksum in manifest.json (corrupted)")

@@ -17,6 +17,7 @@ from eval.checkpoint import load_job_config, load_model
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 from parallax_titan.uptrain import load_transformer_weights
+from parallax_titan.checksums import default_algorithm, digest_files, write_manifest
 from parallax_titan.config import ConfigError
 from parallax_titan.resume import checkpoint_problems
 from tests._train_runs import REPO
@@ -44,7 +45,8 @@ CASES = {
 
 def save_checkpoint(path, variant: str = "parallax", **changes) -> str:
     """A DCP folder laid out as the trainer writes it: the model's weights at the top level, plus
-    optimizer and train state (whose names mention a layer this model lacks: never compared)."""
+    optimizer and train state (whose names mention a layer this model lacks: never compared), and
+    a checksum manifest."""
     args = dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), **changes)
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in ParallaxQwen3Model(args).state_dict().items()}
@@ -52,6 +54,8 @@ def save_checkpoint(path, variant: str = "parallax", **changes) -> str:
     state["optimizer"] = {"state": {"layers.9.attention.wq.weight": {"exp_avg": torch.zeros(3)}}}
     state["train_state"] = {"step": 5}
     dcp.save(state, checkpoint_id=str(path), no_dist=True)
+    algorithm = default_algorithm()
+    write_manifest(str(path), digest_files(str(path), os.listdir(path), 1, algorithm), algorithm)
     return str(path)
 
 
@@ -107,10 +111,13 @@ def test_missing_load_step_is_a_clear_error(tmp_path):
 
 
 def test_unreadable_checkpoint_metadata_names_the_path(tmp_path):
+    """Without checksums the metadata reader names the folder (with them, the manifest check does:
+    tests/test_checkpoint_integrity.py)."""
     path = save_checkpoint(tmp_path / "checkpoint" / "step-5", "parallax", n_layers=2)
     with open(os.path.join(path, ".metadata"), "wb") as f:
         f.write(b"garbage")
-    assert f"checkpoint.folder: {path!r}: cannot read its DCP metadata" in config_errors(job(tmp_path))
+    assert f"checkpoint.folder: {path!r}: cannot read its DCP metadata" in config_errors(
+        job(tmp_path, "--checkpoint.no-verify"))
 
 
 def test_initial_load_path_and_init_from_transformer_are_compared(tmp_path):
@@ -164,3 +171,15 @@ def test_lm_eval_command_exits_2_naming_the_weight(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error: checkpoint:" in err and "layers.2.attention.q_norm.weight: checkpoint (32,), model absent" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_model_only_checkpoint_cannot_be_resumed(tmp_path):
+    """TorchTitan's last save with checkpoint.last_save_model_only holds no optimizer state; resuming
+    from it (e.g. to train more steps) is refused naming the way out, instead of a missing-key error."""
+    path = tmp_path / "checkpoint" / "step-5"
+    args = dataclasses.replace(variant_args("parallax", BASE_FLAVORS["debug"]), n_layers=2)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in ParallaxQwen3Model(args).state_dict().items()}
+    dcp.save({k: torch.zeros(shape) for k, shape in shapes.items()}, checkpoint_id=str(path), no_dist=True)
+    write_manifest(str(path), digest_files(str(path), os.listdir(path), 1, "blake2b_128"), "blake2b_128")
+    assert f"checkpoint.folder: '{path}' holds model weights only" in config_errors(job(tmp_path))

@@ -10,13 +10,15 @@ import sys
 import pytest
 import torch
 
+from tests._train_runs import run_single
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(tmp_path, policy: str):
+def run(tmp_path, policy: str, *driver: str):
     env = {**os.environ, "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "29531", "PYTHONPATH": REPO}
-    cmd = [sys.executable, "tests/_nonfinite_driver.py", "--job.config_file", "configs/test_cpu_2rank.toml",
+    cmd = [sys.executable, "tests/_nonfinite_driver.py", *driver, "--job.config_file", "configs/test_cpu_2rank.toml",
            "--training.dataset", "default_corpus", "--training.steps", "4", "--checkpoint.interval", "100",
            "--job.dump_folder", str(tmp_path), "--reliability.nonfinite", policy]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -26,15 +28,36 @@ def run(tmp_path, policy: str):
 
 def test_skip_policy_skips_the_update_and_continues(tmp_path):
     out, log = run(tmp_path, "skip")
-    assert out == {"unchanged_at_2": True, "changed_at_3": True, "last_step": 4, "nonfinite_steps": 1,
-                   "finite_params": True}
+    assert out == {"stopped": None, "unchanged_at_2": True, "changed_at_3": True, "last_step": 4,
+                   "nonfinite_steps": 1, "finite_params": True}
     assert "non-finite loss or gradient at step 2" in log and "layers.1.feed_forward.w2.weight" in log
 
 
 def test_stop_policy_saves_and_stops(tmp_path):
     out, log = run(tmp_path, "stop")
     assert out["last_step"] == 2 and out["unchanged_at_2"] and out["finite_params"]
+    assert out["stopped"] == ("non-finite loss or gradient at step 2 (reliability.nonfinite = 'stop'); "
+                              "checkpoint step-2 saved")
     assert os.path.isfile(tmp_path / "checkpoint" / "step-2" / ".metadata")
+
+
+def test_stop_policy_exits_non_zero_naming_the_step(tmp_path):
+    """Through train.py: an lr of 1e30 makes step 2's gradients non-finite; exit code 3, the step
+    named, and no "Training completed"."""
+    result = run_single(tmp_path, "--training.dataset", "default_corpus", "--training.steps", "4",
+                        "--reliability.nonfinite", "stop", "--optimizer.lr", "1e30")
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert result.stderr.rstrip().endswith("error: non-finite loss or gradient at step 2 (reliability.nonfinite = "
+                                           "'stop'); checkpoint step-2 saved")
+    assert "Training completed" not in result.stdout + result.stderr
+
+
+def test_nan_max_norm_set_in_code_never_applies_an_update(tmp_path):
+    """training.max_norm = NaN (past validation) makes every clipped gradient NaN: each step is
+    skipped, so every parameter keeps its initial value bit for bit."""
+    out, log = run(tmp_path, "skip", "--max-norm-nan")
+    assert out == {"unchanged": True, "finite_params": True, "last_step": 4, "nonfinite_steps": 4}
+    assert "non-finite loss or gradient at step 4" in log
 
 
 def test_off_policy_lets_nan_through(tmp_path):

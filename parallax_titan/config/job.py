@@ -8,6 +8,7 @@ two sections) before anything is built.
 No ``from __future__ import annotations`` here: tyro reads these annotations as real types.
 """
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 
@@ -129,14 +130,51 @@ class JobConfig(titan.JobConfig):
         return problems
 
     def _job_problems(self) -> list[str]:
-        """The final evaluation and the diagnostics window."""
-        problems = []
+        """The final evaluation, the diagnostics window and the global batch."""
+        problems = self._batch_problems()
         if self.eval.at_end and not self.checkpoint.enable:
             problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
         if self.diagnostics.seq_len > self.training.seq_len:
             problems.append(f"diagnostics.seq_len: expected at most training.seq_len = {self.training.seq_len}, "
                             f"got {self.diagnostics.seq_len!r}")
         return problems
+
+
+    def _batch_problems(self) -> list[str]:
+        """TorchTitan needs the global batch to be a multiple of local batch x data-parallel degree
+        (it asserts so after the build); the degree comes from ``WORLD_SIZE`` (1 without torchrun)."""
+        training, world = self.training, world_size()
+        wanted = training.global_batch_size
+        if wanted < 0 or not isinstance(training.local_batch_size, int) or training.local_batch_size < 1:
+            return []
+        degree = data_parallel_degree(self, world)
+        per_step = training.local_batch_size * degree
+        if degree >= 1 and wanted >= 1 and wanted % per_step == 0:
+            return []
+        return [f"training.global_batch_size: {wanted} is not a positive multiple of training.local_batch_size x "
+                f"data-parallel degree = {training.local_batch_size} x {degree} = {per_step} (on {world} "
+                f"rank{'s' if world != 1 else ''}); "
+                f"use a multiple of {per_step}, or -1 for {per_step}"]
+
+
+def world_size() -> int:
+    """The number of ranks this run has: ``WORLD_SIZE`` as torchrun sets it, 1 without it."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def data_parallel_degree(config: "JobConfig", world: int) -> int:
+    """Data-parallel ranks of ``world`` ranks (replicate x shard; -1 shards over what is left)."""
+    p = config.parallelism
+    others = p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree
+    replicate = p.data_parallel_replicate_degree
+    shard = p.data_parallel_shard_degree if p.data_parallel_shard_degree > 0 else world // max(1, others * replicate)
+    return replicate * shard
+
+
+def global_batch_size(config: "JobConfig", world: int) -> int:
+    """Sequences per optimizer step: ``training.global_batch_size``, or local batch x data-parallel degree."""
+    wanted = config.training.global_batch_size
+    return wanted if wanted > 0 else config.training.local_batch_size * data_parallel_degree(config, world)
 
 
 def config_file_from_argv(argv: list[str]) -> str | None:

@@ -276,15 +276,27 @@ class Metrics(titan.Metrics):
 
 @dataclass
 class Checkpoint(titan.Checkpoint):
-    """``[checkpoint]``: TorchTitan's keys."""
+    """``[checkpoint]``: TorchTitan's keys plus checksums and what a corrupt checkpoint does."""
+
+    verify: bool = True
+    """Write ``manifest.json`` (a checksum per file) with every checkpoint and check it before a
+    load; a step counts as complete only with a manifest. ``false``: neither (DCP's ``.metadata``
+    alone marks a complete step)."""
+
+    on_corrupt: Literal["fallback", "stop"] = "fallback"
+    """A corrupt or truncated checkpoint file on resume: load the newest valid checkpoint instead
+    (with a warning naming the file; the bad folder is renamed ``corrupt-N``), or stop."""
 
     def validate(self) -> list[str]:
-        problems = []
+        problems = value_problems(self, "checkpoint")
         if self.enable and not positive_int(self.interval):
             problems.append(f"checkpoint.interval: expected a positive integer, got {self.interval!r}")
-        if not isinstance(self.keep_latest_k, int) or self.keep_latest_k < 0:
-            problems.append(f"checkpoint.keep_latest_k: expected 0 (keep all) or a positive integer, "
-                            f"got {self.keep_latest_k!r}")
+        if not isinstance(self.keep_latest_k, int) or self.keep_latest_k < 0 or self.keep_latest_k == 1:
+            problems.append(f"checkpoint.keep_latest_k: expected 0 (keep all) or an integer >= 2 (TorchTitan's "
+                            f"rule), got {self.keep_latest_k!r}")
+        if self.enable and self.verify and str(self.async_mode).lower() != "disabled":
+            problems.append(f"checkpoint.async_mode: {self.async_mode!r} saves in the background, where no manifest "
+                            "is written; use 'disabled' or set checkpoint.verify = false")
         return problems
 
 

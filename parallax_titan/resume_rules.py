@@ -1,0 +1,135 @@
+"""What a resumed run does with a setting that differs from its checkpoint's: apply it or refuse.
+
+Every checkpoint holds ``settings.json``: the run's effective settings (every ``[optimizer]`` and
+``[lr_scheduler]`` key, ``training.steps``, ``max_norm``, ``seq_len``, ``local_batch_size`` and the
+global batch in sequences per step). On resume each key that differs follows one rule
+(the table in docs/resume.md):
+
+* refused before anything is built, naming the key (:data:`REFUSED`), where applying it would
+  change which data a step trains on, the meaning of the step count, or make the saved optimizer
+  state not fit the optimizer;
+* ``training.steps``: applied when it is at least the checkpoint's step, refused below it;
+* every other key: applied from the first step after the resume, with a log line
+  ``optimizer.lr: 0.01 -> 0.05 from step 7``.
+
+Applying needs work after TorchTitan's load: the optimizer's param groups and the LambdaLR state
+come back with the checkpoint's values. :func:`reapply` writes the freshly built optimizer's values
+(:func:`configured_hyperparameters`, taken before the load) back into the param groups and
+recomputes the schedule at the loaded step from the new lr and schedule lengths. With nothing
+changed it recomputes the same numbers, so an unchanged resume stays bit-exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, NamedTuple
+
+from optimizers.muon import GROUP_DEFAULTS
+from parallax_titan.checkpoint_files import SETTINGS_FILE
+from parallax_titan.checksums import write_json_atomic
+from parallax_titan.config.job import global_batch_size
+
+SETTINGS_FORMAT = 1
+
+REFUSED: dict[str, str] = {
+    "optimizer.name": "the saved optimizer state holds the other algorithm's buffers (Muon momentum, Adam moments)",
+    "optimizer.muon_categories": "it decides which parameters Muon updates, so the saved optimizer state would not fit",
+    "optimizer.param_rules": "they decide which parameters Muon updates, so the saved optimizer state would not fit",
+    "training.seq_len": "the data loader's saved position counts sequences of the old length, and every step-indexed "
+                        "setting (schedule, steps) would mean other numbers of tokens",
+    "training.local_batch_size": "the data loader's saved position and (with data_order = 'global') the sequences "
+                                 "each rank reads depend on it",
+    "training.global_batch_size": "the sequences per step define what a step is: the data of every later step and "
+                                  "the tokens behind each step of the schedule would change",
+}
+"""Keys a resume refuses to change, with the reason the refusal gives."""
+
+# param-group keys that the config sets (MuonAdamW's options plus the schedule's base lrs); the rest
+# of a group (``lr``, ``wd_mult``, counters) is the schedule's or the optimizer's running state
+_CONFIGURED_KEYS = (set(GROUP_DEFAULTS) - {"wd_mult"}) | {"base_lr", "initial_lr"}
+
+
+def run_settings(cfg, world: int) -> dict[str, Any]:
+    """The settings a checkpoint records, as JSON values: ``{"optimizer.lr": 0.01, ...}``.
+
+    ``world``: the number of ranks (for the global batch when ``training.global_batch_size`` is -1)."""
+    settings = {f"{name}.{f.name}": getattr(section, f.name)
+                for name, section in (("optimizer", cfg.optimizer), ("lr_scheduler", cfg.lr_scheduler))
+                for f in dataclasses.fields(section)}
+    training = cfg.training
+    settings.update({"training.steps": training.steps, "training.max_norm": training.max_norm,
+                     "training.seq_len": training.seq_len, "training.local_batch_size": training.local_batch_size,
+                     "training.global_batch_size": global_batch_size(cfg, world)})
+    return json.loads(json.dumps(settings))  # tuples as lists, as they read back
+
+
+def write_settings(checkpoint_dir: str, step: int, settings: dict[str, Any]) -> None:
+    """Write ``checkpoint_dir/settings.json`` atomically."""
+    write_json_atomic(os.path.join(checkpoint_dir, SETTINGS_FILE),
+                      {"format": SETTINGS_FORMAT, "step": step, "settings": settings})
+
+
+def read_settings(checkpoint_dir: str) -> dict[str, Any] | None:
+    """The settings a checkpoint recorded; None when it has no ``settings.json``.
+
+    Raises ValueError naming the file when it cannot be read."""
+    path = os.path.join(checkpoint_dir, SETTINGS_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return dict(data["settings"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path!r} is not readable ({type(exc).__name__}: {exc})") from None
+
+
+class Change(NamedTuple):
+    """One setting that differs between a checkpoint and this run."""
+
+    key: str
+    saved: Any
+    current: Any
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[Change]:
+    """The keys both record with different values, in ``current``'s order."""
+    return [Change(k, saved[k], v) for k, v in current.items() if k in saved and saved[k] != v]
+
+
+def refusals(changes: list[Change], checkpoint_dir: str, step: int, current: dict[str, Any]) -> list[str]:
+    """A message for each change the rules refuse, and for ``training.steps`` below ``step``."""
+    problems = [f"{c.key}: the checkpoint {checkpoint_dir!r} was trained with {c.saved!r} and this run sets "
+                f"{c.current!r}; refused on resume because {REFUSED[c.key]}; resume with {c.key} = {c.saved!r}, "
+                "or train into another job.dump_folder" for c in changes if c.key in REFUSED]
+    steps = current.get("training.steps")
+    if isinstance(steps, int) and steps < step:
+        problems.append(f"training.steps: {steps} is below the step of the checkpoint {checkpoint_dir!r} ({step}); "
+                        f"set it to at least {step}")
+    return problems
+
+
+def applied(changes: list[Change], step: int) -> list[str]:
+    """Log lines of the changes a resume applies: ``optimizer.lr: 0.01 -> 0.05 from step 7``."""
+    return [f"{c.key}: {c.saved!r} -> {c.current!r} from step {step + 1}" for c in changes if c.key not in REFUSED]
+
+
+def configured_hyperparameters(optimizers) -> list[list[dict[str, Any]]]:
+    """Per optimizer and param group, the values the config gave it (call before loading a checkpoint)."""
+    return [[{k: v for k, v in group.items() if k in _CONFIGURED_KEYS} for group in optimizer.param_groups]
+            for optimizer in optimizers]
+
+
+def reapply(optimizers, lr_schedulers, configured: list[list[dict[str, Any]]]) -> None:
+    """Write ``configured`` back into the param groups after a load and recompute the lr schedule
+    (and the weight-decay annealing) at the loaded step with those base lrs and the current
+    schedule: the step after the load then uses the config's values."""
+    for optimizer, groups in zip(optimizers, configured, strict=True):
+        for group, values in zip(optimizer.param_groups, groups, strict=True):
+            group.update(values)
+    for scheduler in lr_schedulers.schedulers:
+        scheduler.base_lrs = [group["initial_lr"] for group in scheduler.optimizer.param_groups]
+        scheduler.last_epoch -= 1  # step() below comes back to the loaded step, computing its lr
+    lr_schedulers.step()

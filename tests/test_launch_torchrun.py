@@ -1,0 +1,62 @@
+"""Launching: ``python train.py`` as one process, and the launcher's SIGTERM and shutdown timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from parallax_titan.checksums import content_problems, read_manifest
+from parallax_titan.launch import SHUTDOWN_TIMEOUT_ENV, SHUTDOWN_TIMEOUT_S, child_pids
+from tests._train_runs import REPO, TEST_CONFIG, losses, metric_rows, run_single
+
+ARGS = ["--training.dataset", "default_corpus", "--checkpoint.interval", "100"]
+
+
+def test_train_py_runs_as_one_process_without_tensorboard(tmp_path):
+    """No torchrun variables (``configs/demo_cpu.toml``'s header runs ``python train.py``) and
+    ``--metrics.no-enable_tensorboard``: trains, logs metrics.jsonl, writes no TensorBoard folder."""
+    result = run_single(tmp_path, *ARGS, "--training.steps", "2", "--metrics.no-enable_tensorboard")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(losses(tmp_path)) == [1, 2]
+    assert not (tmp_path / "tb").exists()
+
+
+def test_child_pids_lists_direct_children_only():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in child_pids(os.getpid())
+        assert child_pids(child.pid) == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
+def test_sigterm_to_the_launcher_saves_and_exits_0_without_a_traceback(tmp_path):
+    cmd = [sys.executable, "-m", "parallax_titan.launch", "--nproc_per_node=1", "--master_port=29547", "train.py",
+           "--job.config_file", TEST_CONFIG, "--job.dump_folder", str(tmp_path), *ARGS, "--training.steps", "1000"]
+    env = {k: v for k, v in os.environ.items() if k != SHUTDOWN_TIMEOUT_ENV}
+    launcher = subprocess.Popen(cmd, cwd=REPO, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and len(metric_rows(tmp_path)) >= 2):
+        time.sleep(0.5)
+    (torchrun,) = child_pids(launcher.pid)
+    assert _environ(torchrun)[SHUTDOWN_TIMEOUT_ENV] == str(SHUTDOWN_TIMEOUT_S)
+    launcher.send_signal(signal.SIGTERM)
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, output[-3000:]
+    assert "Traceback" not in output and "(SIGTERM); checkpoint saved" in output
+    step = max(losses(tmp_path))
+    assert 1 <= step < 1000
+    path = str(tmp_path / "checkpoint" / f"step-{step}")
+    assert content_problems(path, read_manifest(path)) == []
