@@ -1,6 +1,7 @@
 """Parallax-Titan training entry point.
 
-    python -m parallax_titan.launch --nproc_per_node=N train.py --job.config_file configs/<name>.toml [--section.key value ...]
+    python -m parallax_titan.launch --nproc_per_node=N train.py --job.config_file configs/<name>.toml \
+        [--section.key value ...]
 
 (``parallax_titan.launch`` is torchrun with a shutdown timeout that covers a checkpoint save and
 SIGTERM handled as a stop; plain ``torchrun`` works too.) Without a launcher, ``python train.py ...``

@@ -145,7 +145,10 @@ class ParallaxTrainer(Trainer):
             self._stop_reason = self._nonfinite_stop = f"non-finite loss or gradient at step {self.step}"
 
     def _apply_resume_rules(self, step: int, saved: dict | None) -> None:
-        """After a load of ``step``: refuse what the resume rules refuse, apply the rest (logged)."""
+        """After a load of ``step``: refuse what the resume rules refuse, apply the rest (logged).
+        Step 0 (a seed checkpoint) brings back model weights only: nothing to compare or re-apply."""
+        if step == 0:
+            return
         path = step_dir(self.checkpointer.folder, step)
         problems = settings_problems(self.job_config, path, step)
         if problems:
@@ -153,10 +156,10 @@ class ParallaxTrainer(Trainer):
         before = self.lr_schedulers.schedulers[0].get_last_lr()[0]
         reapply(self.optimizers, self.lr_schedulers, self._configured)
         after = self.lr_schedulers.schedulers[0].get_last_lr()[0]
-        if saved is None and step > 0:
+        if saved is None:
             logger.warning(f"{path!r} has no settings.json, so changes since it cannot be listed; the config's "
                            "optimizer and schedule settings apply from here")
-        for line in applied([] if step == 0 or saved is None else differences(saved, self.checkpointer.settings), step):
+        for line in applied([] if saved is None else differences(saved, self.checkpointer.settings), step):
             logger.info(f"Resume: {line}")
         if after != before:
             logger.info(f"Resume: lr of step {step + 1}: {before:.6g} -> {after:.6g} (first parameter group)")

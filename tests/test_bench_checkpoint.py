@@ -23,4 +23,4 @@ def test_checkpoint_benchmark_predicts_the_bytes_it_writes(tmp_path):
     assert all(t > 0 for times in data["save_s"].values() for t in times)
     assert data["files"] == 3  # .metadata, settings.json, one data file
     page = open(out + ".md").read()
-    assert f"the launcher's shutdown timeout (parallax_titan.launch.SHUTDOWN_TIMEOUT_S) is {SHUTDOWN_TIMEOUT_S} s" in page
+    assert f"shutdown timeout (parallax_titan.launch.SHUTDOWN_TIMEOUT_S) is {SHUTDOWN_TIMEOUT_S} s" in page

@@ -92,8 +92,9 @@ SEMANTIC_CASES = [
     (["--model.converters", "quantize.linear.fp4"], "model.converters: 'quantize.linear.fp4' is not a TorchTitan"),
     (["--model.converters", "quantize.linear.float8"], "needs quantize.linear.float8.emulate = true"),
     (["--training.dataloader.prefetch_factor", "2"], "training.dataloader.prefetch_factor: expected unset"),
-    (["--training.global_batch_size", "12"], "training.global_batch_size: 12 is not a positive multiple of "
-                                             "training.local_batch_size x data-parallel degree = 8 x 1 = 8 (on 1 rank)"),
+    (["--training.global_batch_size", "12"],
+     "training.global_batch_size: 12 is not a positive multiple of training.local_batch_size x data-parallel degree "
+     "= 8 x 1 = 8 (on 1 rank)"),
     (["--checkpoint.keep_latest_k", "1"], "checkpoint.keep_latest_k: expected 0 (keep all) or an integer >= 2"),
     (["--checkpoint.async_mode", "async"], "checkpoint.async_mode: 'async' saves in the background, where no manifest"),
 ]
@@ -109,10 +110,11 @@ def test_bad_config_fails_before_the_model_is_built(overrides, message):
 def test_global_batch_is_checked_with_the_world_size(monkeypatch):
     """Under torchrun WORLD_SIZE gives the data-parallel degree: 8 x 2 ranks does not divide 24."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match=r"training.global_batch_size: 24 is not a positive multiple of "
-                                          r"training.local_batch_size x data-parallel degree = 8 x 2 = 16 \(on 2 ranks\)"):
+    with pytest.raises(ConfigError, match=r"training.global_batch_size: 24 is not a positive multiple of training"
+                                          r".local_batch_size x data-parallel degree = 8 x 2 = 16 \(on 2 ranks\)"):
         load_config(["--job.config_file", DEMO, "--training.global_batch_size", "24"])
-    assert load_config(["--job.config_file", DEMO, "--training.global_batch_size", "32"]).training.global_batch_size == 32
+    config = load_config(["--job.config_file", DEMO, "--training.global_batch_size", "32"])
+    assert config.training.global_batch_size == 32
 
 
 def test_values_set_in_code_are_checked():
@@ -137,7 +139,7 @@ def test_checkpoint_of_another_variant_is_rejected(tmp_path, monkeypatch):
     with torch.device("meta"):
         shapes = ParallaxQwen3Model(variant_args("transformer", BASE_FLAVORS["debug"])).state_dict()
     state = {k: torch.zeros(v.shape) for k, v in shapes.items()}
-    state["optimizer"] = {"state": {"output.weight": {"exp_avg": torch.zeros(1)}}}  # a full checkpoint, not weights only
+    state["optimizer"] = {"state": {"output.weight": {"exp_avg": torch.zeros(1)}}}  # full, not weights only
     dcp.save(state, checkpoint_id=str(tmp_path / "checkpoint" / "step-5"))
     # No LOCAL_RANK and no process group: getting past the check would fail differently.
     monkeypatch.delenv("LOCAL_RANK", raising=False)

@@ -139,13 +139,14 @@ class JobConfig(titan.JobConfig):
                             f"got {self.diagnostics.seq_len!r}")
         return problems
 
-
     def _batch_problems(self) -> list[str]:
         """TorchTitan needs the global batch to be a multiple of local batch x data-parallel degree
         (it asserts so after the build); the degree comes from ``WORLD_SIZE`` (1 without torchrun)."""
         training, world = self.training, world_size()
         wanted = training.global_batch_size
-        if wanted < 0 or not isinstance(training.local_batch_size, int) or training.local_batch_size < 1:
+        if not all(isinstance(v, int) for v in (wanted, training.local_batch_size, world)):
+            return []  # a wrong type is reported by Training.validate
+        if wanted < 0 or training.local_batch_size < 1:
             return []
         degree = data_parallel_degree(self, world)
         per_step = training.local_batch_size * degree
@@ -153,8 +154,7 @@ class JobConfig(titan.JobConfig):
             return []
         return [f"training.global_batch_size: {wanted} is not a positive multiple of training.local_batch_size x "
                 f"data-parallel degree = {training.local_batch_size} x {degree} = {per_step} (on {world} "
-                f"rank{'s' if world != 1 else ''}); "
-                f"use a multiple of {per_step}, or -1 for {per_step}"]
+                f"rank{'s' if world != 1 else ''}); use a multiple of {per_step}, or -1 for {per_step}"]
 
 
 def world_size() -> int:

@@ -210,9 +210,9 @@ def write(result: dict, out: str) -> None:
     lines += table(["load", "cold cache (s)", "warm cache (s)"],
                    ((k, f"{v['cold']:.2f}", f"{v['warm']:.2f}") for k, v in result["median_load_s"].items()))
     verify = {c: statistics.median(t) for c, t in result["verify_s"].items()}
+    extra = result["load_overhead_pct"]
     lines += ["", f"Checksum check alone: {verify['cold']:.2f} s cold, {verify['warm']:.2f} s warm. Checksums add "
-              f"{result['load_overhead_pct']['cold']:.1f}% (cold) and {result['load_overhead_pct']['warm']:.1f}% (warm) "
-              "to a load.", "",
+              f"{extra['cold']:.1f}% (cold) and {extra['warm']:.1f}% (warm) to a load.", "",
               f"1.7B: {result['predicted_bytes']['1.7B'] / 1e9:.1f} GB predicted, so a save with checksums takes about "
               f"{result['save_1.7B_estimate_s']:.0f} s on this disk; the launcher's shutdown timeout "
               f"({SHUTDOWN_TIMEOUT_REF}) is {result['shutdown_timeout_s']} s."]
