@@ -39,12 +39,24 @@ REFUSED: dict[str, str] = {
     "optimizer.param_rules": "they decide which parameters Muon updates, so the saved optimizer state would not fit",
     "training.seq_len": "the data loader's saved position counts sequences of the old length, and every step-indexed "
                         "setting (schedule, steps) would mean other numbers of tokens",
-    "training.local_batch_size": "the data loader's saved position and (with data_order = 'global') the sequences "
-                                 "each rank reads depend on it",
+    "training.local_batch_size": "the data loader's saved position counts this rank's sequences (data_order = "
+                                 "'sharded'; with dataset = 'pretokenized' or data_order = 'global' the position is "
+                                 "one global index and the local batch may change with the number of ranks)",
     "training.global_batch_size": "the sequences per step define what a step is: the data of every later step and "
                                   "the tokens behind each step of the schedule would change",
 }
 """Keys a resume refuses to change, with the reason the refusal gives."""
+
+GLOBAL_POSITION = "data.global_position"
+"""Settings key: the data position is one index over the whole run (pre-tokenized shards or the
+global text order), so the local batch may change with the rank count while the global batch stays."""
+
+
+def refused(key: str, current: dict[str, Any]) -> bool:
+    """Whether a resume refuses to change ``key`` for a run with the settings ``current``."""
+    if key == "training.local_batch_size" and current.get(GLOBAL_POSITION):
+        return False
+    return key in REFUSED
 
 # param-group keys that the config sets (MuonAdamW's options plus the schedule's base lrs); the rest
 # of a group (``lr``, ``wd_mult``, counters) is the schedule's or the optimizer's running state
@@ -61,7 +73,8 @@ def run_settings(cfg, world: int) -> dict[str, Any]:
     training = cfg.training
     settings.update({"training.steps": training.steps, "training.max_norm": training.max_norm,
                      "training.seq_len": training.seq_len, "training.local_batch_size": training.local_batch_size,
-                     "training.global_batch_size": global_batch_size(cfg, world)})
+                     "training.global_batch_size": global_batch_size(cfg, world),
+                     GLOBAL_POSITION: training.dataset == "pretokenized" or training.data_order == "global"})
     return json.loads(json.dumps(settings))  # tuples as lists, as they read back
 
 
@@ -103,7 +116,7 @@ def refusals(changes: list[Change], checkpoint_dir: str, step: int, current: dic
     """A message for each change the rules refuse, and for ``training.steps`` below ``step``."""
     problems = [f"{c.key}: the checkpoint {checkpoint_dir!r} was trained with {c.saved!r} and this run sets "
                 f"{c.current!r}; refused on resume because {REFUSED[c.key]}; resume with {c.key} = {c.saved!r}, "
-                "or train into another job.dump_folder" for c in changes if c.key in REFUSED]
+                "or train into another job.dump_folder" for c in changes if refused(c.key, current)]
     steps = current.get("training.steps")
     if isinstance(steps, int) and steps < step:
         problems.append(f"training.steps: {steps} is below the step of the checkpoint {checkpoint_dir!r} ({step}); "
@@ -111,9 +124,10 @@ def refusals(changes: list[Change], checkpoint_dir: str, step: int, current: dic
     return problems
 
 
-def applied(changes: list[Change], step: int) -> list[str]:
+def applied(changes: list[Change], step: int, current: dict[str, Any]) -> list[str]:
     """Log lines of the changes a resume applies: ``optimizer.lr: 0.01 -> 0.05 from step 7``."""
-    return [f"{c.key}: {c.saved!r} -> {c.current!r} from step {step + 1}" for c in changes if c.key not in REFUSED]
+    return [f"{c.key}: {c.saved!r} -> {c.current!r} from step {step + 1}" for c in changes
+            if not refused(c.key, current)]
 
 
 def configured_hyperparameters(optimizers) -> list[list[dict[str, Any]]]:

@@ -159,7 +159,8 @@ class ParallaxTrainer(Trainer):
         if saved is None:
             logger.warning(f"{path!r} has no settings.json, so changes since it cannot be listed; the config's "
                            "optimizer and schedule settings apply from here")
-        for line in applied([] if saved is None else differences(saved, self.checkpointer.settings), step):
+        current = self.checkpointer.settings
+        for line in applied([] if saved is None else differences(saved, current), step, current):
             logger.info(f"Resume: {line}")
         if after != before:
             logger.info(f"Resume: lr of step {step + 1}: {before:.6g} -> {after:.6g} (first parameter group)")

@@ -53,7 +53,7 @@ def test_differences_applied_and_refused():
     current = {"optimizer.lr": 0.05, "training.seq_len": 64, "training.steps": 6, "optimizer.new_key": 1}
     changes = differences(saved, current)
     assert changes == [Change("optimizer.lr", 0.01, 0.05), Change("training.seq_len", 32, 64)]
-    assert applied(changes, 6) == ["optimizer.lr: 0.01 -> 0.05 from step 7"]
+    assert applied(changes, 6, current) == ["optimizer.lr: 0.01 -> 0.05 from step 7"]
     (refused,) = refusals(changes, "ck/step-6", 6, current)
     assert refused.startswith("training.seq_len: the checkpoint 'ck/step-6' was trained with 32 and this run sets 64; "
                               "refused on resume because")
@@ -189,6 +189,17 @@ def test_refused_changes_name_the_key_before_the_build(dump, overrides, message)
     cfg = load_config(["--job.config_file", TEST_CONFIG, "--job.dump_folder", str(dump), *ARGS, *overrides])
     problems = checkpoint_problems(cfg)
     assert any(p.startswith(message.format(ck=dump / "checkpoint" / "step-3")) for p in problems), problems
+
+
+def test_local_batch_may_change_where_the_data_position_is_global():
+    """A global data position (pre-tokenized shards, global text order) does not depend on the local
+    batch: it may change with the number of ranks while the global batch stays; a sharded one may not."""
+    change = [Change("training.local_batch_size", 4, 2)]
+    assert refusals(change, "ck/step-6", 6, {"data.global_position": True}) == []
+    assert applied(change, 6, {"data.global_position": True}) == ["training.local_batch_size: 4 -> 2 from step 7"]
+    (refused,) = refusals(change, "ck/step-6", 6, {"data.global_position": False})
+    assert refused.startswith("training.local_batch_size: the checkpoint 'ck/step-6' was trained with 4")
+    assert applied(change, 6, {"data.global_position": False}) == []
 
 
 def test_unchanged_settings_are_accepted(dump):
