@@ -67,10 +67,13 @@ def test_text_global_order_resumes_on_another_number_of_ranks(tmp_path, seed_sta
 
 @pytest.mark.slow
 def test_sharded_order_refuses_another_number_of_ranks(tmp_path):
-    args = ("--training.dataset", "default_corpus", "--training.steps", "3", *COMMON)
-    train(tmp_path, *args, "--training.local_batch_size", "4", "--reliability.stop_at_step", "1")
+    """Same local and global batch (1 rank accumulating 2 microbatches, then 2 ranks): the resume
+    rules accept the settings, and the sharded data position refuses the new rank count."""
+    args = ("--training.dataset", "default_corpus", "--training.steps", "3", "--training.local_batch_size", "2",
+            "--training.global_batch_size", "4", *COMMON)
+    train(tmp_path, *args, "--reliability.stop_at_step", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py", "--job.config_file",
-           TEST_CONFIG, "--job.dump_folder", str(tmp_path), *args, "--training.local_batch_size", "2"]
+           TEST_CONFIG, "--job.dump_folder", str(tmp_path), *args]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode != 0
