@@ -1,6 +1,6 @@
 """The Slurm launcher: its commands (dry run), the run-state helper, and a 2-rank CPU run through
 the launcher's own node command stopped by SIGUSR1 (as Slurm sends it ahead of the time limit) or a
-SIGTERM to torchrun: it saves, exits 0, asks to be requeued, and the next start finishes the run
+SIGTERM to the launcher: it saves, exits 0, asks to be requeued, and the next start finishes the run
 with one continuous metrics.jsonl."""
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ def test_dry_run_prints_the_cluster_commands():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     srun = next(line for line in out.splitlines() if line.startswith("srun "))
-    for part in ("--ntasks-per-node=1", "--nnodes=4", "--nproc-per-node=8", "--rdzv-backend=c10d",
-                 "--rdzv-endpoint=node01:29500", "--rdzv-id=77", "--shutdown-timeout=900",
+    for part in ("--ntasks-per-node=1", "-m parallax_titan.launch", "--nnodes=4", "--nproc-per-node=8",
+                 "--rdzv-backend=c10d", "--rdzv-endpoint=node01:29500", "--rdzv-id=77",
                  "train.py --job.config_file configs/paper/1.7B/parallax_muon_wsd.toml --job.dump_folder "
                  "/shared/runs/x --training.steps 10", "USR1"):
         assert part in srun, (part, srun)
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in open(SBATCH).read()  # 900 s for parallax_titan.launch's torchrun
     assert "scontrol requeue 77" in out
     assert "scripts.launch.state" in result.stderr and " prepare" in result.stderr
     header = open(SBATCH).read()
@@ -75,21 +76,22 @@ def start_local(dump, steps: int) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["usr1_to_the_step", "term_to_torchrun"])
+@pytest.mark.parametrize("how", ["usr1_to_the_step", "term_to_the_launcher"])
 def test_signal_saves_exits_zero_requeues_and_resumes(tmp_path, how):
     proc = start_local(tmp_path, steps=1000)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and not (metrics.exists() and len(losses(tmp_path)) >= 2):
         time.sleep(0.5)
-    (torchrun,) = _children(proc.pid)
+    (launcher,) = _children(proc.pid)  # python -m parallax_titan.launch
+    (torchrun,) = _children(launcher)
     workers = _children(torchrun)
     assert len(workers) == 2, workers
     if how == "usr1_to_the_step":  # Slurm's --signal reaches every process of the job step
-        for pid in (torchrun, *workers):
+        for pid in (launcher, torchrun, *workers):
             os.kill(pid, signal.SIGUSR1)
-    else:
-        os.kill(torchrun, signal.SIGTERM)
+    else:  # a preemption's SIGTERM to the node command
+        os.kill(launcher, signal.SIGTERM)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output[-4000:]
     step = max(losses(tmp_path))
