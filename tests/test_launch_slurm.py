@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from parallax_titan.launch import child_pids
 from scripts.launch.state import trim_metrics
 from tests._train_runs import REPO, TEST_CONFIG, losses
 
@@ -53,20 +54,6 @@ def test_metrics_trimmed_to_the_resumed_step(tmp_path):
     assert trim_metrics(str(path), 3) == 0
 
 
-def _children(pid: int) -> list[int]:
-    """Direct child processes of ``pid`` (Linux /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
-
-
 def start_local(dump, steps: int) -> subprocess.Popen:
     env = launcher_env(LOCAL="1", NPROC="2", CONFIG=TEST_CONFIG, DUMP=str(dump))
     args = ["--training.dataset", "default_corpus", "--training.steps", str(steps), "--checkpoint.interval", "1000",
@@ -83,9 +70,9 @@ def test_signal_saves_exits_zero_requeues_and_resumes(tmp_path, how):
     deadline = time.time() + 300
     while time.time() < deadline and not (metrics.exists() and len(losses(tmp_path)) >= 2):
         time.sleep(0.5)
-    (launcher,) = _children(proc.pid)  # python -m parallax_titan.launch
-    (torchrun,) = _children(launcher)
-    workers = _children(torchrun)
+    (launcher,) = child_pids(proc.pid)  # python -m parallax_titan.launch
+    (torchrun,) = child_pids(launcher)
+    workers = child_pids(torchrun)
     assert len(workers) == 2, workers
     if how == "usr1_to_the_step":  # Slurm's --signal reaches every process of the job step
         for pid in (launcher, torchrun, *workers):

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from parallax_titan.launch import child_pids
 from tests._train_runs import REPO, TEST_CONFIG, losses, train
 
 ARGS = [
@@ -65,20 +66,6 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, straight):
     assert os.path.isfile(tmp_path / "checkpoint" / f"step-{step}" / ".metadata")
 
 
-def _children(pid: int) -> list[int]:
-    """Direct child processes of pid (Linux /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("nonfinite", ["skip", "off"])  # the flags read by the guard, or a step later
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path, nonfinite):
@@ -93,7 +80,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path, nonfinite):
     deadline = time.time() + 300
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         time.sleep(0.5)
-    workers = _children(proc.pid)
+    workers = child_pids(proc.pid)
     assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGTERM)
     output, _ = proc.communicate(timeout=300)

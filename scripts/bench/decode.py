@@ -28,7 +28,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
 
 import torch
 import torch.nn.functional as F
@@ -211,8 +210,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    main()

@@ -21,7 +21,6 @@ import dataclasses
 import gc
 import sys
 import time
-import traceback
 
 import torch
 
@@ -244,8 +243,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    main()
