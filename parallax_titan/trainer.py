@@ -31,8 +31,9 @@ from parallax_titan.compat import configure_for_host, save_checkpoint_now, train
 from parallax_titan.config import ConfigError, JobConfig
 from parallax_titan.data import DOCUMENT_STARTS, document_boundaries_from_starts
 from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
-from parallax_titan.resume import checkpoint_problems, settings_problems
-from parallax_titan.resume_rules import applied, configured_hyperparameters, differences, reapply, run_settings
+from parallax_titan.resume import checkpoint_problems
+from parallax_titan.resume_rules import (applied, configured_hyperparameters, differences, reapply, refusals,
+                                         run_settings)
 from parallax_titan.step_flags import StepFlags
 
 
@@ -149,8 +150,9 @@ class ParallaxTrainer(Trainer):
         Step 0 (a seed checkpoint) brings back model weights only: nothing to compare or re-apply."""
         if step == 0:
             return
-        path = step_dir(self.checkpointer.folder, step)
-        problems = settings_problems(self.job_config, path, step)
+        path, current = step_dir(self.checkpointer.folder, step), self.checkpointer.settings
+        # the step loaded may not be the one checked before the build (a corrupt one was skipped)
+        problems = [] if saved is None else refusals(differences(saved, current), path, step, current)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         before = self.lr_schedulers.schedulers[0].get_last_lr()[0]
@@ -159,7 +161,6 @@ class ParallaxTrainer(Trainer):
         if saved is None:
             logger.warning(f"{path!r} has no settings.json, so changes since it cannot be listed; the config's "
                            "optimizer and schedule settings apply from here")
-        current = self.checkpointer.settings
         for line in applied([] if saved is None else differences(saved, current), step, current):
             logger.info(f"Resume: {line}")
         if after != before:

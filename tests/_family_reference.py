@@ -51,11 +51,7 @@ def lla_parent(q, k, v, lam, scale=None):
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
 
     def one(i, qi, kk, vv, h):
-        p = softmax_weights(qi, kk, scale)
-        z = kk - qi
-        mu = p @ z
-        sigma = z.T @ (p[:, None] * z) + _lam(lam, h) * torch.eye(len(qi), dtype=qi.dtype)
-        rho = torch.linalg.solve(sigma, mu)
+        p, rho, mu = _solved_probe(qi, kk, lam, h, scale)
         tbar = rho @ mu
         eta = tbar / (1 - tbar)
         _, vbar, _, s_kv = moments(p, kk, vv)
@@ -64,15 +60,21 @@ def lla_parent(q, k, v, lam, scale=None):
     return _loop(one, q, k, v)
 
 
+def _solved_probe(qi, kk, lam, h, scale):
+    """(p, rho*, mu) of query qi: p = softmax weights, z = k - q, mu = E_p[z], rho* = (E_p[z z^T] + lam I)^-1 mu."""
+    p = softmax_weights(qi, kk, scale)
+    z = kk - qi
+    mu = p @ z
+    sigma = z.T @ (p[:, None] * z) + _lam(lam, h) * torch.eye(len(qi), dtype=qi.dtype)
+    return p, torch.linalg.solve(sigma, mu), mu
+
+
 def lla_probe(q, k, v, lam, scale=None):
     """The probe (1 + eta_i) rho*_i that makes Parallax equal exact LLA."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
 
     def one(i, qi, kk, vv, h):
-        p = softmax_weights(qi, kk, scale)
-        z = kk - qi
-        mu = p @ z
-        rho = torch.linalg.solve(z.T @ (p[:, None] * z) + _lam(lam, h) * torch.eye(len(qi), dtype=qi.dtype), mu)
+        _, rho, mu = _solved_probe(qi, kk, lam, h, scale)
         return rho / (1 - rho @ mu)
 
     return _loop(one, q, k, v)
