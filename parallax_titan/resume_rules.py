@@ -1,7 +1,7 @@
 """What a resumed run does with a setting that differs from its checkpoint's: apply it or refuse.
 
-Every checkpoint holds ``settings.json``: the run's effective settings (every ``[optimizer]`` and
-``[lr_scheduler]`` key, ``training.steps``, ``max_norm``, ``seq_len``, ``local_batch_size`` and the
+Every checkpoint holds ``settings.json``: the run's effective settings (every ``[optimizer]``,
+``[lr_scheduler]`` and ``[parallax]`` key, ``training.steps``, ``max_norm``, ``seq_len``, ``local_batch_size`` and the
 global batch in sequences per step). On resume each key that differs follows one rule
 (the table in docs/resume.md):
 
@@ -68,7 +68,8 @@ def run_settings(cfg, world: int) -> dict[str, Any]:
 
     ``world``: the number of ranks (for the global batch when ``training.global_batch_size`` is -1)."""
     settings = {f"{name}.{f.name}": getattr(section, f.name)
-                for name, section in (("optimizer", cfg.optimizer), ("lr_scheduler", cfg.lr_scheduler))
+                for name, section in (("optimizer", cfg.optimizer), ("lr_scheduler", cfg.lr_scheduler),
+                                      ("parallax", cfg.parallax))
                 for f in dataclasses.fields(section)}
     training = cfg.training
     settings.update({"training.steps": training.steps, "training.max_norm": training.max_norm,

@@ -145,12 +145,12 @@ def rows_after(dump, step: int, key: str) -> dict[int, float]:
 def test_changed_optimizer_and_decay_settings_apply_from_the_resume_step(dump):
     result = train(dump, *ARGS, "--optimizer.lr", "6e-3", "--optimizer.weight_decay", "0.05",
                    "--optimizer.spectral_power_attn", "2", "--optimizer.spectral_coeff_attn", "0.05",
-                   "--lr_scheduler.wd_anneal_gamma", "2")
+                   "--lr_scheduler.wd_anneal_gamma", "2", "--parallax.window", "8")
     log = result.stdout + result.stderr
     for line in ("optimizer.lr: 0.003 -> 0.006 from step 4", "optimizer.weight_decay: 0.1 -> 0.05 from step 4",
                  "optimizer.spectral_power_attn: 1 -> 2 from step 4",
                  "optimizer.spectral_coeff_attn: 0.0 -> 0.05 from step 4",
-                 "lr_scheduler.wd_anneal_gamma: 0.0 -> 2.0 from step 4"):
+                 "lr_scheduler.wd_anneal_gamma: 0.0 -> 2.0 from step 4", "parallax.window: 0 -> 8 from step 4"):
         assert line in log, line
     lrs = rows_after(dump, 3, "lr")  # the lr each step trained with
     assert lrs == pytest.approx({s: 6e-3 * wsd(s, 6) for s in (4, 5, 6)}, rel=1e-12)
