@@ -31,7 +31,7 @@ STATEFUL_ALGOS = ("normuon", "soap")
 
 UPDATE_SCALES = ("match_rms_adamw", "spectral", "none")
 ORTHO_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
-GRAM_MODES = {"auto": None, "on": True, "off": False}  # orthogonalize(gram=...)
+GRAM_MODES = {"off": False, "on": True}  # orthogonalize(gram=...)
 
 
 @dataclass(frozen=True)

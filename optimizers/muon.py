@@ -47,7 +47,7 @@ GROUP_DEFAULTS: dict[str, Any] = {
     "orthogonalizer": "polar_express",
     "ortho_steps": 0,
     "ortho_dtype": "auto",
-    "ortho_gram": "auto",
+    "ortho_gram": "off",
     "update_scale": "match_rms_adamw",
     "head_dim": 0,
     "sp_power": 1,

@@ -3,8 +3,12 @@
 Both map a matrix (or a batch of same-shape matrices) ``G`` of shape
 ``(..., m, n)`` to an approximation of its polar factor ``U V^T`` (``G = U S V^T``).
 They work in the wide orientation (``m <= n``) so the Gram matrix ``X X^T`` is the
-smaller one; tall inputs are transposed in and out. In half precision, clearly rectangular
-matrices iterate on that Gram matrix instead (``_iterate_gram``: fewer FLOPs, no transposes).
+smaller one; tall inputs are transposed in and out. ``gram=True`` iterates on that Gram matrix
+instead (``_iterate_gram``: fewer FLOPs on rectangular matrices, no transposes). It is off by
+default: its update ``A <- H A H`` keeps the sign of every eigenvalue, so when rounding makes a
+(near-)zero eigenvalue of a rank-deficient gradient's Gram matrix negative, the polynomials grow it
+without bound. In bf16 on an H200 this turned the first Muon steps of MAD models into NaN
+weights; the standard iteration maps every singular value into [0, ~1.2] and cannot.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "GRAM_MIN_ASPECT",
     "GRAM_SEGMENT",
     "POLAR_EXPRESS_COEFFS",
     "NEWTON_SCHULZ_COEFFS",
@@ -64,21 +67,12 @@ def _dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype, memory_format=torch.contiguous_format).contiguous()
 
 
-# The Gram iteration pays off when the long side is this many times the short one (fewer FLOPs:
-# per 3-step segment 4 m^2 n + 18 m^3 against 3 (4 m^2 n + 2 m^3) for the standard steps).
-GRAM_MIN_ASPECT = 1.5
+# Per 3-step segment the Gram iteration costs 4 m^2 n + 18 m^3 FLOPs against 3 (4 m^2 n + 2 m^3)
+# for the standard steps (m <= n), so it saves work only when n exceeds about 1.5 m.
 # Steps between restarts of the Gram iteration. Its update A <- H A H keeps the sign of every
 # eigenvalue, so a half-precision rounding that makes a tiny eigenvalue of A negative grows
 # without bound under the polynomials; recomputing A = X X^T from the current iterate resets it.
 GRAM_SEGMENT = 3
-
-
-def _use_gram(G: torch.Tensor, dtype: torch.dtype, gram: bool | None) -> bool:
-    if gram is not None:
-        return gram
-    m, n = G.shape[-2:]
-    half = dtype in (torch.bfloat16, torch.float16)
-    return half and max(m, n) > GRAM_MIN_ASPECT * min(m, n)
 
 
 def _frobenius(X: torch.Tensor) -> torch.Tensor:
@@ -132,28 +126,27 @@ def _iterate_gram(X, coeffs, steps):
 def _iterate(G, coeffs, steps, dtype, safety, gram):
     """The polynomial iteration in ``dtype`` (default: ``default_compute_dtype``) on G normalised
     by ``||G||_F * safety + eps`` (the eps keeps a zero matrix at zero), as a Gram iteration when
-    ``_use_gram``; returns G's shape and dtype, contiguous."""
+    ``gram``; returns G's shape and dtype, contiguous."""
     dtype = dtype or default_compute_dtype(G)
-    use_gram = _use_gram(G, dtype, gram)
-    tall = not use_gram and G.shape[-2] > G.shape[-1]
+    tall = not gram and G.shape[-2] > G.shape[-1]
     X = _dense(G.mT if tall else G, dtype)
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (_frobenius(X) * safety + _NORM_EPS).to(dtype)
-    X = _iterate_gram(X, coeffs, steps) if use_gram else _iterate_wide(X, coeffs, steps)
+    X = _iterate_gram(X, coeffs, steps) if gram else _iterate_wide(X, coeffs, steps)
     X = X.reshape(*G.shape[:-2], *X.shape[-2:])
     return _dense(X.mT if tall else X, G.dtype)
 
 
 def polar_express(G: torch.Tensor, steps: int = 8, dtype: torch.dtype | None = None,
-                  gram: bool | None = None) -> torch.Tensor:
+                  gram: bool = False) -> torch.Tensor:
     """Polar Express approximation of the polar factor of ``G``.
 
     Args:
         G: ``(..., m, n)`` float tensor; a batch is orthogonalised matrix by matrix.
         steps: number of polynomial steps; steps beyond 8 reuse the last tuple.
         dtype: computation dtype (default bf16 on CUDA, fp32 otherwise).
-        gram: iterate on the Gram side (``_iterate_gram``); None: when ``dtype`` is bf16/fp16 and
-            the long side exceeds ``GRAM_MIN_ASPECT`` times the short one.
+        gram: iterate on the Gram side (``_iterate_gram``; see the module docstring for why it is
+            off by default).
     Returns:
         Tensor of ``G``'s shape and dtype; zero matrices map to zeros.
     """
@@ -163,7 +156,7 @@ def polar_express(G: torch.Tensor, steps: int = 8, dtype: torch.dtype | None = N
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None,
-                  gram: bool | None = None) -> torch.Tensor:
+                  gram: bool = False) -> torch.Tensor:
     """Muon's quintic Newton-Schulz iteration (3.4445, -4.7750, 2.0315).
 
     Args:
@@ -182,7 +175,7 @@ ORTHOGONALIZERS = {"polar_express": (polar_express, 8), "newton_schulz": (newton
 
 
 def orthogonalize(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
-                  dtype: torch.dtype | None = None, gram: bool | None = None) -> torch.Tensor:
+                  dtype: torch.dtype | None = None, gram: bool = False) -> torch.Tensor:
     """Dispatch to an orthogonaliser by name; ``steps=0`` picks its default count."""
     if method not in ORTHOGONALIZERS:
         raise ValueError(f"orthogonalize: method={method!r}; expected one of {sorted(ORTHOGONALIZERS)}")

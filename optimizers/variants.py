@@ -83,7 +83,7 @@ def normuon_normalize(O: torch.Tensor, states: list[dict], beta2: float, eps: fl
 
 def aurora_polar(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
                  dtype: torch.dtype | None = None, iterations: int = 2, beta: float = 0.5,
-                 eps: float = 1e-7, gram: bool | None = None) -> torch.Tensor:
+                 eps: float = 1e-7, gram: bool = False) -> torch.Tensor:
     """Aurora's leverage-uniform polar factor (see module docstring).
 
     Args:

@@ -27,7 +27,7 @@ FLOOR, LAMBDA_AT_INIT = 0.25, 1.0
 def family_args(variant: str, **overrides):
     small = dict(dim=DIM, n_layers=2, n_heads=HQ, n_kv_heads=HKV, head_dim=D, hidden_dim=96, vocab_size=VOCAB,
                  max_seq_len=32)
-    return dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), **small, **overrides)
+    return dataclasses.replace(variant_args(variant, BASE_FLAVORS["debug"]), **{**small, **overrides})
 
 
 def build(variant: str, seed: int = 0, **overrides) -> ParallaxQwen3Model:

@@ -114,9 +114,10 @@ class Optimizer(titan.Optimizer):
     msign_steps: int = 20
     """Iterations of the matrix-sign polynomial for band projectors."""
 
-    ortho_gram: Literal["auto", "on", "off"] = "auto"
-    """Orthogonalise rectangular matrices on their Gram side: "auto" = in bf16/fp16 when the long side
-    is clearly longer; "on"/"off" force it (Muon, NorMuon, Aurora)."""
+    ortho_gram: Literal["off", "on"] = "off"
+    """"on": orthogonalise on the Gram side (Muon, NorMuon, Aurora; fewer FLOPs on rectangular
+    matrices). In bf16 it can turn a rank-deficient gradient into NaN weights
+    (optimizers/orthogonalize.py says why); use it with ``ortho_dtype = "float32"`` or not at all."""
 
     muon_compile_momentum: bool = True
     """Compile the momentum update into a few fused kernels on CUDA (eager on CPU or if compiling fails)."""
