@@ -168,3 +168,31 @@ def test_mixers_come_from_the_toml_unless_the_cli_names_them(tmp_path, monkeypat
         main(["--config", str(fla), "--out", str(tmp_path / "o4"), "--device", "cpu"])
     assert load_config(str(fla)).mixers == ["attention", "mamba2"]  # --mixers may still replace them
     assert not any((tmp_path / d).exists() for d in ("o2", "o3", "o4", "o5"))
+
+
+def test_only_settings_keeps_the_settings_whose_label_has_a_fragment():
+    """ICR's MAD sweep: the baseline (seq_len 128) and its changes; "seq_len=512" keeps exactly the
+    settings with that length, two fragments keep either, and a fragment that matches nothing is an
+    error naming it and listing the grid's settings, before any run."""
+    cfg = load_config("configs/mad/paper_baseline.toml")
+    cfg.tasks = ["in-context-recall"]
+    every = cfg.settings()
+    cfg.only_settings = ["seq_len=512"]
+    kept = cfg.settings()
+    assert kept and all(s.seq_len == 512 for s in kept)
+    assert len(kept) == sum(s.seq_len == 512 for s in every)
+    cfg.only_settings = ["seq_len=512", "vocab_size=64"]
+    assert {s.label() for s in cfg.settings()} == {s.label() for s in every
+                                                   if s.seq_len == 512 or s.vocab_size == 64}
+    cfg.only_settings = ["seq_len=999"]
+    with pytest.raises(ValueError, match=r"\['seq_len=999'\] match no setting of the grid; its settings are"):
+        cfg.settings()
+
+
+def test_cli_settings_option_is_checked_before_any_run(tmp_path, capsys):
+    from eval.mad.__main__ import main
+
+    with pytest.raises(SystemExit, match="seq_len=999"):
+        main(["--config", "configs/mad/paper_baseline.toml", "--tasks", "ICR", "--mixers", "attention",
+              "--settings", "seq_len=999", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert not (tmp_path / "out" / "runs.jsonl").exists()

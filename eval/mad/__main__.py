@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"comma list from {sorted(MIXERS)} (overrides [grid] mixers; default attention,parallax)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--sweep", choices=SWEEPS, default=None, help="override [grid] sweep")
+    p.add_argument("--settings", default=None,
+                   help="only the settings whose label contains one of these comma-separated fragments, "
+                        "e.g. 'seq_len=512,vocab_size=64' (override [grid] only_settings)")
     p.add_argument("--epochs", type=int, default=None, help="override [train] epochs")
     p.add_argument("--optimizer", choices=("muon", "adamw"), default=None, help="override [train] optimizer")
     p.add_argument("--schedule", choices=("wsd", "cosine"), default=None, help="override [train] schedule")
@@ -68,6 +71,8 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
         cfg.mixers = [m.strip() for m in args.mixers.split(",")]
     if args.sweep:
         cfg.sweep = args.sweep
+    if args.settings:
+        cfg.only_settings = [f.strip() for f in args.settings.split(",") if f.strip()]
     if args.epochs:
         cfg.train.epochs = args.epochs
     if args.optimizer:
@@ -97,6 +102,7 @@ def main(argv=None) -> int:
         cfg = _apply_overrides(load_config(args.config), args)
         check_mixers(cfg.mixers, "--mixers" if args.mixers else f"{args.config}: [grid] mixers",
                      installed=not args.report_only)  # rebuilding tables needs no fla
+        cfg.settings()  # an --settings fragment that matches nothing
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     mixers = cfg.mixers

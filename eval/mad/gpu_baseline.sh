@@ -6,7 +6,10 @@
 # The grid lives in GRID (committed between calls); with $OUT set (the device tool's folder) the
 # call works on a copy under $OUT/<GRID's folder name>, which comes back even when the call is cut short:
 # copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
-# baseline settings (a subset of the full sweep's runs, which later calls complete).
+# baseline settings (a subset of the full sweep's runs, which later calls complete), SETTINGS to the
+# settings whose label contains one of its comma-separated fragments (e.g. SETTINGS=seq_len=512).
+# MPS=1 starts NVIDIA's multi-process service first, so that the workers' small kernels run side by side
+# instead of time-sliced; if it does not start, or a CUDA call under it fails, the grid runs without it.
 #   bash eval/mad/gpu_baseline.sh [WORKERS] [DEADLINE_SECONDS] [LIMIT_SECONDS]
 # Another grid: CONFIG (a configs/mad/ file), MIXERS (comma list; unset: attention,parallax; empty: the
 # config's [grid] mixers) and GRID, e.g. the family grid (it shares paper_baseline's settings: a copy of
@@ -24,6 +27,7 @@ deadline=${2:-240}
 limit=${3:-540}
 tasks=${TASKS:-all}
 sweep=${SWEEP:-}
+settings=${SETTINGS:-}
 out=$grid
 if [ -n "${OUT:-}" ]; then
   out=$OUT/$(basename "$grid")
@@ -42,8 +46,21 @@ if [ -d .whl_fla ] && ! python3 -c "import fla.layers" 2>/dev/null; then
 fi
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} --tasks "$tasks" --out "$out"
+if [ "${MPS:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d && timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+    echo "MPS: on"
+    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  else
+    echo quit | nvidia-cuda-mps-control 2>/dev/null
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    echo "MPS: did not start; running without it"
+  fi
+fi
+args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} ${settings:+--settings "$settings"}
+      --tasks "$tasks" --out "$out"
       --title "MAD, paper protocol ($config), ${mixers:-every mixer of the config}, one H200"
-      --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep), repeated; each call skips finished runs.")
+      --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep SETTINGS=$settings), repeated; each call skips finished runs.")
 timeout "$limit" python3 -m eval.mad "${args[@]}" --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"
 python3 -m eval.mad "${args[@]}" --report-only | tail -3

@@ -127,11 +127,22 @@ class RunConfig:
     data: dict[str, int | float] = field(default_factory=dict)  # e.g. {"num_test_examples": 256}
     train: TrainConfig = field(default_factory=TrainConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    only_settings: list[str] = field(default_factory=list)  # label fragments, e.g. "seq_len=512"
 
     def settings(self) -> list[TaskSetting]:
-        """Every task setting of the grid, task by task."""
-        return [s for t in self.tasks
-                for s in task_settings(t, self.sweep, self.seed, self.selective_copy, **self.data)]
+        """Every task setting of the grid, task by task; with ``only_settings``, those whose label
+        (``TaskSetting.label()``) contains one of its fragments. A fragment that matches no setting
+        of the grid raises ValueError."""
+        every = [s for t in self.tasks
+                 for s in task_settings(t, self.sweep, self.seed, self.selective_copy, **self.data)]
+        if not self.only_settings:
+            return every
+        unmatched = [f for f in self.only_settings if not any(f in s.label() for s in every)]
+        if unmatched:
+            labels = sorted({s.label() for s in every})
+            raise ValueError(f"only_settings = {self.only_settings!r}: {unmatched} match no setting of the grid; "
+                             f"its settings are {labels}")
+        return [s for s in every if any(f in s.label() for f in self.only_settings)]
 
 
 def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
