@@ -25,7 +25,14 @@ a_j b_j^T over the tokens before the chunk, not their sum, so that its cast to a
 the tensor-core product cannot overflow fp16 at long lengths; the reverse state sum x_i y_i^T / i
 grows only like log L. x, b / y and outputs are per query head; a (and b in the forward) per kv head
 h // GROUP. dk and dv come out per query head (fp32) and are summed over each GQA group.
-Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
+Matmuls accumulate in fp32 (fp32 inputs use IEEE fp32 dots). With 16-bit inputs the operands read
+from memory are exact in the input dtype, and the fp32 intermediates that enter a product (the
+carried state, the masked scores, x_i / i in the reverse scan) go in as a hi + lo pair of the
+input dtype (``_dot_f32``, two tensor-core products): their relative rounding is then about the
+square of the dtype's (2^-16 for bf16) instead of 2^-8, and the outputs match the fp32 PyTorch
+form on the same inputs up to their own final rounding. One 16-bit cast would not do: the
+intercept terms cancel (dr_i = beta_i kbar_i - S_kv(i) dO_i / i is much smaller than either term
+at long lengths), and at L = 2048 in bf16 it gives dr about 6 times the PyTorch form's error.
 """
 
 from __future__ import annotations
@@ -57,17 +64,41 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _split(dtype: torch.dtype) -> bool:
+    """Whether the fp32 dot operands (states, scores) go to the tensor cores as a 16-bit hi + lo pair."""
+    return dtype != torch.float32
+
+
 @triton.jit
 def _rows(PTR, b, offs_t, h, sb, st, sh, offs_c, ok_t):
     ptrs = PTR + b.to(tl.int64) * sb + offs_t.to(tl.int64)[:, None] * st + h * sh + offs_c[None, :]
     return tl.load(ptrs, mask=ok_t[:, None], other=0.0)
 
 
+@triton.jit
+def _dot_f32(lhs, rhs, acc, PREC: tl.constexpr, SPLIT: tl.constexpr, LHS32: tl.constexpr):
+    """acc + lhs @ rhs where one operand (lhs if LHS32, else rhs) is fp32 and the other is in the
+    input dtype. SPLIT (16-bit inputs): the fp32 operand enters as hi + lo, both in the input dtype,
+    in two products, so that about twice the dtype's significant bits of it reach the fp32
+    accumulator. Without SPLIT (fp32 inputs) the cast is a no-op and one product is taken."""
+    if LHS32:
+        hi = lhs.to(rhs.dtype)
+        acc = tl.dot(hi, rhs, acc, input_precision=PREC)
+        if SPLIT:
+            acc = tl.dot((lhs - hi.to(tl.float32)).to(rhs.dtype), rhs, acc, input_precision=PREC)
+    else:
+        hi = rhs.to(lhs.dtype)
+        acc = tl.dot(lhs, hi, acc, input_precision=PREC)
+        if SPLIT:
+            acc = tl.dot(lhs, (rhs - hi.to(tl.float32)).to(lhs.dtype), acc, input_precision=PREC)
+    return acc
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
                      sxb, sxt, sxh, sab, sat, sah, sob, sot, soh, c0,
                      D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
-                     PREC: tl.constexpr):
+                     PREC: tl.constexpr, SPLIT: tl.constexpr):
     """out_i[cols] = (1/i) [(c0 + m_i) s_b(i)[cols] - sum_{j<=i} (x_i . a_j) b_j[cols]]; SIDE_i = m_i.
     X, OUT: (B, L, HX, D) strides (sxb, sxt, sxh) / (sob, sot, soh); A, Bv: (B, L, HX // GROUP, D),
     strides (sab, sat, sah); SIDE: (B, HX, L) fp32."""
@@ -89,8 +120,8 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
         bb = _rows(Bv, b, offs_t, hk, sab, sat, sah, offs_v, ok_t)
         causal = offs_t[None, :] <= offs_t[:, None]
         scores = tl.where(causal, tl.dot(x, tl.trans(a), input_precision=PREC), 0.0)
-        u = tl.dot(x, mean_state.to(x.dtype), input_precision=PREC) * t0
-        u += tl.dot(scores.to(bb.dtype), bb, input_precision=PREC)
+        u = _dot_f32(x, mean_state, tl.zeros((BT, BV), dtype=tl.float32), PREC, SPLIT, False) * t0
+        u = _dot_f32(scores, bb, u, PREC, SPLIT, True)
         n = (offs_t + 1).to(tl.float32)
         m = (tl.sum(x.to(tl.float32) * s_a[None, :], 1) + tl.sum(scores, 1)) / n
         if INTERCEPT:
@@ -111,7 +142,7 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
 def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
                      sxb, sxt, sxh, sab, sat, sah, sob, sot, soh,
                      D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
-                     PREC: tl.constexpr):
+                     PREC: tl.constexpr, SPLIT: tl.constexpr):
     """out_j[cols] = sum_{i>=j} w_i y_i[cols] - sum_{i>=j} (x_i . a_j) y_i[cols] / i.
     X, Y: (B, L, HX, D) strides (sxb, sxt, sxh); A: (B, L, HX // GROUP, D) strides (sab, sat, sah);
     W: (B, HX, L) fp32; OUT: (B, L, HX, D) fp32 strides (sob, sot, soh)."""
@@ -132,12 +163,11 @@ def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
         x = _rows(X, b, offs_t, h, sxb, sxt, sxh, offs_d, ok_t)
         a = _rows(A, b, offs_t, hk, sab, sat, sah, offs_d, ok_t)
         y = _rows(Y, b, offs_t, h, sxb, sxt, sxh, offs_v, ok_t)
-        n = (offs_t + 1).to(tl.float32)
-        y_n = (y.to(tl.float32) / n[:, None]).to(y.dtype)
+        inv_n = 1.0 / (offs_t + 1).to(tl.float32)
         later = offs_t[None, :] >= offs_t[:, None]  # rows j, columns i: i >= j
-        scores = tl.where(later, tl.dot(a, tl.trans(x), input_precision=PREC), 0.0)
-        out = -tl.dot(a, state.to(a.dtype), input_precision=PREC)
-        out -= tl.dot(scores.to(y.dtype), y_n, input_precision=PREC)
+        scores = tl.where(later, tl.dot(a, tl.trans(x), input_precision=PREC), 0.0) * inv_n[None, :]  # / i
+        out = _dot_f32(a, state, tl.zeros((BT, BV), dtype=tl.float32), PREC, SPLIT, False)
+        out = -_dot_f32(scores, y, out, PREC, SPLIT, True)
         if INTERCEPT:
             w = tl.load(W + pid_bh.to(tl.int64) * L + offs_t, mask=ok_t, other=0.0)
             wy = w[:, None] * y.to(tl.float32)
@@ -146,7 +176,8 @@ def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
             s_w += total
         o_ptrs = OUT + b.to(tl.int64) * sob + offs_t.to(tl.int64)[:, None] * sot + h * soh + offs_v[None, :]
         tl.store(o_ptrs, out, mask=ok_t[:, None])
-        state += tl.dot(tl.trans(x), y_n, input_precision=PREC)
+        x_n = x.to(tl.float32) * inv_n[:, None]
+        state = _dot_f32(tl.trans(x_n), y, state, PREC, SPLIT, True)
 
 
 def _contiguous(*xs):
@@ -167,7 +198,7 @@ def _scan_fwd(x, a, b, c0, intercept):
                            x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
                            out.stride(0), out.stride(1), out.stride(2), float(c0),
                            D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, PREC=_prec(x.dtype),
-                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                           SPLIT=_split(x.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out, side
 
 
@@ -184,7 +215,7 @@ def _scan_rev(x, a, y, w, intercept):
                            x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
                            out.stride(0), out.stride(1), out.stride(2),
                            D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, PREC=_prec(x.dtype),
-                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                           SPLIT=_split(x.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     hk = a.shape[2]
     return out.view(bsz, n, hk, hx // hk, d).sum(3)
 
