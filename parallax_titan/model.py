@@ -122,6 +122,24 @@ def apply_rope(x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tenso
     return (x * cos + rotate_half(x) * sin).type_as(x)
 
 
+def fused_linear(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor]:
+    """``[m(x) for m in linears]`` as one matmul: x (..., dim) times the weights concatenated along
+    their outputs, split into views (..., out_i). The parameters stay the modules' own (their names,
+    optimizer routing and checkpoints unchanged); the concatenation's backward splits the gradient.
+
+    Only plain bias-free ``nn.Linear`` modules of one dtype and without hooks are fused: a subclass
+    (torchao's ``Float8Linear`` after the float8 converter, which runs after the model is built, or
+    a per-module FSDP wrapper) has its own forward, and a hook must see its module's call, so then
+    every module is called on its own. The check runs on every call, so swapped modules are seen.
+    """
+    fusable = all(type(m) is nn.Linear and m.bias is None and not m._forward_hooks and not m._forward_pre_hooks
+                  for m in linears)
+    if not fusable or len({m.weight.dtype for m in linears}) != 1:
+        return [m(x) for m in linears]
+    weight = torch.cat([m.weight for m in linears])
+    return list(F.linear(x, weight).split([m.weight.shape[0] for m in linears], dim=-1))
+
+
 @dataclass
 class DocumentBoundaries:
     """Packed-document layout for block-causal Parallax attention.
@@ -209,7 +227,7 @@ class SoftmaxAttention(Attention):
     def project(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None):
         """x (batch, seq, dim) -> q (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE."""
         shape = (x.shape[0], x.shape[1], -1, self.head_dim)
-        q, k, v = self.wq(x).view(shape), self.wk(x).view(shape), self.wv(x).view(shape)
+        q, k, v = (t.view(shape) for t in fused_linear(x, [self.wq, self.wk, self.wv]))
         q = q if self.q_norm is None else self.q_norm(q)
         k = k if self.k_norm is None else self.k_norm(k)
         return apply_rope(q, rope_cache, positions), apply_rope(k, rope_cache, positions), v
@@ -265,13 +283,13 @@ class ParallaxAttention(Attention):
         """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE."""
         bs, seqlen, _ = x.shape
         shape = (bs, seqlen, -1, self.head_dim)
-        q = self.q_norm(self.wq(x).view(shape))
-        k = self.k_norm(self.wk(x).view(shape))
-        v = self.wv(x).view(shape)
-        r = self.r_norm(self.wr(x).view(shape))
-        if self.gate is not None:
+        gate = [] if self.gate is None else [self.gate]
+        q, k, v, r, *g = fused_linear(x, [self.wq, self.wk, self.wv, self.wr, *gate])
+        q, k, v = self.q_norm(q.view(shape)), self.k_norm(k.view(shape)), v.view(shape)
+        r = self.r_norm(r.view(shape))
+        if g:
             # The gate must act after the norm: before it, the norm would undo the scaling.
-            r = r * torch.sigmoid(self.gate(x)).unsqueeze(-1)
+            r = r * torch.sigmoid(g[0]).unsqueeze(-1)
         q, k = apply_rope(q, rope_cache, positions), apply_rope(k, rope_cache, positions)
         if self.rho_rope:
             r = apply_rope(r, rope_cache, positions)
