@@ -51,7 +51,7 @@ class MatrixSpec:
     method: str = "polar_express"
     steps: int = 0
     dtype: str = "auto"
-    gram: str = "auto"
+    gram: str = "off"
     head_dim: int = 0
     sp_coeff: float = 0.0
     sp_power: int = 1
