@@ -214,16 +214,22 @@ def cuda_model(variant: str, backend: str = "auto", head_dim: int = 32) -> Paral
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", FAMILY)
 def test_gpu_compiled_blocks_match_eager(variant):
-    """Inductor on CUDA, as the trainer compiles (fp32: only compilation differs)."""
+    """Inductor on CUDA, as the trainer compiles, in fp32: the compiled model is as close to the
+    fp64 model as the eager fp32 one is (within 3x its error, or 1e-5 relative; on the CPU both
+    errors are about 2e-7). Against fp64 rather than against each other, so that a different but
+    equally exact summation order passes and a wrong compiled graph does not."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = cuda_model(variant)
     tokens = torch.randint(0, VOCAB, (2, 200), device="cuda")
-    eager = model(tokens)
+    with torch.no_grad():
+        exact = cuda_model(variant).double()(tokens)
+        eager = model(tokens)
     for name, block in model.layers.items():
         model.layers[name] = torch.compile(block, fullgraph=True)
     compiled = model(tokens)
-    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    err_eager, err_compiled = (float((x.double() - exact).norm() / exact.norm()) for x in (eager, compiled))
+    assert err_compiled <= max(3 * err_eager, 1e-5), (err_compiled, err_eager)
     compiled.logsumexp(-1).mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
