@@ -105,11 +105,23 @@ def test_decode_sweep_times_the_kernels_pick_first_and_every_other_config_once()
         assert tuning.DECODE_CONFIGS[dim] in alts
 
 
-@pytest.mark.parametrize("argv, message", [(["--sweep-shapes", "32by16384"], "expected BATCHxLENGTH")])
+@pytest.mark.parametrize("argv, message", [(["--sweep-shapes", "32by16384"], "expected BATCHxLENGTH"),
+                                           (["--shapes", "128x8"], "expected DIMxBATCHxLENGTH"),
+                                           (["--shapes", "96x8x4096"], "expected DIM in (128, 64)"),
+                                           (["--shapes", "128x0x4096"], "BATCH >= 1"),
+                                           (["--calls", "0"], "'0': expected an int >= 1"),
+                                           (["--inputs", "warm"], "invalid choice: 'warm'")])
 def test_decode_command_line_refuses_bad_shapes(argv, message, capsys):
     with pytest.raises(SystemExit):
         decode.parser().parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_decode_command_line_reads_the_graph_replay_mode():
+    args = decode.parser().parse_args(["--calls", "10", "--inputs", "same", "--shapes", "128x8x4096", "64x1x16384"])
+    assert (args.calls, args.inputs, args.shapes) == (10, "same", [(128, 8, 4096), (64, 1, 16384)])
+    default = decode.parser().parse_args([])
+    assert (default.calls, default.inputs, default.shapes) == (24, "rotate", None)
 
 
 @pytest.mark.gpu

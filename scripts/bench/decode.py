@@ -12,9 +12,12 @@ Contenders, timed side by side in one process on one GPU:
 
 Timing: CUDA-graph replay of many calls (launch gaps out of the numbers),
 rotating over enough input sets to exceed 3x the L2 cache, median of replays.
-Bandwidth = bytes of K + V read / time.
+Bandwidth = bytes of K + V read / time. ``--calls N --inputs same`` times instead N calls on one
+input set replayed from one graph (a cache that fits in L2 is then read from it after the first
+call), and ``--shapes`` picks the shapes (DIMxBATCHxLENGTH).
 
     python -m scripts.bench.decode --check --sweep --out docs/bench/attention_decode
+    python -m scripts.bench.decode --calls 10 --inputs same --shapes 128x1x4096 128x8x4096 64x1x16384
     python -m scripts.bench.decode --host-cost --out docs/bench/decode_host_cost
 
 Writes OUT.md (the benchmark table) and OUT.json (everything measured). --host-cost measures
@@ -92,19 +95,20 @@ def contenders():
 
 
 # ---------------------------------------------------------------- benchmark
-def bench_shape(fns, dim, batch, length):
+def bench_shape(fns, dim, batch, length, calls=24, inputs="rotate"):
     """Every contender at one shape: the row (shape, ``us`` per contender, the cuDNN baseline,
-    ratios to it, TB/s of K + V read)."""
+    ratios to it, TB/s of K + V read). ``calls`` per graph (at least); ``inputs`` "rotate" (sets
+    beyond the L2 cache) or "same" (one set)."""
     nb = kv_bytes(batch, length, dim)
-    sets = make_sets(batch, length, dim, n_sets_for(nb))
-    row = dict(D=dim, B=batch, L=length, kv_bytes=nb, n_sets=len(sets), us={})
+    sets = make_sets(batch, length, dim, n_sets_for(nb) if inputs == "rotate" else 1)
+    row = dict(D=dim, B=batch, L=length, kv_bytes=nb, n_sets=len(sets), calls=calls, us={})
     for name, fn in fns.items():
         if name == "parallax-kernel" and batch * length * HKV * dim >= 2**31:
             log(f"{name} skipped at D={dim} B={batch} L={length}: its int32 cache offsets overflow "
                 "(illegal address seen on H200, which poisons the CUDA context)")
             continue
         try:
-            row["us"][name] = time_us(fn, sets)
+            row["us"][name] = time_us(fn, sets, min_calls=calls)
         except Exception as exc:
             log(f"{name} failed at D={dim} B={batch} L={length}: {repr(exc)[:300]}")
     cudnn = [row["us"][n] for n in ("cudnn-gqa", "cudnn-packed") if n in row["us"]]
@@ -114,21 +118,22 @@ def bench_shape(fns, dim, batch, length):
     return row
 
 
-def bench(fns):
-    """``bench_shape`` rows over DIMS x BATCHES x LENGTHS."""
+def bench(fns, shapes=None, calls=24, inputs="rotate"):
+    """``bench_shape`` rows over ``shapes`` ((dim, batch, length) triples; default DIMS x BATCHES x
+    LENGTHS)."""
+    shapes = shapes or [(d, b, n) for d in DIMS for b in BATCHES for n in LENGTHS]
     rows = []
-    for dim in DIMS:
-        for batch in BATCHES:
-            for length in LENGTHS:
-                rows.append(bench_shape(fns, dim, batch, length))
-                log("bench", json.dumps(rows[-1]))
-                torch.cuda.empty_cache()  # the next shape's input sets need the memory
+    for dim, batch, length in shapes:
+        rows.append(bench_shape(fns, dim, batch, length, calls, inputs))
+        log("bench", json.dumps(rows[-1]))
+        torch.cuda.empty_cache()  # the next shape's input sets need the memory
     return rows
 
 
 MEASURED = ("latency of one decode step (one query token vs a KV cache of length L), bf16, Hq=16, Hkv=8: "
-            "microseconds per call under CUDA-graph replay (median, inputs rotated beyond the L2 cache); ratios "
-            "against the fastest cuDNN softmax variant; TB/s = bytes of K + V read / time")
+            "microseconds per call under CUDA-graph replay (median; inputs rotated beyond the L2 cache unless the "
+            "command says --inputs same); ratios against the fastest cuDNN softmax variant; TB/s = bytes of K + V "
+            "read / time")
 
 
 def markdown(rows, copy_tbps):
@@ -155,6 +160,24 @@ def batch_by_length(text: str) -> tuple[int, int]:
     return batch, length
 
 
+def decode_shape(text: str) -> tuple[int, int, int]:
+    """``"DIMxBATCHxLENGTH"`` (e.g. "128x8x4096") as (dim, batch, length), dim 64 or 128."""
+    try:
+        dim, batch, length = (int(x) for x in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected DIMxBATCHxLENGTH, e.g. 128x8x4096") from None
+    if dim not in DIMS or batch < 1 or length < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected DIM in {DIMS}, BATCH >= 1, LENGTH >= 1")
+    return dim, batch, length
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1 (argparse type)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= 1")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: checks, sweep and benchmark table, or the --host-cost mode."""
     p = argparse.ArgumentParser(prog="python -m scripts.bench.decode", description=__doc__.splitlines()[0])
@@ -163,6 +186,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-shapes", nargs="+", type=batch_by_length, default=SWEEP_SHAPES, metavar="BxL",
                    help="BATCHxLENGTH shapes of the sweep (default: %(default)s)")
     p.add_argument("--no-bench", action="store_true", help="skip the full benchmark table")
+    p.add_argument("--shapes", nargs="+", type=decode_shape, metavar="DxBxL",
+                   help="shapes of the table (default: every D in %s x B in %s x L in %s)" % (DIMS, BATCHES, LENGTHS))
+    p.add_argument("--calls", type=positive_int, default=24, help="calls per CUDA graph, at least (default 24)")
+    p.add_argument("--inputs", choices=("rotate", "same"), default="rotate",
+                   help="rotate over input sets beyond 3x the L2 cache (default), or one set for every call")
     p.add_argument("--host-cost", action="store_true",
                    help="only measure the host time per eager call (B1 L4096 D128) and write its page")
     p.add_argument("--out", help="output path without extension (default: docs/bench/attention_decode, "
@@ -202,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         result["sweep"] = sweep(args.sweep_shapes)
         log(f"sweep done {time.time() - t0:.0f}s")
     if not args.no_bench:
-        result["bench"] = bench(fns)
+        result["bench"] = bench(fns, args.shapes, args.calls, args.inputs)
     body = (markdown(result["bench"], result["copy_tbps"]) if "bench" in result
             else "No benchmark table (--no-bench); the check and sweep rows are in the JSON.\n")
     log(write_results(args.out or "docs/bench/attention_decode", meta, body, result))
