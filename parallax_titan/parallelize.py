@@ -38,7 +38,7 @@ def parallelize_parallax(model: torch.nn.Module, parallel_dims, job_config) -> t
         )
     if compile_model:
         if any(isinstance(block.attention, FlaMixer) for block in _blocks(model)):
-            compile_around_mixer(model, job_config.compile)
+            compile_around_mixer(model, job_config.compile.backend)
         else:
             apply_compile(model, job_config.compile, False)
     if parallel_dims.fsdp_enabled:
@@ -56,7 +56,7 @@ def _blocks(model: torch.nn.Module):
         yield getattr(block, "_checkpoint_wrapped_module", block)
 
 
-def compile_around_mixer(model: torch.nn.Module, compile_config) -> None:
+def compile_around_mixer(model: torch.nn.Module, backend: str) -> None:
     """``torch.compile`` (fullgraph) every child of every block except its sequence mixer.
 
     fla's Triton autograd functions cannot be traced, and TorchTitan compiles whole blocks with
@@ -66,7 +66,7 @@ def compile_around_mixer(model: torch.nn.Module, compile_config) -> None:
     for block in _blocks(model):
         for name, child in list(block.named_children()):
             if name != "attention":
-                setattr(block, name, torch.compile(child, backend=compile_config.backend, fullgraph=True))
+                setattr(block, name, torch.compile(child, backend=backend, fullgraph=True))
 
 
 def apply_fsdp(model: torch.nn.Module, dp_mesh, job_config) -> None:

@@ -196,3 +196,56 @@ def test_cli_settings_option_is_checked_before_any_run(tmp_path, capsys):
         main(["--config", "configs/mad/paper_baseline.toml", "--tasks", "ICR", "--mixers", "attention",
               "--settings", "seq_len=999", "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert not (tmp_path / "out" / "runs.jsonl").exists()
+
+
+def test_compile_is_how_a_run_executes_not_which_run_it_is():
+    """Compiled runs count in a grid of eager ones (and the other way round); a train setting
+    that changes what a run computes changes the id."""
+    from eval.mad.runner import config_id
+
+    cfg = load_config("configs/mad/paper_baseline.toml")
+    eager = config_id(cfg)
+    cfg.train.compile = True
+    assert config_id(cfg) == eager
+    cfg.train.epochs += 1
+    assert config_id(cfg) != eager
+
+
+@pytest.mark.parametrize("task, mixer", [("in-context-recall", "attention"), ("in-context-recall", "parallax"),
+                                         ("compression", "attention")])
+def test_compiled_blocks_give_the_eager_model(task, mixer):
+    import torch
+
+    from eval.mad.models import build_model, compile_blocks
+
+    model = build_model(task, mixer, 16, 32, dim=32, n_heads=4, hidden_dim=64)
+    tokens = torch.randint(0, 16, (2, 32), generator=torch.Generator().manual_seed(0))
+    expected = model(tokens)
+    compile_blocks(model, backend="aot_eager")
+    lm = getattr(model, "lm", model)
+    assert all(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in lm.layers.values())
+    torch.testing.assert_close(model(tokens), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_train_config_compile_compiles_before_training(monkeypatch):
+    """[train] compile = true (or --compile) compiles the blocks before the first step; the losses
+    equal the eager run's."""
+    import torch
+
+    from eval.mad import training
+    from eval.mad.grid import TrainConfig
+    from eval.mad.models import build_model, compile_blocks
+    from eval.mad.tasks import TaskSetting, make_dataset
+
+    setting = TaskSetting("in-context-recall", 16, 32, num_train_examples=64, num_test_examples=32, seed=1)
+    data = make_dataset(setting)
+    seen = []
+    monkeypatch.setattr(training, "compile_blocks", lambda m: seen.append(m) or compile_blocks(m, "aot_eager"))
+    results = []
+    for compiled in (False, True):
+        model = build_model(setting.task, "attention", 16, 32, dim=32, n_heads=4, hidden_dim=64)
+        cfg = TrainConfig(epochs=2, batch_size=16, precision="fp32", compile=compiled)
+        results.append(training.train_and_evaluate(model, data, cfg, lr=5e-3, weight_decay=0.0, num_classes=16))
+    assert len(seen) == 1
+    assert results[1]["final_loss"] == pytest.approx(results[0]["final_loss"], rel=1e-5)
+    assert torch.isfinite(torch.tensor(results[1]["final_loss"]))

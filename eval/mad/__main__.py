@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("bf16", "fp32"), default=None, help="override [train] precision")
     p.add_argument("--num-train-examples", type=int, default=None, help="cap every setting's train set")
     p.add_argument("--num-test-examples", type=int, default=None, help="override every setting's test set size")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (override [train] compile; runs count in the same grid)")
     p.add_argument("--backend", default=None, help="override [model] backend (auto/reference/triton)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (0 = inline)")
@@ -93,6 +95,8 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
         cfg.train.max_seconds = args.max_run_seconds
     if args.backend:
         cfg.model.backend = args.backend
+    if args.compile:
+        cfg.train.compile = True
     return cfg
 
 

@@ -8,6 +8,7 @@
 # copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
 # baseline settings (a subset of the full sweep's runs, which later calls complete), SETTINGS to the
 # settings whose label contains one of its comma-separated fragments (e.g. SETTINGS=seq_len=512).
+# COMPILE=1 compiles each run's blocks (--compile; the runs count in the same grid).
 # MPS=1 starts NVIDIA's multi-process service first, so that the workers' small kernels run side by side
 # instead of time-sliced; if it does not start, or a CUDA call under it fails, the grid runs without it.
 #   bash eval/mad/gpu_baseline.sh [WORKERS] [DEADLINE_SECONDS] [LIMIT_SECONDS]
@@ -28,6 +29,8 @@ limit=${3:-540}
 tasks=${TASKS:-all}
 sweep=${SWEEP:-}
 settings=${SETTINGS:-}
+compile=
+[ "${COMPILE:-0}" = 1 ] && compile=1
 out=$grid
 if [ -n "${OUT:-}" ]; then
   out=$OUT/$(basename "$grid")
@@ -58,7 +61,7 @@ if [ "${MPS:-0}" = 1 ]; then
     echo "MPS: did not start; running without it"
   fi
 fi
-args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} ${settings:+--settings "$settings"}
+args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} ${settings:+--settings "$settings"} ${compile:+--compile}
       --tasks "$tasks" --out "$out"
       --title "MAD, paper protocol ($config), ${mixers:-every mixer of the config}, one H200"
       --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep SETTINGS=$settings), repeated; each call skips finished runs.")

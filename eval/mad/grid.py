@@ -98,6 +98,7 @@ class TrainConfig:
     min_lr: float = 0.0
     precision: Literal["bf16", "fp32"] = "bf16"  # bf16: autocast, as mad-lab's precision = "bf16"
     max_seconds: float = 0.0  # > 0: shorten each run (and its schedule) to fit this wall time
+    compile: bool = False  # torch.compile each block (Inductor) as the trainer does: fewer, fused kernels
 
 
 @dataclass

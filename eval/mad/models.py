@@ -119,6 +119,20 @@ class CompressionModel(nn.Module):
         return self.lm.output(self.lm.norm(self.decoder(x)))
 
 
+def compile_blocks(model: nn.Module, backend: str = "inductor") -> None:
+    """``torch.compile`` (fullgraph) each block of a MAD model in place, as the trainer compiles:
+    whole blocks, or every child of a block but an fla mixer, whose Triton autograd functions cannot
+    be traced (``parallax_titan.parallelize.compile_around_mixer``)."""
+    from parallax_titan.parallelize import compile_around_mixer
+
+    lm = model.lm if isinstance(model, CompressionModel) else model
+    if lm.model_args.mixer in FLA_MIXERS:
+        compile_around_mixer(lm, backend)
+        return
+    for name, block in list(lm.layers.items()):
+        lm.layers[name] = torch.compile(block, backend=backend, fullgraph=True)
+
+
 def build_model(task: str, mixer: str, vocab_size: int, seq_len: int, device="cpu", seed: int = 0,
                 **model_kw) -> nn.Module:
     """An initialised MAD model on ``device``; ``model_kw``: dim, n_heads, hidden_dim, backend."""

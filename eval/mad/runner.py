@@ -45,6 +45,7 @@ def config_id(cfg: RunConfig) -> str:
                 "data": cfg.data, "seed": cfg.seed}
     for key in ("lrs", "weight_decays"):  # the sweep lists pick runs; they do not change one
         settings["train"].pop(key)
+    settings["train"].pop("compile")  # how a run executes, not what it computes (up to rounding)
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 

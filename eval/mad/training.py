@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from eval.mad.grid import TrainConfig
+from eval.mad.models import compile_blocks
 from eval.mad.metrics import evaluate
 from eval.mad.recall import IGNORE
 from optimizers import MuonAdamW, RoutingConfig, build_param_groups
@@ -75,6 +76,8 @@ def train_and_evaluate(model, data: dict, cfg: TrainConfig, lr: float, weight_de
     averaged over batches), "test_acc_micro", "test_acc_macro_all" (macro over the whole test set),
     "final_loss", "steps", "planned_steps", "seconds", "finite"}.
     """
+    if cfg.compile:
+        compile_blocks(model)
     x, y = (torch.as_tensor(a, device=device) for a in data["train"])
     xt, yt = (torch.as_tensor(a, device=device) for a in data["test"])
     opt = build_optimizer(model, cfg.optimizer, lr, weight_decay)
