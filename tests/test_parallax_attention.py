@@ -286,3 +286,24 @@ def test_band_pairs_counts_the_mask(n, window):
     from kernels.parallax.benchmark import band_pairs
 
     assert band_pairs(n, window) == int(banded_mask(n, window).sum())
+
+
+def test_compiled_call_traces_a_scale_that_dynamo_made_dynamic():
+    """dynamo turns a module's float attribute into a symbolic float after recompiles with other
+    values (several models' blocks compiled in one process); the scale check must still trace, and
+    every call must use its own scale."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, scaling):
+            super().__init__()
+            self.scaling = scaling
+
+        def forward(self, q, r, k, v):
+            return parallax_attention(q, r, k, v, scale=self.scaling, backend="reference")
+
+    gen = torch.Generator().manual_seed(0)
+    q, r, k, v = (torch.randn(1, 9, 2, 8, generator=gen) for _ in range(4))
+    call = torch.compile(lambda module, *x: module(*x), fullgraph=True, backend="aot_eager")
+    for scaling in (0.1, 0.2, 0.3, 0.4):
+        torch.testing.assert_close(call(Scaled(scaling), q, r, k, v),
+                                   parallax_attention(q, r, k, v, scale=scaling, backend="reference"))
