@@ -18,7 +18,8 @@ def run_at_end(job_config: JobConfig, checkpoint_dir: str) -> str:
     """Score ``checkpoint_dir`` with ``job_config``'s model and tokenizer and ``[eval]`` settings.
 
     Writes ``<dump_folder>/eval/results.md`` and the lm-eval JSON; returns the table's path.
-    Runs on this process only (call it on rank 0); the model is rebuilt from the checkpoint.
+    Runs on this process only (call it on rank 0); the model is rebuilt from the checkpoint, checked
+    against its checksum manifest first as the run's ``checkpoint.verify`` says.
     """
     from eval.lm_eval import evaluate, row_name, write_outputs
     from eval.model import ParallaxLM
@@ -29,6 +30,7 @@ def run_at_end(job_config: JobConfig, checkpoint_dir: str) -> str:
     lm = ParallaxLM.from_job_config(
         job_config, checkpoint_dir, device=section.device or None, dtype=section.dtype,
         batch_size=section.batch_size, max_length=section.max_length,
+        verify=job_config.checkpoint.verify, who="eval.at_end", off_switch="checkpoint.verify = false",
     )
     results = evaluate(lm, tasks, data_dir=section.data_dir or None, limit=section.limit,
                        bootstrap_iters=section.bootstrap_iters)

@@ -2,7 +2,9 @@
 
 The trainer's checkpoint folder (``<dump_folder>/checkpoint/step-N``) is a DCP checkpoint whose
 model weights sit at the top level under the model's own names (``layers.0.attention.wq.weight``);
-optimizer, lr-schedule and data-loader entries may sit beside them and are ignored here.
+optimizer, lr-schedule and data-loader entries may sit beside them and are ignored here. Before
+reading any weight, the folder's files are checked against its checksum manifest
+(:func:`parallax_titan.checkpoint_files.verify_before_load`), unless ``verify`` is false.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed.checkpoint as dcp
 
-from parallax_titan.checkpoint_files import describe, saved_shapes, state_shapes, weight_mismatches
+from parallax_titan.checkpoint_files import (
+    describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
 from parallax_titan.config import JobConfig, load_config
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
 from parallax_titan.spec import model_args_for
@@ -79,14 +82,20 @@ def model_keys(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str) -> None:
+def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = True, *, who: str = "checkpoint",
+                    off_switch: str = "verify=False") -> None:
     """Load the model weights of a DCP checkpoint folder into ``model`` (single process).
 
     Works for checkpoints with or without optimizer state, written by any number of ranks, in any
-    dtype. Raises ValueError naming ``checkpoint`` for a missing or unreadable folder, and for a
-    checkpoint of another model: the first weight the model or the checkpoint lacks, or holds in
-    another shape, with both shapes.
+    dtype. ``verify``: first check every file against the folder's checksum manifest (written by the
+    trainer with ``checkpoint.verify``, and by ``scripts/export_hf.py import``); a corrupt or
+    truncated file, or a folder without a manifest, raises CheckpointError naming ``who`` (the
+    option that named the folder), the file and ``off_switch`` (how the caller loads it unchecked),
+    before any weight is read. Raises ValueError naming ``checkpoint`` for a missing or unreadable
+    folder, and for a checkpoint of another model: the first weight the model or the checkpoint
+    lacks, or holds in another shape, with both shapes.
     """
+    verify_before_load(checkpoint_dir, who, off_switch, verify)
     try:
         saved = saved_shapes(checkpoint_dir)
     except ValueError as exc:
@@ -101,13 +110,18 @@ def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str) -> None:
     model.load_state_dict(state, strict=False)
 
 
-def load_model(job_config, checkpoint_dir: str, device=None, dtype="auto", max_length: int = 0):
-    """Config + checkpoint -> (model in eval mode on ``device`` in ``dtype``, its model args)."""
+def load_model(job_config, checkpoint_dir: str, device=None, dtype="auto", max_length: int = 0,
+               verify: bool = True, *, who: str = "checkpoint", off_switch: str = "verify=False"):
+    """Config + checkpoint -> (model in eval mode on ``device`` in ``dtype``, its model args).
+
+    ``verify``, ``who``, ``off_switch``: the checksum check of :func:`load_checkpoint`, run before
+    the model is built."""
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     args = model_args_of(job_config, max_length)
+    verify_before_load(checkpoint_dir, who, off_switch, verify)
     model = build_model(args, device)
-    load_checkpoint(model, checkpoint_dir)
+    load_checkpoint(model, checkpoint_dir, verify=False)
     rope_cache = model.rope_cache  # kept in fp32, as under FSDP mixed precision in training
     model.to(dtype)
     model.rope_cache = rope_cache

@@ -2,11 +2,13 @@
 
     python -m eval.lm_eval --config X.toml --checkpoint OUT/checkpoint/step-N [more step folders] \
         --suite paper --output eval_out [--tasks boolq,piqa] [--limit 100] [--batch-size 16] \
-        [--device cuda] [--data-dir DIR]
+        [--device cuda] [--data-dir DIR] [--no-verify]
 
 Writes ``<output>/results.md`` (one row per checkpoint, the paper's column order) and
 ``<output>/<row>.json`` (lm-eval's full output per checkpoint), and prints the table.
 ``--data-dir`` reads each task from ``DIR/<task>.jsonl`` instead of the Hugging Face hub/cache.
+Every checkpoint's files are checked against its checksum manifest before the first is scored
+(a corrupt or truncated file, or a folder without a manifest: exit code 4); ``--no-verify`` skips that.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tqdm import tqdm
 from eval.model import ParallaxLM
 from eval.table import markdown_table
 from eval.tasks import parse_tasks, task_specs
+from parallax_titan.checkpoint_files import CheckpointError, verify_before_load
 
 SUITES = ("paper",)
 DEFAULT_BOOTSTRAP_ITERS = 100000  # lm-eval's default
@@ -76,8 +79,11 @@ def write_outputs(output_dir: str, rows: list[tuple[str, dict]]) -> str:
 def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: list[str], output: str,
                          data_dir: str | None = None, limit: int = 0, batch_size: int = 8, device=None,
                          dtype: str = "auto", max_length: int = 0, names: list[str] | None = None,
-                         bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS) -> str:
-    """Score each checkpoint (with its config: one for all, or one each); returns the table's path."""
+                         bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, verify: bool = True) -> str:
+    """Score each checkpoint (with its config: one for all, or one each); returns the table's path.
+
+    verify: check every checkpoint's files against its checksum manifest before scoring any
+    (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``)."""
     if len(configs) not in (1, len(checkpoints)):
         raise ValueError(
             f"config: got {len(configs)} configs for {len(checkpoints)} checkpoints; expected 1 or one per checkpoint"
@@ -86,10 +92,12 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
     if len(names) != len(checkpoints):
         raise ValueError(f"names: got {len(names)} names for {len(checkpoints)} checkpoints")
     configs = configs * len(checkpoints) if len(configs) == 1 else configs
+    for checkpoint in checkpoints:  # all of them before hours of scoring
+        verify_before_load(checkpoint, "--checkpoint", "--no-verify", verify)
     rows = []
     for name, config, checkpoint in tqdm(list(zip(names, configs, checkpoints)), desc="checkpoints"):
         lm = ParallaxLM.from_checkpoint(config, checkpoint, device=device, dtype=dtype,
-                                        batch_size=batch_size, max_length=max_length)
+                                        batch_size=batch_size, max_length=max_length, verify=False)
         rows.append((name, evaluate(lm, tasks, data_dir=data_dir, limit=limit, bootstrap_iters=bootstrap_iters)))
         del lm
     return write_outputs(output, rows)
@@ -111,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--names", nargs="+", default=None, help="row names (default: <run>/step-N)")
     parser.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
                         help="lm-eval bootstrap iterations for standard errors (0 = none)")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="load the checkpoints without checking their files against their checksum manifests")
     return parser
 
 
@@ -121,11 +131,14 @@ def main(argv: list[str]) -> int:
         path = evaluate_checkpoints(
             args.config, args.checkpoint, tasks=tasks, output=args.output, data_dir=args.data_dir,
             limit=args.limit, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-            max_length=args.max_length, names=args.names, bootstrap_iters=args.bootstrap_iters,
+            max_length=args.max_length, names=args.names, bootstrap_iters=args.bootstrap_iters, verify=args.verify,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
     with open(path, encoding="utf-8") as f:
         print(f.read())
     print(f"table: {path}")

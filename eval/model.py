@@ -40,6 +40,15 @@ def _positive_int(name: str, value) -> int:
     return number
 
 
+def _flag(name: str, value) -> bool:
+    """``model_args`` ``name=true``/``name=false`` (lm-eval passes a bool; a quoted value stays a string)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"model_args: {name}={value} is not a boolean; expected {name}=true or {name}=false")
+
+
 def _chunks(items: Sequence[int], size: int) -> Iterator[list[int]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
@@ -82,29 +91,40 @@ class ParallaxLM(TemplateLM):
 
     @classmethod
     def from_job_config(cls, job_config, checkpoint_dir: str, *, device=None, dtype="auto",
-                        batch_size: int = 8, max_length: int = 0, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS):
-        """A parsed JobConfig + a DCP checkpoint folder -> ParallaxLM (model in eval mode)."""
-        model, _ = load_model(job_config, checkpoint_dir, device=device, dtype=dtype, max_length=max_length)
+                        batch_size: int = 8, max_length: int = 0, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+                        verify: bool = True, who: str = "checkpoint", off_switch: str = "verify=False"):
+        """A parsed JobConfig + a DCP checkpoint folder -> ParallaxLM (model in eval mode).
+
+        verify: check the folder's files against its checksum manifest first (a corrupt or truncated
+        file, or no manifest, raises CheckpointError naming ``who``, the file and ``off_switch``);
+        see :func:`eval.checkpoint.load_checkpoint`."""
+        model, _ = load_model(job_config, checkpoint_dir, device=device, dtype=dtype, max_length=max_length,
+                              verify=verify, who=who, off_switch=off_switch)
         return cls(model, build_tokenizer(job_config), batch_size=batch_size, max_length=max_length,
                    max_gen_toks=max_gen_toks)
 
     @classmethod
     def from_checkpoint(cls, config_path: str, checkpoint_dir: str, *, device=None, dtype="auto",
                         batch_size: int = 8, max_length: int = 0, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
-                        overrides: Sequence[str] = ()):
+                        overrides: Sequence[str] = (), verify: bool = True, who: str = "checkpoint",
+                        off_switch: str = "verify=False"):
         """A training TOML (+ ``--section.key value`` overrides) and a DCP checkpoint -> ParallaxLM.
 
         device: "cpu", "cuda", "cuda:1", or None (CUDA when available). dtype: "auto" (bf16 on
         CUDA, fp32 on CPU), "float32", "bfloat16" or "float16". max_length: the scoring window,
-        0 = the config's ``training.seq_len``.
+        0 = the config's ``training.seq_len``. verify: check the checkpoint's checksums first
+        (:meth:`from_job_config`).
         """
         job_config = load_job_config(config_path, overrides)
         return cls.from_job_config(job_config, checkpoint_dir, device=device, dtype=dtype,
-                                   batch_size=batch_size, max_length=max_length, max_gen_toks=max_gen_toks)
+                                   batch_size=batch_size, max_length=max_length, max_gen_toks=max_gen_toks,
+                                   verify=verify, who=who, off_switch=off_switch)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
-        """lm-eval's ``--model parallax_titan --model_args config=X.toml,checkpoint=DIR[,dtype=..]``."""
+        """lm-eval's ``--model parallax_titan --model_args config=X.toml,checkpoint=DIR[,dtype=..][,verify=false]``.
+
+        The checkpoint's checksums are checked first; ``verify=false`` loads it unchecked."""
         from lm_eval.utils import simple_parse_args_string
 
         args = simple_parse_args_string(arg_string)
@@ -113,7 +133,9 @@ class ParallaxLM(TemplateLM):
             if key not in args:
                 raise ValueError(f"model_args: {key}= is missing in {arg_string!r}; expected config=X.toml,checkpoint=DIR")
         config, checkpoint = args.pop("config"), args.pop("checkpoint")
-        return cls.from_checkpoint(config, checkpoint, **{**args, **extra})
+        verify = _flag("verify", args.pop("verify", True))
+        return cls.from_checkpoint(config, checkpoint, **{**args, **extra}, verify=verify,
+                                   who="model_args checkpoint", off_switch="verify=false in model_args")
 
     # ------------------------------------------------------------------ ranks (lm-eval's distributed API)
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:

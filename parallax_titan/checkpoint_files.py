@@ -7,14 +7,16 @@ states (optimizer, lr schedule, data loader, train state) sit under their own pr
 them and are not model weights. Beside ``.metadata`` the trainer writes ``settings.json`` (the
 run's settings that resume rules compare) and, with ``checkpoint.verify``, ``manifest.json``
 (checksums, :mod:`parallax_titan.checksums`). Everything here reads metadata and those small
-files only, never tensor data.
+files only, never tensor data, except :func:`folder_problem` and :func:`verify_before_load`, which
+hash every file a manifest lists: the check every loader of a checkpoint runs first (the trainer's
+resume, ``parallax.init_from_transformer``, evaluation, generation, export and analysis).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -76,19 +78,83 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be saved or loaded; the message names the step folder and the file."""
 
 
-def quick_problem(checkpoint_dir: str) -> str | None:
+def checksum_threads() -> int:
+    """Hashing threads per process: this host's cores shared by its ranks (``LOCAL_WORLD_SIZE``), 1 to 16."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(16, (os.cpu_count() or 1) // max(1, ranks_here)))
+
+
+def _no_manifest(exc: ValueError) -> str:
+    return f"{exc}, so its files cannot be checked (saved with checkpoint.verify = false or by another program)"
+
+
+def has_checkpoint_files(path: str) -> bool:
+    """Whether the folder ``path`` holds a manifest or a DCP ``.metadata`` file (else it is no
+    checkpoint at all, or does not exist: :func:`saved_shapes` says which)."""
+    return any(os.path.isfile(os.path.join(path, name)) for name in (MANIFEST_FILE, METADATA_FILE))
+
+
+def quick_problem(checkpoint_dir: str, off_switch: str | None = "checkpoint.verify = false") -> str | None:
     """The first problem :func:`parallax_titan.checksums` finds in a step folder without reading its
-    tensor files: no readable manifest, a listed file missing or of another size (a truncated
-    file), or ``.metadata`` / ``settings.json`` differing from their checksums. None: none found."""
+    tensor files: no readable manifest (then naming ``off_switch``, which loads it unchecked, unless
+    None), a listed file missing or of another size (a truncated file), or ``.metadata`` /
+    ``settings.json`` differing from their checksums. None: none found."""
     try:
         manifest = read_manifest(checkpoint_dir)
     except ValueError as exc:
-        return f"{exc}, so its files cannot be checked (saved with checkpoint.verify = false, by another program, " \
-               "or damaged); checkpoint.verify = false loads it unchecked"
+        return _no_manifest(exc) + (f"; {off_switch} loads it unchecked" if off_switch else "")
     small = [name for name in (METADATA_FILE, SETTINGS_FILE) if name in manifest.files]
     large = [name for name in manifest.files if name not in small]
     problems = size_problems(checkpoint_dir, manifest, large) + content_problems(checkpoint_dir, manifest, small)
     return problems[0] if problems else None
+
+
+def folder_problem(checkpoint_dir: str, threads: int = 1, rank: int = 0, world: int = 1,
+                   gather: Callable[[list[str]], list[list[str]]] | None = None) -> str | None:
+    """The first problem of the checkpoint folder ``checkpoint_dir`` against its manifest: no
+    readable manifest, a listed file missing or of another size (naming the file and both sizes),
+    or a chunk whose checksum differs (naming the file and the bytes). None: every listed file is
+    intact. Hashes in ``threads`` threads.
+
+    Several processes share the work: each passes its ``rank`` of ``world`` and ``gather``, an
+    all-gather of one Python object that returns every rank's in rank order (such as
+    ``torch.distributed.all_gather_object`` into a list). Each hashes every ``world``-th file of the
+    manifest and all of them return the same answer; every rank reaches ``gather``, whatever it found.
+    """
+    try:
+        manifest = read_manifest(checkpoint_dir)
+    except ValueError as exc:
+        local = [_no_manifest(exc)]
+    else:
+        try:
+            local = content_problems(checkpoint_dir, manifest, sorted(manifest.files)[rank::world], threads)
+        except (OSError, ValueError) as exc:  # a file vanished while hashed, an unknown algorithm
+            local = [f"{checkpoint_dir}: cannot be checked ({type(exc).__name__}: {exc})"]
+    problems = sorted(p for part in (gather(local) if gather else [local]) for p in part)
+    return problems[0] if problems else None
+
+
+def verify_before_load(checkpoint_dir: str, who: str, off_switch: str, verify: bool = True,
+                       threads: int | None = None, rank: int = 0, world: int = 1,
+                       gather: Callable[[list[str]], list[list[str]]] | None = None) -> None:
+    """Refuse to load the checkpoint folder ``checkpoint_dir`` unless every file its manifest lists
+    has its size and checksum (:func:`folder_problem`; ``rank``, ``world``, ``gather``: the ranks'
+    shares). A folder without a readable manifest is refused too (saved with ``checkpoint.verify =
+    false`` or by another program). ``verify`` false: nothing is checked.
+
+    Raises CheckpointError naming ``who`` (the option or key that named the folder, such as
+    ``--checkpoint`` or ``parallax.init_from_transformer``), the folder, the first problem and
+    ``off_switch`` (how that entry point loads the folder unchecked, such as ``--no-verify``). A path
+    that is no checkpoint at all (no manifest and no DCP ``.metadata``: a missing folder, the
+    ``checkpoint`` folder above the steps) is left to the loader's own error (:func:`saved_shapes`).
+    """
+    if not verify or not has_checkpoint_files(checkpoint_dir):
+        return
+    threads = checksum_threads() if threads is None else threads
+    problem = folder_problem(checkpoint_dir, threads, rank, world, gather)
+    if problem:
+        raise CheckpointError(f"{who}: {checkpoint_dir!r} is not a valid checkpoint: {problem}; nothing was loaded "
+                              f"({off_switch} loads it unchecked)")
 
 
 def choose_step(folder: str, load_step: int, problem_of, stop_on_corrupt: bool) -> tuple[int | None, list]:

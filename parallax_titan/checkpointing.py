@@ -13,7 +13,11 @@ Load: before TorchTitan loads a step, every rank hashes its share of the step's 
 ranks agree on the result. A corrupt, truncated or missing file is named; the run then loads the
 newest valid step instead (``checkpoint.on_corrupt = "fallback"``, with a warning; the bad folder is
 renamed ``corrupt-N``) or stops (``"stop"``). A file DCP cannot read (``checkpoint.verify = false``)
-stops the run naming the step folder.
+stops the run naming the step folder. The check is :func:`parallax_titan.checkpoint_files.folder_problem`,
+the one every other loader of a checkpoint runs too, here with the ranks' shares.
+
+:func:`save_checksummed` writes a DCP folder with a manifest from one process (a folder made for
+``checkpoint.initial_load_path``, such as ``scripts/export_hf.py import`` writes).
 """
 
 from __future__ import annotations
@@ -36,20 +40,15 @@ from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
 from parallax_titan.checkpoint_files import (
-    METADATA_FILE, SETTINGS_FILE, CheckpointError, choose_step, complete_steps, step_dir)
-from parallax_titan.checksums import (
-    MANIFEST_FILE, FileEntry, content_problems, default_algorithm, digest_files, read_manifest, write_manifest)
+    METADATA_FILE, SETTINGS_FILE, CheckpointError, checksum_threads, choose_step, complete_steps, folder_problem,
+    step_dir, verify_before_load)
+from parallax_titan.checksums import MANIFEST_FILE, FileEntry, default_algorithm, digest_files, write_manifest
 from parallax_titan.resume_rules import read_settings, write_settings
 
-__all__ = ["CheckpointError", "ChecksumWriter", "ParallaxCheckpointManager", "checksum_threads"]
+__all__ = ["CheckpointError", "ChecksumWriter", "ParallaxCheckpointManager", "checksum_threads", "save_checksummed",
+           "verify_on_every_rank"]
 
 _STEP_ID = re.compile(r"step-(\d+)")
-
-
-def checksum_threads() -> int:
-    """Hashing threads per rank: this host's cores shared by its ranks (``LOCAL_WORLD_SIZE``), 1 to 16."""
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, min(16, (os.cpu_count() or 1) // max(1, ranks_here)))
 
 
 class _RecordingFileSystem(FileSystem):
@@ -86,6 +85,25 @@ class ChecksumWriter(FileSystemWriter):
         return written
 
 
+def _write_manifest(folder: str, written: list[dict[str, FileEntry]], algorithm: str) -> str:
+    """``folder/manifest.json`` from the digests of the files the ranks wrote (:attr:`ChecksumWriter.digests`,
+    one dict per rank) plus ``.metadata`` and ``settings.json``, where present (written last, by one
+    process); returns its path."""
+    files = {name: entry for part in written for name, entry in part.items()}
+    small = [name for name in (METADATA_FILE, SETTINGS_FILE) if os.path.isfile(os.path.join(folder, name))]
+    files.update(digest_files(folder, small, 1, algorithm))
+    return write_manifest(folder, files, algorithm)
+
+
+def save_checksummed(state_dict: dict, folder: str, threads: int | None = None) -> str:
+    """``dcp.save`` of ``state_dict`` into ``folder`` by this process alone, with a manifest of the
+    files it wrote, as the trainer's saves carry: the folder verifies wherever it is loaded (the
+    trainer's ``checkpoint.initial_load_path``, the evaluation loaders). Returns the manifest's path."""
+    writer = ChecksumWriter(folder, checksum_threads() if threads is None else threads, default_algorithm())
+    dcp.save(state_dict, storage_writer=writer, no_dist=True)
+    return _write_manifest(folder, [writer.digests], writer.algorithm)
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -104,6 +122,17 @@ def _from_rank0(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def verify_on_every_rank(checkpoint_dir: str, who: str, off_switch: str, verify: bool = True) -> None:
+    """:func:`verify_before_load` of ``checkpoint_dir`` by every rank of the default process group
+    together (each must call it): each hashes its share of the files, in threads, and all of them
+    raise the same CheckpointError or none. Without ``torch.distributed``, this process checks alone."""
+    verify_before_load(checkpoint_dir, who, off_switch, verify, checksum_threads(), _rank(), _world(), _all_gather)
 
 
 def _barrier() -> None:
@@ -218,9 +247,7 @@ class ParallaxCheckpointManager(CheckpointManager):
             try:
                 write_settings(partial, step, self.settings)
                 if self.verify:
-                    files = {name: entry for part in digests for name, entry in part.items()}
-                    files.update(digest_files(partial, [METADATA_FILE, SETTINGS_FILE], 1, writer.algorithm))
-                    write_manifest(partial, files, writer.algorithm)
+                    _write_manifest(partial, digests, writer.algorithm)
                 if os.path.exists(final):
                     logger.warning(f"{final!r} exists; moved to {_set_aside(final, 'superseded')!r}")
                 os.rename(partial, final)
@@ -275,24 +302,13 @@ class ParallaxCheckpointManager(CheckpointManager):
         return self._agreed_problem(step_dir(self.folder, step)) if self.verify else None
 
     def _agreed_problem(self, path: str) -> str | None:
-        """The first problem any rank finds in the checkpoint folder ``path`` (the same on every rank).
-
-        Every rank checks the sizes of its share of the files and hashes it: every world-size-th file
-        of the manifest, in threads."""
-        try:
-            manifest = read_manifest(path)
-        except ValueError as exc:
-            return f"{exc}, so its files cannot be checked (saved with checkpoint.verify = false or by another program)"
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        share = sorted(manifest.files)[_rank()::world]
+        """The first problem any rank finds in the checkpoint folder ``path`` (the same on every rank):
+        :func:`folder_problem`, every rank checking the sizes of its share of the files and hashing it
+        (every world-size-th file of the manifest, in threads)."""
         begin = time.monotonic()
-        try:
-            local = content_problems(path, manifest, share, checksum_threads())
-        except (OSError, ValueError) as exc:  # every rank must reach the gather below
-            local = [f"{path}: cannot be checked ({type(exc).__name__}: {exc})"]
-        problems = sorted(p for part in _all_gather(local) for p in part)
+        problem = folder_problem(path, checksum_threads(), _rank(), _world(), _all_gather)
         logger.info(f"Checked the checksums of {path} in {time.monotonic() - begin:.2f} s")
-        return problems[0] if problems else None
+        return problem
 
     def _set_aside_corrupt(self, passed: list, chosen: int) -> None:
         """Warn about each step passed over; rank 0 renames their folders ``corrupt-N``."""
@@ -308,6 +324,4 @@ class ParallaxCheckpointManager(CheckpointManager):
         """Check ``checkpoint.initial_load_path`` against its manifest, where it has one (no fallback)."""
         path = self.initial_load_path
         if self.verify and path and os.path.isfile(os.path.join(path, MANIFEST_FILE)):
-            problem = self._agreed_problem(path)
-            if problem:
-                raise CheckpointError(f"checkpoint.initial_load_path {path!r} is not valid: {problem}")
+            verify_on_every_rank(path, "checkpoint.initial_load_path", "checkpoint.verify = false")

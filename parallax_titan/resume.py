@@ -40,11 +40,14 @@ def checkpoint_problems(cfg) -> list[str]:
     """Every checkpoint this run would load must hold exactly this model's weights (variant, size,
     shape overrides): the resume step (``checkpoint.load_step`` or the newest valid one), else
     ``checkpoint.initial_load_path``, and the Transformer part for ``parallax.init_from_transformer``.
-    A resume step must also hold training state (not a model-only save) and pass the resume rules.
+    A resume step must also hold training state (not a model-only save) and pass the resume rules;
+    with ``checkpoint.verify``, the ``init_from_transformer`` folder needs a manifest that its files'
+    sizes and small files match (:func:`quick_problem`; its contents are hashed before the load).
     Call only for a valid config (``JobConfig.validate``). A checkpoint that ``checkpoint.on_corrupt
     = "stop"`` refuses raises CheckpointError."""
     from parallax_titan.checkpoint_files import (
-        TRAINING_STATES, describe, saved_shapes, state_shapes, step_dir, weight_mismatches)
+        TRAINING_STATES, describe, has_checkpoint_files, quick_problem, saved_shapes, state_shapes, step_dir,
+        weight_mismatches)
     from parallax_titan.model import ParallaxQwen3Model
     from parallax_titan.spec import model_args_for
     from parallax_titan.uptrain import shared_weights
@@ -71,6 +74,12 @@ def checkpoint_problems(cfg) -> list[str]:
         loads.append(("parallax.init_from_transformer", cfg.parallax.init_from_transformer, shared_weights(expected),
                       "expected a Transformer checkpoint of this size"))
     for key, path, weights, fix in loads:
+        if key == "parallax.init_from_transformer" and ckpt.verify and has_checkpoint_files(path):
+            problem = quick_problem(path, off_switch=None)  # the trainer hashes every file before it loads them
+            if problem:
+                errors.append(f"{key}: {path!r} is not a valid checkpoint: {problem}; checkpoint.verify = false "
+                              "loads it unchecked")
+                continue
         try:
             saved = saved_shapes(path)
         except ValueError as exc:

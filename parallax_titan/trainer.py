@@ -85,8 +85,8 @@ class ParallaxTrainer(Trainer):
         if source:
             from parallax_titan.uptrain import load_transformer_weights
 
-            for part in self.model_parts:
-                load_transformer_weights(part, source)
+            for index, part in enumerate(self.model_parts):  # one check (every rank, shared) covers all parts
+                load_transformer_weights(part, source, verify=job_config.checkpoint.verify and index == 0)
 
     def post_dataloading_process(self, input_dict, labels):
         """TorchTitan's batch preparation, plus document boundaries when the model asks for them

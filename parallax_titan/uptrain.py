@@ -14,6 +14,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from parallax_titan.checkpoint_files import describe, saved_shapes, state_shapes, weight_mismatches
+from parallax_titan.checkpointing import verify_on_every_rank
 
 PARALLAX_ONLY = (".attention.wr.", ".attention.r_norm.", ".attention.gate.")
 
@@ -29,13 +30,19 @@ def shared_weights(state: dict) -> dict:
 
 
 @torch.no_grad()
-def load_transformer_weights(model: torch.nn.Module, checkpoint_dir: str) -> None:
+def load_transformer_weights(model: torch.nn.Module, checkpoint_dir: str, verify: bool = True) -> None:
     """Load a TorchTitan DCP checkpoint of a Transformer into a Parallax ``model`` (FSDP or not).
 
-    Raises ValueError naming ``parallax.init_from_transformer`` when the folder is not a readable
-    DCP checkpoint or its model weights are not exactly this model's Transformer part (a weight
-    missing, extra or of another shape: another size, or a Parallax checkpoint).
+    ``verify`` (the run's ``checkpoint.verify``): first check every file against the folder's
+    manifest, each rank of a ``torch.distributed`` job hashing its share
+    (:func:`parallax_titan.checkpointing.verify_on_every_rank`; every rank calls this function, as
+    ``dcp.load`` needs). Raises CheckpointError naming ``parallax.init_from_transformer``,
+    the file and ``checkpoint.verify = false`` for a corrupt or truncated file or a folder without a
+    manifest, before any weight is read; ValueError naming that key when the folder is not a
+    readable DCP checkpoint or its model weights are not exactly this model's Transformer part (a
+    weight missing, extra or of another shape: another size, or a Parallax checkpoint).
     """
+    verify_on_every_rank(checkpoint_dir, "parallax.init_from_transformer", "checkpoint.verify = false", verify)
     state = shared_weights(get_model_state_dict(model))
     try:
         mismatches = weight_mismatches(saved_shapes(checkpoint_dir), state_shapes(state))

@@ -1,12 +1,14 @@
 """Diagnostics report for one or more checkpoints (markdown + PNG figures + JSON).
 
     python -m scripts.analyze --config configs/demo_cpu.toml --checkpoint outputs/demo_cpu/checkpoint/step-200 \
-        [--compare DIR2 ...] [--compare-config Y.toml ...] [--labels A B ...] [--out report_dir]
+        [--compare DIR2 ...] [--compare-config Y.toml ...] [--labels A B ...] [--out report_dir] [--no-verify]
 
 Every checkpoint is evaluated on the same held-out batch (``[diagnostics]`` settings of the config,
 or their defaults). A compare checkpoint uses ``--compare-config`` (one per checkpoint, or one for
 all) or else the main config with the mixer and gate read from the checkpoint, so a Transformer run
-of the same recipe needs no config of its own. See docs/diagnostics.md.
+of the same recipe needs no config of its own. Every checkpoint's files are checked against its
+checksum manifest before any is analysed (a corrupt or truncated file, or a folder without a
+manifest: exit code 4); ``--no-verify`` loads them unchecked. See docs/diagnostics.md.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import torch
 
 from eval.checkpoint import load_job_config
+from parallax_titan.checkpoint_files import CheckpointError, verify_before_load
 from parallax_titan.config import ConfigError
 from parallax_titan.diagnostics import Diagnostics, collect
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
@@ -38,6 +41,8 @@ def parse_args(argv):
     parser.add_argument("--batch-size", type=int, help="override diagnostics.batch_size")
     parser.add_argument("--seq-len", type=int, help="override diagnostics.seq_len")
     parser.add_argument("--max-queries", type=int, help="override diagnostics.max_queries")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="load the checkpoints without checking their files against their checksum manifests")
     args = parser.parse_args(argv)
     n = 1 + len(args.compare)
     if args.compare_config and len(args.compare_config) not in (1, len(args.compare)):
@@ -66,6 +71,8 @@ def default_label(checkpoint: str) -> str:
 
 def main(argv) -> str:
     args = parse_args(argv)
+    for option, checkpoint in [("--checkpoint", args.checkpoint)] + [("--compare", c) for c in args.compare]:
+        verify_before_load(checkpoint, option, "--no-verify", args.verify)  # all of them before any work
     job = load_job_config(args.config)
     config = diagnostics_settings(job, args)
     tokenizer = build_tokenizer(job)
@@ -80,7 +87,7 @@ def main(argv) -> str:
     runs, sources = {}, {}
     torch.manual_seed(0)
     for label, (checkpoint, job_config) in zip(labels, checkpoints):
-        model = load_checkpoint_model(job_config, checkpoint)
+        model = load_checkpoint_model(job_config, checkpoint, verify=False)
         print(f"[analyze] {label}: {type(model).__name__} ({model.model_args.mixer}) from {checkpoint}")
         runs[label] = collect(model, tokens, tokenizer, config)
         sources[label] = (checkpoint, f"{model.model_args.mixer}, {job_config.model.flavor}, "
@@ -98,3 +105,6 @@ if __name__ == "__main__":
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(4)

@@ -2,7 +2,7 @@
 
     # DCP checkpoint -> <out>/model.safetensors + config.json + tokenizer (+ the modeling code of a
     # Parallax model: AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True) loads it)
-    python -m scripts.export_hf export --config X.toml --checkpoint OUT/checkpoint/step-N --output hf_out
+    python -m scripts.export_hf export --config X.toml --checkpoint OUT/checkpoint/step-N --output hf_out [--no-verify]
 
     # Hugging Face Qwen3 (e.g. a local copy of Qwen/Qwen3-0.6B) -> a DCP folder to train from;
     # into a Parallax config the probes start at zero (exactly the Transformer's function)
@@ -11,6 +11,9 @@
     torchrun ... train.py --job.config_file ... --checkpoint.initial_load_path outputs/qwen3_parallax_init
 
 Extra ``--section.key value`` arguments override the config (e.g. ``--model.name transformer``).
+``export`` checks the checkpoint's files against its checksum manifest before reading it (a corrupt
+or truncated file, or a folder without a manifest: exit code 4; ``--no-verify`` loads it unchecked).
+``import`` writes a manifest beside the DCP files, as the trainer does, so that folder verifies too.
 The format is described in eval/hf_format.py and docs/eval.md.
 """
 
@@ -21,31 +24,34 @@ import os
 import sys
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from eval.checkpoint import DTYPES, build_model, load_job_config, load_model, model_args_of
 from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
+from parallax_titan.checkpoint_files import CheckpointError
+from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.tokenizer import build_tokenizer
 
 
 def export_command(args, overrides: list[str]) -> str:
     """DCP checkpoint -> Hugging Face folder; returns the folder."""
     job_config = load_job_config(args.config, overrides)
-    model, _ = load_model(job_config, args.checkpoint, device="cpu", dtype=args.dtype)
+    model, _ = load_model(job_config, args.checkpoint, device="cpu", dtype=args.dtype, verify=args.verify,
+                          who="--checkpoint", off_switch="--no-verify")
     tokenizer_dir = None if args.no_tokenizer else job_config.model.hf_assets_path
     eos_id = build_tokenizer(job_config).eos_id
     return export_hf(model, args.output, tokenizer_dir=tokenizer_dir, eos_id=eos_id)
 
 
 def import_command(args, overrides: list[str]) -> str:
-    """Hugging Face folder -> DCP folder with the config's model weights; returns the folder."""
+    """Hugging Face folder -> DCP folder with the config's model weights and a checksum manifest;
+    returns the folder."""
     job_config = load_job_config(args.config, overrides)
     model = build_model(model_args_of(job_config), torch.device("cpu"))
     hf_config, hf_state = read_hf(args.hf)
     check_hf_config(hf_config, model.model_args)
     load_hf_state(model, hf_state)
     os.makedirs(args.output, exist_ok=True)
-    dcp.save(model.state_dict(), checkpoint_id=args.output, no_dist=True)
+    save_checksummed(model.state_dict(), args.output)
     return args.output
 
 
@@ -58,10 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, help="folder to write")
     export.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="storage dtype")
     export.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
+    export.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="load the checkpoint without checking its files against its checksum manifest")
     imp = commands.add_parser("import", help="Hugging Face Qwen3 folder -> DCP folder")
     imp.add_argument("--config", required=True, help="training TOML of the target model (any variant)")
     imp.add_argument("--hf", required=True, help="folder with config.json and *.safetensors")
-    imp.add_argument("--output", required=True, help="DCP folder to write (for checkpoint.initial_load_path)")
+    imp.add_argument("--output", required=True,
+                     help="DCP folder to write, with a checksum manifest (for checkpoint.initial_load_path)")
     return parser
 
 
@@ -72,6 +81,9 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
     print(f"wrote {path}")
     return 0
 

@@ -2,11 +2,14 @@
 
     python -m scripts.generate --config X.toml --checkpoint OUT/checkpoint/step-N --prompt "Once upon a time" \
         [--max-new-tokens 128] [--temperature 0.8 --top-k 50 --top-p 0.95 --repetition-penalty 1.1 --seed 0] \
-        [--stop "\\n\\n"] [--device cuda] [--dtype bfloat16] [--max-length N] [--no-graph] [--section.key value ...]
+        [--stop "\\n\\n"] [--device cuda] [--dtype bfloat16] [--max-length N] [--no-graph] [--no-verify] \
+        [--section.key value ...]
 
 Temperature 0 (the default) is greedy. Several ``--prompt`` run one after another. The model runs
 on its KV cache; on CUDA the attention variants decode through one CUDA graph per step. Extra
-``--section.key value`` arguments override the config. The Python API is
+``--section.key value`` arguments override the config. The checkpoint's files are checked against
+its checksum manifest before it is loaded (a corrupt or truncated file, or a folder without a
+manifest: exit code 4); ``--no-verify`` loads it unchecked. The Python API is
 ``parallax_titan.generation`` (docs in its package docstring and the README).
 """
 
@@ -16,6 +19,7 @@ import argparse
 import sys
 
 from eval.checkpoint import load_job_config, load_model
+from parallax_titan.checkpoint_files import CheckpointError
 from parallax_titan.config import ConfigError
 from parallax_titan.generation import Generator, SamplingParams, StopCriteria
 from parallax_titan.generation.cache import ATTENTION_MIXERS
@@ -40,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-length", type=int, default=0,
                         help="positions of the RoPE table and the cache's limit (0 = training.seq_len)")
     parser.add_argument("--no-graph", action="store_true", help="decode eagerly instead of through a CUDA graph")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="load the checkpoint without checking its files against its checksum manifest")
     return parser
 
 
@@ -51,7 +57,8 @@ def run(args, overrides: list[str], out=sys.stdout) -> list[str]:
     job_config = load_job_config(args.config, overrides)
     tokenizer = build_tokenizer(job_config)
     model, model_args = load_model(job_config, args.checkpoint, device=args.device, dtype=args.dtype,
-                                   max_length=args.max_length)
+                                   max_length=args.max_length, verify=args.verify, who="--checkpoint",
+                                   off_switch="--no-verify")
     stopping = StopCriteria(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
                             stop_token_ids=() if args.ignore_eos else (tokenizer.eos_id,))
     prompts = [tokenizer.encode(p, add_bos=False, add_eos=False) or [tokenizer.eos_id] for p in args.prompt]
@@ -80,6 +87,9 @@ def main(argv: list[str]) -> int:
     except (ValueError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
     return 0
 
 

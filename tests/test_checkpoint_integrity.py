@@ -103,6 +103,19 @@ def test_truncated_file_without_checksums_names_the_step_folder(dump):
     assert "Traceback" not in result.stderr
 
 
+def test_corrupt_initial_load_path_stops_naming_the_file(saved, tmp_path):
+    """A folder given as checkpoint.initial_load_path is checked against its manifest like a resume
+    step (no fallback): exit code 4, naming the key, the file and the off switch."""
+    seed = tmp_path / "seed"
+    shutil.copytree(checkpoint(saved, 2), seed)
+    flip(seed / DATA_FILE, 1 << 20)
+    result = run_single(tmp_path / "run", *ARGS, "--checkpoint.initial_load_path", str(seed))
+    assert result.returncode == 4, output(result)[-4000:]
+    assert (f"error: checkpoint.initial_load_path: '{seed}' is not a valid checkpoint: {seed / DATA_FILE}: bytes 0-"
+            in result.stderr) and "(checkpoint.verify = false loads it unchecked)" in result.stderr
+    assert "Training starts" not in output(result)
+
+
 def _small_file_limit():
     """In the child: files may not grow beyond 4 MiB (a full disk for the 38 MB checkpoint file);
     Python ignores SIGXFSZ, so the write fails (EFBIG, which torch's file writer reports as a short

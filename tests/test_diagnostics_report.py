@@ -6,9 +6,9 @@ import os
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.diagnostics.report import load_checkpoint_model, match_checkpoint
 from eval.checkpoint import load_job_config as load_config
 from scripts.analyze import main
@@ -28,11 +28,11 @@ def small_config(tmp_path_factory):
 
 
 def save_checkpoint(path: str, name: str, seed: int) -> torch.nn.Module:
-    """A checkpoint laid out as the trainer's (flattened model keys), of the config's model."""
+    """A checkpoint laid out as the trainer's (flattened model keys, a checksum manifest), of the config's model."""
     job = load_config(CONFIG)
     job.model.name = name
     os.makedirs(path, exist_ok=True)
-    dcp.save(get_model_state_dict(_random_model(job, seed)), checkpoint_id=path)
+    save_checksummed(get_model_state_dict(_random_model(job, seed)), path)
     return job
 
 

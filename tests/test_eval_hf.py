@@ -7,11 +7,13 @@ import os
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
 from eval.checkpoint import build_model, load_checkpoint, load_job_config, model_args_of
 from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
+from parallax_titan.checkpoint_files import CheckpointError, folder_problem
+from parallax_titan.checkpointing import save_checksummed
+from parallax_titan.checksums import read_manifest
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 
@@ -112,19 +114,29 @@ def load_script():
 
 
 def test_script_export_and_import_through_dcp(tmp_path):
-    """DCP folder (trainer layout) -> export -> import -> DCP folder: same weights, same logits."""
+    """DCP folder (trainer layout) -> export -> import -> DCP folder: same weights, same logits; the
+    imported folder carries a checksum manifest of its files, as the trainer's saves do."""
     args = model_args_of(load_job_config(CONFIG))
     model = build_model(args, torch.device("cpu"))
-    dcp.save(model.state_dict(), checkpoint_id=str(tmp_path / "step-5"), no_dist=True)
+    save_checksummed(model.state_dict(), str(tmp_path / "step-5"))
     script = load_script()
     assert script.main(["export", "--config", CONFIG, "--checkpoint", str(tmp_path / "step-5"),
                         "--output", str(tmp_path / "hf")]) == 0
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(tmp_path / "hf"))
     assert "model.layers.1.self_attn.r_proj.weight" in load_file(str(tmp_path / "hf" / "model.safetensors"))
     assert script.main(["import", "--config", CONFIG, "--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "back")]) == 0
+    back = str(tmp_path / "back")
+    assert set(read_manifest(back).files) == {".metadata", "__0_0.distcp"} and folder_problem(back) is None
     reloaded = build_model(args, torch.device("cpu"))
-    load_checkpoint(reloaded, str(tmp_path / "back"))
+    load_checkpoint(reloaded, back)
     assert torch.equal(logits(model), logits(reloaded))
+    with open(os.path.join(back, "__0_0.distcp"), "r+b") as f:  # the manifest covers the tensor data
+        f.seek(os.path.getsize(f.name) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp: bytes 0-\d+ differ"):
+        load_checkpoint(reloaded, back)
     assert script.main(["import", "--config", CONFIG, "--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "x"),
                         "--model.n_layers", "3"]) == 2
 
@@ -133,7 +145,7 @@ def test_model_only_bf16_checkpoint_loads(tmp_path):
     """TorchTitan's last_save_model_only + export_dtype: a bf16 model-only folder loads into fp32."""
     args = model_args_of(load_job_config(CONFIG))
     saved = {k: v.to(torch.bfloat16) for k, v in build_model(args, torch.device("cpu")).state_dict().items()}
-    dcp.save(saved, checkpoint_id=str(tmp_path), no_dist=True)
+    save_checksummed(saved, str(tmp_path))
     model = build_model(args, torch.device("cpu"))
     load_checkpoint(model, str(tmp_path))
     for key, value in model.state_dict().items():

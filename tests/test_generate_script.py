@@ -8,9 +8,9 @@ import os
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
 from eval.checkpoint import build_model, load_job_config, model_args_of
+from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.tokenizer import build_tokenizer
 from scripts import generate as script
 from tests._generation_models import recompute_greedy
@@ -26,7 +26,7 @@ def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     model = build_model(model_args_of(job_config), torch.device("cpu"))
     folder = str(tmp_path_factory.mktemp("ckpt") / "step-1")
-    dcp.save(model.state_dict(), checkpoint_id=folder, no_dist=True)
+    save_checksummed(model.state_dict(), folder)
     return folder, model, build_tokenizer(job_config)
 
 

@@ -1,9 +1,12 @@
 """Up-training: a Transformer checkpoint written by the trainer, loaded into a Parallax model
-(rho-norm weights 0, W_R as initialised), gives the Transformer's logits."""
+(rho-norm weights 0, W_R as initialised), gives the Transformer's logits; a damaged one is refused
+as ``checkpoint.verify`` says."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 from parallax_titan.uptrain import is_parallax_only, load_transformer_weights
-from tests._train_runs import train
+from tests._train_runs import run_single, train
 
 
 def model_of(variant: str) -> ParallaxQwen3Model:
@@ -49,6 +52,33 @@ def test_wrong_size_checkpoint_is_rejected(transformer_checkpoint):
     args = dataclasses.replace(variant_args("parallax", BASE_FLAVORS["debug"]), n_layers=3, max_seq_len=32)
     with pytest.raises(ValueError, match="parallax.init_from_transformer"):
         load_transformer_weights(ParallaxQwen3Model(args), transformer_checkpoint)
+
+
+def test_trainer_checks_the_transformer_checkpoint_as_checkpoint_verify_says(transformer_checkpoint, tmp_path):
+    """A changed byte stops the run before training (exit code 4) naming the key, the file and the off
+    switch; a truncated file is refused with the config, before the build (exit code 2);
+    ``--checkpoint.no-verify`` trains from the changed folder."""
+    source = str(tmp_path / "transformer")
+    shutil.copytree(transformer_checkpoint, source)
+    data = os.path.join(source, "__0_0.distcp")
+    with open(data, "r+b") as f:
+        f.seek(os.path.getsize(data) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    run = ("--training.dataset", "default_corpus", "--training.steps", "1", "--parallax.init_from_transformer", source)
+    result = run_single(tmp_path / "corrupt", *run)
+    assert result.returncode == 4, result.stderr[-3000:]
+    assert (f"error: parallax.init_from_transformer: {source!r} is not a valid checkpoint: {data}: bytes 0-"
+            in result.stderr) and "(checkpoint.verify = false loads it unchecked)" in result.stderr
+    assert "Training starts" not in result.stdout + result.stderr
+    unchecked = run_single(tmp_path / "unchecked", *run, "--checkpoint.no-verify")
+    assert unchecked.returncode == 0, unchecked.stderr[-3000:]
+    os.truncate(data, 1000)
+    result = run_single(tmp_path / "truncated", *run)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (f"parallax.init_from_transformer: {source!r} is not a valid checkpoint: {data}: 1000 bytes, manifest.json "
+            "lists") in result.stderr and "checkpoint.verify = false loads it unchecked" in result.stderr
 
 
 def test_trainer_uptrains_from_transformer(transformer_checkpoint, tmp_path):

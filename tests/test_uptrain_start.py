@@ -19,6 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from optimizers import MuonAdamW, RoutingConfig, build_param_groups
+from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 from parallax_titan.uptrain import load_transformer_weights
@@ -58,7 +59,7 @@ def one_step(model, tokens) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("transformer") / "step-0"
-    dcp.save(model_of("transformer", seed=0).state_dict(), checkpoint_id=str(path), no_dist=True)
+    save_checksummed(model_of("transformer", seed=0).state_dict(), str(path))
     return str(path)
 
 

@@ -280,8 +280,9 @@ class Checkpoint(titan.Checkpoint):
 
     verify: bool = True
     """Write ``manifest.json`` (a checksum per file) with every checkpoint and check it before a
-    load; a step counts as complete only with a manifest. ``false``: neither (DCP's ``.metadata``
-    alone marks a complete step)."""
+    load (a resume, ``initial_load_path``, ``parallax.init_from_transformer``, ``[eval] at_end``);
+    a step counts as complete only with a manifest. ``false``: neither (DCP's ``.metadata`` alone
+    marks a complete step)."""
 
     on_corrupt: Literal["fallback", "stop"] = "fallback"
     """A corrupt or truncated checkpoint file on resume: load the newest valid checkpoint instead

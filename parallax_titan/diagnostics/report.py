@@ -1,7 +1,8 @@
 """The analysis report of ``scripts/analyze.py``: checkpoints -> markdown, PNG figures, JSON.
 
 :func:`load_checkpoint_model` rebuilds a model from a TOML config and a DCP checkpoint folder
-written by the trainer (flattened model keys, as :mod:`parallax_titan.uptrain` reads them);
+written by the trainer (flattened model keys, as :mod:`parallax_titan.uptrain` reads them), its
+files checked against its checksum manifest first;
 :func:`write_report` writes ``report.md`` with its figures beside it.
 """
 
@@ -16,7 +17,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from parallax_titan.checkpoint_files import describe, saved_shapes, state_shapes, weight_mismatches
+from parallax_titan.checkpoint_files import (
+    describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
 from parallax_titan.diagnostics import plots
 from parallax_titan.diagnostics.runner import DiagnosticsResult
 
@@ -38,13 +40,18 @@ def match_checkpoint(job_config, keys: dict[str, tuple[int, ...]]) -> None:
     job_config.parallax.gate = "none" if not gates else ("token" if gates[0][0] == 1 else "head")
 
 
-def load_checkpoint_model(job_config, checkpoint_dir: str) -> torch.nn.Module:
+def load_checkpoint_model(job_config, checkpoint_dir: str, verify: bool = True, *, who: str = "--checkpoint",
+                          off_switch: str = "--no-verify") -> torch.nn.Module:
     """Build the model of ``job_config`` (matched to the checkpoint) in float32 on CPU and load
-    the checkpoint's weights. Raises ValueError naming the checkpoint when it holds another model."""
+    the checkpoint's weights. ``verify``: first check the folder's files against its checksum
+    manifest (:func:`parallax_titan.checkpoint_files.verify_before_load`: CheckpointError naming
+    ``who``, the file and ``off_switch``). Raises ValueError naming the checkpoint when it holds
+    another model."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     from parallax_titan.spec import register_all
 
+    verify_before_load(checkpoint_dir, who, off_switch, verify)
     try:
         keys = saved_shapes(checkpoint_dir)
     except ValueError as exc:
