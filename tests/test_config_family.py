@@ -169,3 +169,16 @@ def test_one_rank_training_runs_two_finite_steps(tmp_path, name, variant):
           "--optimizer.name", name, "--optimizer.lr", "5e-3", "--model.name", variant)
     steps = losses(tmp_path)
     assert sorted(steps) == [1, 2] and all(math.isfinite(v) for v in steps.values()), steps
+
+
+def test_the_gram_side_needs_float32_orthogonalisation():
+    """ortho_gram = "on" with a bf16 (or "auto", bf16 on GPUs) orthogonaliser is refused by key before
+    the run; with float32 it is accepted."""
+    config = load_config(["--job.config_file", DEMO], check_data=False)
+    config.optimizer.ortho_gram = "on"
+    for dtype in ("auto", "bfloat16"):
+        config.optimizer.ortho_dtype = dtype
+        assert any(p.startswith("optimizer.ortho_dtype: expected 'float32' with ortho_gram = 'on'") and
+                   repr(dtype) in p for p in config.validate(check_data=False))
+    config.optimizer.ortho_dtype = "float32"
+    assert not any("ortho_dtype" in p for p in config.validate(check_data=False))

@@ -117,7 +117,7 @@ class Optimizer(titan.Optimizer):
     ortho_gram: Literal["off", "on"] = "off"
     """"on": orthogonalise on the Gram side (Muon, NorMuon, Aurora; fewer FLOPs on rectangular
     matrices). In bf16 it can turn a rank-deficient gradient into NaN weights
-    (optimizers/orthogonalize.py says why); use it with ``ortho_dtype = "float32"`` or not at all."""
+    (optimizers/orthogonalize.py says why), so it needs ``ortho_dtype = "float32"``."""
 
     muon_compile_momentum: bool = True
     """Compile the momentum update into a few fused kernels on CUDA (eager on CPU or if compiling fails)."""
@@ -177,6 +177,9 @@ class Optimizer(titan.Optimizer):
             need(finite_at_least(getattr(self, key), 0), key, "a finite float >= 0")
         need(self.orthogonalizer in ORTHOGONALIZERS, "orthogonalizer", f"one of {sorted(ORTHOGONALIZERS)}")
         need(self.ortho_dtype in ORTHO_DTYPES, "ortho_dtype", f"one of {list(ORTHO_DTYPES)}")
+        need(self.ortho_gram != "on" or self.ortho_dtype == "float32", "ortho_dtype",
+             "'float32' with ortho_gram = 'on' (in bf16 the Gram-side iteration diverges on rank-deficient "
+             "gradients: docs/optimizers.md)")
         need(self.muon_update_scale in UPDATE_SCALES, "muon_update_scale", f"one of {UPDATE_SCALES}")
         for key in ("ortho_steps", "muon_head_dim", "spectral_power_attn", "spectral_power_mlp"):
             need(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, key, "an int >= 0")
