@@ -175,3 +175,24 @@ def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match=r"q must be 4-D .* has shape \(4, 3, 4\)"):
         exact_lla(q[0], k, v, lam=1.0)
     assert math.isfinite(exact_lla(q[:, :, :2], k, v, lam=1.0).sum().item())
+
+
+def test_compiled_calls_trace_numbers_that_dynamo_made_dynamic():
+    """dynamo turns a module's float attributes into symbolic floats, and sizes into symbolic ints,
+    after recompiling the same code with other values; the argument checks must still trace (a
+    check that formats its message on every call, or calls math.isfinite, does not), and every call
+    must use its own values."""
+
+    class Mixer(torch.nn.Module):
+        def __init__(self, scale, lam):
+            super().__init__()
+            self.scale, self.lam = scale, lam
+
+        def forward(self, q, k, v):
+            return exact_lla(q, k, v, lam=self.lam, scale=self.scale)
+
+    call = torch.compile(lambda module, *x: module(*x), fullgraph=True, backend="aot_eager")
+    for i, (scale, lam) in enumerate([(0.1, 1.0), (0.2, 2.0), (0.3, 0.5), (0.4, 3.0)]):
+        gen = torch.Generator().manual_seed(i)
+        q, k, v = (torch.randn(1, 5 + i, 2, 4, generator=gen) for _ in range(3))
+        torch.testing.assert_close(call(Mixer(scale, lam), q, k, v), exact_lla(q, k, v, lam=lam, scale=scale))

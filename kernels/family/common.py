@@ -7,10 +7,9 @@ h // (Hq // Hkv). Internally the PyTorch forms work on grouped tensors
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
+
+from kernels.checks import is_finite_number
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -18,6 +17,12 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: float64 for float64 inputs, float32 otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _shapes(named: dict) -> str:
+    # built only for an error message: under torch.compile with dynamic shapes, str.join over a
+    # generator of symbolic sizes cannot be traced, and a valid call needs no message
+    return ", ".join(f"{n}={tuple(x.shape)}" for n, x in named.items())
 
 
 def check_tensors(fn: str, query_like: dict, kv_like: dict) -> None:
@@ -29,8 +34,6 @@ def check_tensors(fn: str, query_like: dict, kv_like: dict) -> None:
     """
     named = {**query_like, **kv_like}
     first = next(iter(kv_like.values()))
-    shapes = ", ".join(f"{n}={tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
-                       for n, x in named.items())
     for name, x in named.items():
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
@@ -45,19 +48,19 @@ def check_tensors(fn: str, query_like: dict, kv_like: dict) -> None:
         ref = next(iter(group.values()), None)
         for name, x in group.items():
             if x.shape != ref.shape:
-                raise ValueError(f"{fn}: {name} must have the shape of {next(iter(group))} ({shapes})")
+                raise ValueError(f"{fn}: {name} must have the shape of {next(iter(group))} ({_shapes(named)})")
     if query_like:
         q = next(iter(query_like.values()))
         if q.shape[:2] != first.shape[:2] or q.shape[3] != first.shape[3]:
-            raise ValueError(f"{fn}: batch, seq and head_dim must agree ({shapes})")
+            raise ValueError(f"{fn}: batch, seq and head_dim must agree ({_shapes(named)})")
         if first.shape[2] == 0 or q.shape[2] % first.shape[2] != 0:
             raise ValueError(f"{fn}: query heads ({q.shape[2]}) must be a multiple of kv heads "
-                             f"({first.shape[2]}) ({shapes})")
+                             f"({first.shape[2]}) ({_shapes(named)})")
 
 
 def check_positive(fn: str, name: str, value) -> float:
     """A finite positive Python number, returned as float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+    if not is_finite_number(value) or value <= 0:
         raise ValueError(f"{fn}: {name}={value!r} must be a finite positive number")
     return float(value)
 

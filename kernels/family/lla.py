@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from kernels.checks import is_finite_number
 from kernels.family.common import check_choice, check_lam, check_positive, check_tensors, grouped_lam, work_dtype
 from kernels.layout import grouped, ungrouped
 
@@ -138,7 +139,7 @@ def exact_lla(q, k, v, *, lam, scale=None, solver="cholesky", cg_steps=None, max
     lam = check_lam(fn, lam, q.shape[2], q.device)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+    elif not is_finite_number(scale):
         raise ValueError(f"{fn}: scale={scale!r} must be a finite number")
     if solver == "cg" and cg_steps is not None and (not isinstance(cg_steps, int) or isinstance(cg_steps, bool)
                                                       or cg_steps < 1):

@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from kernels.checks import is_finite_number
 from kernels.parallax import cu_seqlens as offsets
 from kernels.parallax.chunked import parallax_attention_chunked
 
@@ -64,13 +65,6 @@ def _resolve_backend(backend, q, causal):
     return backend
 
 
-def _finite(x: float) -> bool:
-    # Under torch.compile a module's float attribute can arrive as a symbolic float (dynamo makes it
-    # dynamic after recompiles with other values), which math.isfinite cannot trace: the eager call
-    # checks the value, a traced one passes it on.
-    return torch.compiler.is_compiling() or math.isfinite(x)
-
-
 def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None, window=None):
     """Parallax attention o_i = vbar_i - sum_j p_ij (t_ij - tbar_i) v_j (SPEC section 1).
 
@@ -92,7 +86,7 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     _check_tensors(q, r, k, v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not _finite(scale):
+    elif not is_finite_number(scale):
         raise ValueError(f"parallax_attention: scale={scale!r} must be a finite float")
     check_window(window, causal)
     backend = _resolve_backend(backend, q, causal)
