@@ -249,3 +249,18 @@ def test_train_config_compile_compiles_before_training(monkeypatch):
     assert len(seen) == 1
     assert results[1]["final_loss"] == pytest.approx(results[0]["final_loss"], rel=1e-5)
     assert torch.isfinite(torch.tensor(results[1]["final_loss"]))
+
+
+def test_compile_blocks_survives_more_models_than_the_recompile_limit():
+    """A worker process trains many MAD models; their blocks share one code object, so without a
+    reset the ninth compile in a process would hit dynamo's recompile limit (8) and, under
+    fullgraph, fail the run."""
+    import torch
+
+    from eval.mad.models import build_model, compile_blocks
+
+    on_cpu = ["attention", "parallax", "parallax_norope", "exact_lla", "value_averaging", "affine_la", "affine_mesanet"]
+    for mixer, heads in [(m, h) for h in (2, 4) for m in on_cpu]:  # 14 kinds of block: above the limit
+        model = build_model("in-context-recall", mixer, 16, 8, dim=32, n_heads=heads, hidden_dim=32)
+        compile_blocks(model, backend="eager")
+        assert torch.isfinite(model(torch.zeros(1, 8, dtype=torch.long))).all()

@@ -122,8 +122,12 @@ class CompressionModel(nn.Module):
 def compile_blocks(model: nn.Module, backend: str = "inductor") -> None:
     """``torch.compile`` (fullgraph) each block of a MAD model in place, as the trainer compiles:
     whole blocks, or every child of a block but an fla mixer, whose Triton autograd functions cannot
-    be traced (``parallax_titan.parallelize.compile_around_mixer``)."""
+    be traced (``parallax_titan.parallelize.compile_around_mixer``). Dynamo's caches are reset
+    first: a worker process trains many models whose blocks share one code object, and with
+    fullgraph the recompile limit would end a later run."""
     from parallax_titan.parallelize import compile_around_mixer
+
+    torch._dynamo.reset()
 
     lm = model.lm if isinstance(model, CompressionModel) else model
     if lm.model_args.mixer in FLA_MIXERS:
