@@ -69,9 +69,9 @@ def _dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # Per 3-step segment the Gram iteration costs 4 m^2 n + 18 m^3 FLOPs against 3 (4 m^2 n + 2 m^3)
 # for the standard steps (m <= n), so it saves work only when n exceeds about 1.5 m.
-# Steps between restarts of the Gram iteration. Its update A <- H A H keeps the sign of every
-# eigenvalue, so a half-precision rounding that makes a tiny eigenvalue of A negative grows
-# without bound under the polynomials; recomputing A = X X^T from the current iterate resets it.
+# Steps between restarts of the Gram iteration: recomputing A = X X^T from the current iterate
+# drops the error A <- H A H has accumulated. In half precision a rounding-negative eigenvalue
+# still grows within one segment (the module docstring), hence ``gram`` is off by default.
 GRAM_SEGMENT = 3
 
 

@@ -138,12 +138,12 @@ class RunConfig:
                  for s in task_settings(t, self.sweep, self.seed, self.selective_copy, **self.data)]
         if not self.only_settings:
             return every
-        unmatched = [f for f in self.only_settings if not any(f in s.label() for s in every)]
+        labels = [s.label() for s in every]
+        unmatched = [f for f in self.only_settings if not any(f in label for label in labels)]
         if unmatched:
-            labels = sorted({s.label() for s in every})
             raise ValueError(f"only_settings = {self.only_settings!r}: {unmatched} match no setting of the grid; "
-                             f"its settings are {labels}")
-        return [s for s in every if any(f in s.label() for f in self.only_settings)]
+                             f"its settings are {sorted(set(labels))}")
+        return [s for s, label in zip(every, labels) if any(f in label for f in self.only_settings)]
 
 
 def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
