@@ -3,7 +3,7 @@
 # 66 settings x lr {5e-3, 1e-3, 5e-4} x weight decay {0, 0.1} x 2 mixers = 792 runs, 60 epochs each.
 # Resumable: each call starts new runs for DEADLINE seconds (largest first) and stops all work at
 # LIMIT seconds; every finished run is appended to runs.jsonl and runs already there are skipped.
-# The grid lives in GRID (committed between calls); with $OUT set (the device tool's folder) the
+# The grid lives in GRID (committed between calls); with $OUT set (a folder that outlives the call) the
 # call works on a copy under $OUT/<GRID's folder name>, which comes back even when the call is cut short:
 # copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
 # baseline settings (a subset of the full sweep's runs, which later calls complete), SETTINGS to the
