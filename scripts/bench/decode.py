@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         result["check"] = check(fns)
         log(f"check done {time.time() - t0:.0f}s")
     if args.sweep:
-        result["sweep"] = sweep(args.sweep_shapes)
+        result["sweep"] = sweep(args.sweep_shapes, args.calls, args.inputs)
         log(f"sweep done {time.time() - t0:.0f}s")
     if not args.no_bench:
         result["bench"] = bench(fns, args.shapes, args.calls, args.inputs)

@@ -77,11 +77,12 @@ def sweep_trials(dim, batch, length, default, alts):
     return trials, heur
 
 
-def sweep_shape(dim, batch, length):
-    """The timed rows of ``sweep_trials`` at one shape (a trial that fails is logged and left out)."""
+def sweep_shape(dim, batch, length, calls=24, inputs="rotate"):
+    """The timed rows of ``sweep_trials`` at one shape (a trial that fails is logged and left out),
+    timed as the benchmark table is (``calls`` per graph, ``inputs`` "rotate" or "same")."""
     default, alts = sweep_configs(dim, batch, torch.device("cuda"))
     nb = kv_bytes(batch, length, dim)
-    sets = make_sets(batch, length, dim, n_sets_for(nb))
+    sets = make_sets(batch, length, dim, n_sets_for(nb) if inputs == "rotate" else 1)
     trials, heur = sweep_trials(dim, batch, length, default, alts)
     rows = []
     for (bn, warps, stages), splits, fused in trials:
@@ -90,7 +91,7 @@ def sweep_shape(dim, batch, length):
             return decode_fused.parallax_decode_triton(q, r, k, v, None, dim**-0.5, **kw)
 
         try:
-            us = time_us(fn, sets)
+            us = time_us(fn, sets, min_calls=calls)
         except Exception as exc:
             log("sweep failed", dim, batch, length, bn, warps, stages, repr(exc)[:300])
             continue
@@ -101,11 +102,11 @@ def sweep_shape(dim, batch, length):
     return rows
 
 
-def sweep(shapes=SWEEP_SHAPES):
+def sweep(shapes=SWEEP_SHAPES, calls=24, inputs="rotate"):
     """``sweep_shape`` rows at the (batch, length) ``shapes``, for each head dim of ``tuning.DECODE_SWEEP``."""
     rows = []
     for dim in tuning.DECODE_SWEEP:
         for batch, length in shapes:
-            rows += sweep_shape(dim, batch, length)
+            rows += sweep_shape(dim, batch, length, calls, inputs)
             torch.cuda.empty_cache()  # the next shape's input sets need the memory
     return rows
