@@ -60,13 +60,11 @@ def _config(d: int) -> dict:
     return {"BT": 64, "BV": min(d, 64), "num_warps": 8 if d >= 128 else 4, "num_stages": 2}
 
 
-def _prec(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _split(dtype: torch.dtype) -> bool:
-    """Whether the fp32 dot operands (states, scores) go to the tensor cores as a 16-bit hi + lo pair."""
-    return dtype != torch.float32
+@triton.constexpr_function
+def _precision(dtype):
+    """``tl.dot``'s input_precision for operands of ``dtype``: IEEE for fp32 (Triton's default
+    rounds fp32 operands to tf32); the setting applies only to fp32 x fp32 products."""
+    return "ieee" if dtype == tl.float32 else "tf32"
 
 
 @triton.jit
@@ -76,29 +74,30 @@ def _rows(PTR, b, offs_t, h, sb, st, sh, offs_c, ok_t):
 
 
 @triton.jit
-def _dot_f32(lhs, rhs, acc, PREC: tl.constexpr, SPLIT: tl.constexpr, LHS32: tl.constexpr):
+def _dot_f32(lhs, rhs, acc, LHS32: tl.constexpr):
     """acc + lhs @ rhs where one operand (lhs if LHS32, else rhs) is fp32 and the other is in the
-    input dtype. SPLIT (16-bit inputs): the fp32 operand enters as hi + lo, both in the input dtype,
-    in two products, so that about twice the dtype's significant bits of it reach the fp32
-    accumulator. Without SPLIT (fp32 inputs) the cast is a no-op and one product is taken."""
+    input dtype. 16-bit inputs: the fp32 operand enters as hi + lo, both in the input dtype, in two
+    products, so that about twice the dtype's significant bits of it reach the fp32 accumulator.
+    fp32 inputs: the cast is a no-op and one IEEE product is taken."""
     if LHS32:
         hi = lhs.to(rhs.dtype)
-        acc = tl.dot(hi, rhs, acc, input_precision=PREC)
-        if SPLIT:
-            acc = tl.dot((lhs - hi.to(tl.float32)).to(rhs.dtype), rhs, acc, input_precision=PREC)
+        acc = tl.dot(hi, rhs, acc, input_precision=_precision(rhs.dtype))
+        if rhs.dtype != tl.float32:
+            lo = (lhs - hi.to(tl.float32)).to(rhs.dtype)
+            acc = tl.dot(lo, rhs, acc, input_precision=_precision(rhs.dtype))
     else:
         hi = rhs.to(lhs.dtype)
-        acc = tl.dot(lhs, hi, acc, input_precision=PREC)
-        if SPLIT:
-            acc = tl.dot(lhs, (rhs - hi.to(tl.float32)).to(lhs.dtype), acc, input_precision=PREC)
+        acc = tl.dot(lhs, hi, acc, input_precision=_precision(lhs.dtype))
+        if lhs.dtype != tl.float32:
+            lo = (rhs - hi.to(tl.float32)).to(lhs.dtype)
+            acc = tl.dot(lhs, lo, acc, input_precision=_precision(lhs.dtype))
     return acc
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
                      sxb, sxt, sxh, sab, sat, sah, sob, sot, soh, c0,
-                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
-                     PREC: tl.constexpr, SPLIT: tl.constexpr):
+                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr):
     """out_i[cols] = (1/i) [(c0 + m_i) s_b(i)[cols] - sum_{j<=i} (x_i . a_j) b_j[cols]]; SIDE_i = m_i.
     X, OUT: (B, L, HX, D) strides (sxb, sxt, sxh) / (sob, sot, soh); A, Bv: (B, L, HX // GROUP, D),
     strides (sab, sat, sah); SIDE: (B, HX, L) fp32."""
@@ -119,9 +118,9 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
         a = _rows(A, b, offs_t, hk, sab, sat, sah, offs_d, ok_t)
         bb = _rows(Bv, b, offs_t, hk, sab, sat, sah, offs_v, ok_t)
         causal = offs_t[None, :] <= offs_t[:, None]
-        scores = tl.where(causal, tl.dot(x, tl.trans(a), input_precision=PREC), 0.0)
-        u = _dot_f32(x, mean_state, tl.zeros((BT, BV), dtype=tl.float32), PREC, SPLIT, False) * t0
-        u = _dot_f32(scores, bb, u, PREC, SPLIT, True)
+        scores = tl.where(causal, tl.dot(x, tl.trans(a), input_precision=_precision(x.dtype)), 0.0)
+        u = _dot_f32(x, mean_state, tl.zeros((BT, BV), dtype=tl.float32), False) * t0
+        u = _dot_f32(scores, bb, u, True)
         n = (offs_t + 1).to(tl.float32)
         m = (tl.sum(x.to(tl.float32) * s_a[None, :], 1) + tl.sum(scores, 1)) / n
         if INTERCEPT:
@@ -133,7 +132,7 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=ok_t[:, None])
         if pid_v == 0:
             tl.store(SIDE + pid_bh.to(tl.int64) * L + offs_t, m, mask=ok_t)
-        mean_state = (mean_state * t0 + tl.dot(tl.trans(a), bb, input_precision=PREC)) / (t0 + BT)
+        mean_state = (mean_state * t0 + tl.dot(tl.trans(a), bb, input_precision=_precision(a.dtype))) / (t0 + BT)
         s_a += tl.sum(a.to(tl.float32), 0)
         s_b += tl.sum(bb.to(tl.float32), 0)
 
@@ -141,8 +140,7 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
                      sxb, sxt, sxh, sab, sat, sah, sob, sot, soh,
-                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
-                     PREC: tl.constexpr, SPLIT: tl.constexpr):
+                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr):
     """out_j[cols] = sum_{i>=j} w_i y_i[cols] - sum_{i>=j} (x_i . a_j) y_i[cols] / i.
     X, Y: (B, L, HX, D) strides (sxb, sxt, sxh); A: (B, L, HX // GROUP, D) strides (sab, sat, sah);
     W: (B, HX, L) fp32; OUT: (B, L, HX, D) fp32 strides (sob, sot, soh)."""
@@ -165,9 +163,10 @@ def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
         y = _rows(Y, b, offs_t, h, sxb, sxt, sxh, offs_v, ok_t)
         inv_n = 1.0 / (offs_t + 1).to(tl.float32)
         later = offs_t[None, :] >= offs_t[:, None]  # rows j, columns i: i >= j
-        scores = tl.where(later, tl.dot(a, tl.trans(x), input_precision=PREC), 0.0) * inv_n[None, :]  # / i
-        out = _dot_f32(a, state, tl.zeros((BT, BV), dtype=tl.float32), PREC, SPLIT, False)
-        out = -_dot_f32(scores, y, out, PREC, SPLIT, True)
+        scores = tl.where(later, tl.dot(a, tl.trans(x), input_precision=_precision(a.dtype)), 0.0)
+        scores *= inv_n[None, :]  # / i
+        out = _dot_f32(a, state, tl.zeros((BT, BV), dtype=tl.float32), False)
+        out = -_dot_f32(scores, y, out, True)
         if INTERCEPT:
             w = tl.load(W + pid_bh.to(tl.int64) * L + offs_t, mask=ok_t, other=0.0)
             wy = w[:, None] * y.to(tl.float32)
@@ -177,7 +176,7 @@ def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
         o_ptrs = OUT + b.to(tl.int64) * sob + offs_t.to(tl.int64)[:, None] * sot + h * soh + offs_v[None, :]
         tl.store(o_ptrs, out, mask=ok_t[:, None])
         x_n = x.to(tl.float32) * inv_n[:, None]
-        state = _dot_f32(tl.trans(x_n), y, state, PREC, SPLIT, True)
+        state = _dot_f32(tl.trans(x_n), y, state, True)
 
 
 def _contiguous(*xs):
@@ -197,8 +196,8 @@ def _scan_fwd(x, a, b, c0, intercept):
     _scan_fwd_kernel[grid](x, a, b, out, side, n, hx, hx // a.shape[2],
                            x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
                            out.stride(0), out.stride(1), out.stride(2), float(c0),
-                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, PREC=_prec(x.dtype),
-                           SPLIT=_split(x.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept,
+                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out, side
 
 
@@ -214,8 +213,8 @@ def _scan_rev(x, a, y, w, intercept):
     _scan_rev_kernel[grid](x, a, y, w, out, n, hx, hx // a.shape[2],
                            x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
                            out.stride(0), out.stride(1), out.stride(2),
-                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, PREC=_prec(x.dtype),
-                           SPLIT=_split(x.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept,
+                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     hk = a.shape[2]
     return out.view(bsz, n, hk, hx // hk, d).sum(3)
 
