@@ -6,14 +6,21 @@ import os
 
 import torch
 
+from parallax_titan.checkpoint_files import (
+    TRAINING_STATES, Shapes, choose_step, describe, has_checkpoint_files, quick_problem, saved_shapes, state_shapes,
+    step_dir, weight_mismatches)
+from parallax_titan.config.job import world_size
+from parallax_titan.model import ParallaxQwen3Model
+from parallax_titan.resume_rules import differences, read_settings, refusals, run_settings
+from parallax_titan.spec import model_args_for
+from parallax_titan.uptrain import shared_weights
+
 
 def resume_step(cfg) -> int | None:
     """The step this run would resume from in its checkpoint folder (None: none), judged without
     reading tensor files: with ``checkpoint.verify``, steps whose manifest or small files are bad
     are passed over (``on_corrupt = "fallback"``) or stop the run (CheckpointError). The load
     itself checks every file again. Raises ValueError for a ``checkpoint.load_step`` that is not complete."""
-    from parallax_titan.checkpoint_files import choose_step, quick_problem, step_dir
-
     ckpt = cfg.checkpoint
     folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
     problem_of = (lambda step: quick_problem(step_dir(folder, step))) if ckpt.verify else (lambda step: None)
@@ -23,9 +30,6 @@ def resume_step(cfg) -> int | None:
 def settings_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
     """The resume rules' refusals (:mod:`parallax_titan.resume_rules`) for resuming ``checkpoint_dir``
     (at ``step``) with ``cfg``; none for step 0 (a seed checkpoint: weights only, any run may start from it)."""
-    from parallax_titan.config.job import world_size
-    from parallax_titan.resume_rules import differences, read_settings, refusals, run_settings
-
     try:
         saved = read_settings(checkpoint_dir)
     except ValueError as exc:
@@ -37,62 +41,81 @@ def settings_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
 
 
 def checkpoint_problems(cfg) -> list[str]:
-    """Every checkpoint this run would load must hold exactly this model's weights (variant, size,
-    shape overrides): the resume step (``checkpoint.load_step`` or the newest valid one), else
-    ``checkpoint.initial_load_path``, and the Transformer part for ``parallax.init_from_transformer``.
-    A resume step must also hold training state (not a model-only save) and pass the resume rules;
-    with ``checkpoint.verify``, the ``init_from_transformer`` folder needs a manifest that its files'
-    sizes and small files match (:func:`quick_problem`; its contents are hashed before the load).
-    Call only for a valid config (``JobConfig.validate``). A checkpoint that ``checkpoint.on_corrupt
-    = "stop"`` refuses raises CheckpointError."""
-    from parallax_titan.checkpoint_files import (
-        TRAINING_STATES, describe, has_checkpoint_files, quick_problem, saved_shapes, state_shapes, step_dir,
-        weight_mismatches)
-    from parallax_titan.model import ParallaxQwen3Model
-    from parallax_titan.spec import model_args_for
-    from parallax_titan.uptrain import shared_weights
+    """What is wrong with the checkpoints this run would load ([]: nothing), found before the build.
+    Each kind of load gets its own checks:
 
-    ckpt, args, errors = cfg.checkpoint, model_args_for(cfg), []
+    * the resume step (``checkpoint.load_step``, else the newest valid one): this model's weights,
+      training state (not a model-only save) and the resume rules. With ``checkpoint.verify``,
+      choosing the step (:func:`resume_step`) checks each step it considers with
+      :func:`quick_problem` and passes over an invalid one, or raises CheckpointError where
+      ``checkpoint.load_step`` names it or ``checkpoint.on_corrupt = "stop"``.
+    * without a checkpoint folder, a DCP ``checkpoint.initial_load_path``: this model's weights. Its
+      manifest is checked at the load only, and only where it has one.
+    * ``parallax.init_from_transformer``: the Transformer part of this model's weights. With
+      ``checkpoint.verify`` its folder must pass :func:`quick_problem` (a manifest that its files'
+      sizes and small files match), as its load refuses a folder without a manifest.
+
+    This model's weights: its variant, size and shape overrides. :func:`quick_problem` reads no
+    tensor file; each load hashes every file again before it reads them. Call only for a valid config
+    (``JobConfig.validate``)."""
+    ckpt = cfg.checkpoint
     with torch.device("meta"):
-        expected = state_shapes(ParallaxQwen3Model(args).state_dict())
-    resume = "resume with the checkpoint's [model] settings, or use another job.dump_folder for this model"
-    loads = []  # (config key, DCP folder, the weights it must hold, what to do instead)
-    folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
-    step = None
+        expected = state_shapes(ParallaxQwen3Model(model_args_for(cfg)).state_dict())
+    errors = []
     if ckpt.enable:
+        folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
         try:
             step = resume_step(cfg)
         except ValueError as exc:
-            return errors + [f"checkpoint.{'load_step' if ckpt.load_step >= 0 else 'folder'}: {exc}"]
+            return [f"checkpoint.{'load_step' if ckpt.load_step >= 0 else 'folder'}: {exc}"]
         if step is not None:
-            loads.append(("checkpoint.folder", step_dir(folder, step), expected, resume))
+            errors += _resume_problems(cfg, step_dir(folder, step), step, expected)
         elif not os.path.exists(folder) and ckpt.initial_load_path and not ckpt.initial_load_in_hf:
             # TorchTitan reads initial_load_path only while the checkpoint folder does not exist
-            loads.append(("checkpoint.initial_load_path", ckpt.initial_load_path, expected,
-                          "expected a checkpoint of this model"))
+            errors += _weight_problems(cfg, "checkpoint.initial_load_path", ckpt.initial_load_path, expected,
+                                       "expected a checkpoint of this model")[1]
     if cfg.parallax.init_from_transformer:
-        loads.append(("parallax.init_from_transformer", cfg.parallax.init_from_transformer, shared_weights(expected),
-                      "expected a Transformer checkpoint of this size"))
-    for key, path, weights, fix in loads:
-        if key == "parallax.init_from_transformer" and ckpt.verify and has_checkpoint_files(path):
-            problem = quick_problem(path, off_switch=None)  # the trainer hashes every file before it loads them
-            if problem:
-                errors.append(f"{key}: {path!r} is not a valid checkpoint: {problem}; checkpoint.verify = false "
-                              "loads it unchecked")
-                continue
-        try:
-            saved = saved_shapes(path)
-        except ValueError as exc:
-            errors.append(f"{key}: {exc}")
-            continue
-        mismatches = weight_mismatches(saved, weights)
-        if mismatches:
-            errors.append(f"{key}: {path!r} is from another model than model.name = {cfg.model.name!r}, model.flavor = "
-                          f"{cfg.model.flavor!r} with its [model] overrides: {describe(mismatches)}; {fix}")
-        elif key == "checkpoint.folder" and step and not any(n.split(".", 1)[0] in TRAINING_STATES for n in saved):
-            errors.append(f"checkpoint.folder: {path!r} holds model weights only (checkpoint.last_save_model_only = "
-                          "true saves so at the last step), so training cannot resume from it; set "
-                          "checkpoint.load_step to an earlier full checkpoint, or move that folder away")
-        elif key == "checkpoint.folder":
-            errors.extend(settings_problems(cfg, path, step))
+        errors += _transformer_problems(cfg, cfg.parallax.init_from_transformer, shared_weights(expected))
     return errors
+
+
+def _weight_problems(cfg, key: str, path: str, weights: Shapes, fix: str) -> tuple[Shapes | None, list[str]]:
+    """The tensors saved in the DCP folder ``path`` (name -> shape; None: unreadable) and the problem
+    with them, if any: unreadable, or model weights other than ``weights``. ``key``: the config key
+    that names ``path``; ``fix``: what to do instead, for the message."""
+    try:
+        saved = saved_shapes(path)
+    except ValueError as exc:
+        return None, [f"{key}: {exc}"]
+    mismatches = weight_mismatches(saved, weights)
+    if not mismatches:
+        return saved, []
+    model = f"model.name = {cfg.model.name!r}, model.flavor = {cfg.model.flavor!r} with its [model] overrides"
+    return saved, [f"{key}: {path!r} is from another model than {model}: {describe(mismatches)}; {fix}"]
+
+
+def _resume_problems(cfg, path: str, step: int, expected: Shapes) -> list[str]:
+    """The resume step ``path`` (``step``) must hold ``expected``, training state past step 0 and
+    settings the resume rules accept."""
+    saved, problems = _weight_problems(cfg, "checkpoint.folder", path, expected, "resume with the checkpoint's "
+                                       "[model] settings, or use another job.dump_folder for this model")
+    if problems:
+        return problems
+    if step and not any(name.split(".", 1)[0] in TRAINING_STATES for name in saved):
+        return [(f"checkpoint.folder: {path!r} holds model weights only (checkpoint.last_save_model_only = true saves "
+                 "so at the last step), so training cannot resume from it; set checkpoint.load_step to an earlier "
+                 "full checkpoint, or move that folder away")]
+    return settings_problems(cfg, path, step)
+
+
+def _transformer_problems(cfg, path: str, weights: Shapes) -> list[str]:
+    """The ``parallax.init_from_transformer`` folder ``path`` must pass :func:`quick_problem` (with
+    ``checkpoint.verify``) and hold ``weights``. A path without a manifest or DCP metadata is no
+    checkpoint at all, which the weights' check names."""
+    if cfg.checkpoint.verify and has_checkpoint_files(path):
+        problem = quick_problem(path, off_switch=None)
+        if problem:
+            return [(f"parallax.init_from_transformer: {path!r} is not a valid checkpoint: {problem}; "
+                     "checkpoint.verify = false loads it unchecked")]
+    return _weight_problems(cfg, "parallax.init_from_transformer", path, weights,
+                            "expected a Transformer checkpoint of this size")[1]

@@ -1,6 +1,7 @@
 """A checkpoint of another model is refused before anything is built: on resume (config validation),
 in evaluation (``eval.checkpoint`` and ``python -m eval.lm_eval``) and for up-training. The message
-names the first differing weight and both shapes."""
+names the first differing weight and both shapes. With ``checkpoint.verify`` config validation also
+checks manifests, each kind of load as :func:`parallax_titan.resume.checkpoint_problems` lists."""
 
 from __future__ import annotations
 
@@ -131,6 +132,40 @@ def test_initial_load_path_and_init_from_transformer_are_compared(tmp_path):
     assert first_difference(message) == ("layers.0.attention.wr.weight", "(256, 256)", "absent")
     assert checkpoint_problems(job(tmp_path, "--parallax.init_from_transformer",
                                    save_checkpoint(tmp_path / "transformer2", "transformer", n_layers=2))) == []
+
+
+def truncate_data(path: str) -> str:
+    """Cut the DCP data file of the checkpoint folder ``path`` to 100 bytes; returns the file's path."""
+    data = os.path.join(path, next(name for name in os.listdir(path) if name.endswith(".distcp")))
+    os.truncate(data, 100)
+    return data
+
+
+def test_each_kind_of_load_gets_its_own_manifest_check(tmp_path):
+    """checkpoint.verify: the init_from_transformer folder must have a manifest that its files match;
+    a resume step that does not is passed over; initial_load_path is left to its load. With
+    checkpoint.verify = false no manifest is read."""
+    transformer = save_checkpoint(tmp_path / "transformer", "transformer", n_layers=2)
+    data = truncate_data(transformer)
+    init = ["--parallax.init_from_transformer", transformer]
+    [message] = checkpoint_problems(job(tmp_path / "a", *init))
+    assert message.startswith(f"parallax.init_from_transformer: {transformer!r} is not a valid checkpoint: {data}: "
+                              "100 bytes, manifest.json lists ")
+    assert message.endswith("; checkpoint.verify = false loads it unchecked")
+    assert checkpoint_problems(job(tmp_path / "a", *init, "--checkpoint.no-verify")) == []
+    unlisted = save_checkpoint(tmp_path / "unlisted", "transformer", n_layers=2)
+    os.remove(os.path.join(unlisted, "manifest.json"))
+    assert "manifest.json' does not exist" in config_errors(job(tmp_path / "a", "--parallax.init_from_transformer",
+                                                                unlisted))
+
+    seed = save_checkpoint(tmp_path / "seed", "parallax", n_layers=2)
+    truncate_data(seed)
+    assert checkpoint_problems(job(tmp_path / "b", "--checkpoint.initial_load_path", seed)) == []
+
+    save_checkpoint(tmp_path / "c" / "checkpoint" / "step-2", "parallax", n_layers=4)
+    truncate_data(save_checkpoint(tmp_path / "c" / "checkpoint" / "step-3", "parallax", n_layers=2))
+    assert "step-2' is from another model" in config_errors(job(tmp_path / "c"))
+    assert checkpoint_problems(job(tmp_path / "c", "--checkpoint.no-verify")) == []
 
 
 def test_uptraining_loader_refuses_a_parallax_checkpoint(tmp_path):
