@@ -198,6 +198,21 @@ def test_cli_settings_option_is_checked_before_any_run(tmp_path, capsys):
     assert not (tmp_path / "out" / "runs.jsonl").exists()
 
 
+def test_settings_fragments_keep_a_whole_label_in_one_piece():
+    """A label has commas inside its parentheses: given whole, it selects that one setting (split at
+    every comma, its pieces matched eleven more ICR settings)."""
+    from eval.mad.__main__ import split_fragments
+
+    assert split_fragments("seq_len=512, vocab_size=64,") == ["seq_len=512", "vocab_size=64"]
+    assert split_fragments("ICR(vocab_size=16,seq_len=128),seq_len=512") == ["ICR(vocab_size=16,seq_len=128)",
+                                                                             "seq_len=512"]
+    cfg = load_config("configs/mad/paper_baseline.toml")
+    cfg.tasks = ["in-context-recall"]
+    baseline = cfg.settings()[0].label()
+    cfg.only_settings = split_fragments(baseline)
+    assert [s.label() for s in cfg.settings()] == [baseline]
+
+
 def test_compile_is_how_a_run_executes_not_which_run_it_is():
     """Compiled runs count in a grid of eager ones (and the other way round); a train setting
     that changes what a run computes changes the id."""

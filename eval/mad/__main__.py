@@ -31,6 +31,18 @@ def _parse_tasks(text: str) -> list[str]:
     return tasks
 
 
+def split_fragments(text: str) -> list[str]:
+    """``--settings``'s comma-separated label fragments; a comma inside parentheses belongs to its
+    fragment, so a whole label such as "ICR(vocab_size=16,seq_len=128)" is one fragment."""
+    fragments, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth <= 0:
+            fragments.append(text[start:i].strip())
+            start, depth = i + 1, 0
+    return [f for f in fragments if f]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.mad", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", choices=SWEEPS, default=None, help="override [grid] sweep")
     p.add_argument("--settings", default=None,
                    help="only the settings whose label contains one of these comma-separated fragments, "
-                        "e.g. 'seq_len=512,vocab_size=64' (override [grid] only_settings)")
+                        "e.g. 'seq_len=512,vocab_size=64' or a whole label 'ICR(vocab_size=16,seq_len=128)' "
+                        "(override [grid] only_settings)")
     p.add_argument("--epochs", type=int, default=None, help="override [train] epochs")
     p.add_argument("--optimizer", choices=("muon", "adamw"), default=None, help="override [train] optimizer")
     p.add_argument("--schedule", choices=("wsd", "cosine"), default=None, help="override [train] schedule")
@@ -74,7 +87,7 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
     if args.sweep:
         cfg.sweep = args.sweep
     if args.settings:
-        cfg.only_settings = [f.strip() for f in args.settings.split(",") if f.strip()]
+        cfg.only_settings = split_fragments(args.settings)
     if args.epochs:
         cfg.train.epochs = args.epochs
     if args.optimizer:

@@ -7,7 +7,8 @@
 # call works on a copy under $OUT/<GRID's folder name>, which comes back even when the call is cut short:
 # copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
 # baseline settings (a subset of the full sweep's runs, which later calls complete), SETTINGS to the
-# settings whose label contains one of its comma-separated fragments (e.g. SETTINGS=seq_len=512).
+# settings whose label contains one of its comma-separated fragments (e.g. SETTINGS=seq_len=512; a whole
+# label such as "ICR(vocab_size=16,seq_len=128)" is one fragment).
 # COMPILE=1 compiles each run's blocks (--compile; the runs count in the same grid).
 # MPS=1 starts NVIDIA's multi-process service first, so that the workers' small kernels run side by side
 # instead of time-sliced; if it does not start, or a CUDA call under it fails, the grid runs without it.
