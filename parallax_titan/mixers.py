@@ -430,8 +430,11 @@ class AffineMesaNet(FamilyMixer):
         self.lambda_params = nn.Parameter(torch.empty(args.n_heads))
 
     def mix(self, x, rope_cache, positions):
-        q, k = F.normalize(self.heads("wq", x), dim=-1), F.normalize(self.heads("wk", x), dim=-1)
-        return kernels.affine_mesanet(q, k, self.heads("wv", x), lam=ridge_lambda(self.lambda_params))
+        v = self.heads("wv", x)
+        # CUDA autocast runs norms in fp32 while v stays in the autocast dtype; the kernel takes one dtype
+        # (and solves in fp32 or wider whatever it is given)
+        q, k = (F.normalize(self.heads(name, x), dim=-1).to(v.dtype) for name in ("wq", "wk"))
+        return kernels.affine_mesanet(q, k, v, lam=ridge_lambda(self.lambda_params))
 
 
 # [model] name -> family mixer class

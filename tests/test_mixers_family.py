@@ -201,6 +201,21 @@ def test_blocks_compile_without_graph_breaks(variant):
     torch.testing.assert_close(compiled_grad, grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("variant", FAMILY)
+def test_bf16_block_runs_when_norms_come_back_in_fp32(variant, monkeypatch):
+    """CUDA autocast computes F.normalize (its fp32 op list) in fp32 while the projections give bf16:
+    every family mixer hands its kernel one dtype and returns the block's dtype. Emulated on the CPU,
+    whose autocast keeps bf16, by an F.normalize that returns fp32."""
+    import parallax_titan.mixers as mixers
+
+    normalize = torch.nn.functional.normalize
+    monkeypatch.setattr(mixers.F, "normalize", lambda x, *a, **kw: normalize(x.float(), *a, **kw))
+    model = build(variant).to(torch.bfloat16)
+    x = torch.randn(1, 9, DIM, dtype=torch.bfloat16)
+    out = model.layers["0"](x, model.rope_cache)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
 def cuda_model(variant: str, backend: str = "auto", head_dim: int = 32) -> ParallaxQwen3Model:
     torch.manual_seed(0)
     args = family_args(variant, head_dim=head_dim, attn_backend=backend, max_seq_len=256)
