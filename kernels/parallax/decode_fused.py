@@ -8,10 +8,12 @@ after the dot), rows [HP, HP + G) hold r. One ``tl.dot`` gives s1 and t for
 every head; one more ``tl.dot`` of the stacked [p; p * t] rows with V gives O1
 and O2. All four accumulators (d1, O1, d2, O2) share the running-max rescale.
 
-Programs write partials (m, d1, d2, O1, O2) per split; the last program of a
-group to finish (atomic ticket) merges them with a log-sum-exp reduction and
-writes o = (1 + d2/d1) O1/d1 - O2/d1. A separate merge kernel is kept as an
-option (``fused_merge=False``). With one split the program writes o directly.
+Programs write partials (m, d1, d2, O1, O2) per split; a merge kernel, one program
+per group, combines them with a log-sum-exp reduction and writes
+o = (1 + d2/d1) O1/d1 - O2/d1. ``fused_merge=True`` merges in the split kernel
+instead: the last program of a group to finish (atomic ticket) merges, one launch
+per step; the separate kernel was faster at every shape timed under CUDA-graph
+replay (docs/bench/decode_tuning.md). With one split the program writes o directly.
 
 Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
 """
@@ -253,8 +255,9 @@ def resident_slots(device, block_n, dim, num_stages, elt_bytes):
 
 class TritonDecodePlan:
     """The split-KV kernel's launch for one geometry, worked out once: launch configuration, split
-    count, scratch for the partials and the merge tickets (its own, zeroed here and re-armed by
-    the merging programs, so a call launches one kernel and allocates only its output).
+    count, scratch for the partials (and, with ``fused_merge``, the merge tickets: its own, zeroed
+    here and re-armed by the merging programs), so a call launches the split kernel and, with
+    several splits, the merge kernel, and allocates only its output.
 
     batch, hq, hkv, dim, length (cache slots L), dtype (of q, r and the caches), device; scale a
     float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
@@ -264,7 +267,7 @@ class TritonDecodePlan:
     """
 
     def __init__(self, batch, hq, hkv, dim, length, dtype, device, *, scale, window=None, num_splits=None,
-                 block_n=None, num_warps=None, num_stages=None, fused_merge=True):
+                 block_n=None, num_warps=None, num_stages=None, fused_merge=False):
         device = torch.device(device)
         if not supports(dtype, dim):
             raise TypeError(f"triton decode needs a dtype in {_DTYPES} and a power-of-2 head dim in [16, 256]; "
@@ -295,6 +298,7 @@ class TritonDecodePlan:
         self._sizes = (length, span, chunk, self.num_splits)
         hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
         self._merge = dict(HKV=hkv, G=group, HP=hp, D=dim, SP=sp)
+        self._merge_meta = dict(self._merge, num_warps=4)
         self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
                           num_warps=num_warps, num_stages=num_stages, **self._merge)
         self._runners = {}  # (seqlens given, strides, pointer alignments) -> launcher of the compiled kernel
@@ -312,31 +316,34 @@ class TritonDecodePlan:
         sq, sr, sk, sv, so = (x.stride() for x in tensors[:5])
         strides = (sq[0], sq[2], sr[0], sr[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[2])
         args = (*tensors, self._part_o, *self._part_s, self._counter, self._scale_log2, *strides, *self._sizes)
-        self._launch(args, cache_seqlens is not None, strides, tensors)
+        meta = {**self._meta, "HAS_SEQLENS": cache_seqlens is not None}
+        self._launch(_decode_split_kernel, self._grid, args, meta, (meta["HAS_SEQLENS"], strides, tensors))
         if self.split and not self.fused_merge:
-            _merge_kernel[(self._grid[1],)](self._part_o, *self._part_s, out, self.num_splits, so[0], so[2],
-                                            **self._merge, num_warps=4)
+            args = (self._part_o, *self._part_s, out, self.num_splits, so[0], so[2])
+            self._launch(_merge_kernel, (self._grid[1],), args, self._merge_meta, (None, (so[0], so[2]), [out]))
         return out
 
-    def _launch(self, args, has_seqlens, strides, tensors):
-        """Launch the split kernel. Triton's launch path re-derives the compiled variant from every
-        argument on every call (most of a decode step's host time); the variant depends only on the
-        constexprs, the integer arguments' values (fixed here but for the strides) and whether each
-        pointer is 16-byte aligned, so the plan keeps the compiled kernel per (seqlens given, strides,
-        alignments) and launches it directly. Under the interpreter every call takes triton's path."""
-        key = (has_seqlens, strides, tuple(x.data_ptr() % 16 == 0 for x in tensors))
+    def _launch(self, kernel, grid, args, meta, key):
+        """Launch JIT ``kernel`` on ``grid`` with runtime ``args`` and launch ``meta`` (constexprs,
+        num_warps, num_stages). Triton's launch path re-derives the compiled variant from every
+        argument on every call (most of a decode step's host time); the variant depends only on
+        ``meta``, the integer arguments' values (fixed by the plan but for the strides) and whether
+        each pointer is 16-byte aligned, so the plan keeps the compiled kernel per ``key`` (extra
+        flags, strides, the tensors whose alignment counts) and launches it directly. Under the
+        interpreter every call takes triton's path."""
+        flags, strides, tensors = key
+        key = (kernel, flags, strides, tuple(x.data_ptr() % 16 == 0 for x in tensors))
         runner = self._runners.get(key)
         if runner is not None:
             runner(*args)
             return
-        compiled = _decode_split_kernel[self._grid](*args, HAS_SEQLENS=has_seqlens, **self._meta)
+        compiled = kernel[grid](*args, **meta)
         if isinstance(compiled, CompiledKernel):
             if len(self._runners) >= 8:  # strides or alignments that keep changing: keep a few
                 self._runners.clear()
             # a direct launch takes every argument in signature order, the constexprs included
-            values = {**self._meta, "HAS_SEQLENS": has_seqlens}
-            constexprs = tuple(values[p.name] for p in _decode_split_kernel.params if p.is_constexpr)
-            launch = compiled[(*self._grid, 1)]  # a direct launch reads all three grid dimensions
+            constexprs = tuple(meta[p.name] for p in kernel.params if p.is_constexpr)
+            launch = compiled[(*grid, 1, 1)[:3]]  # a direct launch reads all three grid dimensions
             self._runners[key] = lambda *runtime: launch(*runtime, *constexprs)
 
 
