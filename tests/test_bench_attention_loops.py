@@ -1,0 +1,33 @@
+"""The loop-variant benchmark rewrites exactly the fused kernels' KV and query loops."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from scripts.bench import attention_loops
+
+
+def test_range_variant_is_the_shipped_source():
+    from kernels.parallax import fused
+
+    assert attention_loops.variant_source("range") == open(fused.__file__).read()
+
+
+@pytest.mark.parametrize("name", ["warp_specialize", "loop_stages"])
+def test_every_tile_loop_is_rewritten_and_nothing_else(name):
+    shipped = attention_loops.variant_source("range").splitlines()
+    rewritten = attention_loops.variant_source(name).splitlines()
+    assert len(rewritten) == len(shipped)
+    changed = [(a.strip(), b.strip()) for a, b in zip(shipped, rewritten) if a != b]
+    # forward and row pass loop over KV tiles, the column pass's two orientations over query tiles
+    assert sorted(a for a, _ in changed) == sorted([attention_loops._KV_LOOP] * 2 + [attention_loops._Q_LOOP] * 2)
+    assert {b for _, b in changed} == set(attention_loops.LOOPS[name])
+    ast.parse("\n".join(rewritten))
+
+
+def test_a_changed_loop_header_is_an_error(monkeypatch):
+    monkeypatch.setattr(attention_loops, "_KV_LOOP", "for n0 in range(lo, hi, BLOCK_N):")
+    with pytest.raises(RuntimeError, match="loop headers changed"):
+        attention_loops.variant_source("warp_specialize")
