@@ -9,10 +9,12 @@ import pytest
 from scripts.bench import attention_loops
 
 
-def test_range_variant_is_the_shipped_source():
+@pytest.mark.parametrize("name", ["range", "tma"])
+def test_shipped_source_variants(name):
     from kernels.parallax import fused
 
-    assert attention_loops.variant_source("range") == open(fused.__file__).read()
+    assert attention_loops.variant_source(name) == open(fused.__file__).read()
+    assert attention_loops.CONFIG_FLAGS.get(name, {}) == ({"TMA": True} if name == "tma" else {})
 
 
 @pytest.mark.parametrize("name", ["warp_specialize", "loop_stages"])

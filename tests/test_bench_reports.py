@@ -139,3 +139,21 @@ def test_gpu_host_cost_mode_writes_every_call_and_the_replay_is_the_cheapest(tmp
     assert times[checked]["median_us"] > times[plan]["median_us"]
     text = decode_host.markdown(times)
     assert text.count("| `") == len(decode_host.CALLS)
+
+
+def test_optimizer_profile_records_the_orthogonalisation(tmp_path):
+    """--profile's step on a small model: the trace holds the Polar Express matmuls (aten::bmm) and
+    the summary page the trace's launching ops."""
+    from parallax_titan.model import ParallaxQwen3Model
+    from tests.test_mixers_family import family_args
+
+    torch.manual_seed(0)
+    model = ParallaxQwen3Model(family_args("parallax"))
+    with torch.no_grad():
+        model.init_weights()
+    optimizers.bench_optimizer(model, "muon_polar_express", 1, 1, str(tmp_path), "python -m x --profile d")
+    trace = json.loads((tmp_path / "muon_polar_express_trace.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "aten::bmm" in names and "aten::baddbmm" in names
+    page = (tmp_path / "muon_polar_express.md").read_text()
+    assert page.startswith("# Where one optimizer step's time goes") and "`python -m x --profile d`" in page

@@ -57,6 +57,21 @@ def test_inner_loops_counts_the_innermost_backward_branches():
     assert kr.inner_loops(sass) == [(3, 0), (3, 1)]
 
 
+def test_compute_loops_skip_barrier_waits_inside_the_tile_loop():
+    """A TMA tile loop holds a barrier-wait spin loop: the compute loop is the one with the HGMMAs."""
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   SYNCS.PHASECHK.TRANS64 P0, [UR4], R2 ;
+        /*0020*/              @!P0 BRA 0x10 ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0040*/                   FADD R2, R2, R3 ;
+        /*0050*/              @P1 BRA 0x10 ;
+        /*0060*/                   EXIT ;
+    """
+    assert kr.inner_loops(sass) == [(2, 0)]
+    assert kr.inner_loops(sass, compute=True) == [(5, 1)]
+
+
 def test_shipped_tiles_cover_every_shipped_config_once_in_its_orientation():
     """The report's kernels together cover each kernel's shipped list, the column pass split by ROWS."""
     from kernels.parallax import tuning

@@ -44,6 +44,8 @@ TOL = {"float32": 2e-5, "float16": 5e-3}
 HEAD_MAJOR_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "aligned_batch3", "aligned_bm32_bn16")
 # the column pass with queries on the rows of its tiles (ROWS, most shipped configs) on some cases
 ROWS_CASES = ("odd_gqa2_batch2", "varlen_bm16_bn32", "varlen_bm32_bn16", "fp16", "aligned_bm32_bn16")
+# the row tiles read through TMA tensor descriptors (the TMA flag) on some cases, both column-pass orientations
+TMA_CASES = ("odd_gqa2_batch2", "varlen_bm32_bn16", "varlen_bm16_bn32", "fp16", "aligned_bm32_bn16")
 VARIANTS = [n + "_head_major" for n in HEAD_MAJOR_CASES] + [n + "_rows" for n in ROWS_CASES]
 # sliding window: name -> (B, L, Hq, Hkv, D, doc lengths or None, window, kernel config or None), fp32;
 # every case runs the forward, both backward passes and the column pass in both orientations
@@ -96,6 +98,8 @@ def _interpret_main(out_path):
             rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
             grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=rows)
             results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
+        if name in TMA_CASES:
+            results[name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, None, cfg)
     for seed, (name, (b, n, hq, hkv, d, lengths, window, cfg)) in enumerate(WINDOW_CASES.items()):
         q, r, k, v, do = make_case(b, n, hq, hkv, d, "float32", 2.0, seed)
         cu, scale = cu_from_lengths(lengths), 1.0 / math.sqrt(d)
@@ -107,6 +111,9 @@ def _interpret_main(out_path):
         full = fused.forward(q, r, k, v, scale, cu, config=cfg)[0]
         results["window_" + name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads,
                                      "grads_rows": grads_rows, "equals_full": torch.equal(o, full)}
+        if name in ("w7_gqa_odd", "w20_varlen_bm32"):
+            results["window_" + name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, window, cfg)
+    results["tma_fallback"] = _tma_fallback_case(fused)
     results["window_api"] = _window_api_case(parallax_attention)
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
     results["candidates"] = _candidates_case(parallax_attention, tuning)
@@ -114,6 +121,35 @@ def _interpret_main(out_path):
     results["compiled"] = _custom_op_case(parallax_attention, compiled=True)
     results["opcheck"] = _opcheck()
     torch.save(results, out_path)
+
+
+def _tma_case(fused, tuning, inputs, cu, scale, window, cfg):
+    """Forward and both backward orientations with pointer loads and with TMA descriptors, same tiles."""
+    q, r, k, v, do = inputs
+    runs = {}
+    for tma in (False, True):
+        config = {**(cfg or tuning.INTERPRET_CONFIG), "TMA": tma}
+        o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, window, config=config)
+        cols = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=config,
+                              dkdv_config=config)
+        rows = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=config,
+                              dkdv_config={**config, "ROWS": True})
+        runs[tma] = [o, vbar, tbar, lse, *cols, *rows]
+    return {"inputs": inputs, "out": runs[True][0], "grads": runs[True][4:8], "tma_ok": fused._tma_ok(
+        q.shape[-1], [(q, q.stride(1)), (k, k.stride(1))]),
+            "bitwise": [torch.equal(a, b) for a, b in zip(runs[False], runs[True])]}
+
+
+def _tma_fallback_case(fused):
+    """K and V whose heads are not D apart (views into wider rows): no descriptor can read them, so a
+    TMA config keeps pointer loads and gives the pointer-load results."""
+    torch.manual_seed(0)
+    q, r = (torch.randn(1, 37, 4, 16) for _ in range(2))
+    k, v = (torch.randn(1, 37, 2, 32)[..., :16] for _ in range(2))
+    config = {"BM": 16, "BN": 16, **SMALL}
+    plain = fused.forward(q, r, k, v, 0.25, config=config)[0]
+    tma = fused.forward(q, r, k, v, 0.25, config={**config, "TMA": True})[0]
+    return {"tma_ok": fused._tma_ok(16, [(k, k.stride(1))]), "equal": torch.equal(plain, tma)}
 
 
 def _opcheck():
@@ -239,6 +275,55 @@ def test_interpreted_kernels_match_fp64(interpreted, name):
     check(res, cu_from_lengths(lengths), TOL[dtype])
 
 
+@pytest.mark.parametrize("name", TMA_CASES)
+def test_interpreted_tma_descriptors_give_the_pointer_loads_bits(interpreted, name):
+    """Rows read by TMA tensor descriptors (rows past T as zeros) give bit for bit the masked pointer
+    loads' outputs, statistics and gradients (both column-pass orientations), and match fp64."""
+    res = interpreted[name + "_tma"]
+    assert res["tma_ok"] and all(res["bitwise"]), res["bitwise"]
+    _, _, _, _, _, dtype, _, lengths, _ = INTERPRET_CASES[name]
+    check(res, cu_from_lengths(lengths), TOL[dtype])
+
+
+@pytest.mark.parametrize("name", ["w7_gqa_odd", "w20_varlen_bm32"])
+def test_interpreted_tma_descriptors_with_a_window(interpreted, name):
+    res = interpreted["window_" + name + "_tma"]
+    assert res["tma_ok"] and all(res["bitwise"]), res["bitwise"]
+
+
+def test_interpreted_tma_config_keeps_pointer_loads_where_descriptors_cannot_read(interpreted):
+    assert interpreted["tma_fallback"] == {"tma_ok": False, "equal": True}
+
+
+def test_tma_needs_heads_d_apart_and_16_byte_alignment():
+    from kernels.parallax.fused import _tma_ok
+
+    x = torch.zeros(2, 8, 4, 16, dtype=torch.bfloat16)
+    assert _tma_ok(16, [(x, x.stride(1))])
+    wide = torch.zeros(2, 8, 4, 32, dtype=torch.bfloat16)[..., :16]  # heads 32 apart
+    assert not _tma_ok(16, [(wide, wide.stride(1))])
+    flat = torch.zeros(1 + 2 * 8 * 4 * 16, dtype=torch.bfloat16)
+    shifted = flat[1:].view(2, 8, 4, 16)  # base 2 bytes past an aligned address
+    assert not _tma_ok(16, [(shifted, shifted.stride(1))])
+    odd = torch.zeros(2, 8, 68, dtype=torch.bfloat16)[..., 4:].unflatten(-1, (4, 16))  # token stride 136 bytes
+    assert not _tma_ok(16, [(odd, odd.stride(1))])
+    assert not _tma_ok(16, [(x, x.stride(1)), (wide, wide.stride(1))])  # every source must qualify
+
+
+def test_tma_is_asked_for_only_by_configs_with_the_flag():
+    """The shipped lists never use TMA (nor set triton's allocator); a TMA candidate list or an explicit
+    TMA config does, and an explicit config decides over the candidates."""
+    from kernels.parallax import tuning
+
+    assert not any(tuning.wants_tma(name) for name in tuning.KERNEL_NAMES)
+    assert all(c.kwargs["TMA"] for name in tuning.KERNEL_NAMES for c in tuning.TMA_SWEEP[name])
+    with tuning.candidates(**tuning.TMA_SWEEP):
+        assert all(tuning.wants_tma(name) for name in tuning.KERNEL_NAMES)
+        assert not tuning.wants_tma("fwd", {"BM": 16, "BN": 16})
+    assert tuning.wants_tma("dq", {"BM": 16, "BN": 16, "TMA": True})
+    assert not tuning.wants_tma("dq")
+
+
 def check_window(result, lengths, window, grads_key="grads"):
     out_ref, grads_ref = banded_reference(result["inputs"][:4], result["inputs"][4], window, lengths)
     errors = {"o": rel_err(result["out"], out_ref)}
@@ -332,6 +417,24 @@ def test_gpu_long_sequences_match_reference(shape):
     got = _run("triton", inputs, do)
     ref = _run("reference", inputs, do, dtype=torch.float32)
     _compare(got, ref, 2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("shape, lengths", [((2, 1000, 16, 8, 128), None), ((1, 3000, 8, 2, 64), [1, 700, 2299])],
+                         ids=str)
+def test_gpu_tma_configs_match_fp64(shape, lengths):
+    """Every TMA sweep config (``tuning.TMA_SWEEP``) on bf16 training shapes: forward and backward
+    against fp64, as the pointer-load configs are."""
+    from kernels.parallax import tuning
+
+    inputs, do = _cuda_inputs(*shape, torch.bfloat16, seed=12)
+    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                                                   dtype=torch.int32, device="cuda")
+    ref = _run("reference", inputs, do, cu=cu, dtype=torch.float64)
+    for fwd, dq, dkdv in zip(tuning.TMA_SWEEP["fwd"], tuning.TMA_SWEEP["dq"], tuning.TMA_SWEEP["dkdv"]):
+        with tuning.candidates(fwd=[fwd], dq=[dq], dkdv=[dkdv]):
+            _compare(_run("triton", inputs, do, cu=cu), ref, 3e-2)
 
 
 @pytest.mark.gpu

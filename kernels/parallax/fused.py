@@ -14,7 +14,10 @@ d1, O1, d2, O2 sharing one rescale; saves o, vbar (input dtype), tbar and lse (f
 units of the scaled logits). Backward (SPEC closed form): a row pass (dq, drho; it also writes
 tau = dO.o and beta = dO.vbar) and a column pass (dk, dv) that loops over the GQA group's
 query heads inside one program, so K/V tiles are loaded once per group and no atomics are needed.
-Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots).
+Matmuls take the input dtype and accumulate in fp32 (fp32 inputs use IEEE fp32 dots). With the
+``TMA`` launch flag the tiles the loops stream (K/V in the forward and row pass; q, rho, dO in the
+column pass) are read through in-kernel tensor descriptors where the host found the layout allows
+(``TMA_OK``: heads D apart, 16-byte alignment); otherwise by masked pointer loads.
 Every kernel runs on a 1-D grid of (tile, head) programs in one of two orders (``_tile_order``):
 head-major or globally heaviest-first; the autotuner picks per shape (launch configs: tuning.py).
 """
@@ -100,6 +103,27 @@ def _load_rows(PTR, offs_t, h, stride_t, stride_h, offs_d, ok):
 
 
 @triton.jit
+def _rows_source(PTR, T, H, stride_t, BT: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr):
+    """What ``_tile_rows`` reads tiles of BT rows of a (T, H, D) tensor from: a TMA tensor descriptor
+    over its (T, H * D) view (TMA: the host checked the head stride is D and the alignments), else
+    the pointer itself."""
+    if TMA:
+        return tl.make_tensor_descriptor(PTR, shape=[T, H * D], strides=[stride_t, 1], block_shape=[BT, D])
+    else:
+        return PTR
+
+
+@triton.jit
+def _tile_rows(SRC, t0, offs_t, h, stride_t, stride_h, offs_d, ok, D: tl.constexpr, TMA: tl.constexpr):
+    """Rows offs_t = t0 + arange(BT) of head h from ``_rows_source``'s SRC: one bulk tensor copy (rows
+    past T read as zeros, as the masked load gives) or a masked pointer load."""
+    if TMA:
+        return SRC.load([t0, h * D])
+    else:
+        return _load_rows(SRC, offs_t, h, stride_t, stride_h, offs_d, ok)
+
+
+@triton.jit
 def _store_rows(PTR, val, offs_t, h, stride_t, stride_h, offs_d, ok):
     ptrs = PTR + offs_t.to(tl.int64)[:, None] * stride_t + h * stride_h + offs_d[None, :]
     tl.store(ptrs, val.to(PTR.dtype.element_ty), mask=ok[:, None])
@@ -108,13 +132,13 @@ def _store_rows(PTR, val, offs_t, h, stride_t, stride_h, offs_d, ok):
 # ----------------------------------------------------------------------------- forward
 @triton.jit
 def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, key_lo, T, qk_scale,
-               D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+               D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     offs_d = tl.arange(0, D)
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         ok_n = offs_n < T
-        k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
-        v = _load_rows(V, offs_n, kv_h, skt, skh, offs_d, ok_n)
+        k = _tile_rows(K, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
+        v = _tile_rows(V, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
         kt = tl.trans(k)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         t = tl.dot(r, kt, input_precision=PREC)
@@ -136,9 +160,12 @@ def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, WINDOW,
                 TUNE_T, TUNE_L, TUNE_W, GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
+                VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr, TMA_OK: tl.constexpr = False,
+                TMA: tl.constexpr = False):
     m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
+    KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
+    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     ok_m = offs_m < T
@@ -152,12 +179,12 @@ def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, s
     d2 = tl.zeros([BM], tl.float32)
     o1 = tl.zeros([BM, D], tl.float32)
     o2 = tl.zeros([BM, D], tl.float32)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
-                                     T, qk_scale, D, BN, True, PREC)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
-                                     T, qk_scale, D, BN, False, PREC)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, diag, hi, offs_m, key_lo,
-                                     T, qk_scale, D, BN, True, PREC)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
+                                     T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
+                                     T, qk_scale, D, BN, False, PREC, TMA and TMA_OK)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, diag, hi, offs_m, key_lo,
+                                     T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
 
     inv = 1.0 / d1
     tbar = d2 * inv
@@ -188,13 +215,14 @@ def _row_stats(O, VBAR, do, TAU, BETA, offs_m, h, T, HQ, D: tl.constexpr, ok_m):
 
 @triton.jit
 def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, hi, offs_m, key_lo, T,
-              qk_scale, D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+              qk_scale, D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr,
+              TMA: tl.constexpr):
     offs_d = tl.arange(0, D)
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         ok_n = offs_n < T
-        k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
-        v = _load_rows(V, offs_n, kv_h, skt, skh, offs_d, ok_n)
+        k = _tile_rows(K, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
+        v = _tile_rows(V, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
         kt = tl.trans(k)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         t = tl.dot(r, kt, input_precision=PREC)
@@ -216,9 +244,12 @@ def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, 
 def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, T, L, HQ,
                    sqt, sqh, skt, skh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
                    GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr):
+                   VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
+                   TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
     m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
+    KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
+    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     ok_m = offs_m < T
@@ -234,42 +265,43 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
 
     dq = tl.zeros([BM, D], tl.float32)
     dr = tl.zeros([BM, D], tl.float32)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
-                       T, qk_scale, D, BN, True, PREC)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
-                       T, qk_scale, D, BN, False, PREC)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, diag, hi, offs_m, key_lo,
-                       T, qk_scale, D, BN, True, PREC)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
+                       T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
+                       T, qk_scale, D, BN, False, PREC, TMA and TMA_OK)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, diag, hi, offs_m, key_lo,
+                       T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
     _store_rows(DQ, dq * scale, offs_m, h, HQ * D, D, offs_d, ok_m)
     _store_rows(DR, dr, offs_m, h, HQ * D, D, offs_d, ok_m)
 
 
 # ----------------------------------------------------------------------------- backward, column pass
 @triton.jit
-def _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh, HQ, m0, T, D: tl.constexpr, BM: tl.constexpr):
+def _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh, HQ, m0, T, D: tl.constexpr, BM: tl.constexpr,
+                TMA: tl.constexpr):
     """What the column pass reads per query tile [m0, m0 + BM) of head h: positions, their mask, the
     q, rho and dO rows, and the per-query statistics lse, tbar, tau, beta ([BM] fp32)."""
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     ok_m = offs_m < T
-    do = _load_rows(DO, offs_m, h, HQ * D, D, offs_d, ok_m)
+    do = _tile_rows(DO, m0, offs_m, h, HQ * D, D, offs_d, ok_m, D, TMA)
     stat = h.to(tl.int64) * T + offs_m
     lse = tl.load(LSE + stat, mask=ok_m, other=0.0)
     tbar = tl.load(TBAR + stat, mask=ok_m, other=0.0)
     tau = tl.load(TAU + stat, mask=ok_m, other=0.0)
     beta = tl.load(BETA + stat, mask=ok_m, other=0.0)
-    q = _load_rows(Q, offs_m, h, sqt, sqh, offs_d, ok_m)
-    r = _load_rows(R, offs_m, h, sqt, sqh, offs_d, ok_m)
+    q = _tile_rows(Q, m0, offs_m, h, sqt, sqh, offs_d, ok_m, D, TMA)
+    r = _tile_rows(R, m0, offs_m, h, sqt, sqh, offs_d, ok_m, D, TMA)
     return offs_m, ok_m, q, r, do, lse, tbar, tau, beta
 
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
                 T, L, WINDOW, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
-                VARLEN: tl.constexpr, PREC: tl.constexpr):
+                VARLEN: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     for m0 in range(lo, hi, BM):
         offs_m, ok_m, q, r, do, lse, tbar, tau, beta = _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh,
-                                                                   HQ, m0, T, D, BM)
+                                                                   HQ, m0, T, D, BM, TMA)
         # transposed orientation (keys x queries): the results feed dk, dv without transposes
         st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         tt = tl.dot(k, tl.trans(r), input_precision=PREC)
@@ -292,14 +324,14 @@ def _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh,
 @triton.jit
 def _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
                      T, L, WINDOW, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
-                     VARLEN: tl.constexpr, PREC: tl.constexpr):
+                     VARLEN: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """The column pass with queries on the rows (M) of the score tiles: the per-query statistics are
     row vectors (few per thread) and dk, dv take the transposed gradient tiles."""
     kt = tl.trans(k)
     vt = tl.trans(v)
     for m0 in range(lo, hi, BM):
         offs_m, ok_m, q, r, do, lse, tbar, tau, beta = _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh,
-                                                                   HQ, m0, T, D, BM)
+                                                                   HQ, m0, T, D, BM, TMA)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         t = tl.dot(r, kt, input_precision=PREC)
         a = tl.dot(do, vt, input_precision=PREC)
@@ -321,14 +353,14 @@ def _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt,
 @triton.jit
 def _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi, offs_n,
                T, L, WINDOW, scale, qk_scale, D: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
-               VARLEN: tl.constexpr, PREC: tl.constexpr, ROWS: tl.constexpr):
+               VARLEN: tl.constexpr, PREC: tl.constexpr, ROWS: tl.constexpr, TMA: tl.constexpr):
     """Query tiles [lo, hi) of head h in one of the two orientations (ROWS: queries on the rows)."""
     if ROWS:
         dk, dv = _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi,
-                                  offs_n, T, L, WINDOW, scale, qk_scale, D, BM, MASKED, VARLEN, PREC)
+                                  offs_n, T, L, WINDOW, scale, qk_scale, D, BM, MASKED, VARLEN, PREC, TMA)
     else:
         dk, dv = _dkdv_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, hi,
-                             offs_n, T, L, WINDOW, scale, qk_scale, D, BM, MASKED, VARLEN, PREC)
+                             offs_n, T, L, WINDOW, scale, qk_scale, D, BM, MASKED, VARLEN, PREC, TMA)
     return dk, dv
 
 
@@ -337,8 +369,11 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
                      sqt, sqh, skt, skh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
                      GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
-                     ROWS: tl.constexpr = False):
+                     ROWS: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
     n0, kv_h = _tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
+    QS = _rows_source(Q, T, HQ, sqt, BM, D, TMA and TMA_OK)
+    RS = _rows_source(R, T, HQ, sqt, BM, D, TMA and TMA_OK)
+    DOS = _rows_source(DO, T, HQ, HQ * D, BM, D, TMA and TMA_OK)
     offs_n = n0 + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     ok_n = offs_n < T
@@ -357,12 +392,15 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     dv = tl.zeros([BN, D], tl.float32)
     for g in range(GROUP):
         h = kv_h * GROUP + g
-        dk, dv = _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
-                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS)
-        dk, dv = _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
-                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, False, VARLEN, PREC, ROWS)
-        dk, dv = _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
-                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS)
+        dk, dv = _dkdv_span(dk, dv, k, v, QS, RS, DOS, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS,
+                            TMA and TMA_OK)
+        dk, dv = _dkdv_span(dk, dv, k, v, QS, RS, DOS, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, False, VARLEN, PREC, ROWS,
+                            TMA and TMA_OK)
+        dk, dv = _dkdv_span(dk, dv, k, v, QS, RS, DOS, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS,
+                            TMA and TMA_OK)
     _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
     _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
 
@@ -395,6 +433,30 @@ def _doc_tables(cu_seqlens, total, device):
     cu = cu_seqlens.to(device=device, dtype=torch.int64)
     doc = torch.searchsorted(cu, torch.arange(total, device=device), right=True) - 1
     return cu[doc].to(torch.int32), cu[doc + 1].to(torch.int32)
+
+
+def _tma_ok(d, tensors_and_token_strides) -> bool:
+    """Whether TMA tensor descriptors can read these (T, H, D) row sources: each (tensor, token stride)
+    with head stride D (rows of one token contiguous), its base and token stride in bytes multiples of
+    16 (the bulk copy engine's alignment). Otherwise the kernels keep pointer loads. Asked only when a
+    config in play has the TMA flag, so the shipped configs never touch triton's allocator."""
+    for x, stride_t in tensors_and_token_strides:
+        if x.stride(-2) != d or x.data_ptr() % 16 or (stride_t * x.element_size()) % 16:
+            return False
+    return True
+
+
+_allocator_set = False
+
+
+def _tma_allocator():
+    """Give triton the allocator its in-kernel tensor descriptors need (global scratch per launch,
+    from torch's caching allocator, so CUDA graph capture keeps it in the graph's pool); once."""
+    global _allocator_set
+    if not _allocator_set:
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter's descriptors live on the CPU
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
+        _allocator_set = True
 
 
 def check_head_dim(d):
@@ -440,6 +502,9 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     total, n, hq, docs, _, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
+    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, skt)])
+    if meta["TMA_OK"]:
+        _tma_allocator()
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
     tbar = stats_buffer(q)
@@ -466,6 +531,10 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     q, r, sqt, sqh = _same_layout(q, r)
     k, v, skt, skh = _same_layout(k, v)
     do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
+    wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
+    meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, skt), (do, do.stride(1))])
+    if meta["TMA_OK"]:
+        _tma_allocator()
     tau = torch.empty_like(tbar)
     beta = torch.empty_like(tbar)
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)

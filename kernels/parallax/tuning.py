@@ -3,8 +3,9 @@
 
 Attention has three kernels, named ``"fwd"`` (forward), ``"dq"`` (backward row pass: dq, drho) and ``"dkdv"``
 (backward column pass: dk, dv). A config is a ``triton.Config`` whose kwargs hold the tile sizes
-``BM`` (query rows) and ``BN`` (key rows), the program order ``GLOBAL_ORDER`` and, for ``"dkdv"``,
-``ROWS`` (queries on the rows of its score tiles); ``num_warps`` and ``num_stages`` as usual.
+``BM`` (query rows) and ``BN`` (key rows), the program order ``GLOBAL_ORDER``, for ``"dkdv"``
+``ROWS`` (queries on the rows of its score tiles), optionally ``TMA`` (row tiles read through tensor
+descriptors where the inputs allow); ``num_warps`` and ``num_stages`` as usual.
 
 * ``SHIPPED[name]``: the short candidate lists the kernels autotune over (the tile winners of the
   H200 sweeps in docs/kernels.md, each in both program orders).
@@ -63,13 +64,22 @@ SWEEP = {
                          (64, 32, 4, 2)], ROWS=True)
     + both_orders([(32, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3)]),
 }
+# The shipped tiles with their row tiles read by TMA tensor descriptors (``TMA``: the K/V tiles of the
+# forward and row pass, the Q, rho and dO tiles of the column pass); a sweep times them beside SWEEP.
+TMA_SWEEP = {
+    "fwd": both_orders([(128, 64, 8, 3), (64, 64, 4, 3)], TMA=True),
+    "dq": both_orders([(128, 32, 8, 3), (64, 64, 4, 4)], TMA=True),
+    "dkdv": both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True, TMA=True)
+    + both_orders([(32, 64, 4, 3)], TMA=True),
+}
+SWEEP = {name: SWEEP[name] + TMA_SWEEP[name] for name in SWEEP}
 # Small tiles for the CPU interpreter (large tiles take minutes there).
 INTERPRET_CONFIG = {"BM": 16, "BN": 16, "num_warps": 4, "num_stages": 1}
 # The autotuner's key (power-of-two buckets of the token count T, the sequence length L and the keys
 # per query W, min(window, L)): shapes of one token count (B4 x L4096 vs B1 x L16384) prefer different
 # configs, and so may windows; the choice per key is stored by triton's cache (cache_results), a
 # restart does not re-tune.
-TUNE_KEY = ["D", "VARLEN", "PREC", "TUNE_T", "TUNE_L", "TUNE_W"]
+TUNE_KEY = ["D", "VARLEN", "PREC", "TMA_OK", "TUNE_T", "TUNE_L", "TUNE_W"]
 # Below this much work (tokens x keys per query x heads x head dim) a kernel runs for microseconds and
 # autotuning (compiling and timing every candidate) costs more than it can save: small problems
 # (MAD's models, unit tests) take the first candidate. Training shapes are 100x above it.
@@ -139,6 +149,14 @@ def choose(name: str, work: int, config=None, *, interpret: bool = INTERPRET) ->
     if config is None:
         return None
     return {"GLOBAL_ORDER": True, **launch_kwargs(config)}
+
+
+def wants_tma(name: str, config=None) -> bool:
+    """Whether a launch of kernel ``name`` may run with the ``TMA`` flag: its explicit ``config`` has it,
+    or, without one, a candidate of ``active(name)`` does."""
+    if config is not None:
+        return bool(launch_kwargs(config).get("TMA", False))
+    return any(c.kwargs.get("TMA", False) for c in active(name))
 
 
 def select(name: str, kernel, work: int, config=None):

@@ -1,11 +1,12 @@
-"""Time the fused attention kernels with their KV/Q loops rewritten as triton's ``tl.range`` with
-Hopper options, beside the shipped plain ``range`` loops, per shipped launch config.
+"""Time the fused attention kernels in Hopper variants beside the shipped kernels, per shipped
+launch config.
 
-Variants (``LOOPS``): ``range`` (the shipped kernels), ``warp_specialize`` (``tl.range(...,
-warp_specialize=True)``: producer/consumer warp groups) and ``loop_stages`` (``tl.range(...,
-num_stages=2)``: a pipeline depth per loop instead of the kernel's). Each variant is the source of
-``kernels/parallax/fused.py`` with its loop headers rewritten, loaded as a separate module; the
-shipped kernels are not changed. Per variant, head dim and shipped config: the forward, and the
+Variants (``LOOPS``, ``CONFIG_FLAGS``): ``range`` (the shipped kernels), ``warp_specialize``
+(``tl.range(..., warp_specialize=True)``: producer/consumer warp groups), ``loop_stages``
+(``tl.range(..., num_stages=2)``: a pipeline depth per loop instead of the kernel's) and ``tma``
+(the shipped source with the ``TMA`` flag: row tiles read through tensor descriptors). The loop
+variants are the source of ``kernels/parallax/fused.py`` with its loop headers rewritten, loaded as
+a separate module; the shipped kernels are not changed. Per variant, head dim and shipped config: the forward, and the
 backward with that config for one pass and the first shipped config for the other; a config that
 does not compile is recorded with its error. Outputs are compared with the shipped kernel's at the
 same config (max abs difference).
@@ -36,7 +37,9 @@ LOOPS = {
     "warp_specialize": ("for n0 in tl.range(lo, hi, BN, warp_specialize=True):",
                         "for m0 in tl.range(lo, hi, BM, warp_specialize=True):"),
     "loop_stages": ("for n0 in tl.range(lo, hi, BN, num_stages=2):", "for m0 in tl.range(lo, hi, BM, num_stages=2):"),
+    "tma": ("", ""),
 }
+CONFIG_FLAGS = {"tma": {"TMA": True}}  # launch flags a variant adds to every config
 
 
 def variant_source(name: str) -> str:
@@ -83,14 +86,15 @@ def cudnn_ms(q, k, v, do) -> float:
     return triton.testing.do_bench(run, warmup=50, rep=200)
 
 
-def time_config(module, kernel: str, config, tensors):
-    """(ms, outputs) of ``kernel`` ("fwd", "dq" or "dkdv") of ``module`` under ``config``: the forward,
-    or the backward with ``config`` for that pass and the first shipped config for the other."""
+def time_config(module, kernel: str, config, tensors, flags=None):
+    """(ms, outputs) of ``kernel`` ("fwd", "dq" or "dkdv") of ``module`` under ``config`` (plus launch
+    ``flags``): the forward, or the backward with ``config`` for that pass and the first shipped
+    config for the other."""
     import triton
 
     q, r, k, v, do = tensors
     scale = q.shape[-1] ** -0.5
-    launch = tuning.launch_kwargs(config)
+    launch = {**tuning.launch_kwargs(config), **(flags or {})}
     if kernel == "fwd":
         def fn():
             return module.forward(q, r, k, v, scale, config=launch)
@@ -122,7 +126,7 @@ def run(folder: str) -> list[dict]:
                 for name, module in modules.items():
                     row = dict(variant=name, D=d, kernel=kernel, config=str(config))
                     try:
-                        row["ms"], out = time_config(module, kernel, config, tensors)
+                        row["ms"], out = time_config(module, kernel, config, tensors, CONFIG_FLAGS.get(name))
                         shipped = out if name == "range" else shipped
                         row["max_diff"] = max_difference(out, shipped) if shipped is not None else None
                     except Exception as exc:  # a variant that does not compile is a result
@@ -151,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = describe("Attention kernels: loop variants on Hopper",
                     f"ms per call (triton.testing.do_bench median) of the fused attention kernels at B, L, Hq, Hkv = "
                     f"{SHAPE}, bf16, causal, per shipped launch config, with the loops as plain range (shipped), "
-                    "tl.range(warp_specialize=True) or tl.range(num_stages=2)", command_line(__spec__.name, argv))
+                    "tl.range(warp_specialize=True) or tl.range(num_stages=2), or the row tiles read through TMA "
+                    "tensor descriptors", command_line(__spec__.name, argv))
     with tempfile.TemporaryDirectory() as folder:
         rows = run(folder)
     print(write_results(args.out, meta, markdown(rows), {"rows": rows}))

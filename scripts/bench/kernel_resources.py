@@ -89,13 +89,14 @@ def aligned(kernel, constexprs: dict) -> dict:
             if n in divisible and n not in constexprs}
 
 
-def inner_loops(sass: str) -> list[tuple[int, int]]:
+def inner_loops(sass: str, compute: bool = False) -> list[tuple[int, int]]:
     """(instructions, wgmma) of every innermost loop of a cuobjdump -sass listing, smallest first.
 
     A loop is a backward branch (BRA to a lower address); innermost when its address range holds no
     other loop. The smallest is a kernel's unmasked K/V (or Q) loop: its instruction count tracks
     the measured time per iteration (row pass 327 instructions, column pass 635 at D=128: 1.30 vs
-    2.57 ms for the same number of iterations, docs/kernels.md)."""
+    2.57 ms for the same number of iterations, docs/kernels.md). ``compute``: only loops with wgmma
+    count, innermost among those (TMA loads put barrier-wait loops inside the tile loops)."""
     code = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
@@ -103,6 +104,8 @@ def inner_loops(sass: str) -> list[tuple[int, int]]:
             code.append((int(m.group(1), 16), m.group(2)))
     loops = [(int(m.group(1), 16), addr) for addr, ins in code
              if (m := re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)) and int(m.group(1), 16) < addr]
+    if compute:
+        loops = [(lo, hi) for lo, hi in loops if any(lo <= addr <= hi and "HGMMA" in ins for addr, ins in code)]
     inner = [a for a in loops if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in loops)]
     sizes = [(sum(lo <= addr <= hi for addr, _ in code), sum(lo <= addr <= hi and "HGMMA" in ins for addr, ins in code))
              for lo, hi in inner]
@@ -111,7 +114,7 @@ def inner_loops(sass: str) -> list[tuple[int, int]]:
 
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
     """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes, and
-    (instructions, wgmma) of the leanest innermost loop."""
+    (instructions, wgmma) of the leanest innermost loop that runs wgmma."""
     # constexpr parameters left out take their defaults, as at a launch (e.g. the column pass's ROWS)
     constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     source = ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs,
@@ -122,7 +125,7 @@ def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict
     fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
     ops = opcodes(sass)
     count = lambda prefix: sum(op.startswith(prefix) for op in ops)  # noqa: E731
-    loops = inner_loops(sass)
+    loops = inner_loops(sass, compute=True)
     return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]), "spill_stores": count("STL"),
             "spill_loads": count("LDL"), "wgmma": count("HGMMA"), "shared": compiled.metadata.shared,
             "loop": loops[0] if loops else (0, 0)}
@@ -152,9 +155,10 @@ def shipped_tiles(name: str) -> list[tuple[int, int, int, int]]:
                    for c in tuning.SHIPPED[kernel_name] if c.kwargs.get("ROWS", False) == rows})
 
 
-def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims: list[int]):
+def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims: list[int], tma: bool = False):
     """Table cells per (kernel, head dim, config): the shipped configs of each kernel in ``names``, or
-    the one ``config`` (BM, BN, num_warps, num_stages)."""
+    the one ``config`` (BM, BN, num_warps, num_stages); ``tma``: with the TMA flag (row tiles read
+    through tensor descriptors, as on inputs whose layout allows them)."""
     for name in names:
         kernel_name, flags = KERNELS[name]
         kernel = fused.JIT_KERNELS[kernel_name]
@@ -162,6 +166,8 @@ def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims
         for d in dims:
             for bm, bn, warps, stages in tiles:
                 constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, **flags)
+                if tma:
+                    constexprs.update(TMA=True, TMA_OK=True)
                 r = resources(kernel, constexprs, warps, stages)
                 yield (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
                        f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"],
@@ -176,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kernel", choices=sorted(KERNELS), nargs="+", default=sorted(KERNELS))
     parser.add_argument("--config", type=launch_config, help="BM,BN,num_warps,num_stages instead of the shipped lists")
     parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
+    parser.add_argument("--tma", action="store_true", help="the kernels with the TMA flag (tensor-descriptor loads)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is its default
     meta = describe("Triton attention kernels on sm_90: registers, spills, shared memory", MEASURED,
@@ -184,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     columns = ["kernel", "D", "BM x BN", "warps", "stages", "registers", "stack B", "spill st/ld", "wgmma",
                "shared B", "leanest loop: instr / wgmma"]
     print(*table(columns, []), sep="\n")
-    for row in report_rows(args.kernel, args.config, args.d):
+    for row in report_rows(args.kernel, args.config, args.d, args.tma):
         print(table_row(row), flush=True)  # row by row: a full report compiles for minutes
 
 

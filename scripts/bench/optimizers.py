@@ -7,11 +7,17 @@ The forward+backward baseline is a 16 x 4096 token batch run as 4 micro-batches 
 It measures ParallaxQwen3Model (parallax_titan.model) with softmax attention (TorchTitan's
 Qwen3 attention, SDPA) and with Parallax attention; ratios use the Parallax model when it ran,
 else the softmax one. Which one was used is recorded in the output.
+
+``--profile DIR`` also profiles one step of each optimizer after its timed steps (torch.profiler) and
+writes DIR/<row>_trace.json and DIR/<row>.md, the trace's summary (``scripts.bench.trace_summary``:
+GPU time per group and kernel, the launching ops, what the host was inside while the GPU idled):
+    python -m scripts.bench.optimizers --only muon_polar_express --no-fwd-bwd --profile outputs/opt_profile
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -19,6 +25,7 @@ import time
 import torch
 
 from optimizers.timing import build_optimizer, step_times
+from scripts.bench import trace_summary
 from scripts.bench.results import command_line, describe, table, write_results
 
 SP2 = {"attn": (2, 1e-4), "mlp": (2, 1e-4)}
@@ -73,15 +80,43 @@ def time_fn(fn, device, warmup, iters):
     return statistics.median(times)
 
 
-def bench_optimizer(model, row: str, warmup: int, iters: int) -> float:
+def profile_step(opt, prefix: str, command: str, top: int = 25) -> str:
+    """Profile one ``opt.step()`` (CPU ops, and CUDA kernels on a GPU); write the Chrome trace to
+    ``prefix``_trace.json and its summary to ``prefix``.md; return the summary's markdown."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = next(p for g in opt.param_groups for p in g["params"]).is_cuda
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+    path = f"{prefix}_trace.json"
+    prof.export_chrome_trace(path)
+    trace = trace_summary.load(path)
+    events = trace_summary.kernel_events(trace)
+    body = trace_summary.summarize(events, top, trace_summary.launching_ops(trace),
+                                   trace_summary.idle_causes(trace, events))
+    meta = describe("Where one optimizer step's time goes", f"one profiled step of {os.path.basename(prefix)} "
+                    f"after the timed ones; the trace: {path}", command)
+    return write_results(prefix, meta, body)
+
+
+def bench_optimizer(model, row: str, warmup: int, iters: int, profile_dir: str | None = None,
+                    command: str = "") -> float:
     """Median seconds of one step of the optimizer of CONFIGS[row] on ``model``'s parameters with
-    random gradients (SOAP's median includes its basis refresh once per refresh period)."""
+    random gradients (SOAP's median includes its basis refresh once per refresh period); with
+    ``profile_dir``, one more step profiled into it (``profile_step``)."""
     name, options = CONFIGS[row]
     opt = build_optimizer(model, name, **options)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     try:
-        return statistics.median(step_times(opt, warmup, iters))
+        seconds = statistics.median(step_times(opt, warmup, iters))
+        if profile_dir:
+            os.makedirs(profile_dir, exist_ok=True)
+            profile_step(opt, os.path.join(profile_dir, row), command)
+        return seconds
     finally:
         for p in model.parameters():
             p.grad = None
@@ -117,7 +152,8 @@ def bench_optimizers(result, args, device):
     result["matrix_shapes_per_layer"] = {n.split("layers.0.")[1]: list(p.shape) for n, p in model.named_parameters()
                                          if n.startswith("layers.0.") and p.ndim == 2}
     for row in args.only or CONFIGS:
-        result["opt_step_s"][row] = bench_optimizer(model, row, 2, args.iters)
+        result["opt_step_s"][row] = bench_optimizer(model, row, 2, args.iters, args.profile,
+                                                    result["meta"]["command"])
         print(row, result["opt_step_s"][row], flush=True)
         write(result, args.out)
         if device == "cuda":
@@ -156,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", type=lambda text: text.split(","), default=None,
                     help=f"comma-separated rows of {list(CONFIGS)} (default: all)")
     ap.add_argument("--no-fwd-bwd", action="store_true", help="skip the forward+backward baselines")
+    ap.add_argument("--profile", metavar="DIR", help="also profile one step of each optimizer into DIR")
     args = ap.parse_args(argv)
     unknown = [row for row in args.only or () if row not in CONFIGS]
     if unknown:
