@@ -11,7 +11,12 @@
 #   fla-match     the fla GPU tests not yet seen passing, one process each, under a hard limit (FLA_TIMEOUT, 150 s)
 #   fla-fsdp      the fla mixer's 1- vs 2-rank FSDP2 test (needs 2 GPUs and minutes: three train.py runs compile fla)
 #   attention     scripts.bench.attention --no-competitors (our kernels vs cuDNN / flash)
-#   attention-sweep  the same, autotuning over the wider sweep lists (incl. the ROWS column-pass candidates)
+#   attention-sweep  the same, autotuning over the wider sweep lists (incl. the ROWS column-pass candidates
+#                 and the TMA configs)
+#   attention-loops  scripts.bench.attention_loops: the kernels per shipped config with warp-specialized,
+#                 per-loop-pipelined or TMA tile loads beside the shipped ones
+#   family-tests  pytest -m gpu on the Parallax family's kernels and mixers, the orthogonalisers and the
+#                 fused projection (-rA: every test's outcome in the log)
 #   competitors   scripts.bench.attention on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
 #   decode        scripts.bench.decode --check (KV-cache decode vs cuDNN, and the published kernels if installed)
 #   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
@@ -23,6 +28,7 @@
 #   mixer-gdn / mixer-kda  scripts.bench.train on that fla mixer, MIXER_STEPS steps (default 300; needs fla,
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts.bench.optimizers
+#   muon-profile  scripts.bench.optimizers on Muon (Polar Express) alone, one step profiled (trace summary)
 #   resume        scripts.bench.train parallax --resume 8 --steps 16 (one GPU: a run stopped at step 8
 #                 and rerun against a straight one, losses step by step)
 #   scaling       scripts.bench.train parallax --scaling 2 (needs 2 GPUs; runs after the others)
@@ -65,6 +71,10 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     attention) timeout "$t" python3 -m scripts.bench.attention --no-competitors --out "$work/attention_train" ;;
     attention-sweep) timeout "$t" python3 -m scripts.bench.attention --sweep --no-competitors \
                        --out "$work/attention_sweep" ;;
+    attention-loops) timeout "$t" python3 -m scripts.bench.attention_loops --out "$work/attention_loops" ;;
+    family-tests) timeout -s INT "$t" python3 -m pytest -m gpu -q -rA --tb=short -p no:cacheprovider \
+                    tests/test_family_fused.py tests/test_mixers_family.py tests/test_mad_family.py \
+                    tests/test_optimizers_ortho.py tests/test_model_fused_projection.py ;;
     competitors) timeout "$t" python3 -m scripts.bench.attention --shapes 0 --out "$work/attention_competitors" \
                    --methods softmax_cudnn,parallax_ours,parallax_kernel_0.1.1,fla_0.6.0 ;;
     decode) timeout "$t" python3 -m scripts.bench.decode --check --out "$work/decode/attention_decode" ;;
@@ -97,6 +107,8 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     fla-fsdp) timeout "$t" python3 -m pytest -m gpu -q --tb=short -p no:cacheprovider tests/test_mixers_fla.py \
                 -k two_rank_fsdp ;;
     optimizers) timeout "$t" python3 -m scripts.bench.optimizers --out "$work/optimizers" ;;
+    muon-profile) timeout "$t" python3 -m scripts.bench.optimizers --only adamw,muon_polar_express --no-fwd-bwd \
+                    --profile "$work/muon_profile" --out "$work/muon_profile/optimizers" ;;
     resume) python3 -m scripts.bench.train parallax --resume 8 --steps 16 --run-timeout $(( t / 3 - 5 )) \
               --out "$work/resume" ;;
     scaling) python3 -m scripts.bench.train parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
@@ -116,7 +128,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers resume scaling scaling-noreshard profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile resume scaling scaling-noreshard profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
