@@ -75,10 +75,10 @@ class DecodePlan:
 
     Construction validates the geometry, picks the backend ("auto": triton on CUDA when the
     kernel supports dtype and head dim), the launch configuration and the split count, and
-    allocates the split scratch and merge tickets. A call checks only that the tensors match
-    the plan (shapes, dtypes, device: no value reads, no host sync), launches one kernel and
-    allocates the output (or writes ``out``), so it can be captured in a CUDA graph (call it
-    once before capturing: the first call compiles the kernel).
+    allocates the split scratch. A call checks only that the tensors match the plan (shapes,
+    dtypes, device: no value reads, no host sync), launches the split kernel (and, with several
+    splits, the merge kernel) and allocates the output (or writes ``out``), so it can be captured
+    in a CUDA graph (call it once before capturing: the first call compiles the kernels).
 
     Args:
         batch, hq, hkv, head_dim, cache_len: the geometry of q (batch, 1, hq, head_dim) and of
