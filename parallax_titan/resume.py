@@ -9,6 +9,7 @@ import torch
 from parallax_titan.checkpoint_files import (
     TRAINING_STATES, Shapes, choose_step, describe, has_checkpoint_files, quick_problem, saved_shapes, state_shapes,
     step_dir, weight_mismatches)
+from parallax_titan.checksums import MANIFEST_FILE
 from parallax_titan.config.job import world_size
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.resume_rules import differences, read_settings, refusals, run_settings
@@ -49,8 +50,9 @@ def checkpoint_problems(cfg) -> list[str]:
       choosing the step (:func:`resume_step`) checks each step it considers with
       :func:`quick_problem` and passes over an invalid one, or raises CheckpointError where
       ``checkpoint.load_step`` names it or ``checkpoint.on_corrupt = "stop"``.
-    * without a checkpoint folder, a DCP ``checkpoint.initial_load_path``: this model's weights. Its
-      manifest is checked at the load only, and only where it has one.
+    * without a checkpoint folder, a DCP ``checkpoint.initial_load_path``: this model's weights. With
+      ``checkpoint.verify`` and a manifest in the folder, it must pass :func:`quick_problem` too; a
+      folder without one (another program's checkpoint) loads unchecked.
     * ``parallax.init_from_transformer``: the Transformer part of this model's weights. With
       ``checkpoint.verify`` its folder must pass :func:`quick_problem` (a manifest that its files'
       sizes and small files match), as its load refuses a folder without a manifest.
@@ -72,8 +74,7 @@ def checkpoint_problems(cfg) -> list[str]:
             errors += _resume_problems(cfg, step_dir(folder, step), step, expected)
         elif not os.path.exists(folder) and ckpt.initial_load_path and not ckpt.initial_load_in_hf:
             # TorchTitan reads initial_load_path only while the checkpoint folder does not exist
-            errors += _weight_problems(cfg, "checkpoint.initial_load_path", ckpt.initial_load_path, expected,
-                                       "expected a checkpoint of this model")[1]
+            errors += _initial_load_problems(cfg, ckpt.initial_load_path, expected)
     if cfg.parallax.init_from_transformer:
         errors += _transformer_problems(cfg, cfg.parallax.init_from_transformer, shared_weights(expected))
     return errors
@@ -108,14 +109,35 @@ def _resume_problems(cfg, path: str, step: int, expected: Shapes) -> list[str]:
     return settings_problems(cfg, path, step)
 
 
+def _initial_load_problems(cfg, path: str, weights: Shapes) -> list[str]:
+    """The ``checkpoint.initial_load_path`` folder ``path`` must pass :func:`quick_problem` where it has
+    a manifest (with ``checkpoint.verify``) and hold ``weights``."""
+    problem = _manifest_problem(cfg, "checkpoint.initial_load_path", path, required=False)
+    if problem:
+        return [problem]
+    return _weight_problems(cfg, "checkpoint.initial_load_path", path, weights,
+                            "expected a checkpoint of this model")[1]
+
+
+def _manifest_problem(cfg, key: str, path: str, required: bool) -> str | None:
+    """With ``checkpoint.verify``: :func:`quick_problem` of the folder ``path`` that config ``key``
+    names, as a message; a folder without a manifest is one only where ``required``."""
+    if not cfg.checkpoint.verify or not has_checkpoint_files(path):
+        return None
+    if not required and not os.path.isfile(os.path.join(path, MANIFEST_FILE)):
+        return None
+    problem = quick_problem(path, off_switch=None)
+    if problem:
+        return f"{key}: {path!r} is not a valid checkpoint: {problem}; checkpoint.verify = false loads it unchecked"
+    return None
+
+
 def _transformer_problems(cfg, path: str, weights: Shapes) -> list[str]:
     """The ``parallax.init_from_transformer`` folder ``path`` must pass :func:`quick_problem` (with
     ``checkpoint.verify``) and hold ``weights``. A path without a manifest or DCP metadata is no
     checkpoint at all, which the weights' check names."""
-    if cfg.checkpoint.verify and has_checkpoint_files(path):
-        problem = quick_problem(path, off_switch=None)
-        if problem:
-            return [(f"parallax.init_from_transformer: {path!r} is not a valid checkpoint: {problem}; "
-                     "checkpoint.verify = false loads it unchecked")]
+    problem = _manifest_problem(cfg, "parallax.init_from_transformer", path, required=True)
+    if problem:
+        return [problem]
     return _weight_problems(cfg, "parallax.init_from_transformer", path, weights,
                             "expected a Transformer checkpoint of this size")[1]

@@ -143,8 +143,8 @@ def truncate_data(path: str) -> str:
 
 def test_each_kind_of_load_gets_its_own_manifest_check(tmp_path):
     """checkpoint.verify: the init_from_transformer folder must have a manifest that its files match;
-    a resume step that does not is passed over; initial_load_path is left to its load. With
-    checkpoint.verify = false no manifest is read."""
+    a resume step that does not is passed over; an initial_load_path folder must match its manifest
+    where it has one. With checkpoint.verify = false no manifest is read."""
     transformer = save_checkpoint(tmp_path / "transformer", "transformer", n_layers=2)
     data = truncate_data(transformer)
     init = ["--parallax.init_from_transformer", transformer]
@@ -159,7 +159,13 @@ def test_each_kind_of_load_gets_its_own_manifest_check(tmp_path):
                                                                 unlisted))
 
     seed = save_checkpoint(tmp_path / "seed", "parallax", n_layers=2)
-    truncate_data(seed)
+    seed_data = truncate_data(seed)
+    [message] = checkpoint_problems(job(tmp_path / "b", "--checkpoint.initial_load_path", seed))
+    assert message.startswith(f"checkpoint.initial_load_path: {seed!r} is not a valid checkpoint: {seed_data}: "
+                              "100 bytes, manifest.json lists ")
+    assert checkpoint_problems(job(tmp_path / "b", "--checkpoint.initial_load_path", seed,
+                                   "--checkpoint.no-verify")) == []
+    os.remove(os.path.join(seed, "manifest.json"))  # another program's checkpoint: left to its load
     assert checkpoint_problems(job(tmp_path / "b", "--checkpoint.initial_load_path", seed)) == []
 
     save_checkpoint(tmp_path / "c" / "checkpoint" / "step-2", "parallax", n_layers=4)
