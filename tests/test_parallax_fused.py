@@ -432,7 +432,9 @@ def test_gpu_tma_configs_match_fp64(shape, lengths):
     cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
                                                    dtype=torch.int32, device="cuda")
     ref = _run("reference", inputs, do, cu=cu, dtype=torch.float64)
-    for fwd, dq, dkdv in zip(tuning.TMA_SWEEP["fwd"], tuning.TMA_SWEEP["dq"], tuning.TMA_SWEEP["dkdv"]):
+    lists = [tuning.TMA_SWEEP[name] for name in ("fwd", "dq", "dkdv")]
+    for i in range(max(map(len, lists))):  # every config of every list at least once
+        fwd, dq, dkdv = (configs[i % len(configs)] for configs in lists)
         with tuning.candidates(fwd=[fwd], dq=[dq], dkdv=[dkdv]):
             _compare(_run("triton", inputs, do, cu=cu), ref, 3e-2)
 
