@@ -81,3 +81,24 @@ def test_family_grid_is_the_paper_protocol_over_every_mixer():
     assert config_id(family) == config_id(paper)  # same runs: paper_baseline's results count here
     assert (family.sweep, family.selective_copy, len(family.settings())) == ("mad", "mad_lab_cached", 66)
     assert (family.train.lrs, family.train.weight_decays, family.train.epochs) == ([5e-3, 1e-3, 5e-4], [0.0, 0.1], 60)
+
+
+def test_batch_order_moves_to_the_device_once_per_epoch(monkeypatch):
+    """Each epoch's order reaches the device in one copy, not one per step: on a GPU a copy from
+    pageable host memory first waits for every queued kernel, so a copy per step synchronises."""
+    import eval.mad.training as training
+
+    class Tracked(torch.Tensor):
+        moves = 0
+
+        def to(self, *args, **kwargs):
+            Tracked.moves += 1
+            return super().to(*args, **kwargs)
+
+    real = torch.randperm
+    monkeypatch.setattr(training.torch, "randperm", lambda *a, **k: real(*a, **k).as_subclass(Tracked))
+    data = make_dataset(SETTING)
+    model = build_model(SETTING.task, "attention", 16, 32, dim=32, n_heads=4, hidden_dim=64)
+    result = train_and_evaluate(model, data, TrainConfig(epochs=3, batch_size=16), lr=5e-3, weight_decay=0.0,
+                                num_classes=16)
+    assert result["steps"] == 3 * 4 and Tracked.moves == 3
