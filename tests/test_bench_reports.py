@@ -157,3 +157,12 @@ def test_optimizer_profile_records_the_orthogonalisation(tmp_path):
     assert "aten::bmm" in names and "aten::baddbmm" in names
     page = (tmp_path / "muon_polar_express.md").read_text()
     assert page.startswith("# Where one optimizer step's time goes") and "`python -m x --profile d`" in page
+
+
+def test_optimizer_profile_folder_that_is_a_file_is_refused_first(tmp_path, capsys):
+    path = tmp_path / "taken"
+    path.write_text("")
+    with pytest.raises(SystemExit):
+        optimizers.main(["--only", "adamw", "--no-fwd-bwd", "--profile", str(path), "--out", str(tmp_path / "o")])
+    assert f"--profile '{path}' is a file" in capsys.readouterr().err
+    assert not (tmp_path / "o.md").exists()

@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [row for row in args.only or () if row not in CONFIGS]
     if unknown:
         ap.error(f"--only: unknown rows {unknown}; expected names from {list(CONFIGS)}")
+    if args.profile and os.path.exists(args.profile) and not os.path.isdir(args.profile):
+        ap.error(f"--profile {args.profile!r} is a file; expected a folder (made if missing) for the traces")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     measured = (f"optimizer step time (median of {args.iters}, after 2 warm-up steps) on the Parallax {args.flavor} "
                 "parameter set, and forward+backward time of the model, bf16, chunk-free cross entropy")
