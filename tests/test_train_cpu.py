@@ -71,6 +71,7 @@ def test_two_rank_fsdp_matches_one_rank(tmp_path, identical_samples, seed_start)
     assert glob.glob(os.path.join(one, "tb", "*", "events.out.tfevents.*"))
 
 
+@pytest.mark.slow  # two torchrun jobs of two ranks: about 35 s
 def test_global_data_order_two_ranks_match_one_rank(tmp_path, seed_start):
     """data_order = "global": 2 ranks x local batch 2 see the sequences of 1 rank x local batch 4, also
     when the 2-rank run stops after step 2 (rank 0 mid-way through a global batch) and resumes."""
@@ -90,6 +91,7 @@ FLOAT8 = ("--model.converters", "quantize.linear.float8", "--quantize.linear.flo
           "--optimizer.name", "Muon")
 
 
+@pytest.mark.slow  # two torchrun jobs of two ranks: about 35 s
 def test_float8_linears_train_alike_on_one_and_two_ranks(tmp_path, identical_samples, seed_start):
     """TorchTitan's float8 converter (torchao, emulated on the CPU) with our model and Muon: 2 ranks
     with float8 FSDP all-gathers (scales precomputed after each step) compute the 1-rank forward,
