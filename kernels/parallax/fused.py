@@ -164,8 +164,9 @@ def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, s
                 TMA: tl.constexpr = False):
     m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
-    KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
-    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
+    USE_TMA: tl.constexpr = TMA and TMA_OK
+    KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, USE_TMA)
+    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, USE_TMA)
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     ok_m = offs_m < T
@@ -180,11 +181,11 @@ def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, s
     o1 = tl.zeros([BM, D], tl.float32)
     o2 = tl.zeros([BM, D], tl.float32)
     m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
-                                     T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
+                                     T, qk_scale, D, BN, True, PREC, USE_TMA)
     m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
-                                     T, qk_scale, D, BN, False, PREC, TMA and TMA_OK)
+                                     T, qk_scale, D, BN, False, PREC, USE_TMA)
     m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, diag, hi, offs_m, key_lo,
-                                     T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
+                                     T, qk_scale, D, BN, True, PREC, USE_TMA)
 
     inv = 1.0 / d1
     tbar = d2 * inv
@@ -248,8 +249,9 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
                    TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
     m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
-    KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
-    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, TMA and TMA_OK)
+    USE_TMA: tl.constexpr = TMA and TMA_OK
+    KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, USE_TMA)
+    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, USE_TMA)
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     ok_m = offs_m < T
@@ -266,11 +268,11 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
     dq = tl.zeros([BM, D], tl.float32)
     dr = tl.zeros([BM, D], tl.float32)
     dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
-                       T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
+                       T, qk_scale, D, BN, True, PREC, USE_TMA)
     dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
-                       T, qk_scale, D, BN, False, PREC, TMA and TMA_OK)
+                       T, qk_scale, D, BN, False, PREC, USE_TMA)
     dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, diag, hi, offs_m, key_lo,
-                       T, qk_scale, D, BN, True, PREC, TMA and TMA_OK)
+                       T, qk_scale, D, BN, True, PREC, USE_TMA)
     _store_rows(DQ, dq * scale, offs_m, h, HQ * D, D, offs_d, ok_m)
     _store_rows(DR, dr, offs_m, h, HQ * D, D, offs_d, ok_m)
 
@@ -371,9 +373,10 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
                      VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
                      ROWS: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
     n0, kv_h = _tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
-    QS = _rows_source(Q, T, HQ, sqt, BM, D, TMA and TMA_OK)
-    RS = _rows_source(R, T, HQ, sqt, BM, D, TMA and TMA_OK)
-    DOS = _rows_source(DO, T, HQ, HQ * D, BM, D, TMA and TMA_OK)
+    USE_TMA: tl.constexpr = TMA and TMA_OK
+    QS = _rows_source(Q, T, HQ, sqt, BM, D, USE_TMA)
+    RS = _rows_source(R, T, HQ, sqt, BM, D, USE_TMA)
+    DOS = _rows_source(DO, T, HQ, HQ * D, BM, D, USE_TMA)
     offs_n = n0 + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     ok_n = offs_n < T
@@ -393,14 +396,11 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     for g in range(GROUP):
         h = kv_h * GROUP + g
         dk, dv = _dkdv_span(dk, dv, k, v, QS, RS, DOS, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, lo, d_hi,
-                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS,
-                            TMA and TMA_OK)
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS, USE_TMA)
         dk, dv = _dkdv_span(dk, dv, k, v, QS, RS, DOS, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, d_hi, f_hi,
-                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, False, VARLEN, PREC, ROWS,
-                            TMA and TMA_OK)
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, False, VARLEN, PREC, ROWS, USE_TMA)
         dk, dv = _dkdv_span(dk, dv, k, v, QS, RS, DOS, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, HQ, f_hi, hi,
-                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS,
-                            TMA and TMA_OK)
+                            offs_n, T, L, WINDOW, scale, qk_scale, D, BM, True, VARLEN, PREC, ROWS, USE_TMA)
     _store_rows(DK, dk, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
     _store_rows(DV, dv, offs_n, kv_h, HKV * D, D, offs_d, ok_n)
 
