@@ -74,9 +74,12 @@ def checkpoint_problems(cfg) -> list[str]:
             errors += _resume_problems(cfg, step_dir(folder, step), step, expected)
         elif not os.path.exists(folder) and ckpt.initial_load_path and not ckpt.initial_load_in_hf:
             # TorchTitan reads initial_load_path only while the checkpoint folder does not exist
-            errors += _initial_load_problems(cfg, ckpt.initial_load_path, expected)
+            errors += _weights_folder_problems(cfg, "checkpoint.initial_load_path", ckpt.initial_load_path, expected,
+                                               "expected a checkpoint of this model", manifest_required=False)
     if cfg.parallax.init_from_transformer:
-        errors += _transformer_problems(cfg, cfg.parallax.init_from_transformer, shared_weights(expected))
+        errors += _weights_folder_problems(cfg, "parallax.init_from_transformer", cfg.parallax.init_from_transformer,
+                                           shared_weights(expected), "expected a Transformer checkpoint of this size",
+                                           manifest_required=True)
     return errors
 
 
@@ -109,35 +112,17 @@ def _resume_problems(cfg, path: str, step: int, expected: Shapes) -> list[str]:
     return settings_problems(cfg, path, step)
 
 
-def _initial_load_problems(cfg, path: str, weights: Shapes) -> list[str]:
-    """The ``checkpoint.initial_load_path`` folder ``path`` must pass :func:`quick_problem` where it has
-    a manifest (with ``checkpoint.verify``) and hold ``weights``."""
-    problem = _manifest_problem(cfg, "checkpoint.initial_load_path", path, required=False)
-    if problem:
-        return [problem]
-    return _weight_problems(cfg, "checkpoint.initial_load_path", path, weights,
-                            "expected a checkpoint of this model")[1]
-
-
-def _manifest_problem(cfg, key: str, path: str, required: bool) -> str | None:
-    """With ``checkpoint.verify``: :func:`quick_problem` of the folder ``path`` that config ``key``
-    names, as a message; a folder without a manifest is one only where ``required``."""
-    if not cfg.checkpoint.verify or not has_checkpoint_files(path):
-        return None
-    if not required and not os.path.isfile(os.path.join(path, MANIFEST_FILE)):
-        return None
-    problem = quick_problem(path, off_switch=None)
-    if problem:
-        return f"{key}: {path!r} is not a valid checkpoint: {problem}; checkpoint.verify = false loads it unchecked"
-    return None
-
-
-def _transformer_problems(cfg, path: str, weights: Shapes) -> list[str]:
-    """The ``parallax.init_from_transformer`` folder ``path`` must pass :func:`quick_problem` (with
-    ``checkpoint.verify``) and hold ``weights``. A path without a manifest or DCP metadata is no
-    checkpoint at all, which the weights' check names."""
-    problem = _manifest_problem(cfg, "parallax.init_from_transformer", path, required=True)
-    if problem:
-        return [problem]
-    return _weight_problems(cfg, "parallax.init_from_transformer", path, weights,
-                            "expected a Transformer checkpoint of this size")[1]
+def _weights_folder_problems(cfg, key: str, path: str, weights: Shapes, fix: str,
+                             manifest_required: bool) -> list[str]:
+    """A folder loaded for its weights alone (``checkpoint.initial_load_path``,
+    ``parallax.init_from_transformer``), named by config ``key``: with ``checkpoint.verify`` it must
+    pass :func:`quick_problem` where it has a manifest, and have one where ``manifest_required``; then
+    it must hold ``weights`` (``fix``: what to do instead). A path without a manifest or DCP metadata
+    is no checkpoint at all, which the weights' check names."""
+    checked = cfg.checkpoint.verify and has_checkpoint_files(path)
+    if checked and (manifest_required or os.path.isfile(os.path.join(path, MANIFEST_FILE))):
+        problem = quick_problem(path, off_switch=None)
+        if problem:
+            return [f"{key}: {path!r} is not a valid checkpoint: {problem}; checkpoint.verify = false loads it "
+                    "unchecked"]
+    return _weight_problems(cfg, key, path, weights, fix)[1]
