@@ -93,10 +93,7 @@ def profile_step(opt, prefix: str, command: str, top: int = 25) -> str:
             torch.cuda.synchronize()
     path = f"{prefix}_trace.json"
     prof.export_chrome_trace(path)
-    trace = trace_summary.load(path)
-    events = trace_summary.kernel_events(trace)
-    body = trace_summary.summarize(events, top, trace_summary.launching_ops(trace),
-                                   trace_summary.idle_causes(trace, events))
+    body = trace_summary.summary_of(trace_summary.load(path), top)
     meta = describe("Where one optimizer step's time goes", f"one profiled step of {os.path.basename(prefix)} "
                     f"after the timed ones; the trace: {path}", command)
     return write_results(prefix, meta, body)

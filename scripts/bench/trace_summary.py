@@ -170,6 +170,12 @@ def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None,
     return "\n".join(lines) + "\n"
 
 
+def summary_of(trace: dict, top: int = 25) -> str:
+    """``summarize`` of a loaded trace with its launching ops and idle causes: the markdown body."""
+    events = kernel_events(trace)
+    return summarize(events, top, launching_ops(trace), idle_causes(trace, events))
+
+
 def load(path: str) -> dict:
     """The Chrome trace at ``path`` (JSON, or gzipped JSON when it ends in .gz)."""
     opener = gzip.open if path.endswith(".gz") else open
@@ -193,8 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="also write the markdown to OUT.md")
     args = parser.parse_args(argv)
     trace = load(args.trace)
-    events = kernel_events(trace)
-    body = summarize(events, args.top, launching_ops(trace), idle_causes(trace, events))
+    body = summary_of(trace, args.top)
     meta = describe("Where the GPU time of a profiled step goes",
                     f"GPU kernel time per group, timeline and idle causes in the profiler trace {args.trace} "
                     f"(recorded on {recorded_on(trace)}; the versions below are the summarising machine's)",
