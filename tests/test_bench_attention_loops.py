@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 
 import pytest
@@ -33,3 +34,10 @@ def test_a_changed_loop_header_is_an_error(monkeypatch):
     monkeypatch.setattr(attention_loops, "_KV_LOOP", "for n0 in range(lo, hi, BLOCK_N):")
     with pytest.raises(RuntimeError, match="loop headers changed"):
         attention_loops.variant_source("warp_specialize")
+
+
+def test_variant_list_rejects_unknown_names():
+    assert attention_loops.variant_list("range, tma") == ("range", "tma")
+    for bad in ("tma,ws", ",", "fast"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--variants"):
+            attention_loops.variant_list(bad)

@@ -52,6 +52,15 @@ def variant_source(name: str) -> str:
     return source.replace(_KV_LOOP, LOOPS[name][0]).replace(_Q_LOOP, LOOPS[name][1])
 
 
+def variant_list(text: str) -> tuple:
+    """``--variants`` parsed: names of LOOPS, comma-separated; an unknown name is an argparse error."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in LOOPS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--variants {text!r}: expected names among {', '.join(LOOPS)}")
+    return names
+
+
 def load_variant(name: str, folder: str):
     """The module built from ``variant_source(name)`` (a file in ``folder``: triton reads kernel sources)."""
     path = Path(folder) / f"fused_{name}.py"
@@ -114,11 +123,12 @@ def max_difference(out, reference) -> float:
     return max(float((a.float() - b.float()).abs().max()) for a, b in zip(out, reference))
 
 
-def run(folder: str) -> list[dict]:
-    """Rows (variant, D, kernel, config, ms or error, max difference from the shipped kernels)."""
+def run(folder: str, variants=tuple(LOOPS)) -> list[dict]:
+    """Rows (variant, D, kernel, config, ms or error, max difference from the shipped kernels) of the
+    shipped kernels ("range", always first: the reference) and ``variants``."""
     rows, modules = [], {"range": load_variant("range", folder)}
-    for name, (kv_loop, _) in LOOPS.items():  # a variant of the shipped source (tma) shares its module
-        modules.setdefault(name, load_variant(name, folder) if kv_loop else modules["range"])
+    for name in variants:  # a variant of the shipped source (tma) shares its module
+        modules.setdefault(name, load_variant(name, folder) if LOOPS[name][0] else modules["range"])
     for d in DIMS:
         tensors = inputs(d)
         baseline = cudnn_ms(*tensors[:3], tensors[4])
@@ -154,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.attention_loops",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/bench/attention_loops", help="output path without extension")
+    parser.add_argument("--variants", type=variant_list, default=tuple(LOOPS),
+                        help=f"comma-separated subset of {','.join(LOOPS)} (default: all; range always runs)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("scripts.bench.attention_loops needs a CUDA GPU")
@@ -163,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                     "tl.range(warp_specialize=True) or tl.range(num_stages=2), or the row tiles read through TMA "
                     "tensor descriptors", command_line(__spec__.name, argv))
     with tempfile.TemporaryDirectory() as folder:
-        rows = run(folder)
+        rows = run(folder, args.variants)
     print(write_results(args.out, meta, markdown(rows), {"rows": rows}))
 
 
