@@ -446,17 +446,17 @@ def _tma_ok(d, tensors_and_token_strides) -> bool:
     return True
 
 
-_allocator_set = False
+def _scratch(size, alignment, stream):
+    """Global scratch for triton's in-kernel tensor descriptors, from torch's caching allocator (so
+    CUDA graph capture keeps it in the graph's pool); the interpreter's descriptors live on the CPU."""
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _tma_allocator():
-    """Give triton the allocator its in-kernel tensor descriptors need (global scratch per launch,
-    from torch's caching allocator, so CUDA graph capture keeps it in the graph's pool); once."""
-    global _allocator_set
-    if not _allocator_set:
-        device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter's descriptors live on the CPU
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
-        _allocator_set = True
+    """Give triton the allocator its tensor descriptors need, at every TMA launch: triton keeps it in
+    a context variable, and autograd runs the backward of CUDA tensors on its own thread, which does
+    not see a value set on the caller's."""
+    triton.set_allocator(_scratch)
 
 
 def check_head_dim(d):

@@ -51,10 +51,13 @@ def both_orders(tiles, **flags) -> tuple:
 # The column pass mostly runs with queries on the rows of its tiles (ROWS): each thread then holds two
 # of every per-query statistic instead of eight. At D=128 one stage beats two (two spill inside the
 # loop), at D=64 two stages win; keys x queries at 32 x 64 keeps B1 L16384 D128 (docs/kernels.md).
+# Row tiles through TMA (``TMA``) were as fast or faster at every tile but the row pass's 128 x 32,
+# 2-30% (docs/bench/attention_loops.md); where the inputs' layout does not allow TMA, these configs
+# run the same tiles with pointer loads.
 SHIPPED = {
-    "fwd": both_orders([(128, 64, 8, 3), (64, 64, 4, 3)]),
-    "dq": both_orders([(128, 32, 8, 3), (64, 64, 4, 4)]),
-    "dkdv": both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True) + both_orders([(32, 64, 4, 3)]),
+    "fwd": both_orders([(128, 64, 8, 3), (64, 64, 4, 3)], TMA=True),
+    "dq": both_orders([(128, 32, 8, 3)]) + both_orders([(64, 64, 4, 4)], TMA=True),
+    "dkdv": both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True, TMA=True) + both_orders([(32, 64, 4, 3)], TMA=True),
 }
 # Tile shapes around the shipped winners; a config joins SHIPPED when it wins a sweep.
 SWEEP = {
@@ -65,7 +68,8 @@ SWEEP = {
     + both_orders([(32, 64, 4, 3), (32, 128, 8, 2), (32, 128, 8, 3), (16, 128, 4, 3)]),
 }
 # The shipped tiles with their row tiles read by TMA tensor descriptors (``TMA``: the K/V tiles of the
-# forward and row pass, the Q, rho and dO tiles of the column pass); a sweep times them beside SWEEP.
+# forward and row pass, the Q, rho and dO tiles of the column pass); a sweep times them beside SWEEP's
+# pointer loads.
 TMA_SWEEP = {
     "fwd": both_orders([(128, 64, 8, 3), (64, 64, 4, 3)], TMA=True),
     "dq": both_orders([(128, 32, 8, 3), (64, 64, 4, 4)], TMA=True),
