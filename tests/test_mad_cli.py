@@ -43,7 +43,7 @@ def test_cli_tiny_grid(tmp_path):
     assert summary["scores"]["parallax"]["avg"]["n"] == 2
     assert (summary["runs_finished"], summary["runs_planned"]) == (8, 8)
     table = (out / "table.md").read_text()
-    assert "| ICR |" in table and "| MEM |" in table and "Runs finished: 8 of 8 planned." in table
+    assert "| ICR |" in table and "| MEM |" in table and "Runs finished: 8 of 8 planned (attention, parallax)." in table
     # one baseline setting per task against the paper's means over 11 / 6 settings: not comparable
     assert "0.716" not in table and "0.951" not in table and "n/a" in table
 
@@ -279,3 +279,14 @@ def test_compile_blocks_survives_more_models_than_the_recompile_limit():
         model = build_model("in-context-recall", mixer, 16, 8, dim=32, n_heads=heads, hidden_dim=32)
         compile_blocks(model, backend="eager")
         assert torch.isfinite(model(torch.zeros(1, 8, dtype=torch.long))).all()
+
+
+def test_runs_line_counts_the_planned_mixers_apart_from_the_others():
+    from eval.mad.report import runs_line
+
+    runs = [{"mixer": m} for m in ["attention"] * 12 + ["affine_la"] * 5 + ["value_averaging"] * 6]
+    assert runs_line(runs, 12, ["affine_la", "value_averaging"]) == (
+        "Runs finished: 11 of 12 planned (affine_la, value_averaging); the table also reads 12 runs of other "
+        "mixers from the same folder.")
+    assert runs_line(runs, 30) == "Runs finished: 23 of 30 planned."
+    assert runs_line(runs) == "Runs finished: 23."

@@ -89,3 +89,18 @@ def test_idle_gaps_are_attributed_to_the_host_event_running():
                                                         "optimizer step": 50}
     text = trace_summary.summarize(events, top=5, idle=trace_summary.idle_causes(trace, events))
     assert "| `optimizer step > cudaStreamSynchronize` | 0.20 |" in text
+
+
+def test_memcpy_and_memset_count_as_gpu_work_not_idle():
+    """A DtoD memcpy between two kernels (baddbmm's input copied into its output) is GPU time."""
+    events = [{"cat": "kernel", "name": "nvjet_sm90_tst", "ts": 0, "dur": 100},
+              {"cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 100, "dur": 50},
+              {"cat": "gpu_memset", "name": "Memset (Device)", "ts": 150, "dur": 1},
+              {"cat": "kernel", "name": "nvjet_sm90_tst", "ts": 151, "dur": 100},
+              {"cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 90, "dur": 5}]
+    found = trace_summary.kernel_events({"traceEvents": events})
+    assert len(found) == 4
+    assert trace_summary.timeline(found)["idle"] == 0
+    text = trace_summary.summarize(found, top=3)
+    assert "2.51 ms" not in text and "over 2 kernels and 2 memcpy / memset" in text
+    assert "| copy / cast | 0.05 |" in text

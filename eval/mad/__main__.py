@@ -142,7 +142,7 @@ def main(argv=None) -> int:
             raise SystemExit(str(exc)) from None
     runs = load_runs(os.path.join(args.out, "runs.jsonl"))
     planned = len(cfg.settings()) * len(mixers) * len(cfg.train.lrs) * len(cfg.train.weight_decays)
-    scores = write_report(runs, args.out, title, args.note, config, planned)
+    scores = write_report(runs, args.out, title, args.note, config, planned, mixers)
     for mixer, s in sorted(scores.items()):
         print(mixer, {k: round(v[0], 3) for k, v in s.items()})
     return 0

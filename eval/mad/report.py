@@ -141,18 +141,28 @@ def plot_hard(best: dict, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
+def runs_line(runs: list[dict], planned: int | None = None, mixers=None) -> str:
+    """The table's line on how much of the grid finished: runs of the planned ``mixers`` (all runs
+    when None) against ``planned``, and the runs of other mixers read from the same folder."""
+    ours = [r for r in runs if mixers is None or r["mixer"] in mixers]
+    line = f"Runs finished: {len(ours)}" + (f" of {planned} planned" if planned else "")
+    line += f" ({', '.join(mixers)})" if mixers is not None else ""
+    other = len(runs) - len(ours)
+    return line + (f"; the table also reads {other} runs of other mixers from the same folder." if other else ".")
+
+
 def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", config: dict | None = None,
-                 planned: int | None = None) -> dict:
+                 planned: int | None = None, mixers=None) -> dict:
     """Write results.json, table.md (and hard_sweep.png for a harder sweep); returns the scores.
 
-    ``planned``: the number of runs of the grid, for the "runs finished" line."""
+    ``planned``: the number of runs of the grid's ``mixers``, for the "runs finished" line."""
     best = best_per_setting(runs)
     scores = task_scores(best)
     micro = task_scores(best, "test_acc_micro")
-    runs_line = f"Runs finished: {len(runs)}" + (f" of {planned} planned." if planned else ".")
     with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(markdown(scores, best, title, note, micro, runs_line))
-    summary = {"config": config, "runs_finished": len(runs), "runs_planned": planned,
+        f.write(markdown(scores, best, title, note, micro, runs_line(runs, planned, mixers)))
+    planned_runs = [r for r in runs if mixers is None or r["mixer"] in mixers]
+    summary = {"config": config, "runs_finished": len(planned_runs), "runs_planned": planned, "runs_read": len(runs),
                "scores": {m: {t: {"mean": v[0], "n": v[1], "micro": micro[m][t][0]} for t, v in s.items()}
                           for m, s in scores.items()},
                "paper": PAPER, "best": [r for r in best.values()], "runs": runs}

@@ -35,13 +35,16 @@ GROUPS = [
     # Inductor's fused pointwise/reduction kernels name the ops they fuse, often `_to_copy` (a dtype
     # cast folded into a norm or the loss): they are compute, not copies
     ("other (elementwise, norms, loss)", r"^triton_(poi|red|per)_"),
-    ("copy / cast", r"copy|cast|convert"),
+    ("copy / cast", r"copy|cast|convert|memcpy|memset"),
 ]
+# The stream's memcpy and memset (e.g. the copy of baddbmm's input into its output) occupy the GPU
+# between kernels like a kernel does: counted as GPU work, not idle time.
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def kernel_events(trace: dict) -> list[dict]:
-    """GPU kernel events ('cat' == 'kernel') with 'name' and 'dur' (microseconds)."""
-    return [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
+    """GPU work events (``GPU_WORK``: kernels, memcpy, memset) with 'name' and 'dur' (microseconds)."""
+    return [e for e in trace.get("traceEvents", []) if e.get("cat") in GPU_WORK and "dur" in e]
 
 
 def group_of(name: str) -> str:
@@ -155,7 +158,9 @@ def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None,
         count[e["name"]] += 1
     total = sum(by_group.values()) or 1.0
     times = timeline(events)
-    lines = [f"GPU kernel time in the trace: {total / 1e3:.2f} ms over {len(events)} kernels", ""]
+    copies = sum(e.get("cat") in ("gpu_memcpy", "gpu_memset") for e in events)
+    lines = [f"GPU kernel time in the trace: {total / 1e3:.2f} ms over {len(events) - copies} kernels"
+             + (f" and {copies} memcpy / memset" if copies else ""), ""]
     lines += table(["group", "ms", "share"], ((group, *_ms_share(us, total)) for group, us in _largest(by_group)))
     lines += ["", *table(["timeline", "ms", "share of span"],
                          ((key.replace("_", " "), *_ms_share(times[key], times["span"] or 1.0))
