@@ -2,9 +2,12 @@
 
 Both map a matrix (or a batch of same-shape matrices) ``G`` of shape
 ``(..., m, n)`` to an approximation of its polar factor ``U V^T`` (``G = U S V^T``).
-They work in the wide orientation (``m <= n``) so the Gram matrix ``X X^T`` is the
-smaller one; tall inputs are transposed in and out. ``gram=True`` iterates on that Gram matrix
-instead (``_iterate_gram``: fewer FLOPs on rectangular matrices, no transposes). It is off by
+Each step forms its polynomial on the small side, ``H = aI + bA + cA^2`` with ``A = X X^T`` for a
+wide X and ``A = X^T X`` for a tall one, and applies it with one product (``H X`` or ``X H``): no
+transposed copies in or out, and no copy of the iterate into a ``baddbmm`` output (on an H200 the
+two were 7.3 ms of a 56 ms 0.6B Muon step, docs/bench/optimizers_muon_profile.md).
+``gram=True`` iterates on that Gram matrix instead (``_iterate_gram``: fewer FLOPs on rectangular
+matrices, since the iterate is formed only at restarts). It is off by
 default: its update ``A <- H A H`` keeps the sign of every eigenvalue, so when rounding makes a
 (near-)zero eigenvalue of a rank-deficient gradient's Gram matrix negative, the polynomials grow it
 without bound. In bf16 on an H200 this turned the first Muon steps of MAD models into NaN
@@ -81,18 +84,21 @@ def _frobenius(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True, dtype=wide)
 
 
-def _iterate_wide(X, coeffs, steps):
-    """Run ``X <- aX + (bA + cA^2) X`` with ``A = X X^T`` on a contiguous wide ``(batch, m, n)`` X.
+def _iterate_polar(X, coeffs, steps):
+    """Run ``X <- p(X X^T) X`` with ``p(A) = aI + bA + cA^2`` on a contiguous ``(batch, m, n)`` X.
 
-    Each step is three GEMMs (two of them with the scalar terms fused in as ``baddbmm``'s
-    alpha/beta) and no elementwise pass: on a transposed (tall) view those passes fell back to
-    strided kernels.
+    p(X X^T) X = X p(X^T X), so a tall X (m > n) takes ``A = X^T X`` and ``X <- X H``: the small side
+    either way, from a transposed view (the GEMM reads it in place). Per step three GEMMs: A, then
+    ``H = bA + cA^2`` as one ``baddbmm`` (its input copy is k x k, k = min(m, n)) with ``a`` added to
+    the diagonal, then the product with X, which writes a fresh output instead of copying X into it.
     """
+    tall = X.shape[-2] > X.shape[-1]
     for i in range(steps):
         a, b, c = coeffs(i)
-        A = torch.bmm(X, X.mT)
-        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
-        X = torch.baddbmm(X, B, X, beta=a)
+        A = torch.bmm(X.mT, X) if tall else torch.bmm(X, X.mT)
+        H = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        H.diagonal(dim1=-2, dim2=-1).add_(a)
+        X = torch.bmm(X, H) if tall else torch.bmm(H, X)
     return X
 
 
@@ -128,13 +134,11 @@ def _iterate(G, coeffs, steps, dtype, safety, gram):
     by ``||G||_F * safety + eps`` (the eps keeps a zero matrix at zero), as a Gram iteration when
     ``gram``; returns G's shape and dtype, contiguous."""
     dtype = dtype or default_compute_dtype(G)
-    tall = not gram and G.shape[-2] > G.shape[-1]
-    X = _dense(G.mT if tall else G, dtype)
+    X = _dense(G, dtype)
     X = X.reshape(-1, *X.shape[-2:])
     X = X / (_frobenius(X) * safety + _NORM_EPS).to(dtype)
-    X = _iterate_gram(X, coeffs, steps) if gram else _iterate_wide(X, coeffs, steps)
-    X = X.reshape(*G.shape[:-2], *X.shape[-2:])
-    return _dense(X.mT if tall else X, G.dtype)
+    X = _iterate_gram(X, coeffs, steps) if gram else _iterate_polar(X, coeffs, steps)
+    return _dense(X.reshape(G.shape), G.dtype)
 
 
 def polar_express(G: torch.Tensor, steps: int = 8, dtype: torch.dtype | None = None,

@@ -257,3 +257,47 @@ def test_rank_deficient_matrices_under_rounding_noise(monkeypatch, rank):
     gram = polar_express(G, gram=True)
     assert torch.isfinite(standard).all() and torch.linalg.matrix_norm(standard, ord=2) < 1.3
     assert not (torch.isfinite(gram).all() and torch.linalg.matrix_norm(gram, ord=2) < 1.3)
+
+
+def _textbook_polar_express(G, dtype):
+    """Polar Express written as the papers do, on the wide orientation (a tall G transposed in and
+    out), in ``dtype``: X <- aX + (bA + cA^2)X, A = X X^T, the aX term added in the GEMM's fp32
+    epilogue. The reference the small-side form is held to."""
+    from optimizers.orthogonalize import _SAFETY
+
+    tall = G.shape[-2] > G.shape[-1]
+    X = (G.mT if tall else G).to(dtype).contiguous().unsqueeze(0)
+    X = X / (torch.linalg.vector_norm(X.float(), dim=(-2, -1), keepdim=True) * _SAFETY + 1e-7).to(dtype)
+    for a, b, c in POLAR_EXPRESS_COEFFS:
+        A = torch.bmm(X, X.mT)
+        X = torch.baddbmm(X, torch.baddbmm(A, A, A, beta=b, alpha=c), X, beta=a)
+    return (X[0].mT if tall else X[0]).float()
+
+
+@pytest.mark.parametrize("m,n", [(256, 768), (768, 256), (384, 384)])
+@pytest.mark.parametrize("kappa", [10, 1e3])
+def test_small_side_form_is_as_accurate_as_the_textbook_form_in_bf16(m, n, kappa):
+    """The shipped step (H = aI + bA + cA^2 on the small side, a added to H's diagonal in bf16, X H
+    for tall inputs) against the fp64 SVD polar factor: no further from it than the textbook form
+    (aX + BX on the wide orientation) in the same dtype, on full-rank matrices of both
+    orientations. In fp64 the two agree to rounding."""
+    W, *_ = spectrum_matrix(m, n, logspaced(m, n, kappa), 3)
+    ref = polar_svd(W)
+    ours = rel_err(polar_express(W.float(), dtype=torch.bfloat16), ref)
+    textbook = rel_err(_textbook_polar_express(W.float(), torch.bfloat16), ref)
+    assert ours < 1.1 * textbook + 2e-3, (ours, textbook)
+    torch.testing.assert_close(polar_express(W, dtype=torch.float64), _textbook_polar_express(W, torch.float64).double(),
+                               rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [polar_express, newton_schulz])
+@pytest.mark.parametrize("shape", [(352, 128), (128, 352)])
+def test_bf16_default_path_is_bounded_on_rank_deficient_matrices(fn, shape):
+    """Low-rank gradients in bf16 on the CPU, both orientations (the tall one iterates on X^T X):
+    every singular value of the output stays below 1.3, as on the GPU."""
+    gen = torch.Generator().manual_seed(0)
+    for rank in (1, 3, 16):
+        G = torch.randn(4, shape[0], rank, generator=gen) @ torch.randn(4, rank, shape[1], generator=gen)
+        out = fn(G, dtype=torch.bfloat16)
+        assert torch.isfinite(out).all()
+        assert torch.linalg.matrix_norm(out.double(), ord=2).max() < 1.3
