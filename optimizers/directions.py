@@ -79,12 +79,13 @@ def update_scale(kind: str, m: int, n: int) -> float:
     raise ValueError(f"update_scale: kind={kind!r}; expected one of {UPDATE_SCALES}")
 
 
-def _blocks(U: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """(m, n) -> (heads, head_dim, n) for per-head updates, (1, m, n) for full."""
-    m, n = U.shape
-    if head_dim:
-        return U.reshape(m // head_dim, head_dim, n)
-    return U.unsqueeze(0)
+def _stack_blocks(updates: list, head_dim: int) -> torch.Tensor:
+    """Updates as one (batch, rows, cols) stack: (count, m, n) for same-shape full matrices (one
+    ``torch.stack``: a view op per matrix was host time the GPU waited for), or (total heads,
+    head_dim, n) for per-head updates of any head count."""
+    if not head_dim:
+        return torch.stack(updates)
+    return torch.cat([U.reshape(U.shape[0] // head_dim, head_dim, U.shape[1]) for U in updates])
 
 
 def _direction_key(spec: MatrixSpec, U: torch.Tensor) -> tuple:
@@ -115,15 +116,19 @@ def _batched_directions(jobs, skip: SkipStep, states: list):
     ``skip`` is set), in U's dtype (fp32 or wider for the stateful algorithms)."""
     buckets = defaultdict(list)
     for idx, spec, U in jobs:
-        buckets[_direction_key(spec, U)].append((idx, spec, _blocks(U, spec.head_dim)))
+        buckets[_direction_key(spec, U)].append((idx, spec, U))
     out = {}
     for key, entries in buckets.items():
-        stacked = torch.cat([b for _, _, b in entries])
         spec = entries[0][1]
+        stacked = _stack_blocks([U for _, _, U in entries], spec.head_dim)
         result = _directions(key[0], stacked, spec, [states[idx] for idx, _, _ in entries], skip)
         result = skip.zero_if_skipped(result)
-        for (idx, spec, b), piece in zip(entries, result.split([b.shape[0] for _, _, b in entries])):
-            out[idx] = piece.reshape(spec.shape)
+        if spec.head_dim:  # one bucket holds matrices of any head count: split by each one's heads
+            heads = [U.shape[0] // spec.head_dim for _, _, U in entries]
+            pieces = [piece.reshape(U.shape) for piece, (_, _, U) in zip(result.split(heads), entries)]
+        else:
+            pieces = result.unbind(0)
+        out.update({idx: piece for (idx, _, _), piece in zip(entries, pieces)})
     return out
 
 
