@@ -115,6 +115,7 @@ def _interpret_main(out_path):
         if name in ("w7_gqa_odd", "w20_varlen_bm32"):
             results["window_" + name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, window, cfg)
     results["tma_fallback"] = _tma_fallback_case(fused)
+    results["tma_thread"] = _tma_thread_case(fused)
     results["window_api"] = _window_api_case(parallax_attention)
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
     results["candidates"] = _candidates_case(parallax_attention, tuning)
@@ -151,6 +152,35 @@ def _tma_fallback_case(fused):
     plain = fused.forward(q, r, k, v, 0.25, config=config)[0]
     tma = fused.forward(q, r, k, v, 0.25, config={**config, "TMA": True})[0]
     return {"tma_ok": fused._tma_ok(16, [(k, k.stride(1))]), "equal": torch.equal(plain, tma)}
+
+
+def _tma_thread_case(fused):
+    """A TMA backward on another thread than its forward, as autograd runs a CUDA backward: triton
+    keeps its allocator in a context variable, so the launch there has to set it again (the
+    interpreter does not call it, hence the direct look at the thread's allocator afterwards)."""
+    import threading
+
+    torch.manual_seed(1)
+    q, r, k, v, do = (torch.randn(1, 20, 2, 16) for _ in range(5))
+    config = {"BM": 16, "BN": 16, **SMALL, "TMA": True}
+    saved = fused.forward(q, r, k, v, 0.25, config=config)
+    box = {}
+
+    def backward():
+        try:
+            box["grads"] = fused.backward(do, q, r, k, v, *saved, 0.25, dq_config=config, dkdv_config=config)
+            from triton.runtime import _allocation
+
+            box["scratch"] = str(_allocation._allocator.get()(64, 16, None).device)
+        except Exception as exc:  # the result: the test reports it
+            box["error"] = repr(exc)[:200]
+
+    thread = threading.Thread(target=backward)
+    thread.start()
+    thread.join()
+    here = fused.backward(do, q, r, k, v, *saved, 0.25, dq_config=config, dkdv_config=config)
+    return {"error": box.get("error"), "scratch": box.get("scratch"),
+            "equal": "grads" in box and all(torch.equal(a, b) for a, b in zip(box["grads"], here))}
 
 
 def _opcheck():
@@ -294,6 +324,7 @@ def test_interpreted_tma_descriptors_with_a_window(interpreted, name):
 
 def test_interpreted_tma_config_keeps_pointer_loads_where_descriptors_cannot_read(interpreted):
     assert interpreted["tma_fallback"] == {"tma_ok": False, "equal": True}
+    assert interpreted["tma_thread"] == {"error": None, "scratch": "cpu", "equal": True}
 
 
 def test_tma_needs_heads_d_apart_and_16_byte_alignment():

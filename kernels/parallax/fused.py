@@ -446,17 +446,19 @@ def _tma_ok(d, tensors_and_token_strides) -> bool:
     return True
 
 
-def _scratch(size, alignment, stream):
-    """Global scratch for triton's in-kernel tensor descriptors, from torch's caching allocator (so
-    CUDA graph capture keeps it in the graph's pool); the interpreter's descriptors live on the CPU."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+_scratch_allocators: dict = {}
 
 
-def _tma_allocator():
-    """Give triton the allocator its tensor descriptors need, at every TMA launch: triton keeps it in
-    a context variable, and autograd runs the backward of CUDA tensors on its own thread, which does
-    not see a value set on the caller's."""
-    triton.set_allocator(_scratch)
+def _tma_allocator(device: torch.device):
+    """Give triton the allocator its tensor descriptors need, at every TMA launch: global scratch on
+    the launch's ``device`` (the interpreter's: the CPU) from torch's caching allocator, so CUDA
+    graph capture keeps it in the graph's pool. Set per launch because triton keeps it in a context
+    variable, and autograd runs the backward of CUDA tensors on its own thread, which does not see
+    a value set on the caller's."""
+    if device not in _scratch_allocators:
+        _scratch_allocators[device] = lambda size, alignment, stream: torch.empty(size, dtype=torch.int8,
+                                                                                  device=device)
+    triton.set_allocator(_scratch_allocators[device])
 
 
 def check_head_dim(d):
@@ -504,7 +506,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     k, v, skt, skh = _same_layout(k, v)
     meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, skt)])
     if meta["TMA_OK"]:
-        _tma_allocator()
+        _tma_allocator(q.device)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
     tbar = stats_buffer(q)
@@ -534,7 +536,7 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
     meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, skt), (do, do.stride(1))])
     if meta["TMA_OK"]:
-        _tma_allocator()
+        _tma_allocator(q.device)
     tau = torch.empty_like(tbar)
     beta = torch.empty_like(tbar)
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
