@@ -439,7 +439,8 @@ def _tma_ok(d, tensors_and_token_strides) -> bool:
     """Whether TMA tensor descriptors can read these (T, H, D) row sources: each (tensor, token stride)
     with head stride D (rows of one token contiguous), its base and token stride in bytes multiples of
     16 (the bulk copy engine's alignment). Otherwise the kernels keep pointer loads. Asked only when a
-    config in play has the TMA flag, so the shipped configs never touch triton's allocator."""
+    config in play has the TMA flag (``tuning.wants_tma``); a candidate list without one never
+    touches triton's allocator."""
     for x, stride_t in tensors_and_token_strides:
         if x.stride(-2) != d or x.data_ptr() % 16 or (stride_t * x.element_size()) % 16:
             return False
