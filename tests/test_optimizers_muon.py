@@ -210,3 +210,17 @@ def test_same_shape_matrices_are_stacked_without_a_view_per_matrix():
     assert not per_matrix, per_matrix
     for i, U in enumerate(updates):
         torch.testing.assert_close(directions[i], polar_express(U), rtol=1e-5, atol=1e-5)
+
+
+def test_step_phases_are_named_in_a_profile():
+    """A profiled step shows its phases as ranges (what trace_summary attributes the GPU's idle time
+    to), in order: momentum, work list, matrix terms, decay and Adam, apply."""
+    model = TinyParallax()
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt = MuonAdamW(build_param_groups(model, RoutingConfig()), lr=0.01)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    names = ["muon.momentum", "muon.work_list", "muon.matrix_terms", "muon.decay_and_adam", "muon.apply"]
+    starts = {e.name: e.time_range.start for e in prof.events() if e.name in names}
+    assert sorted(starts, key=starts.get) == names
