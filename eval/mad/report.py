@@ -141,13 +141,18 @@ def plot_hard(best: dict, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
+def runs_of(runs: list[dict], mixers=None) -> list[dict]:
+    """The runs of ``mixers`` (all runs when None)."""
+    return [r for r in runs if mixers is None or r["mixer"] in mixers]
+
+
 def runs_line(runs: list[dict], planned: int | None = None, mixers=None) -> str:
     """The table's line on how much of the grid finished: runs of the planned ``mixers`` (all runs
     when None) against ``planned``, and the runs of other mixers read from the same folder."""
-    ours = [r for r in runs if mixers is None or r["mixer"] in mixers]
-    line = f"Runs finished: {len(ours)}" + (f" of {planned} planned" if planned else "")
+    finished = len(runs_of(runs, mixers))
+    line = f"Runs finished: {finished}" + (f" of {planned} planned" if planned else "")
     line += f" ({', '.join(mixers)})" if mixers is not None else ""
-    other = len(runs) - len(ours)
+    other = len(runs) - finished
     return line + (f"; the table also reads {other} runs of other mixers from the same folder." if other else ".")
 
 
@@ -161,8 +166,8 @@ def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", con
     micro = task_scores(best, "test_acc_micro")
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(markdown(scores, best, title, note, micro, runs_line(runs, planned, mixers)))
-    planned_runs = [r for r in runs if mixers is None or r["mixer"] in mixers]
-    summary = {"config": config, "runs_finished": len(planned_runs), "runs_planned": planned, "runs_read": len(runs),
+    summary = {"config": config, "runs_finished": len(runs_of(runs, mixers)), "runs_planned": planned,
+               "runs_read": len(runs),
                "scores": {m: {t: {"mean": v[0], "n": v[1], "micro": micro[m][t][0]} for t, v in s.items()}
                           for m, s in scores.items()},
                "paper": PAPER, "best": [r for r in best.values()], "runs": runs}
