@@ -1,7 +1,5 @@
 """scripts.bench.kernel_resources: compiling our kernels for sm_90 without a GPU, and reading the SASS."""
 
-import triton
-
 from kernels.parallax import fused
 from scripts.bench import kernel_resources as kr
 
@@ -107,17 +105,10 @@ def test_tma_configs_compile_to_bulk_copies_on_hopper_and_pointer_loads_before()
     """The shipped TMA configs on any CUDA GPU: for sm_90 the forward's K/V tiles come through the bulk
     tensor copy engine; for sm_80 triton rewrites the descriptors into pointer loads, and it compiles."""
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    kernel = fused.JIT_KERNELS["fwd"]
     consts = dict(D=64, BM=64, BN=64, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, TMA=True, TMA_OK=True)
-    consts = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **consts}
-    ptx = {}
-    for arch in (90, 80):
-        source = ASTSource(fn=kernel, signature=kr.signature(kernel, consts), constexprs=consts,
-                           attrs=kr.aligned(kernel, consts))
-        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 3})
-        ptx[arch] = compiled.asm["ptx"]
+    ptx = {arch: kr.compile_kernel(fused.JIT_KERNELS["fwd"], consts, 4, 3, GPUTarget("cuda", arch, 32)).asm["ptx"]
+           for arch in (90, 80)}
     assert "cp.async.bulk.tensor" in ptx[90]
     assert "cp.async.bulk.tensor" not in ptx[80]
     assert "cp.async.cg.shared.global" in ptx[80] or "ld.global" in ptx[80]  # Ampere's pointer loads

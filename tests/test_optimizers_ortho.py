@@ -263,11 +263,11 @@ def _textbook_polar_express(G, dtype):
     """Polar Express written as the papers do, on the wide orientation (a tall G transposed in and
     out), in ``dtype``: X <- aX + (bA + cA^2)X, A = X X^T, the aX term added in the GEMM's fp32
     epilogue. The reference the small-side form is held to."""
-    from optimizers.orthogonalize import _SAFETY
+    from optimizers.orthogonalize import _NORM_EPS, _SAFETY
 
     tall = G.shape[-2] > G.shape[-1]
     X = (G.mT if tall else G).to(dtype).contiguous().unsqueeze(0)
-    X = X / (torch.linalg.vector_norm(X.float(), dim=(-2, -1), keepdim=True) * _SAFETY + 1e-7).to(dtype)
+    X = X / (torch.linalg.vector_norm(X.float(), dim=(-2, -1), keepdim=True) * _SAFETY + _NORM_EPS).to(dtype)
     for a, b, c in POLAR_EXPRESS_COEFFS:
         A = torch.bmm(X, X.mT)
         X = torch.baddbmm(X, torch.baddbmm(A, A, A, beta=b, alpha=c), X, beta=a)

@@ -112,14 +112,19 @@ def inner_loops(sass: str, compute: bool = False) -> list[tuple[int, int]]:
     return sorted(sizes)
 
 
-def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
-    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes, and
-    (instructions, wgmma) of the leanest innermost loop that runs wgmma."""
-    # constexpr parameters left out take their defaults, as at a launch (e.g. the column pass's ROWS)
+def compile_kernel(kernel, constexprs: dict, num_warps: int, num_stages: int, target=HOPPER):
+    """``kernel`` compiled by triton for ``target`` (default sm_90) with ``constexprs``; constexpr
+    parameters left out take their defaults, as at a launch (e.g. the column pass's ROWS)."""
     constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     source = ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs,
                        attrs=aligned(kernel, constexprs))
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes, and
+    (instructions, wgmma) of the leanest innermost loop that runs wgmma."""
+    compiled = compile_kernel(kernel, constexprs, num_warps, num_stages)
     usage, sass = _cuobjdump(compiled.asm["cubin"], ["--dump-resource-usage"], ["-sass"])
     line = next(line for line in usage.splitlines() if "REG:" in line)
     fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
