@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.family.common import positions
+from kernels.family.scan import prefix_sum
 
 DEFAULT_CHUNK = 64
 
@@ -35,7 +36,7 @@ def causal_linear_attention(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     n = x.shape[-2]
     xc, kc, vc = (_chunks(t, chunk) for t in (x, k, v))
     per_chunk = kc.transpose(-1, -2) @ vc  # (..., N, D, D): sum over the chunk of k_j v_j^T
-    before = torch.cat([torch.zeros_like(per_chunk[..., :1, :, :]), per_chunk[..., :-1, :, :].cumsum(-3)], -3)
+    before = torch.cat([torch.zeros_like(per_chunk[..., :1, :, :]), prefix_sum(per_chunk[..., :-1, :, :], -3)], -3)
     intra = (xc @ kc.transpose(-1, -2)).tril() @ vc
     return (xc @ before + intra).flatten(-3, -2)[..., :n, :]
 
@@ -43,12 +44,12 @@ def causal_linear_attention(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 def uniform_moments(k: torch.Tensor, v: torch.Tensor):
     """Causal uniform averages kbar_i, vbar_i (B, Hkv, 1, L, D) and counts n_i (L, 1)."""
     n = positions(k.shape[-2], k.dtype, k.device)
-    return k.cumsum(-2) / n, v.cumsum(-2) / n, n
+    return prefix_sum(k, -2) / n, prefix_sum(v, -2) / n, n
 
 
 def value_averaging_chunked(v: torch.Tensor) -> torch.Tensor:
     """o_i = vbar_i for grouped v (B, Hkv, 1, L, D)."""
-    return v.cumsum(-2) / positions(v.shape[-2], v.dtype, v.device)
+    return prefix_sum(v, -2) / positions(v.shape[-2], v.dtype, v.device)
 
 
 def affine_linear_attention_chunked(r, k, v, *, intercept: bool = True, chunk: int = DEFAULT_CHUNK):
@@ -76,12 +77,12 @@ def _solve_ridge(q, k, lam, intercept: bool, chunk: int):
     for c0 in range(0, k.shape[-2], chunk):
         kc, qc = k[..., c0:c0 + chunk, :], q[..., c0:c0 + chunk, :]
         n = positions(kc.shape[-2], k.dtype, k.device)[:, :, None] + c0  # (C, 1, 1)
-        kk = (kc[..., :, None] * kc[..., None, :]).cumsum(-3) + s_kk[..., None, :, :]
+        kk = prefix_sum(kc[..., :, None] * kc[..., None, :], -3) + s_kk[..., None, :, :]
         s_kk = kk[..., -1, :, :]
         a = kk / n
         b = qc
         if intercept:
-            kbar = (kc.cumsum(-2) + s_k) / n[..., 0]
+            kbar = (prefix_sum(kc, -2) + s_k) / n[..., 0]
             s_k = s_k + kc.sum(-2, keepdim=True)
             a = a - kbar[..., :, None] * kbar[..., None, :]
             b = qc - kbar
