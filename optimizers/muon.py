@@ -241,21 +241,24 @@ class MuonAdamW(torch.optim.Optimizer):
         dscale = self.decay_scale(group)
         sp = group["sp_coeff"] != 0.0 and not self.sp_is_ordinary(group) and dscale != 0.0
         algo, options = group["algo"], self._direction_options(group)
-        out = []
+        out, by_shape = [], {}
         for p in live:
             if p.ndim != 2:
                 continue
-            m, n = p.shape
-            # SOAP's direction is Adam-normalised already: the Muon update scales do not apply
-            scale = 1.0 if algo == "soap" else update_scale(group["update_scale"], m, n)
-            coeff = -group["lr"] * scale if algo in MATRIX_ALGOS else 0.0
-            spec = MatrixSpec(
-                shape=(m, n), update_coeff=float(coeff), algo=algo, options=options, method=group["orthogonalizer"],
-                steps=group["ortho_steps"], dtype=group["ortho_dtype"], gram=group["ortho_gram"],
-                head_dim=group["head_dim"],
-                sp_coeff=-dscale * group["sp_coeff"] if sp else 0.0, sp_power=group["sp_power"],
-                band=group["sp_band"], tau=group["sp_band_tau"], msign_steps=group["msign_steps"],
-            )
+            # one spec per shape: a spec per matrix (hundreds per step) was host time the GPU waited for
+            spec = by_shape.get(p.shape)
+            if spec is None:
+                m, n = p.shape
+                # SOAP's direction is Adam-normalised already: the Muon update scales do not apply
+                scale = 1.0 if algo == "soap" else update_scale(group["update_scale"], m, n)
+                coeff = -group["lr"] * scale if algo in MATRIX_ALGOS else 0.0
+                spec = by_shape[p.shape] = MatrixSpec(
+                    shape=(m, n), update_coeff=float(coeff), algo=algo, options=options,
+                    method=group["orthogonalizer"], steps=group["ortho_steps"], dtype=group["ortho_dtype"],
+                    gram=group["ortho_gram"], head_dim=group["head_dim"],
+                    sp_coeff=-dscale * group["sp_coeff"] if sp else 0.0, sp_power=group["sp_power"],
+                    band=group["sp_band"], tau=group["sp_band_tau"], msign_steps=group["msign_steps"],
+                )
             out.append((p, spec, _local(p) if sp else None))
         return out
 

@@ -224,3 +224,26 @@ def test_step_phases_are_named_in_a_profile():
     names = ["muon.momentum", "muon.work_list", "muon.matrix_terms", "muon.decay_and_adam", "muon.apply"]
     starts = {e.name: e.time_range.start for e in prof.events() if e.name in names}
     assert sorted(starts, key=starts.get) == names
+
+
+def test_work_list_builds_one_spec_per_group_and_shape(monkeypatch):
+    """The work list shares one MatrixSpec among a group's same-shape matrices (a spec per matrix
+    was host time the GPU waited for), and every matrix gets its group's lr in its coefficient."""
+    import optimizers.muon as muon_module
+
+    built, spec_class = [], muon_module.MatrixSpec
+
+    def counting_spec(**fields):
+        built.append(fields["shape"])
+        return spec_class(**fields)
+
+    layers = nn.ModuleList(nn.Linear(8, 8, bias=False) for _ in range(6))
+    opt = MuonAdamW([{"params": [l.weight for l in layers], "algo": "muon"}], lr=0.02)
+    for layer in layers:
+        layer.weight.grad = torch.randn(8, 8)
+    monkeypatch.setattr(muon_module, "MatrixSpec", counting_spec)
+    group = opt.param_groups[0]
+    work = opt._matrix_work(group, group["params"])
+    assert built == [(8, 8)]
+    assert len(work) == 6 and all(spec is work[0][1] for _, spec, _ in work)
+    assert work[0][1].update_coeff == -0.02 * muon_module.update_scale(group["update_scale"], 8, 8)
