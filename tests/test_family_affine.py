@@ -246,3 +246,19 @@ def test_compiled_family_forms_hold_no_inductor_scan():
         torch.compile(fn, backend=record, fullgraph=True)()
     assert not any("cumsum" in op for op in ops), sorted(ops)
     assert any("prefix_sum" in op for op in ops), sorted(ops)
+
+
+def test_solves_never_read_an_error_flag_on_the_host(monkeypatch):
+    """Affine MesaNet (chunked and recurrent) and exact LLA factor through ``cholesky_ex``:
+    ``torch.linalg.cholesky`` reads its error flag on the host, a device sync per chunk and layer."""
+    from kernels import exact_lla
+
+    def syncing_cholesky(*args, **kwargs):
+        raise AssertionError("torch.linalg.cholesky called")
+
+    monkeypatch.setattr(torch.linalg, "cholesky", syncing_cholesky)
+    q, _, k, v, _ = make(1, 6, 2, 1, 3)
+    affine_mesanet(q, k, v, lam=0.5, chunk=4)
+    exact_lla(q, k, v, lam=0.5)
+    state = AffineState.zeros(1, 1, 3, dtype=F64, with_kk=True)
+    affine_mesanet_step(state, q[:, :1], k[:, :1], v[:, :1], lam=0.5)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.family.common import positions
+from kernels.family.common import positions, solve_spd
 from kernels.family.scan import prefix_sum
 
 DEFAULT_CHUNK = 64
@@ -86,8 +86,7 @@ def _solve_ridge(q, k, lam, intercept: bool, chunk: int):
             s_k = s_k + kc.sum(-2, keepdim=True)
             a = a - kbar[..., :, None] * kbar[..., None, :]
             b = qc - kbar
-        factor = torch.linalg.cholesky(a + ridge)
-        xs.append(torch.cholesky_solve(b[..., None], factor)[..., 0])
+        xs.append(solve_spd(a + ridge, b))
     return torch.cat(xs, -2)
 
 

@@ -91,3 +91,16 @@ def grouped_lam(lam, hkv: int, dtype: torch.dtype):
 def positions(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """(n, 1) tensor 1, 2, ..., n: the count i of tokens a causal uniform average at position i covers."""
     return torch.arange(1, n + 1, dtype=dtype, device=device)[:, None]
+
+
+def solve_spd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x = a^-1 b for symmetric positive definite a (..., D, D) and b (..., D), by Cholesky.
+
+    ``cholesky_ex`` rather than ``linalg.cholesky``: the latter reads its error flag on the host, a
+    device synchronisation per call (per chunk and layer in a forward). Every system here is a
+    covariance plus a ridge lambda >= its floor, so positive definite; a non-finite input gives a
+    non-finite x, which the trainer's non-finite check catches, instead of an exception.
+    Returns (..., D) in a's dtype; differentiable.
+    """
+    factor = torch.linalg.cholesky_ex(a).L
+    return torch.cholesky_solve(b[..., None], factor)[..., 0]

@@ -27,7 +27,8 @@ import math
 import torch
 
 from kernels.checks import is_finite_number
-from kernels.family.common import check_choice, check_lam, check_positive, check_tensors, grouped_lam, work_dtype
+from kernels.family.common import (check_choice, check_lam, check_positive, check_tensors, grouped_lam, solve_spd,
+                                    work_dtype)
 from kernels.layout import grouped, ungrouped
 
 SOLVERS = ("cholesky", "cg")
@@ -84,7 +85,7 @@ def _cholesky_block(qb, p, kk, vv, kbar, vbar, lam, outer):
     sigma_kk = (p @ outer).unflatten(-1, (d, d)) - kbar[..., :, None] * kbar[..., None, :]
     eye = torch.eye(d, dtype=qb.dtype, device=qb.device)
     ridge = lam * eye if not isinstance(lam, torch.Tensor) else lam[..., None] * eye
-    x = torch.cholesky_solve((qb - kbar)[..., None], torch.linalg.cholesky(sigma_kk + ridge))[..., 0]
+    x = solve_spd(sigma_kk + ridge, qb - kbar)
     return vbar + _weighted_product(p, x, kk, vv) - vbar * (kbar * x).sum(-1, keepdim=True)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.family.common import FLOAT_DTYPES, check_lam, work_dtype
+from kernels.family.common import FLOAT_DTYPES, check_lam, solve_spd, work_dtype
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class AffineState:
         else:
             ridge = lam * eye
         a = a[:, :, None] + ridge  # (B, Hkv, G or 1, D, D)
-        x = torch.cholesky_solve(qg[..., None], torch.linalg.cholesky(a))[..., 0]
+        x = solve_spd(a, qg)
         out = self._sigma_kv_times(x, intercept)
         if intercept:
             out = out + vbar[:, :, None]
