@@ -6,7 +6,8 @@
   epilogue, odd sizes, batch 1 and 3, 2-D P, fp32 / bf16 / fp16 against fp64; every output exactly
   symmetric and equal over two runs; the lower tiles of Y never read; ``polar_express`` with the
   kernel against the torch path in fp32.
-* Argument checks (no launch), the benchmark's page on a fabricated result.
+* Argument checks (no launch); `import kernels` and the CPU path of polar_express import no Triton;
+  the benchmark's page on a fabricated result.
 * ``gpu``: the 0.6B Muon shapes in bf16 against fp64, and ``polar_express`` against the SVD polar
   factor.
 """
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from kernels.gram import naive
-from tests._interpret import rel_err, run_interpreted
+from tests._interpret import REPO, rel_err, run_interpreted
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # fp16 rounds 8x finer than bf16
 
@@ -227,6 +231,18 @@ def test_polar_express_uses_the_kernel_only_for_half_precision_cuda_tensors():
 
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         assert ortho._gram_kernel(torch.zeros(1, 2, 2, dtype=dtype)) is None
+
+
+def test_importing_kernels_and_cpu_polar_express_do_not_import_triton():
+    """``kernels`` exports symmetric_product lazily, and the CPU path of polar_express never asks for it."""
+    code = ("import sys, torch, kernels, kernels.gram, kernels.gram.naive\n"
+            "from optimizers import polar_express\n"
+            "polar_express(torch.randn(2, 8, 12), steps=2, dtype=torch.bfloat16)\n"
+            "assert 'triton' not in sys.modules\n"
+            "assert kernels.symmetric_product.__module__ == 'kernels.gram.fused'\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 # --- the benchmark's page ---------------------------------------------------------------------------
