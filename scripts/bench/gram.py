@@ -48,14 +48,15 @@ def relative_difference(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours - ref).norm() / ref.norm()).item()
 
 
-def bench_shape(B: int, m: int, n: int, rep_ms: int) -> dict:
-    """Timings (ms) and differences of the three stages for one bucket of B bf16 m x n matrices."""
+def bench_shape(B: int, m: int, n: int, rep_ms: int, device: str = "cuda", timer=median_ms) -> dict:
+    """Timings (ms, ``timer(fn, rep_ms)``) and differences of the three stages for one bucket of B
+    bf16 m x n matrices on ``device`` (the tests run it on the CPU under Triton's interpreter)."""
     from kernels.gram import symmetric_product
 
     ortho = importlib.import_module("optimizers.orthogonalize")  # the package's name is a function
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    G = torch.randn(B, m, n, device="cuda", generator=gen, dtype=torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(0)
+    G = torch.randn(B, m, n, device=device, generator=gen, dtype=torch.bfloat16)
     X = G / (ortho._frobenius(G) * ortho._SAFETY + ortho._NORM_EPS).to(G.dtype)
     tall = m > n
     a, b, c = ortho.POLAR_EXPRESS_COEFFS[0]
@@ -87,7 +88,7 @@ def bench_shape(B: int, m: int, n: int, rep_ms: int) -> dict:
            "polar": (polar(True), polar(False))}
     row = {"shape": [B, m, n], "orientation": orientation(m, n), "ms": {}, "rel_diff": {}}
     for stage, (ours, ref) in fns.items():
-        row["ms"][stage] = {"ours": median_ms(ours, rep_ms), "torch": median_ms(ref, rep_ms)}
+        row["ms"][stage] = {"ours": timer(ours, rep_ms), "torch": timer(ref, rep_ms)}
         row["rel_diff"][stage] = relative_difference(ours(), ref())
     return row
 
