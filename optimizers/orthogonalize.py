@@ -6,6 +6,10 @@ Each step forms its polynomial on the small side, ``H = aI + bA + cA^2`` with ``
 wide X and ``A = X^T X`` for a tall one, and applies it with one product (``H X`` or ``X H``): no
 transposed copies in or out, and no copy of the iterate into a ``baddbmm`` output (on an H200 the
 two were 7.3 ms of a 56 ms 0.6B Muon step, docs/bench/optimizers_muon_profile.md).
+A and H are symmetric, so on CUDA in fp16/bf16 both come from ``kernels.gram``'s Triton
+``symmetric_product``, which computes only the tiles on and above the diagonal (about half a GEMM's
+FLOPs) and fuses H's ``bA + aI`` into its epilogue; the product with X stays a ``torch.bmm``. On the
+CPU, in fp32/fp64, or where Triton does not import, all three are torch GEMMs.
 ``gram=True`` iterates on that Gram matrix instead (``_iterate_gram``: fewer FLOPs on rectangular
 matrices, since the iterate is formed only at restarts). It is off by
 default: its update ``A <- H A H`` keeps the sign of every eigenvalue, so when rounding makes a
@@ -15,6 +19,8 @@ weights; the standard iteration maps every singular value into [0, ~1.2] and can
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -84,20 +90,56 @@ def _frobenius(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True, dtype=wide)
 
 
+# Off forces the torch GEMMs everywhere (scripts.bench.gram times the two paths against each other).
+_USE_GRAM_KERNEL = True
+
+
+@functools.cache
+def _import_symmetric_product():
+    """kernels.gram's Triton ``symmetric_product``, or None where Triton does not import."""
+    try:
+        from kernels.gram.fused import symmetric_product
+    except ImportError:
+        return None
+    return symmetric_product
+
+
+def _gram_kernel(X):
+    """The Triton ``symmetric_product`` for a CUDA fp16/bf16 X (while ``_USE_GRAM_KERNEL``), else None."""
+    if not (_USE_GRAM_KERNEL and X.is_cuda and X.dtype in (torch.float16, torch.bfloat16)):
+        return None
+    return _import_symmetric_product()
+
+
+def _polynomial(X, a, b, c, tall, symmetric_product=None):
+    """``H = aI + bA + cA^2`` with ``A = X^T X`` (tall X) or ``X X^T``, both (batch, k, k).
+
+    With ``symmetric_product`` (``kernels.gram``'s signature) two calls that each compute only the
+    upper-triangle tiles: A from X or its transposed view (read in place), then H = c A A^T + b A + a I
+    (A is symmetric). Without it, torch: A by ``bmm``, ``bA + cA^2`` as one ``baddbmm`` (its input copy
+    is k x k) and ``a`` added to the diagonal."""
+    if symmetric_product is not None:
+        A = symmetric_product(X.mT if tall else X)
+        return symmetric_product(A, alpha=c, Y=A, beta=b, gamma=a)
+    A = torch.bmm(X.mT, X) if tall else torch.bmm(X, X.mT)
+    H = torch.baddbmm(A, A, A, beta=b, alpha=c)
+    H.diagonal(dim1=-2, dim2=-1).add_(a)
+    return H
+
+
 def _iterate_polar(X, coeffs, steps):
     """Run ``X <- p(X X^T) X`` with ``p(A) = aI + bA + cA^2`` on a contiguous ``(batch, m, n)`` X.
 
     p(X X^T) X = X p(X^T X), so a tall X (m > n) takes ``A = X^T X`` and ``X <- X H``: the small side
-    either way, from a transposed view (the GEMM reads it in place). Per step three GEMMs: A, then
-    ``H = bA + cA^2`` as one ``baddbmm`` (its input copy is k x k, k = min(m, n)) with ``a`` added to
-    the diagonal, then the product with X, which writes a fresh output instead of copying X into it.
+    either way, from a transposed view (read in place). Per step A and H (``_polynomial``: the Triton
+    symmetric kernel on CUDA in fp16/bf16, ``_gram_kernel``; torch GEMMs otherwise), then the product
+    with X as ``torch.bmm``, which writes a fresh output instead of copying X into it.
     """
     tall = X.shape[-2] > X.shape[-1]
+    kernel = _gram_kernel(X)
     for i in range(steps):
         a, b, c = coeffs(i)
-        A = torch.bmm(X.mT, X) if tall else torch.bmm(X, X.mT)
-        H = torch.baddbmm(A, A, A, beta=b, alpha=c)
-        H.diagonal(dim1=-2, dim2=-1).add_(a)
+        H = _polynomial(X, a, b, c, tall, kernel)
         X = torch.bmm(X, H) if tall else torch.bmm(H, X)
     return X
 

@@ -29,6 +29,8 @@
 #                 and tilelang for GDN on this box; KDA's first step autotunes for minutes)
 #   optimizers    scripts.bench.optimizers
 #   muon-profile  scripts.bench.optimizers on Muon (Polar Express) alone, one step profiled (trace summary)
+#   gram          pytest -m gpu on the symmetric-product kernel (kernels.gram) and Polar Express with it,
+#                 then scripts.bench.gram (the kernel vs torch's bmm / baddbmm per 0.6B Muon bucket)
 #   resume        scripts.bench.train parallax --resume 8 --steps 16 (one GPU: a run stopped at step 8
 #                 and rerun against a straight one, losses step by step)
 #   scaling       scripts.bench.train parallax --scaling 2 (needs 2 GPUs; runs after the others)
@@ -109,6 +111,11 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     optimizers) timeout "$t" python3 -m scripts.bench.optimizers --out "$work/optimizers" ;;
     muon-profile) timeout "$t" python3 -m scripts.bench.optimizers --only adamw,muon_polar_express --no-fwd-bwd \
                     --profile "$work/muon_profile" --out "$work/muon_profile/optimizers" ;;
+    gram) timeout -s INT $(( t / 2 )) python3 -m pytest -m gpu -q -rA --tb=short -p no:cacheprovider \
+            tests/test_gram_kernel.py; tests=$?
+          bench_t=$(( $(left) - 10 )); [ "$bench_t" -lt 1 ] && bench_t=1  # timeout 0 would mean no limit
+          timeout "$bench_t" python3 -m scripts.bench.gram --out "$work/gram"; bench=$?
+          [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ] ;;  # the check's exit status: both passed
     resume) python3 -m scripts.bench.train parallax --resume 8 --steps 16 --run-timeout $(( t / 3 - 5 )) \
               --out "$work/resume" ;;
     scaling) python3 -m scripts.bench.train parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
@@ -128,7 +135,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile resume scaling scaling-noreshard profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
