@@ -90,7 +90,7 @@ def _interpret_main(out_path):
         args = make_case(*spec)
         results["cases"][name] = {"args": args, "runs": [fused.symmetric_product(*args) for _ in range(2)]}
     P, alpha, Y, beta, gamma = make_case(2, 100, 37, torch.float32, 20, epilogue=True)
-    bm = max(config.kwargs["BM"] for config in fused._configs())
+    bm = fused.launch_config(100, 37)["BM"]
     results["lower_tiles"] = [fused.symmetric_product(P, alpha, y, beta, gamma)
                               for y in (Y, _nan_below_the_diagonal_tiles(Y, bm))]
     results["polar"] = {}
@@ -342,7 +342,7 @@ def test_gpu_kernel_reads_no_tile_of_y_below_the_diagonal():
 
     P, alpha, Y, beta, gamma = (x.cuda() if isinstance(x, torch.Tensor) else x
                                 for x in make_case(2, 520, 100, torch.bfloat16, 3, epilogue=True))
-    bm = max(config.kwargs["BM"] for config in fused._configs())
+    bm = fused.launch_config(520, 100)["BM"]
     clean = fused.symmetric_product(P, alpha, Y, beta, gamma)
     poisoned = fused.symmetric_product(P, alpha, _nan_below_the_diagonal_tiles(Y.cpu(), bm).cuda(), beta, gamma)
     assert torch.isfinite(clean).all() and torch.equal(clean, poisoned)

@@ -31,16 +31,20 @@ from kernels.gram.naive import check_args
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _configs() -> list[triton.Config]:
-    """Launch configs the autotuner chooses from (one small one under the CPU interpreter).
+def launch_config(k: int, K: int) -> dict:
+    """Tile sizes, warps and pipeline stages for a (k, K) operand.
 
-    Square tiles (BM = BN) so that a tile and its mirror have the same shape. Hopper's tensor cores
-    want 128 x 128 tiles, with 8 warps: compiled for sm_90 (triton 3.9) a 128 x 128 tile with 4 warps
-    spills in the Y epilogue, with 8 none does. 64 x 64 tiles are for small k (fewer idle programs)."""
+    Fixed per shape rather than autotuned, so that every process computes the same bits (the K step
+    BK sets the summation order). At the 0.6B Muon shapes on an H200 the autotuner picked 128 x 128
+    tiles with BK 64 and 8 warps, 4 stages for K >= 2048 (docs/bench/gram.md). Square tiles (BM = BN)
+    so that a tile and its mirror have the same shape; compiled for sm_90 a 128 x 128 tile with 4 warps
+    spills in the Y epilogue, with 8 none does. 64 x 64 tiles below k = 512: fewer idle programs (not
+    timed). Under the CPU interpreter: small tiles, so that tests stay fast and cover several tiles."""
     if INTERPRET:
-        return [triton.Config({"BM": 32, "BK": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BM": bm, "BK": bk}, num_warps=w, num_stages=s)
-            for bm, bk, w, s in ((128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 3))]
+        return {"BM": 32, "BK": 16, "num_warps": 4, "num_stages": 1}
+    if k < 512:
+        return {"BM": 64, "BK": 64, "num_warps": 4, "num_stages": 4}
+    return {"BM": 128, "BK": 64, "num_warps": 8, "num_stages": 4 if K >= 2048 else 3}
 
 
 def _upcast(dtype: torch.dtype) -> bool:
@@ -143,9 +147,6 @@ def _symmetric_product_kernel(P, Y, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, sy_
                  mask=(cols[:, None] < k) & (rows[None, :] < k))
 
 
-_autotuned = triton.autotune(configs=_configs(), key=["k", "K", "sp_c"])(_symmetric_product_kernel)
-
-
 def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | None = None,
                       beta: float = 0.0, gamma: float = 0.0) -> torch.Tensor:
     """``alpha * P @ P^T + beta * Y + gamma * I``, computing only the tiles on and above the diagonal.
@@ -176,9 +177,11 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
     if B and k:
         ys = (0, 0, 0) if Y3 is None else Y3.stride()
         upcast = _upcast(P.dtype)
-        grid = lambda meta: (_tiles(k, meta["BM"]), B)  # noqa: E731
+        config = launch_config(k, K)
+        grid = (_tiles(k, config["BM"]), B)
         with torch.cuda.device(P.device) if P.is_cuda else contextlib.nullcontext():
-            _autotuned[grid](P3, P3 if Y3 is None else Y3, out, k, K, *P3.stride(), *ys,
-                             float(alpha), float(beta), float(gamma), HAS_Y=Y3 is not None,
-                             PRECISION="ieee" if P.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast)
+            _symmetric_product_kernel[grid](P3, P3 if Y3 is None else Y3, out, k, K, *P3.stride(), *ys,
+                                            float(alpha), float(beta), float(gamma), HAS_Y=Y3 is not None,
+                                            PRECISION="ieee" if P.dtype == torch.float32 or upcast else "tf32",
+                                            UPCAST=upcast, **config)
     return out[0] if flat else out

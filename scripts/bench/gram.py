@@ -35,7 +35,7 @@ def orientation(m: int, n: int) -> str:
 
 def median_ms(fn, rep_ms: int) -> float:
     """Median milliseconds of ``fn()`` (``triton.testing.do_bench``, after one untimed call that
-    also runs the autotuner)."""
+    also compiles)."""
     import triton
 
     fn()
@@ -116,12 +116,9 @@ def write(result: dict, out: str) -> str:
             for r in result["rows"]]
     if result["rows"]:
         rows.append(["all buckets", "", *cells(totals)])
-    picked = [f"- `{key}`: {config}" for key, config in result.get("autotuned", {}).items()]
     lines = ["bf16 on CUDA; ours = kernels.gram.symmetric_product (and polar_express with it), torch = "
              "torch.bmm / torch.baddbmm + diagonal add_ (and polar_express with _USE_GRAM_KERNEL off). "
              "Rel. diff = ||ours - torch|| / ||torch||.", "", *table(columns, rows)]
-    if picked:
-        lines += ["", "The autotuner's configs per key (k, K, column stride, dtype):", *picked]
     data = {key: value for key, value in result.items() if key != "meta"}
     return write_results(out, result["meta"], "\n".join(lines) + "\n", data)
 
@@ -142,13 +139,9 @@ def main(argv: list[str] | None = None) -> None:
                 "whole polar_express call per 0.6B Muon bucket, bf16: the Triton kernel against torch's GEMMs")
     result = {"meta": describe("Symmetric-product kernel benchmark", measured, command_line(__spec__.name, argv)),
               "rows": []}
-    from kernels.gram import fused
-
     for B, m, n in shapes:
         result["rows"].append(bench_shape(B, m, n, args.rep))
-        # the configs the autotuner picked, per (k, K, column stride, dtype) key
-        result["autotuned"] = {repr(key): str(config) for key, config in fused._autotuned.cache.items()}
-        print(result["rows"][-1], result["autotuned"], flush=True)
+        print(result["rows"][-1], flush=True)
         write(result, args.out)
         torch.cuda.empty_cache()
 
