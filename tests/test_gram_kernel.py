@@ -69,6 +69,19 @@ INTERPRET_CASES = {
     "epilogue_fp16": (1, 64, 48, torch.float16, 13, False, True),
 }
 POLAR_SHAPES = {"wide": (2, 24, 40), "tall": (2, 40, 24), "square": (1, 36, 36)}
+# polar_express inputs of extreme scale (its normalisation folds into the kernel's ``scale``)
+POLAR_EDGES = {"zero": 0.0, "tiny": 1e-12, "large": 1e6}
+# name -> make_case arguments; each runs with one scale factor per matrix
+SCALED_CASES = {
+    "scaled_epilogue_fp32": (3, 100, 37, torch.float32, 20, False, True),
+    "scaled_transposed_bf16": (2, 33, 130, torch.bfloat16, 21, True),
+    "scaled_flat_fp32": (1, 40, 24, torch.float32, 22, False, True, True),
+}
+
+
+def scale_for(P):
+    """One factor per matrix of P: (B,) for a 3-D P, () for a 2-D one."""
+    return torch.linspace(0.5, 3.0, P.shape[0]) if P.ndim == 3 else torch.tensor(2.5)
 
 
 def _nan_below_the_diagonal_tiles(Y, bm):
@@ -93,6 +106,10 @@ def _interpret_main(out_path):
     bm = fused.launch_config(100, 37)["BM"]
     results["lower_tiles"] = [fused.symmetric_product(P, alpha, y, beta, gamma)
                               for y in (Y, _nan_below_the_diagonal_tiles(Y, bm))]
+    results["scaled"] = {}
+    for name, spec in SCALED_CASES.items():
+        args = (*make_case(*spec), scale_for(make_case(*spec)[0]))
+        results["scaled"][name] = {"args": args, "out": fused.symmetric_product(*args)}
     results["polar"] = {}
     for name, shape in POLAR_SHAPES.items():
         G = torch.randn(*shape, generator=torch.Generator().manual_seed(30))
@@ -103,6 +120,15 @@ def _interpret_main(out_path):
         finally:
             ortho._gram_kernel = original
         results["polar"][name] = {"torch": torch_path, "kernel": kernel_path}
+    results["polar_edges"] = {}
+    for name, size in POLAR_EDGES.items():
+        G = torch.randn(2, 24, 40, generator=torch.Generator().manual_seed(31)) * size
+        original, ortho._gram_kernel = ortho._gram_kernel, lambda X: fused.symmetric_product
+        try:
+            kernel_path = ortho.polar_express(G)
+        finally:
+            ortho._gram_kernel = original
+        results["polar_edges"][name] = {"torch": ortho.polar_express(G), "kernel": kernel_path}
     from scripts.bench import gram
 
     results["bench_row"] = gram.bench_shape(2, 40, 24, 0, device="cpu", timer=lambda fn, rep_ms: fn() is not None)
@@ -114,13 +140,14 @@ def interpreted(tmp_path_factory):
     return run_interpreted("tests.test_gram_kernel", tmp_path_factory.mktemp("interp") / "results.pt")
 
 
-def closed_form(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0):
-    """alpha P P^T + beta Y + gamma I in fp64, entry by entry from the definition."""
+def closed_form(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0, scale=None):
+    """scale_b (alpha P P^T + beta Y + gamma I) in fp64, entry by entry from the definition."""
     P = P.double()
     out = alpha * torch.einsum("...ik,...jk->...ij", P, P)
     if Y is not None:
         out = out + beta * Y.double()
-    return out + gamma * torch.eye(P.shape[-2], dtype=torch.float64, device=P.device)
+    out = out + gamma * torch.eye(P.shape[-2], dtype=torch.float64, device=P.device)
+    return out if scale is None else out * scale.double()[..., None, None]
 
 
 # --- the reference ---------------------------------------------------------------------------------
@@ -162,6 +189,28 @@ def test_interpreted_kernel_is_exactly_symmetric_and_deterministic(interpreted, 
     assert torch.equal(first, first.mT)
     assert torch.equal(first.view(torch.int16 if first.element_size() == 2 else torch.int32),
                        second.view(torch.int16 if second.element_size() == 2 else torch.int32))
+
+
+@pytest.mark.parametrize("name", list(SCALED_CASES))
+def test_interpreted_kernel_scales_each_matrix(interpreted, name):
+    """``scale``: one factor per matrix on the whole result, against fp64 and against the reference."""
+    res = interpreted["scaled"][name]
+    P, out = res["args"][0], res["out"]
+    assert rel_err(out, closed_form(*res["args"]), floor=0.0) < TOL[P.dtype]
+    assert rel_err(out, naive.symmetric_product(*res["args"]), floor=0.0) < TOL[P.dtype]
+    assert torch.equal(out, out.mT)
+
+
+@pytest.mark.parametrize("name", list(POLAR_EDGES))
+def test_interpreted_polar_express_folds_its_normalisation_at_any_scale(interpreted, name):
+    """With the kernel the first step takes the unnormalised X and folds 1 / (||X|| * 1.01 + eps) into A
+    and H: zero stays zero, and tiny or large inputs give the torch path's result (fp32)."""
+    res = interpreted["polar_edges"][name]
+    assert torch.isfinite(res["kernel"]).all()
+    if name == "zero":
+        assert not res["kernel"].any()
+    else:
+        assert rel_err(res["kernel"], res["torch"], floor=0.0) < 1e-5
 
 
 def test_interpreted_case_with_a_transposed_view_reads_it_in_place(interpreted):
@@ -212,6 +261,11 @@ def _bad_inputs():
         ({"P": P[0], "Y": Y}, ValueError, r"Y must have shape \(8, 8\)"),
         ({"P": P, "Y": Y.half()}, TypeError, "Y's dtype must be P's.*torch.float16"),
         ({"P": P, "Y": Y.to("meta")}, ValueError, "Y must be on P's device.*meta"),
+        ({"P": P, "scale": [1.0, 2.0]}, TypeError, "scale must be None or a floating torch.Tensor.*list"),
+        ({"P": P, "scale": torch.ones(2, dtype=torch.int64)}, TypeError, "scale must be None or a floating"),
+        ({"P": P, "scale": torch.ones(3)}, ValueError, r"scale must have shape \(2,\).*\(3,\)"),
+        ({"P": P[0], "scale": torch.ones(1)}, ValueError, r"scale must have shape \(\)"),
+        ({"P": P, "scale": torch.ones(2, device="meta")}, ValueError, "scale must be on P's device.*meta"),
     ]
 
 

@@ -116,14 +116,16 @@ def _dot_tile(Pb, i, j, k, K, sp_r, sp_c, BM: tl.constexpr, BK: tl.constexpr,
 
 @triton.heuristics({"EVEN_M": lambda a: a["k"] % a["BM"] == 0, "EVEN_K": lambda a: a["K"] % a["BK"] == 0})
 @triton.jit
-def _symmetric_product_kernel(P, Y, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, sy_c, alpha, beta, gamma,
-                              HAS_Y: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+def _symmetric_product_kernel(P, Y, S, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, sy_c, alpha, beta, gamma,
+                              HAS_Y: tl.constexpr, HAS_SCALE: tl.constexpr, PRECISION: tl.constexpr,
+                              UPCAST: tl.constexpr,
                               BM: tl.constexpr, BK: tl.constexpr,
                               EVEN_M: tl.constexpr, EVEN_K: tl.constexpr):
     """One (BM, BM) output tile (i <= j) of batch entry ``program_id(1)``.
 
     P: (B, k, K) with strides (sp_b, sp_r, sp_c); Y: (B, k, k) with strides (sy_b, sy_r, sy_c),
-    read only when HAS_Y and only at tile (i, j); OUT: contiguous (B, k, k) in P's dtype."""
+    read only when HAS_Y and only at tile (i, j); S: (B,) fp32 factors of the whole result, read
+    only when HAS_SCALE; OUT: contiguous (B, k, k) in P's dtype."""
     i, j = _tile_of(tl.program_id(0), k, BM)
     b = tl.program_id(1).to(tl.int64)
     acc = _dot_tile(P + b * sp_b, i, j, k, K, sp_r, sp_c, BM, BK, EVEN_M, EVEN_K, PRECISION, UPCAST) * alpha
@@ -138,8 +140,12 @@ def _symmetric_product_kernel(P, Y, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, sy_
         # fp32 addition commutes: (t + t^T) / 2 is bitwise symmetric
         acc = (acc + tl.trans(acc)) * 0.5
         acc += tl.where(rows[:, None] == cols[None, :], gamma, 0.0)
+        if HAS_SCALE:
+            acc *= tl.load(S + b)
         tl.store(out + rows.to(tl.int64)[:, None] * k + cols[None, :], acc.to(OUT.dtype.element_ty), mask=inside)
     else:
+        if HAS_SCALE:
+            acc *= tl.load(S + b)
         tile = acc.to(OUT.dtype.element_ty)
         tl.store(out + rows.to(tl.int64)[:, None] * k + cols[None, :], tile, mask=inside)
         # the mirror: the same rounded values, so the output is exactly symmetric
@@ -148,8 +154,9 @@ def _symmetric_product_kernel(P, Y, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, sy_
 
 
 def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | None = None,
-                      beta: float = 0.0, gamma: float = 0.0) -> torch.Tensor:
-    """``alpha * P @ P^T + beta * Y + gamma * I``, computing only the tiles on and above the diagonal.
+                      beta: float = 0.0, gamma: float = 0.0, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``scale_b * (alpha * P @ P^T + beta * Y + gamma * I)`` per batch entry b, computing only the
+    tiles on and above the diagonal.
 
     Args:
         P: (B, k, K) or (k, K) CUDA tensor, fp16 / bf16 / fp32, any strides (a transposed view
@@ -158,6 +165,9 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
         Y: None or a (B, k, k) (or (k, k)) tensor of P's dtype and device, assumed symmetric: only
             its tiles on and above the diagonal are read (a diagonal tile of the result is
             symmetrised, so there a non-symmetric Y acts as (Y + Y^T) / 2).
+        scale: None or a (B,) (or () for a 2-D P) floating tensor on P's device: one factor per
+            matrix, applied in fp32 before the result is rounded (Polar Express folds its
+            normalisation into it).
     Returns:
         Contiguous (B, k, k) (or (k, k)) tensor of P's dtype, accumulated in fp32, exactly
         symmetric and deterministic.
@@ -165,7 +175,7 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
         TypeError / ValueError for bad arguments (``naive.check_args``), and a ValueError for CPU
         tensors unless Triton's interpreter is on (TRITON_INTERPRET=1).
     """
-    check_args(P, alpha, Y, beta, gamma)
+    check_args(P, alpha, Y, beta, gamma, scale)
     if not P.is_cuda and not INTERPRET:
         raise ValueError(f"symmetric_product: the Triton kernel needs CUDA tensors; got P on {P.device} "
                          "(run under TRITON_INTERPRET=1 for the CPU interpreter, or use kernels.gram.naive)")
@@ -180,8 +190,10 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
         config = launch_config(k, K)
         grid = (_tiles(k, config["BM"]), B)
         with torch.cuda.device(P.device) if P.is_cuda else contextlib.nullcontext():
-            _symmetric_product_kernel[grid](P3, P3 if Y3 is None else Y3, out, k, K, *P3.stride(), *ys,
+            factors = out if scale is None else scale.reshape(B).to(torch.float32).contiguous()
+            _symmetric_product_kernel[grid](P3, P3 if Y3 is None else Y3, factors, out, k, K, *P3.stride(), *ys,
                                             float(alpha), float(beta), float(gamma), HAS_Y=Y3 is not None,
+                                            HAS_SCALE=scale is not None,
                                             PRECISION="ieee" if P.dtype == torch.float32 or upcast else "tf32",
                                             UPCAST=upcast, **config)
     return out[0] if flat else out
