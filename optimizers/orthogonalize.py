@@ -140,8 +140,8 @@ def _polynomial(X, a, b, c, tall, symmetric_product=None, scale=None):
 
 
 def _iterate_polar(X, coeffs, steps, safety):
-    """Run ``X <- p(X X^T) X`` with ``p(A) = aI + bA + cA^2`` on a contiguous ``(batch, m, n)`` X
-    normalised by ``||X||_F * safety + eps`` per matrix.
+    """Run ``X <- p(X X^T) X`` with ``p(A) = aI + bA + cA^2`` from a contiguous ``(batch, m, n)`` X
+    divided by ``||X||_F * safety + eps`` per matrix (the division is done here).
 
     p(X X^T) X = X p(X^T X), so a tall X (m > n) takes ``A = X^T X`` and ``X <- X H``: the small side
     either way, from a transposed view (read in place). Per step A and H (``_polynomial``: the Triton
