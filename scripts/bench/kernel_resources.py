@@ -46,11 +46,14 @@ KERNELS = {"fwd": ("fwd", {}), "dq": ("dq", {}), "dkdv": ("dkdv", {"ROWS": False
            "dkdv_rows": ("dkdv", {"ROWS": True})}
 
 
-def signature(kernel, constexprs: dict) -> dict:
-    """Triton signature of ``kernel`` for bf16 tensors, fp32 statistics and int32 sizes."""
+def signature(kernel, constexprs: dict, types: dict | None = None) -> dict:
+    """Triton signature of ``kernel`` for bf16 tensors, fp32 statistics and int32 sizes; ``types``
+    (name -> triton type) names the arguments of a kernel outside the attention's naming."""
     def kind(name):
         if name in constexprs:
             return "constexpr"
+        if types and name in types:
+            return types[name]
         if name in FP32_POINTERS:
             return "*fp32"
         if name in INT_POINTERS:
@@ -81,10 +84,11 @@ def opcodes(sass: str) -> list[str]:
     return out
 
 
-def aligned(kernel, constexprs: dict) -> dict:
+def aligned(kernel, constexprs: dict, divisible: set | None = None) -> dict:
     """The launch-time specialisation of a real call: pointers and token/head strides divisible by 16
-    (without it loads do not vectorise and the register counts are not the GPU's)."""
-    divisible = FP32_POINTERS | INT_POINTERS | BF16_POINTERS | STRIDES
+    (without it loads do not vectorise and the register counts are not the GPU's); ``divisible``
+    names them for a kernel outside the attention's naming."""
+    divisible = divisible if divisible is not None else FP32_POINTERS | INT_POINTERS | BF16_POINTERS | STRIDES
     return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
             if n in divisible and n not in constexprs}
 
@@ -112,19 +116,22 @@ def inner_loops(sass: str, compute: bool = False) -> list[tuple[int, int]]:
     return sorted(sizes)
 
 
-def compile_kernel(kernel, constexprs: dict, num_warps: int, num_stages: int, target=HOPPER):
+def compile_kernel(kernel, constexprs: dict, num_warps: int, num_stages: int, target=HOPPER,
+                   types: dict | None = None, divisible: set | None = None):
     """``kernel`` compiled by triton for ``target`` (default sm_90) with ``constexprs``; constexpr
-    parameters left out take their defaults, as at a launch (e.g. the column pass's ROWS)."""
+    parameters left out take their defaults, as at a launch (e.g. the column pass's ROWS).
+    ``types`` and ``divisible``: see ``signature`` and ``aligned``."""
     constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
-    source = ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs,
-                       attrs=aligned(kernel, constexprs))
+    source = ASTSource(fn=kernel, signature=signature(kernel, constexprs, types), constexprs=constexprs,
+                       attrs=aligned(kernel, constexprs, divisible))
     return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def resources(kernel, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+def resources(kernel, constexprs: dict, num_warps: int, num_stages: int, types: dict | None = None,
+              divisible: set | None = None) -> dict:
     """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes, and
     (instructions, wgmma) of the leanest innermost loop that runs wgmma."""
-    compiled = compile_kernel(kernel, constexprs, num_warps, num_stages)
+    compiled = compile_kernel(kernel, constexprs, num_warps, num_stages, types=types, divisible=divisible)
     usage, sass = _cuobjdump(compiled.asm["cubin"], ["--dump-resource-usage"], ["-sass"])
     line = next(line for line in usage.splitlines() if "REG:" in line)
     fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
