@@ -4,7 +4,7 @@
 * The Triton kernel under TRITON_INTERPRET=1 in one child process (``_interpret_main``; the variable
   must be set before Triton is first imported): wide and transposed-view P, the Y / beta / gamma
   epilogue, odd sizes, batch 1 and 3, 2-D P, fp32 / bf16 / fp16 against fp64; every output exactly
-  symmetric and equal over two runs; the lower tiles of Y never read; ``polar_express`` with the
+  symmetric and equal over two runs; no entry of Y below the diagonal used; ``polar_express`` with the
   kernel against the torch path in fp32.
 * Argument checks (no launch); ``import kernels`` and the CPU path of polar_express import no Triton;
   the benchmark's page on a fabricated result.
@@ -84,16 +84,14 @@ def scale_for(P):
     return torch.linspace(0.5, 3.0, P.shape[0]) if P.ndim == 3 else torch.tensor(2.5)
 
 
-def _nan_below_the_diagonal_tiles(Y, bm):
-    """Y with NaN in every tile strictly below the diagonal of bm x bm tiles (any tile size that
-    divides bm agrees on which entries those are)."""
+def _nan_below_the_diagonal(Y):
+    """Y with NaN in every entry strictly below the diagonal."""
     k = Y.shape[-1]
-    block = torch.arange(k) // bm
-    return Y.masked_fill(block[:, None] > block[None, :], float("nan"))
+    return Y.masked_fill(torch.ones(k, k, dtype=torch.bool, device=Y.device).tril(-1), float("nan"))
 
 
 def _interpret_main(out_path):
-    """Child process (TRITON_INTERPRET=1): every case twice, the unread lower tiles of Y, and
+    """Child process (TRITON_INTERPRET=1): every case twice, the unused lower triangle of Y, and
     polar_express with the kernel and with torch GEMMs (fp32)."""
     from kernels.gram import fused
     ortho = importlib.import_module("optimizers.orthogonalize")
@@ -103,9 +101,7 @@ def _interpret_main(out_path):
         args = make_case(*spec)
         results["cases"][name] = {"args": args, "runs": [fused.symmetric_product(*args) for _ in range(2)]}
     P, alpha, Y, beta, gamma = make_case(2, 100, 37, torch.float32, 20, epilogue=True)
-    bm = fused.launch_config(100, 37)["BM"]
-    results["lower_tiles"] = [fused.symmetric_product(P, alpha, y, beta, gamma)
-                              for y in (Y, _nan_below_the_diagonal_tiles(Y, bm))]
+    results["lower_triangle"] = [fused.symmetric_product(P, alpha, y, beta, gamma) for y in (Y, _nan_below_the_diagonal(Y))]
     results["scaled"] = {}
     for name, spec in SCALED_CASES.items():
         args = (*make_case(*spec), scale_for(make_case(*spec)[0]))
@@ -218,9 +214,9 @@ def test_interpreted_case_with_a_transposed_view_reads_it_in_place(interpreted):
     assert not P.is_contiguous() and P.mT.is_contiguous()
 
 
-def test_interpreted_kernel_reads_no_tile_of_y_below_the_diagonal(interpreted):
-    """NaN in Y's tiles strictly below the diagonal leaves the result unchanged, bit for bit."""
-    clean, poisoned = interpreted["lower_tiles"]
+def test_interpreted_kernel_uses_no_entry_of_y_below_the_diagonal(interpreted):
+    """NaN in every entry of Y strictly below the diagonal leaves the result unchanged, bit for bit."""
+    clean, poisoned = interpreted["lower_triangle"]
     assert torch.isfinite(clean).all() and torch.equal(clean, poisoned)
 
 
@@ -420,14 +416,13 @@ def test_gpu_odd_sizes_and_dtypes_match_fp64(dtype, spec):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_kernel_reads_no_tile_of_y_below_the_diagonal():
+def test_gpu_kernel_uses_no_entry_of_y_below_the_diagonal():
     from kernels.gram import fused
 
     P, alpha, Y, beta, gamma = (x.cuda() if isinstance(x, torch.Tensor) else x
                                 for x in make_case(2, 520, 100, torch.bfloat16, 3, epilogue=True))
-    bm = fused.launch_config(520, 100)["BM"]
     clean = fused.symmetric_product(P, alpha, Y, beta, gamma)
-    poisoned = fused.symmetric_product(P, alpha, _nan_below_the_diagonal_tiles(Y.cpu(), bm).cuda(), beta, gamma)
+    poisoned = fused.symmetric_product(P, alpha, _nan_below_the_diagonal(Y), beta, gamma)
     assert torch.isfinite(clean).all() and torch.equal(clean, poisoned)
 
 
@@ -456,3 +451,12 @@ def test_gpu_polar_express_with_the_kernel_agrees_with_svd(m, n, kappa):
         ref = polar_svd(W[i])
         err, err_std = rel_err(out[i], ref, floor=0.0), rel_err(standard[i], ref, floor=0.0)
         assert err < max(1.5 * err_std, 2e-2), (err, err_std)
+
+
+def test_rows_beyond_32_bit_offsets_are_refused():
+    """k x k outputs are addressed with int32 offsets: a P with more rows than MAX_K is refused
+    before anything is allocated (a meta tensor: no memory)."""
+    from kernels.gram import fused
+
+    with pytest.raises(ValueError, match=r"46341 rows; at most 46340"):
+        fused.symmetric_product(torch.empty(1, fused.MAX_K + 1, 8, device="meta"))

@@ -1,4 +1,5 @@
-"""Triton kernel for ``symmetric_product(P, alpha, Y, beta, gamma) = alpha P P^T + beta Y + gamma I``.
+"""Triton kernel for ``symmetric_product(P, alpha, Y, beta, gamma, scale) = scale_b (alpha P P^T + beta Y +
+gamma I)``.
 
 The output S (k x k per batch entry) is symmetric, so each program computes one tile on or above
 the diagonal, S[i-block, j-block] with i <= j, and stores it twice: at (i, j) and, transposed, at
@@ -7,10 +8,10 @@ the FLOPs for large T. The epilogue (alpha, beta Y, gamma on the diagonal) is fu
 Express's H = aI + bA + cA^2 is one call ``symmetric_product(A, c, A, b, a)`` (A is symmetric,
 so A A = A A^T) with no copy of A into the output first.
 
-Exactly symmetric output: an off-diagonal tile is computed once and stored twice; a diagonal tile
-is replaced by (t + t^T) / 2 in fp32 before the store, which is bitwise symmetric because fp32
-addition commutes (and leaves an already symmetric tile unchanged). No atomics: every output
-element is written by one program, so two calls give the same bits.
+Exactly symmetric output: every entry on or above the diagonal is computed once, rounded, and
+stored twice, the second time at its mirror below the diagonal (a diagonal tile stores its upper
+triangle and the transpose of it). No atomics: every output element is written by one program, so
+two calls give the same bits.
 
 P is read in place through its strides, so the tall case of Polar Express passes ``X.mT`` (a
 transposed view) without a copy. Products accumulate in fp32; fp32 inputs use IEEE fp32 dots
@@ -29,6 +30,7 @@ import triton.language as tl
 from kernels.gram.naive import check_args
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+MAX_K = 46340  # the largest k with k * k < 2**31: offsets within one output matrix are int32
 
 
 def launch_config(k: int, K: int) -> dict:
@@ -133,24 +135,20 @@ def _symmetric_product_kernel(P, Y, S, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, 
     cols = j * BM + tl.arange(0, BM)
     inside = (rows[:, None] < k) & (cols[None, :] < k)
     if HAS_Y:
-        y_ptrs = Y + b * sy_b + rows.to(tl.int64)[:, None] * sy_r + cols.to(tl.int64)[None, :] * sy_c
+        y_ptrs = Y + b * sy_b + (rows[:, None] * sy_r + cols[None, :] * sy_c)
         acc += beta * tl.load(y_ptrs, mask=inside, other=0.0).to(tl.float32)
+    acc += tl.where(rows[:, None] == cols[None, :], gamma, 0.0)
+    if HAS_SCALE:
+        acc *= tl.load(S + b)
+    tile = acc.to(OUT.dtype.element_ty)
     out = OUT + b * k * k
-    if i == j:
-        # fp32 addition commutes: (t + t^T) / 2 is bitwise symmetric
-        acc = (acc + tl.trans(acc)) * 0.5
-        acc += tl.where(rows[:, None] == cols[None, :], gamma, 0.0)
-        if HAS_SCALE:
-            acc *= tl.load(S + b)
-        tl.store(out + rows.to(tl.int64)[:, None] * k + cols[None, :], acc.to(OUT.dtype.element_ty), mask=inside)
-    else:
-        if HAS_SCALE:
-            acc *= tl.load(S + b)
-        tile = acc.to(OUT.dtype.element_ty)
-        tl.store(out + rows.to(tl.int64)[:, None] * k + cols[None, :], tile, mask=inside)
-        # the mirror: the same rounded values, so the output is exactly symmetric
-        tl.store(out + cols.to(tl.int64)[:, None] * k + rows[None, :], tl.trans(tile),
-                 mask=(cols[:, None] < k) & (rows[None, :] < k))
+    # entries on and above the diagonal from the tile, those below from its transpose: every
+    # off-diagonal entry is one rounded value stored twice, so the output is exactly symmetric (on a
+    # diagonal tile the masks split it; elsewhere rows < cols throughout). Offsets within one matrix
+    # fit in int32 (k <= MAX_K, and Y's strides, checked by the launcher): 64-bit offset tensors made the epilogue spill.
+    tl.store(out + rows[:, None] * k + cols[None, :], tile, mask=inside & (rows[:, None] <= cols[None, :]))
+    tl.store(out + cols[:, None] * k + rows[None, :], tl.trans(tile),
+             mask=(cols[:, None] < k) & (rows[None, :] < k) & (cols[:, None] > rows[None, :]))
 
 
 def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | None = None,
@@ -163,8 +161,8 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
             such as ``X.mT`` is read in place).
         alpha, beta, gamma: finite Python numbers.
         Y: None or a (B, k, k) (or (k, k)) tensor of P's dtype and device, assumed symmetric: only
-            its tiles on and above the diagonal are read (a diagonal tile of the result is
-            symmetrised, so there a non-symmetric Y acts as (Y + Y^T) / 2).
+            its entries on and above the diagonal are used (the result's lower triangle mirrors
+            its upper one).
         scale: None or a (B,) (or () for a 2-D P) floating tensor on P's device: one factor per
             matrix, applied in fp32 before the result is rounded (Polar Express folds its
             normalisation into it).
@@ -176,6 +174,9 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
         tensors unless Triton's interpreter is on (TRITON_INTERPRET=1).
     """
     check_args(P, alpha, Y, beta, gamma, scale)
+    if P.shape[-2] > MAX_K:
+        raise ValueError(f"symmetric_product: P has {P.shape[-2]} rows; at most {MAX_K} are supported (the "
+                         "kernel addresses a k x k output with 32-bit offsets)")
     if not P.is_cuda and not INTERPRET:
         raise ValueError(f"symmetric_product: the Triton kernel needs CUDA tensors; got P on {P.device} "
                          "(run under TRITON_INTERPRET=1 for the CPU interpreter, or use kernels.gram.naive)")
@@ -183,6 +184,8 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
     P3 = P.unsqueeze(0) if flat else P
     Y3 = None if Y is None else (Y.unsqueeze(0) if flat else Y)
     B, k, K = P3.shape
+    if Y3 is not None and (k - 1) * (abs(Y3.stride(1)) + abs(Y3.stride(2))) >= 2**31:
+        Y3 = Y3.contiguous()  # its in-matrix offsets must fit the kernel's 32-bit arithmetic
     out = torch.empty(B, k, k, dtype=P.dtype, device=P.device)
     if B and k:
         ys = (0, 0, 0) if Y3 is None else Y3.stride()

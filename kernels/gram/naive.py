@@ -73,7 +73,8 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
     Args:
         P: (B, k, K) or (k, K) floating tensor (fp16, bf16, fp32 or fp64), any strides.
         alpha, beta, gamma: finite Python numbers.
-        Y: None or a (B, k, k) (or (k, k)) tensor of P's dtype and device; read in full.
+        Y: None or a (B, k, k) (or (k, k)) tensor of P's dtype and device; its entries below the
+            diagonal are not used (the result mirrors its upper triangle, as the kernel's).
         scale: None or a (B,) (or ()) floating tensor on P's device: one factor per matrix.
     Returns:
         Contiguous (B, k, k) (or (k, k)) tensor of P's dtype.
@@ -81,10 +82,12 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
     check_args(P, alpha, Y, beta, gamma, scale, dtypes=(*FLOAT_DTYPES, torch.float64))
     wide = P.double()
     out = wide @ wide.mT
-    out = alpha * ((out + out.mT) / 2)  # exactly symmetric, as the kernel's
+    out = alpha * out
     if Y is not None:
         out = out + beta * Y.double()
     out.diagonal(dim1=-2, dim2=-1).add_(gamma)
     if scale is not None:
         out = out * scale.double()[..., None, None]
-    return out.to(P.dtype).contiguous()
+    out = out.to(P.dtype)
+    # the upper triangle mirrored, as the kernel stores it: exactly symmetric, Y's lower one unused
+    return (out.triu() + out.triu(1).mT).contiguous()
