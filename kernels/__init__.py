@@ -13,9 +13,9 @@ Public API (imported lazily so that `import kernels` never pulls in Triton):
   W slots (sliding-window decode) and returns its cache_seqlens.
 * The Parallax family (``kernels.family``, SPEC 1 and 1b): ``exact_lla`` (and its ``exact_lla_cost``),
   ``value_averaging``, ``affine_linear_attention``, ``affine_mesanet``, and ``AffineState`` for decoding.
-* ``symmetric_product(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0)`` (``kernels.gram``):
-  ``alpha * P @ P^T + beta * Y + gamma * I`` from the tiles on and above the diagonal (Muon's
-  Polar Express steps).
+* ``symmetric_product(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0, scale=None)`` (``kernels.gram``):
+  ``scale_b * (alpha * P @ P^T + beta * Y + gamma * I)`` per matrix b, from the tiles on and above the
+  diagonal (Muon's Polar Express steps).
 """
 
 _EXPORTS = {

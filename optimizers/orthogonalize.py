@@ -111,14 +111,20 @@ def _gram_kernel(X):
     return _import_symmetric_product()
 
 
+def _norm_divisor(X, safety):
+    """||X||_F * safety + eps per matrix of a (batch, m, n) X, ``(batch, 1, 1)`` in fp32 or wider (the
+    eps keeps a zero matrix at zero)."""
+    return _frobenius(X) * safety + _NORM_EPS
+
+
 def _normalised(X, safety):
-    """X / (||X||_F * safety + eps) per matrix, in X's dtype (the eps keeps a zero matrix at zero)."""
-    return X / (_frobenius(X) * safety + _NORM_EPS).to(X.dtype)
+    """X divided by ``_norm_divisor`` per matrix, in X's dtype."""
+    return X / _norm_divisor(X, safety).to(X.dtype)
 
 
 def _inverse_norm(X, safety):
-    """1 / (||X||_F * safety + eps) per matrix of a (batch, m, n) X: (batch,) in fp32 or wider."""
-    return (_frobenius(X) * safety + _NORM_EPS).reciprocal().reshape(-1)
+    """1 / ``_norm_divisor`` per matrix: (batch,) in fp32 or wider."""
+    return _norm_divisor(X, safety).reciprocal().reshape(-1)
 
 
 def _polynomial(X, a, b, c, tall, symmetric_product=None, scale=None):

@@ -104,27 +104,23 @@ def _interpret_main(out_path):
     results["lower_triangle"] = [fused.symmetric_product(P, alpha, y, beta, gamma) for y in (Y, _nan_below_the_diagonal(Y))]
     results["scaled"] = {}
     for name, spec in SCALED_CASES.items():
-        args = (*make_case(*spec), scale_for(make_case(*spec)[0]))
+        case = make_case(*spec)
+        args = (*case, scale_for(case[0]))
         results["scaled"][name] = {"args": args, "out": fused.symmetric_product(*args)}
-    results["polar"] = {}
-    for name, shape in POLAR_SHAPES.items():
-        G = torch.randn(*shape, generator=torch.Generator().manual_seed(30))
+
+    def both_paths(G):
+        """polar_express(G) by torch GEMMs and with A and H from the kernel (as on CUDA)."""
         torch_path = ortho.polar_express(G)
-        original, ortho._gram_kernel = ortho._gram_kernel, lambda X: fused.symmetric_product  # as on CUDA
-        try:
-            kernel_path = ortho.polar_express(G)
-        finally:
-            ortho._gram_kernel = original
-        results["polar"][name] = {"torch": torch_path, "kernel": kernel_path}
-    results["polar_edges"] = {}
-    for name, size in POLAR_EDGES.items():
-        G = torch.randn(2, 24, 40, generator=torch.Generator().manual_seed(31)) * size
         original, ortho._gram_kernel = ortho._gram_kernel, lambda X: fused.symmetric_product
         try:
-            kernel_path = ortho.polar_express(G)
+            return {"torch": torch_path, "kernel": ortho.polar_express(G)}
         finally:
             ortho._gram_kernel = original
-        results["polar_edges"][name] = {"torch": ortho.polar_express(G), "kernel": kernel_path}
+
+    results["polar"] = {name: both_paths(torch.randn(*shape, generator=torch.Generator().manual_seed(30)))
+                        for name, shape in POLAR_SHAPES.items()}
+    results["polar_edges"] = {name: both_paths(torch.randn(2, 24, 40, generator=torch.Generator().manual_seed(31)) * size)
+                              for name, size in POLAR_EDGES.items()}
     from scripts.bench import gram
 
     results["bench_row"] = gram.bench_shape(2, 40, 24, 0, device="cpu", timer=lambda fn, rep_ms: fn() is not None)

@@ -1,6 +1,6 @@
-"""Symmetric products for Muon's orthogonalisers: ``alpha * P @ P^T + beta * Y + gamma * I``.
+"""Symmetric products for Muon's orthogonalisers: ``scale_b * (alpha * P @ P^T + beta * Y + gamma * I)``.
 
-* ``symmetric_product(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0)``: the batched Triton kernel
+* ``symmetric_product(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0, scale=None)``: the batched Triton kernel
   (``fused``), which computes only the output tiles on and above the diagonal and stores each twice;
   P is (B, k, K) or (k, K) of any strides, the result a contiguous, exactly symmetric (B, k, k).
   Needs CUDA tensors (or TRITON_INTERPRET=1). Imported lazily: ``import kernels.gram`` does not

@@ -39,9 +39,10 @@ def launch_config(k: int, K: int) -> dict:
     Fixed per shape rather than autotuned, so that every process computes the same bits (the K step
     BK sets the summation order). At the 0.6B Muon shapes on an H200 the autotuner picked 128 x 128
     tiles with BK 64 and 8 warps, 4 stages for K >= 2048 (docs/bench/gram.md). Square tiles (BM = BN)
-    so that a tile and its mirror have the same shape; compiled for sm_90 a 128 x 128 tile with 4 warps
-    spills in the Y epilogue, with 8 none does. 64 x 64 tiles below k = 512: fewer idle programs (not
-    timed). Under the CPU interpreter: small tiles, so that tests stay fast and cover several tiles."""
+    so that a tile and its mirror have the same shape. Compiled for sm_90 (triton 3.6) the Y epilogue
+    of a 128 x 128 tile spills 17-20 registers with 8 warps and several hundred with 4
+    (docs/bench/gram.md). 64 x 64 tiles below k = 512: fewer idle programs (not timed). Under the CPU
+    interpreter: small tiles, so that tests stay fast and cover several tiles."""
     if INTERPRET:
         return {"BM": 32, "BK": 16, "num_warps": 4, "num_stages": 1}
     if k < 512:
@@ -145,7 +146,8 @@ def _symmetric_product_kernel(P, Y, S, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, 
     # entries on and above the diagonal from the tile, those below from its transpose: every
     # off-diagonal entry is one rounded value stored twice, so the output is exactly symmetric (on a
     # diagonal tile the masks split it; elsewhere rows < cols throughout). Offsets within one matrix
-    # fit in int32 (k <= MAX_K, and Y's strides, checked by the launcher): 64-bit offset tensors made the epilogue spill.
+    # fit in int32 (k <= MAX_K, and Y's strides, checked by the launcher): 64-bit offset tensors made
+    # the epilogue spill.
     tl.store(out + rows[:, None] * k + cols[None, :], tile, mask=inside & (rows[:, None] <= cols[None, :]))
     tl.store(out + cols[:, None] * k + rows[None, :], tl.trans(tile),
              mask=(cols[:, None] < k) & (rows[None, :] < k) & (cols[:, None] > rows[None, :]))

@@ -81,8 +81,7 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
     """
     check_args(P, alpha, Y, beta, gamma, scale, dtypes=(*FLOAT_DTYPES, torch.float64))
     wide = P.double()
-    out = wide @ wide.mT
-    out = alpha * out
+    out = alpha * (wide @ wide.mT)
     if Y is not None:
         out = out + beta * Y.double()
     out.diagonal(dim1=-2, dim2=-1).add_(gamma)

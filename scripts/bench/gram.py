@@ -57,7 +57,7 @@ def bench_shape(B: int, m: int, n: int, rep_ms: int, device: str = "cuda", timer
 
     gen = torch.Generator(device=device).manual_seed(0)
     G = torch.randn(B, m, n, device=device, generator=gen, dtype=torch.bfloat16)
-    X = G / (ortho._frobenius(G) * ortho._SAFETY + ortho._NORM_EPS).to(G.dtype)
+    X = ortho._normalised(G, ortho._SAFETY)
     tall = m > n
     a, b, c = ortho.POLAR_EXPRESS_COEFFS[0]
     P = X.mT if tall else X
