@@ -32,6 +32,7 @@ STATEFUL_ALGOS = ("normuon", "soap")
 UPDATE_SCALES = ("match_rms_adamw", "spectral", "none")
 ORTHO_DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "float32": torch.float32}
 GRAM_MODES = {"off": False, "on": True}  # orthogonalize(gram=...)
+ORTHO_KERNELS = {"auto": True, "torch": False}  # orthogonalize(kernel=...)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class MatrixSpec:
     steps: int = 0
     dtype: str = "auto"
     gram: str = "off"
+    kernel: str = "auto"
     head_dim: int = 0
     sp_coeff: float = 0.0
     sp_power: int = 1
@@ -92,19 +94,21 @@ def _direction_key(spec: MatrixSpec, U: torch.Tensor) -> tuple:
     """Matrices with equal keys are computed in one batched call."""
     blocks = (spec.head_dim, U.shape[1]) if spec.head_dim else tuple(U.shape)
     whole = (spec.shape,) if spec.algo in STATEFUL_ALGOS else ()  # their state is per full matrix
-    return (spec.algo, blocks, spec.method, spec.steps, spec.dtype, spec.gram, U.dtype, spec.options) + whole
+    return (spec.algo, blocks, spec.method, spec.steps, spec.dtype, spec.gram, spec.kernel, U.dtype,
+            spec.options) + whole
 
 
 def _directions(algo, X, spec, states, skip):
     """Directions of a stack X of blocks ``(batch, rows, cols)`` (full matrices for the stateful
     algorithms) sharing ``spec``'s algorithm and options."""
     dtype, gram, opts = ORTHO_DTYPES[spec.dtype], GRAM_MODES[spec.gram], dict(spec.options)
+    kernel = ORTHO_KERNELS[spec.kernel]
     if algo == "muon":
-        return orthogonalize(X, spec.method, spec.steps, dtype, gram)
+        return orthogonalize(X, spec.method, spec.steps, dtype, gram, kernel)
     if algo == "aurora":
-        return aurora_polar(X, spec.method, spec.steps, dtype, gram=gram, **opts)
+        return aurora_polar(X, spec.method, spec.steps, dtype, gram=gram, kernel=kernel, **opts)
     if algo == "normuon":
-        O = orthogonalize(X, spec.method, spec.steps, dtype, gram).reshape(len(states), *spec.shape)
+        O = orthogonalize(X, spec.method, spec.steps, dtype, gram, kernel).reshape(len(states), *spec.shape)
         return normuon_normalize(O, states, opts["beta2"], opts["eps"], skip).reshape(X.shape)
     if algo == "soap":
         return soap_directions(X, states, skip, **opts)

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
-from .directions import GRAM_MODES, MATRIX_ALGOS, ORTHO_DTYPES, MatrixSpec, apply_terms, update_scale
+from .directions import GRAM_MODES, MATRIX_ALGOS, ORTHO_DTYPES, ORTHO_KERNELS, MatrixSpec, apply_terms, update_scale
 from .distributed import full_matrix_terms
 from .momentum import momentum_updates
 from .orthogonalize import default_compute_dtype
@@ -49,6 +49,7 @@ GROUP_DEFAULTS: dict[str, Any] = {
     "ortho_steps": 0,
     "ortho_dtype": "auto",
     "ortho_gram": "off",
+    "ortho_kernel": "auto",
     "update_scale": "match_rms_adamw",
     "head_dim": 0,
     "sp_power": 1,
@@ -97,6 +98,8 @@ def _check_group(group: dict) -> None:
         bad("compile_momentum", "a bool")
     if group["ortho_gram"] not in GRAM_MODES:
         bad("ortho_gram", f"one of {sorted(GRAM_MODES)}")
+    if group["ortho_kernel"] not in ORTHO_KERNELS:
+        bad("ortho_kernel", f"one of {sorted(ORTHO_KERNELS)}")
     if algo == "soap" and group["head_dim"]:
         bad("head_dim", "0 for algo 'soap' (head-wise updates are for muon, normuon and aurora)")
     for key in ("lr", "weight_decay", "sp_coeff"):  # SkipStep relies on non-positive delta coefficients
@@ -255,7 +258,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 spec = by_shape[p.shape] = MatrixSpec(
                     shape=(m, n), update_coeff=float(coeff), algo=algo, options=options,
                     method=group["orthogonalizer"], steps=group["ortho_steps"], dtype=group["ortho_dtype"],
-                    gram=group["ortho_gram"], head_dim=group["head_dim"],
+                    gram=group["ortho_gram"], kernel=group["ortho_kernel"], head_dim=group["head_dim"],
                     sp_coeff=-dscale * group["sp_coeff"] if sp else 0.0, sp_power=group["sp_power"],
                     band=group["sp_band"], tau=group["sp_band_tau"], msign_steps=group["msign_steps"],
                 )

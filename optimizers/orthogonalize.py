@@ -90,10 +90,6 @@ def _frobenius(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True, dtype=wide)
 
 
-# Off forces the torch GEMMs everywhere (scripts.bench.gram times the two paths against each other).
-_USE_GRAM_KERNEL = True
-
-
 @functools.cache
 def _import_symmetric_product():
     """kernels.gram's Triton ``symmetric_product``, or None where Triton does not import."""
@@ -105,8 +101,8 @@ def _import_symmetric_product():
 
 
 def _gram_kernel(X):
-    """The Triton ``symmetric_product`` for a CUDA fp16/bf16 X (while ``_USE_GRAM_KERNEL``), else None."""
-    if not (_USE_GRAM_KERNEL and X.is_cuda and X.dtype in (torch.float16, torch.bfloat16)):
+    """The Triton ``symmetric_product`` for a CUDA fp16/bf16 X, else None."""
+    if not (X.is_cuda and X.dtype in (torch.float16, torch.bfloat16)):
         return None
     return _import_symmetric_product()
 
@@ -145,7 +141,7 @@ def _polynomial(X, a, b, c, tall, symmetric_product=None, scale=None):
     return H
 
 
-def _iterate_polar(X, coeffs, steps, safety):
+def _iterate_polar(X, coeffs, steps, safety, kernel=True):
     """Run ``X <- p(X X^T) X`` with ``p(A) = aI + bA + cA^2`` from a contiguous ``(batch, m, n)`` X
     divided by ``||X||_F * safety + eps`` per matrix (the division is done here).
 
@@ -154,10 +150,11 @@ def _iterate_polar(X, coeffs, steps, safety):
     symmetric kernel on CUDA in fp16/bf16, ``_gram_kernel``; torch GEMMs otherwise), then the product
     with X as ``torch.bmm``, which writes a fresh output instead of copying X into it. With the kernel
     the normalisation is folded into the first step's A and H (their ``scale``): the division was a
-    broadcasting elementwise pass over every X (1.4 ms of a 0.6B Muon step on an H200).
+    broadcasting elementwise pass over every X (1.4 ms of a 0.6B Muon step on an H200). ``kernel``
+    False: torch GEMMs everywhere.
     """
     tall = X.shape[-2] > X.shape[-1]
-    kernel = _gram_kernel(X)
+    kernel = _gram_kernel(X) if kernel else None
     scale = _inverse_norm(X, safety) if kernel is not None and steps else None
     if scale is None:
         X = _normalised(X, safety)
@@ -195,19 +192,20 @@ def _iterate_gram(X, coeffs, steps):
     return X if Q is None else apply(Q, X)
 
 
-def _iterate(G, coeffs, steps, dtype, safety, gram):
+def _iterate(G, coeffs, steps, dtype, safety, gram, kernel):
     """The polynomial iteration in ``dtype`` (default: ``default_compute_dtype``) on G normalised
     by ``||G||_F * safety + eps`` (the eps keeps a zero matrix at zero), as a Gram iteration when
-    ``gram``; returns G's shape and dtype, contiguous."""
+    ``gram``, with the symmetric-product kernel where it applies when ``kernel``; returns G's shape
+    and dtype, contiguous."""
     dtype = dtype or default_compute_dtype(G)
     X = _dense(G, dtype)
     X = X.reshape(-1, *X.shape[-2:])
-    X = _iterate_gram(_normalised(X, safety), coeffs, steps) if gram else _iterate_polar(X, coeffs, steps, safety)
+    X = _iterate_gram(_normalised(X, safety), coeffs, steps) if gram else _iterate_polar(X, coeffs, steps, safety, kernel)
     return _dense(X.reshape(G.shape), G.dtype)
 
 
 def polar_express(G: torch.Tensor, steps: int = 8, dtype: torch.dtype | None = None,
-                  gram: bool = False) -> torch.Tensor:
+                  gram: bool = False, kernel: bool = True) -> torch.Tensor:
     """Polar Express approximation of the polar factor of ``G``.
 
     Args:
@@ -216,37 +214,39 @@ def polar_express(G: torch.Tensor, steps: int = 8, dtype: torch.dtype | None = N
         dtype: computation dtype (default bf16 on CUDA, fp32 otherwise).
         gram: iterate on the Gram side (``_iterate_gram``; see the module docstring for why it is
             off by default).
+        kernel: form A and H with ``kernels.gram``'s Triton kernel on CUDA in fp16/bf16 (False:
+            torch GEMMs everywhere; the Gram-side iteration always uses torch's).
     Returns:
         Tensor of ``G``'s shape and dtype; zero matrices map to zeros.
     """
     _check_matrix(G, steps, "polar_express")
     last = len(POLAR_EXPRESS_COEFFS) - 1
-    return _iterate(G, lambda i: POLAR_EXPRESS_COEFFS[min(i, last)], steps, dtype, _SAFETY, gram)
+    return _iterate(G, lambda i: POLAR_EXPRESS_COEFFS[min(i, last)], steps, dtype, _SAFETY, gram, kernel)
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None,
-                  gram: bool = False) -> torch.Tensor:
+                  gram: bool = False, kernel: bool = True) -> torch.Tensor:
     """Muon's quintic Newton-Schulz iteration (3.4445, -4.7750, 2.0315).
 
     Args:
         G: ``(..., m, n)`` float tensor.
         steps: iteration count (5 in Muon).
         dtype: computation dtype (default bf16 on CUDA, fp32 otherwise).
-        gram: as in ``polar_express``.
+        gram, kernel: as in ``polar_express``.
     Returns:
         Tensor of ``G``'s shape and dtype with singular values near [0.7, 1.2].
     """
     _check_matrix(G, steps, "newton_schulz")
-    return _iterate(G, lambda i: NEWTON_SCHULZ_COEFFS, steps, dtype, 1.0, gram)
+    return _iterate(G, lambda i: NEWTON_SCHULZ_COEFFS, steps, dtype, 1.0, gram, kernel)
 
 
 ORTHOGONALIZERS = {"polar_express": (polar_express, 8), "newton_schulz": (newton_schulz, 5)}
 
 
 def orthogonalize(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
-                  dtype: torch.dtype | None = None, gram: bool = False) -> torch.Tensor:
+                  dtype: torch.dtype | None = None, gram: bool = False, kernel: bool = True) -> torch.Tensor:
     """Dispatch to an orthogonaliser by name; ``steps=0`` picks its default count."""
     if method not in ORTHOGONALIZERS:
         raise ValueError(f"orthogonalize: method={method!r}; expected one of {sorted(ORTHOGONALIZERS)}")
     fn, default_steps = ORTHOGONALIZERS[method]
-    return fn(G, steps=steps or default_steps, dtype=dtype, gram=gram)
+    return fn(G, steps=steps or default_steps, dtype=dtype, gram=gram, kernel=kernel)

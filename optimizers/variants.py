@@ -83,12 +83,12 @@ def normuon_normalize(O: torch.Tensor, states: list[dict], beta2: float, eps: fl
 
 def aurora_polar(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
                  dtype: torch.dtype | None = None, iterations: int = 2, beta: float = 0.5,
-                 eps: float = 1e-7, gram: bool = False) -> torch.Tensor:
+                 eps: float = 1e-7, gram: bool = False, kernel: bool = True) -> torch.Tensor:
     """Aurora's leverage-uniform polar factor (see module docstring).
 
     Args:
         G: ``(..., m, n)`` float tensor; square matrices return ``orthogonalize(G)``.
-        method, steps, dtype, gram: the orthogonaliser and its options (as ``orthogonalize``).
+        method, steps, dtype, gram, kernel: the orthogonaliser and its options (as ``orthogonalize``).
         iterations: K, the number of polar calls; beta: the damping exponent in (0, 1];
         eps: floor of the row norms (and of the squared leverages, as eps^2).
     Returns:
@@ -96,7 +96,7 @@ def aurora_polar(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
     """
     m, n = G.shape[-2:]
     if m == n:
-        return orthogonalize(G, method, steps, dtype, gram)
+        return orthogonalize(G, method, steps, dtype, gram, kernel)
     tall = m > n
     # the values the orthogonaliser would see (it casts to its compute dtype first), widened for
     # the row statistics: a bf16 copy of G gives the same result as the fp32 original
@@ -104,7 +104,7 @@ def aurora_polar(G: torch.Tensor, method: str = "polar_express", steps: int = 0,
     rows, cols = X.shape[-2:]
     D = 1.0 / X.norm(dim=-1, keepdim=True).clamp_min(eps)
     for k in range(iterations):
-        O = orthogonalize(D * X, method, steps, dtype, gram)
+        O = orthogonalize(D * X, method, steps, dtype, gram, kernel)
         if k + 1 < iterations:
             leverage = O.square().sum(-1, keepdim=True).clamp_min(eps * eps)
             D = D * ((cols / rows) / leverage) ** beta

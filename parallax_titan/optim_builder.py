@@ -49,6 +49,7 @@ def matrix_options(config: Optimizer) -> dict[str, Any]:
             "nesterov": config.muon_nesterov, "compile_momentum": config.muon_compile_momentum,
             "orthogonalizer": config.orthogonalizer, "ortho_steps": config.ortho_steps,
             "ortho_dtype": config.ortho_dtype, "ortho_gram": config.ortho_gram,
+            "ortho_kernel": config.ortho_kernel,
             "update_scale": config.muon_update_scale,
             **{key: getattr(config, key) for key in FAMILY_OPTIONS}}
 

@@ -13,7 +13,7 @@ import typing
 import pytest
 import torch
 
-from optimizers.directions import GRAM_MODES
+from optimizers.directions import GRAM_MODES, ORTHO_KERNELS
 from parallax_titan.config import ConfigError, JobConfig, Optimizer, load_config
 from parallax_titan.config.schema import toml_problems
 from parallax_titan.model import ParallaxQwen3Model
@@ -28,8 +28,8 @@ register_all()
 # Non-default values of each algorithm's keys (defaults: optimizers/muon.py GROUP_DEFAULTS), the
 # algorithm name the hidden matrices must get, and the group keys they must arrive as.
 CASES = {
-    "Muon": ("muon", {"ortho_gram": "off", "muon_compile_momentum": False},
-             {"ortho_gram": "off", "compile_momentum": False}),
+    "Muon": ("muon", {"ortho_gram": "off", "ortho_kernel": "torch", "muon_compile_momentum": False},
+             {"ortho_gram": "off", "ortho_kernel": "torch", "compile_momentum": False}),
     "NorMuon": ("normuon", {"normuon_beta2": 0.9, "normuon_eps": 1e-6}, {"normuon_beta2": 0.9, "normuon_eps": 1e-6}),
     "Aurora": ("aurora", {"aurora_iterations": 3, "aurora_beta": 0.75, "aurora_eps": 1e-6},
                {"aurora_iterations": 3, "aurora_beta": 0.75, "aurora_eps": 1e-6}),
@@ -82,6 +82,7 @@ def test_toml_keys_reach_the_optimizer_groups(name, tmp_path):
 
 def test_gram_choices_are_the_orthogonalisers():
     assert typing.get_args(typing.get_type_hints(Optimizer)["ortho_gram"]) == tuple(GRAM_MODES)
+    assert typing.get_args(typing.get_type_hints(Optimizer)["ortho_kernel"]) == tuple(ORTHO_KERNELS)
 
 
 # (key, bad value, expected text): every new [optimizer] key is checked with its name and value
@@ -98,6 +99,7 @@ BAD_VALUES = [
     ("soap_eps", 0.0, "optimizer.soap_eps: expected a float > 0, got 0.0"),
     ("soap_precondition_frequency", 0, "optimizer.soap_precondition_frequency: expected an int >= 1, got 0"),
     ("ortho_gram", "maybe", "optimizer.ortho_gram: expected one of 'off', 'on', got 'maybe'"),
+    ("ortho_kernel", "triton", "optimizer.ortho_kernel: expected one of 'auto', 'torch', got 'triton'"),
     ("muon_compile_momentum", "yes", "optimizer.muon_compile_momentum: expected bool, got 'yes'"),
     ("name", "Shampoo", "optimizer.name: expected one of ('Muon', 'NorMuon', 'Aurora', 'SOAP', 'AdamW'), "
                         "got 'Shampoo'"),

@@ -438,11 +438,7 @@ def test_gpu_polar_express_with_the_kernel_agrees_with_svd(m, n, kappa):
     out = ortho.polar_express(W.float())
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert torch.equal(out, ortho.polar_express(W.float()))
-    ortho._USE_GRAM_KERNEL = False
-    try:
-        standard = ortho.polar_express(W.float())
-    finally:
-        ortho._USE_GRAM_KERNEL = True
+    standard = ortho.polar_express(W.float(), kernel=False)
     for i in range(2):
         ref = polar_svd(W[i])
         err, err_std = rel_err(out[i], ref, floor=0.0), rel_err(standard[i], ref, floor=0.0)
@@ -456,3 +452,22 @@ def test_rows_beyond_32_bit_offsets_are_refused():
 
     with pytest.raises(ValueError, match=r"46341 rows; at most 46340"):
         fused.symmetric_product(torch.empty(1, fused.MAX_K + 1, 8, device="meta"))
+
+
+@pytest.mark.parametrize("algo", ["muon", "normuon", "aurora"])
+@pytest.mark.parametrize("choice,asked", [("auto", True), ("torch", False)])
+def test_ortho_kernel_choice_reaches_the_orthogonaliser(monkeypatch, algo, choice, asked):
+    """``[optimizer] ortho_kernel``: "auto" asks for the symmetric-product kernel at every Polar
+    Express call (it applies on CUDA in fp16/bf16), "torch" never asks; an unknown value is refused
+    by key before any step."""
+    from optimizers.muon import MuonAdamW
+
+    ortho = importlib.import_module("optimizers.orthogonalize")
+    calls = []
+    monkeypatch.setattr(ortho, "_gram_kernel", lambda X: calls.append(X.shape) and None)
+    W = torch.nn.Parameter(torch.randn(6, 10))
+    W.grad = torch.randn(6, 10)
+    MuonAdamW([{"params": [W], "algo": algo, "ortho_kernel": choice}], lr=0.01).step()
+    assert bool(calls) == asked
+    with pytest.raises(ValueError, match="ortho_kernel='triton'; expected one of"):
+        MuonAdamW([{"params": [W], "algo": algo, "ortho_kernel": "triton"}], lr=0.01)

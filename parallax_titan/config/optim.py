@@ -119,6 +119,11 @@ class Optimizer(titan.Optimizer):
     matrices). In bf16 it can turn a rank-deficient gradient into NaN weights
     (optimizers/orthogonalize.py says why), so it needs ``ortho_dtype = "float32"``."""
 
+    ortho_kernel: Literal["auto", "torch"] = "auto"
+    """"auto": Polar Express / Newton-Schulz form A = X X^T and H = aI + bA + cA^2 with the Triton
+    symmetric-product kernel (``kernels.gram``) on CUDA in bf16/fp16, torch GEMMs elsewhere;
+    "torch": torch GEMMs everywhere."""
+
     muon_compile_momentum: bool = True
     """Compile the momentum update into a few fused kernels on CUDA (eager on CPU or if compiling fails)."""
 

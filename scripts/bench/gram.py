@@ -9,7 +9,7 @@ time (``triton.testing.do_bench``) of
 * the polynomial H = aI + bA + cA^2: ``symmetric_product(A, c, A, b, a)`` against ``torch.baddbmm``
   plus the diagonal ``add_`` (Polar Express's first coefficients);
 * a whole ``polar_express`` call (8 steps) with the kernel and with the torch path
-  (``optimizers.orthogonalize._USE_GRAM_KERNEL`` off),
+  (``polar_express(G, kernel=False)``),
 and the relative difference ||ours - torch|| / ||torch|| of each stage's output. Ratios are ours / torch.
 """
 
@@ -75,17 +75,8 @@ def bench_shape(B: int, m: int, n: int, rep_ms: int, device: str = "cuda", timer
     def ours_poly():
         return symmetric_product(A, alpha=c, Y=A, beta=b, gamma=a)
 
-    def polar(kernel: bool):
-        def run():
-            previous, ortho._USE_GRAM_KERNEL = ortho._USE_GRAM_KERNEL, kernel
-            try:
-                return ortho.polar_express(G)
-            finally:
-                ortho._USE_GRAM_KERNEL = previous
-        return run
-
     fns = {"gram": (lambda: symmetric_product(P), torch_gram), "poly": (ours_poly, torch_poly),
-           "polar": (polar(True), polar(False))}
+           "polar": (lambda: ortho.polar_express(G), lambda: ortho.polar_express(G, kernel=False))}
     row = {"shape": [B, m, n], "orientation": orientation(m, n), "ms": {}, "rel_diff": {}}
     for stage, (ours, ref) in fns.items():
         row["ms"][stage] = {"ours": timer(ours, rep_ms), "torch": timer(ref, rep_ms)}
@@ -117,7 +108,7 @@ def write(result: dict, out: str) -> str:
     if result["rows"]:
         rows.append(["all buckets", "", *cells(totals)])
     lines = ["bf16 on CUDA; ours = kernels.gram.symmetric_product (and polar_express with it), torch = "
-             "torch.bmm / torch.baddbmm + diagonal add_ (and polar_express with _USE_GRAM_KERNEL off). "
+             "torch.bmm / torch.baddbmm + diagonal add_ (and polar_express with kernel=False). "
              "Rel. diff = ||ours - torch|| / ||torch||.", "", *table(columns, rows)]
     data = {key: value for key, value in result.items() if key != "meta"}
     return write_results(out, result["meta"], "\n".join(lines) + "\n", data)
