@@ -249,14 +249,18 @@ def test_compiled_family_forms_hold_no_inductor_scan():
 
 
 def test_solves_never_read_an_error_flag_on_the_host(monkeypatch):
-    """Affine MesaNet (chunked and recurrent) and exact LLA factor through ``cholesky_ex``:
-    ``torch.linalg.cholesky`` reads its error flag on the host, a device sync per chunk and layer."""
+    """Affine MesaNet (chunked and recurrent) and exact LLA factor through ``cholesky_ex`` and solve
+    with two triangular solves: ``torch.linalg.cholesky`` reads its error flag on the host, and
+    ``torch.cholesky_solve``'s batched CUDA path synchronised, once per chunk and layer each."""
     from kernels import exact_lla
 
-    def syncing_cholesky(*args, **kwargs):
-        raise AssertionError("torch.linalg.cholesky called")
+    def syncing(name):
+        def fail(*args, **kwargs):
+            raise AssertionError(f"{name} called")
+        return fail
 
-    monkeypatch.setattr(torch.linalg, "cholesky", syncing_cholesky)
+    monkeypatch.setattr(torch.linalg, "cholesky", syncing("torch.linalg.cholesky"))
+    monkeypatch.setattr(torch, "cholesky_solve", syncing("torch.cholesky_solve"))
     q, _, k, v, _ = make(1, 6, 2, 1, 3)
     affine_mesanet(q, k, v, lam=0.5, chunk=4)
     exact_lla(q, k, v, lam=0.5)

@@ -313,9 +313,12 @@ SM90_CASES = [(1024, 2048, "cols", False, True), (1024, 3072, "rows", False, Tru
 @pytest.mark.parametrize("k,K,unit,has_y,has_scale", SM90_CASES)
 def test_shipped_configs_compile_for_hopper(k, K, unit, has_y, has_scale):
     """``launch_config``'s config at the 0.6B Muon shapes compiles for sm_90 as a launch specialises it
-    (16-byte aligned pointers and strides, the unit stride a constant): wgmma, and shared memory within
-    the H200's 227 KiB per block. Register spills depend on triton's version (docs/bench/gram.md
-    lists them for the GPU machine's 3.6), so they are reported there, not asserted here."""
+    (16-byte aligned pointers, sizes and strides, the unit strides constants): wgmma, shared memory
+    within the H200's 227 KiB per block, and every global store and Y load 16 bytes wide (the one
+    narrow load is the fp32 scale). A store mask
+    that varied along a row made the stores scalar and the kernel about 1.7x slower on an H200
+    (docs/bench/gram.md). Register spills depend on triton's version (that page lists them for the
+    GPU machine's 3.6), so they are reported there, not asserted here."""
     from kernels.gram import fused
     from scripts.bench import kernel_resources as kr
 
@@ -323,13 +326,17 @@ def test_shipped_configs_compile_for_hopper(k, K, unit, has_y, has_scale):
     warps, stages = config.pop("num_warps"), config.pop("num_stages")
     unit_stride = "sp_c" if unit == "cols" else "sp_r"
     consts = {**config, "HAS_Y": has_y, "HAS_SCALE": has_scale, "PRECISION": "tf32", "UPCAST": False,
-              "EVEN_M": k % config["BM"] == 0, "EVEN_K": K % config["BK"] == 0, unit_stride: 1}
+              "EVEN_M": k % config["BM"] == 0, "EVEN_K": K % config["BK"] == 0, unit_stride: 1, "sy_c": 1}
     types = {"P": "*bf16", "Y": "*bf16", "OUT": "*bf16", "S": "*fp32", "k": "i32", "K": "i32", "alpha": "fp32",
              "beta": "fp32", "gamma": "fp32"}
-    divisible = {"P", "Y", "S", "OUT", "sp_b", "sp_r", "sp_c", "sy_b", "sy_r"} - {unit_stride}
+    divisible = {"P", "Y", "S", "OUT", "k", "K", "sp_b", "sp_r", "sp_c", "sy_b", "sy_r"} - {unit_stride}
     res = kr.resources(fused._symmetric_product_kernel.fn, consts, warps, stages, types=types, divisible=divisible)
     assert res["wgmma"] > 0
     assert 0 < res["shared"] <= 232448
+    ops = res["global_ops"]
+    stores = [op for op in ops if op.startswith("STG")]
+    assert stores and all(op.endswith(".128") for op in stores), ops
+    assert not [op for op in ops if op.startswith("LDG") and "U16" in op], ops  # Y, one bf16 per load
 
 
 # --- the benchmark's page ---------------------------------------------------------------------------

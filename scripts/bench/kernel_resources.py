@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import triton
@@ -129,8 +130,9 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int, num_stages: int, ta
 
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int, types: dict | None = None,
               divisible: set | None = None) -> dict:
-    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes, and
-    (instructions, wgmma) of the leanest innermost loop that runs wgmma."""
+    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes,
+    (instructions, wgmma) of the leanest innermost loop that runs wgmma, and the count of each global
+    load / store opcode (``LDG.E.128``: 16 bytes wide; ``STG.E.U16``: one bf16 element)."""
     compiled = compile_kernel(kernel, constexprs, num_warps, num_stages, types=types, divisible=divisible)
     usage, sass = _cuobjdump(compiled.asm["cubin"], ["--dump-resource-usage"], ["-sass"])
     line = next(line for line in usage.splitlines() if "REG:" in line)
@@ -140,7 +142,8 @@ def resources(kernel, constexprs: dict, num_warps: int, num_stages: int, types: 
     loops = inner_loops(sass, compute=True)
     return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]), "spill_stores": count("STL"),
             "spill_loads": count("LDL"), "wgmma": count("HGMMA"), "shared": compiled.metadata.shared,
-            "loop": loops[0] if loops else (0, 0)}
+            "loop": loops[0] if loops else (0, 0),
+            "global_ops": dict(Counter(op for op in ops if op.startswith(("LDG.", "STG.", "LDGSTS."))))}
 
 
 MEASURED = ("resources of each Triton attention kernel's launch configuration compiled for sm_90 (bf16, no varlen) "
