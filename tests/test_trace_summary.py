@@ -33,6 +33,7 @@ def test_groups_and_shares():
     fused_norm = "triton_per_fused__fused_rms_norm__fused_rms_norm_backward__to_copy__unsafe_view_add_view_8"
     assert trace_summary.group_of(fused_norm) == "other (elementwise, norms, loss)"
     assert trace_summary.group_of("void at::native::direct_copy_kernel_cuda") == "copy / cast"
+    assert trace_summary.group_of("_symmetric_product_kernel") == "matmul"  # kernels.gram's Triton GEMM
     assert "| matmul | 0.80 | 40.0% |" in text
     assert "| attention forward | 0.30 | 15.0% |" in text
     assert "| communication | 0.10 | 5.0% |" in text

@@ -39,9 +39,8 @@ def launch_config(k: int, K: int) -> dict:
     Fixed per shape rather than autotuned, so that every process computes the same bits (the K step
     BK sets the summation order). At the 0.6B Muon shapes on an H200 the autotuner picked 128 x 128
     tiles with BK 64 and 8 warps, 4 stages for K >= 2048 (docs/bench/gram.md). Square tiles (BM = BN)
-    so that a tile and its mirror have the same shape. Compiled for sm_90 (triton 3.6) the Y epilogue
-    of a 128 x 128 tile spills 17-20 registers with 8 warps and several hundred with 4
-    (docs/bench/gram.md). 64 x 64 tiles below k = 512: fewer idle programs (not timed). Under the CPU
+    so that a tile and its mirror have the same shape. Compiled for sm_90 (triton 3.6) as a launch
+    specialises it, none of these spills (docs/bench/gram.md). 64 x 64 tiles below k = 512: fewer idle programs (not timed). Under the CPU
     interpreter: small tiles, so that tests stay fast and cover several tiles."""
     if INTERPRET:
         return {"BM": 32, "BK": 16, "num_warps": 4, "num_stages": 1}
@@ -144,8 +143,8 @@ def _symmetric_product_kernel(P, Y, S, OUT, k, K, sp_b, sp_r, sp_c, sy_b, sy_r, 
     tile = acc.to(OUT.dtype.element_ty)
     out = OUT + b * k * k
     # Every entry below the diagonal is the rounded value of its mirror, stored a second time, so the
-    # output is exactly symmetric. Offsets within one matrix fit in int32 (k <= MAX_K, and Y's
-    # strides, checked by the launcher): 64-bit offset tensors made the epilogue spill. The store
+    # output is exactly symmetric. Offsets within one matrix are int32 (k <= MAX_K, and Y's
+    # strides, checked by the launcher): half the address registers of int64 ones. The store
     # masks stay constant along a row, or are absent, so that stores are 16 bytes wide (a
     # triangular store mask made them scalar and the kernel about 1.7x slower on an H200).
     if i == j:

@@ -30,7 +30,7 @@ GROUPS = [
     ("attention backward", r"bwd|bprop|dot_do_o|backward.*attn|attn.*backward|dkdv|_bwd_dq"),
     ("attention forward", r"_fwd_kernel|flash|fmha|cudnn.*attn|sdpa|attention"),
     ("communication", r"nccl"),
-    ("matmul", r"gemm|sm90_xmma|cutlass|wgmma|nvjet|matmul|_mm_"),
+    ("matmul", r"gemm|sm90_xmma|cutlass|wgmma|nvjet|matmul|_mm_|symmetric_product"),
     ("optimizer / foreach", r"foreach|multi_tensor|adam"),
     # Inductor's fused pointwise/reduction kernels name the ops they fuse, often `_to_copy` (a dtype
     # cast folded into a norm or the loss): they are compute, not copies
