@@ -52,7 +52,7 @@ def fake_runs(calls):
     """A stand-in for runner.run_job that records its calls and returns a record at once."""
     from eval.mad import runner
 
-    def run_job(setting, mixer, lr, wd, cfg, device):
+    def run_job(setting, mixer, lr, wd, cfg, device, checkpoint=None):
         calls.append((setting.label(), mixer, lr, wd))
         return [{"task": setting.task, "setting": setting.label(), "params": {}, "mixer": mixer, "lr": lr,
                  "weight_decay": wd, "config_id": runner.config_id(cfg), "test_acc": 0.5, "test_acc_micro": 0.6,

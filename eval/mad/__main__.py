@@ -3,7 +3,8 @@
     python -m eval.mad --tasks all --mixers attention,parallax --out DIR [--config TOML]
     python -m eval.mad --report-only --out DIR     # rebuild the tables from DIR/runs.jsonl
 
-Rerunning a command with the same --out skips the runs already in DIR/runs.jsonl.
+Rerunning a command with the same --out skips the runs already in DIR/runs.jsonl; with
+--checkpoint-seconds S it also continues each unfinished run from its state saved in DIR/partial/.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import os
 import sys
 
-from eval.mad.grid import SWEEPS, RunConfig, check_mixers, load_config
+from eval.mad.grid import SWEEPS, RunConfig, check_checkpoint_seconds, check_mixers, load_config
 from eval.mad.models import MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
@@ -66,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-test-examples", type=int, default=None, help="override every setting's test set size")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each block (override [train] compile; runs count in the same grid)")
+    p.add_argument("--checkpoint-seconds", type=float, default=None,
+                   help="save each run's training state this often into OUT/partial/, so that a rerun continues "
+                        "an unfinished run from it with the same result; 0 = off (override [train] "
+                        "checkpoint_seconds)")
     p.add_argument("--backend", default=None, help="override [model] backend (auto/reference/triton)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (0 = inline)")
@@ -106,6 +111,9 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
         cfg.data["num_test_examples"] = args.num_test_examples
     if args.max_run_seconds:
         cfg.train.max_seconds = args.max_run_seconds
+    if args.checkpoint_seconds is not None:
+        check_checkpoint_seconds(args.checkpoint_seconds, "--checkpoint-seconds")
+        cfg.train.checkpoint_seconds = args.checkpoint_seconds
     if args.backend:
         cfg.model.backend = args.backend
     if args.compile:

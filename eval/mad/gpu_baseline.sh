@@ -3,9 +3,13 @@
 # 66 settings x lr {5e-3, 1e-3, 5e-4} x weight decay {0, 0.1} x 2 mixers = 792 runs, 60 epochs each.
 # Resumable: each call starts new runs for DEADLINE seconds (largest first) and stops all work at
 # LIMIT seconds; every finished run is appended to runs.jsonl and runs already there are skipped.
-# The grid lives in GRID (committed between calls); with $OUT set (a folder that outlives the call) the
-# call works on a copy under $OUT/<GRID's folder name>, which comes back even when the call is cut short:
-# copy it over GRID and commit. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
+# Each run saves its training state every CHECKPOINT_SECONDS (default 60; 0: off) to partial/ in the
+# grid's folder, and the next call continues the runs cut short from there (first), with the result an
+# uninterrupted run would give, so a run longer than LIMIT still finishes over several calls.
+# The grid lives in GRID (runs.jsonl committed between calls; partial/ carried, not committed); with
+# $OUT set (a folder that outlives the call) the call works on a copy of runs.jsonl and partial/ under
+# $OUT/<GRID's folder name>, which comes back even when the call is cut short: copy it over GRID (its
+# partial/ replacing GRID's) and commit runs.jsonl. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
 # baseline settings (a subset of the full sweep's runs, which later calls complete), SETTINGS to the
 # settings whose label contains one of its comma-separated fragments (e.g. SETTINGS=seq_len=512; a whole
 # label such as "ICR(vocab_size=16,seq_len=128)" is one fragment).
@@ -30,6 +34,7 @@ limit=${3:-540}
 tasks=${TASKS:-all}
 sweep=${SWEEP:-}
 settings=${SETTINGS:-}
+checkpoint=${CHECKPOINT_SECONDS:-60}
 compile=
 [ "${COMPILE:-0}" = 1 ] && compile=1
 out=$grid
@@ -37,6 +42,7 @@ if [ -n "${OUT:-}" ]; then
   out=$OUT/$(basename "$grid")
   mkdir -p "$out"
   [ -f "$grid/runs.jsonl" ] && cp "$grid/runs.jsonl" "$out/"
+  [ -d "$grid/partial" ] && cp -r "$grid/partial" "$out/"
 fi
 mkdir -p "$out"
 if ! python3 -c "import torchtitan" 2>/dev/null; then
@@ -63,7 +69,7 @@ if [ "${MPS:-0}" = 1 ]; then
   fi
 fi
 args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} ${settings:+--settings "$settings"} ${compile:+--compile}
-      --tasks "$tasks" --out "$out"
+      --tasks "$tasks" --out "$out" --checkpoint-seconds "$checkpoint"
       --title "MAD, paper protocol ($config), ${mixers:-every mixer of the config}, one H200"
       --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep SETTINGS=$settings), repeated; each call skips finished runs.")
 timeout "$limit" python3 -m eval.mad "${args[@]}" --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"

@@ -10,6 +10,7 @@ protocol; ``"hard"`` is the harder ICR/NCR/SC ladder (vocabulary up to 512, cont
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -99,6 +100,9 @@ class TrainConfig:
     precision: Literal["bf16", "fp32"] = "bf16"  # bf16: autocast, as mad-lab's precision = "bf16"
     max_seconds: float = 0.0  # > 0: shorten each run (and its schedule) to fit this wall time
     compile: bool = False  # torch.compile each block (Inductor) as the trainer does: fewer, fused kernels
+    # > 0: each run saves its whole training state this often (seconds) under <out>/partial/, and a
+    # rerun continues an unfinished run from it with the same result; 0: off
+    checkpoint_seconds: float = 0.0
 
 
 @dataclass
@@ -160,6 +164,13 @@ def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
         raise ValueError(f"{where} = {mixers!r}: {missing} need flash-linear-attention ({FLA_INSTALL}) and CUDA")
 
 
+def check_checkpoint_seconds(value, where: str) -> None:
+    """Rejects a ``checkpoint_seconds`` that is not a finite number >= 0, naming ``where`` (the TOML
+    key or the CLI option)."""
+    if not (matches(value, float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{where} = {value!r}: expected a finite number of seconds >= 0 (0: off)")
+
+
 def _fill(cls, values: dict, section: str):
     """``cls(**values)`` after checking every key and value type against ``cls``'s annotations."""
     hints = typing.get_type_hints(cls)
@@ -189,5 +200,6 @@ def load_config(path: str) -> RunConfig:
     if unknown:
         raise ValueError(f"{path}: [data] unknown keys {sorted(unknown)}; expected some of {sorted(fields)}")
     cfg.train = _fill(TrainConfig, raw.get("train", {}), "train")
+    check_checkpoint_seconds(cfg.train.checkpoint_seconds, f"{path}: [train] checkpoint_seconds")
     cfg.model = _fill(ModelConfig, raw.get("model", {}), "model")
     return cfg

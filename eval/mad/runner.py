@@ -4,9 +4,13 @@ Jobs run in worker processes (``workers`` > 0; several small models share one GP
 (``workers = 0``). Every finished run is appended to ``runs.jsonl`` as one line at once (flushed
 and synced), and a rerun with the same ``--out`` skips the runs already there, so a grid can be
 filled over several calls; ``deadline`` (seconds) stops starting new jobs. A run killed midway
-leaves nothing (or a partial last line, dropped on the next start) and is run again. Records carry
-the grid's ``config_id`` (training, model and data settings); a ``runs.jsonl`` of another config
-is refused rather than mixed in.
+leaves nothing in ``runs.jsonl`` (or a partial last line, dropped on the next start). With
+``[train] checkpoint_seconds`` > 0 each run also saves its whole training state that often to
+``partial/`` beside ``runs.jsonl`` (one file per run, deleted when the run finishes), and a rerun
+continues a killed run from its last state, bit for bit as if it had not stopped, and starts those
+runs first; otherwise a killed run starts over. Records carry the grid's ``config_id`` (training,
+model and data settings); a ``runs.jsonl`` or partial state of another config is refused rather
+than mixed in.
 """
 
 from __future__ import annotations
@@ -26,17 +30,22 @@ from eval.mad.models import build_model
 from eval.mad.tasks import TaskSetting, make_dataset
 from eval.mad.training import train_and_evaluate
 
+PARTIAL = "partial"  # the folder in --out of the partial states of unfinished runs
 
-def run_job(setting: TaskSetting, mixer: str, lr: float, wd: float, cfg: RunConfig, device: str) -> list[dict]:
-    """Train ``mixer`` on ``setting`` with (lr, wd); a one-record list."""
+
+def run_job(setting: TaskSetting, mixer: str, lr: float, wd: float, cfg: RunConfig, device: str,
+            checkpoint: str | None = None) -> list[dict]:
+    """Train ``mixer`` on ``setting`` with (lr, wd); a one-record list. ``checkpoint``: the file of
+    the run's partial state (``partial_path``), resumed from when it exists."""
     data = make_dataset(setting)
     model = build_model(setting.task, mixer, setting.vocab_size, setting.seq_len, device=device,
                         seed=setting.seed, **dataclasses.asdict(cfg.model))
+    facts = {"task": setting.task, "setting": setting.label(), "params": dataclasses.asdict(setting),
+             "mixer": mixer, "lr": lr, "weight_decay": wd, "device": device, "config_id": config_id(cfg)}
+    identity = {k: facts[k] for k in ("setting", "mixer", "lr", "weight_decay", "config_id")}
     result = train_and_evaluate(model, data, cfg.train, lr, wd, setting.vocab_size, device=device,
-                                seed=setting.seed)
-    return [{"task": setting.task, "setting": setting.label(), "params": dataclasses.asdict(setting),
-             "mixer": mixer, "lr": lr, "weight_decay": wd, "device": device, "config_id": config_id(cfg),
-             **result}]
+                                seed=setting.seed, checkpoint=checkpoint, identity=identity)
+    return [{**facts, **result}]
 
 
 def config_id(cfg: RunConfig) -> str:
@@ -45,13 +54,22 @@ def config_id(cfg: RunConfig) -> str:
                 "data": cfg.data, "seed": cfg.seed}
     for key in ("lrs", "weight_decays"):  # the sweep lists pick runs; they do not change one
         settings["train"].pop(key)
-    settings["train"].pop("compile")  # how a run executes, not what it computes (up to rounding)
+    for key in ("compile", "checkpoint_seconds"):  # how a run executes, not what it computes
+        settings["train"].pop(key)
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def run_key(record: dict) -> tuple:
     """(setting label, mixer, lr, weight decay): what identifies one run of a grid."""
     return record["setting"], record["mixer"], float(record["lr"]), float(record["weight_decay"])
+
+
+def partial_path(out_dir: str, setting: str, mixer: str, lr: float, wd: float) -> str:
+    """``out_dir/partial/<file>``: where the run with this key keeps its partial state. Labels hold
+    "(", "=" and ","; the name is the task, mixer, lr and wd for reading and a hash of the whole key
+    for uniqueness."""
+    digest = hashlib.sha1(json.dumps([setting, mixer, float(lr), float(wd)]).encode()).hexdigest()[:10]
+    return os.path.join(out_dir, PARTIAL, f"{setting.split('(')[0]}_{mixer}_lr{lr:g}_wd{wd:g}_{digest}.pt")
 
 
 def finished_runs(path: str, cfg: RunConfig) -> set[tuple]:
@@ -97,15 +115,22 @@ def _cost(job) -> float:
 def run_grid(cfg: RunConfig, mixers: list[str], out_dir: str, device: str = "cpu", workers: int = 0,
              threads: int = 1, deadline: float | None = None, log=print) -> list[dict]:
     """Run every (setting, mixer, lr, wd) job not yet in out_dir/runs.jsonl; returns the new records
-    (also appended to it)."""
+    (also appended to it). With ``cfg.train.checkpoint_seconds`` > 0, runs save their partial state
+    under out_dir/partial/; the runs that have one continue from it and start first (they are the
+    closest to finishing), the others by size, largest first; the log's first line counts them."""
     os.makedirs(out_dir, exist_ok=True)
+    if cfg.train.checkpoint_seconds > 0:
+        os.makedirs(os.path.join(out_dir, PARTIAL), exist_ok=True)
     path = os.path.join(out_dir, "runs.jsonl")
     done = finished_runs(path, cfg)
     planned = [(s, m, lr, wd) for s in cfg.settings() for m in mixers for lr in cfg.train.lrs
                for wd in cfg.train.weight_decays]
-    jobs = sorted((j for j in planned if (j[0].label(), j[1], float(j[2]), float(j[3])) not in done),
-                  key=_cost, reverse=True)
-    log(f"[mad] {len(planned) - len(jobs)} of {len(planned)} runs already in {path}; {len(jobs)} to run")
+    checkpoints = {j: partial_path(out_dir, j[0].label(), *j[1:]) if cfg.train.checkpoint_seconds > 0 else None
+                   for j in planned if (j[0].label(), j[1], float(j[2]), float(j[3])) not in done}
+    resumed = {j for j, c in checkpoints.items() if c and os.path.exists(c)}
+    jobs = sorted(checkpoints, key=lambda j: (j in resumed, _cost(j)), reverse=True)
+    log(f"[mad] {len(planned) - len(jobs)} of {len(planned)} runs already in {path}; {len(jobs)} to run, "
+        f"{len(resumed)} of them from a partial state")
     stop_at = time.time() + deadline if deadline else float("inf")
     records: list[dict] = []
 
@@ -123,14 +148,15 @@ def run_grid(cfg: RunConfig, mixers: list[str], out_dir: str, device: str = "cpu
             if time.time() > stop_at:
                 log(f"[mad] deadline reached: {len(jobs) - i} jobs not started")
                 break
-            save(run_job(*job, cfg, device))
+            save(run_job(*job, cfg, device, checkpoints[job]))
         return records
     ctx = get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
         pending, queue = set(), list(jobs)
         while queue or pending:
             while queue and len(pending) < workers and time.time() < stop_at:
-                pending.add(pool.submit(run_job, *queue.pop(0), cfg, device))
+                job = queue.pop(0)
+                pending.add(pool.submit(run_job, *job, cfg, device, checkpoints[job]))
             if not pending:
                 log(f"[mad] deadline reached: {len(queue)} jobs not started")
                 break

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -68,14 +70,24 @@ def autocast(precision: str, device) -> contextlib.AbstractContextManager:
 
 
 def train_and_evaluate(model, data: dict, cfg: TrainConfig, lr: float, weight_decay: float,
-                       num_classes: int, device="cpu", seed: int = 0) -> dict:
+                       num_classes: int, device="cpu", seed: int = 0, checkpoint: str | None = None,
+                       identity: dict | None = None) -> dict:
     """Train ``model`` on data["train"] for cfg.epochs; returns test accuracy and run facts.
 
     data: {"train": (inputs, targets), "test": (inputs, targets)} int64 numpy (N, L).
     Returns {"test_acc" (MAD's score: macro accuracy per test batch of cfg.batch_size sequences,
     averaged over batches), "test_acc_micro", "test_acc_macro_all" (macro over the whole test set),
-    "final_loss", "steps", "planned_steps", "seconds", "finite"}.
+    "final_loss", "steps", "planned_steps", "seconds" (training and scoring, over every piece of a
+    resumed run), "finite"}.
+    checkpoint: a file for the run's training state (``_run_state``), written every
+    cfg.checkpoint_seconds (0: after every step); when it exists the run continues from it, bit for
+    bit as if it had not stopped (same device and software), and it is deleted once the run is scored.
+    identity: what names the run (the runner's run key and config id), saved with the state; a
+    state saved under another identity is refused (ValueError).
     """
+    resumed = _load_run_state(checkpoint, identity, device) if checkpoint else None
+    if resumed:  # into the eager modules: saved keys are the eager model's, compiled or not
+        model.load_state_dict(resumed["model"])
     if cfg.compile:
         compile_blocks(model)
     x, y = (torch.as_tensor(a, device=device) for a in data["train"])
@@ -87,36 +99,131 @@ def train_and_evaluate(model, data: dict, cfg: TrainConfig, lr: float, weight_de
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: lr_factor(k, plan["total"], cfg.schedule, cfg.decay_frac, ratio))
     gen = torch.Generator().manual_seed(seed)
-    start, losses = time.time(), []
+    losses, first_epoch, order, seconds = [], 0, None, 0.0
+    if resumed:
+        losses, first_epoch, order, seconds = _restore(resumed, opt, sched, gen, plan)
+    start = time.time() - seconds  # time.time() - start: seconds over every piece of the run
+    next_save = time.time() + cfg.checkpoint_seconds
     model.train()
-    for _ in range(cfg.epochs):
+    for epoch in range(first_epoch, cfg.epochs):
+        if len(losses) >= plan["total"]:
+            break
+        if order is None:  # a resumed run goes on through its saved epoch's order
+            order = torch.randperm(len(x), generator=gen)
         # the epoch's order goes to the device in one copy: a copy from pageable host memory waits
         # for every queued kernel, so a copy per step would keep the host from running ahead
-        order = torch.randperm(len(x), generator=gen).to(device)
-        for idx in order.split(cfg.batch_size):
+        for idx in order.to(device).split(cfg.batch_size)[len(losses) - epoch * per_epoch:]:
             if len(losses) >= plan["total"]:
                 break
             if cfg.max_seconds and len(losses) in (_WARM_STEPS, _PROBE_STEPS):
-                plan[len(losses)] = _finished(device)  # pace is measured after warm-up (JIT, autotune)
+                # pace is measured after warm-up (JIT, autotune), in seconds since the run began
+                plan[len(losses)] = _finished(device) - start
                 if len(losses) == _PROBE_STEPS:
-                    _fit_time_budget(plan, cfg.max_seconds - (plan[_PROBE_STEPS] - start))
-            with autocast(cfg.precision, device):
-                loss = _loss(model, x[idx], y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            losses.append(loss.detach())
+                    _fit_time_budget(plan, cfg.max_seconds - plan[_PROBE_STEPS])
+            losses.append(_train_step(model, opt, sched, x[idx], y[idx], cfg, device))
+            if checkpoint and time.time() >= next_save:  # host clock only: no device sync unless saving
+                _save_run_state(checkpoint, _run_state(model, opt, sched, gen, plan, losses, epoch, order,
+                                                       time.time() - start, identity))
+                next_save = time.time() + cfg.checkpoint_seconds
+        order = None
     model.eval()
     with autocast(cfg.precision, device):
         acc = evaluate(model, xt, yt, num_classes, batch_size=cfg.batch_size)
     tail = torch.stack(losses[-per_epoch:]).float().mean().item() if losses else float("nan")
+    if checkpoint:
+        _remove_run_state(checkpoint)
     return {"test_acc": acc["batch_macro"], "test_acc_micro": acc["micro"], "test_acc_macro_all": acc["macro"],
             "final_loss": tail,
             "steps": len(losses), "planned_steps": cfg.epochs * per_epoch,
             "seconds": round(time.time() - start, 2), "finite": bool(np.isfinite(tail))}
+
+
+def _train_step(model, opt, sched, inputs, targets, cfg: TrainConfig, device) -> torch.Tensor:
+    """One optimiser and schedule step on a batch (inputs, targets: int64 (B, L)); the loss, a
+    detached fp32 0-dim tensor on the device (not read here: that would wait for the device)."""
+    with autocast(cfg.precision, device):
+        loss = _loss(model, inputs, targets)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    sched.step()
+    return loss.detach()
+
+
+def _run_state(model, opt, sched, gen, plan: dict, losses: list, epoch: int, order: torch.Tensor,
+               seconds: float, identity: dict | None) -> dict:
+    """Everything a run needs to continue exactly where it is: weights (under the eager model's
+    keys), optimizer and schedule state, the batch-order generator, the current epoch and its order
+    (int64 CPU (N,); the position in it is len(losses) - epoch * steps per epoch), the losses so far
+    (fp32 (steps,), on the run's device), the plan (a time budget may have shortened it), the
+    seconds spent so far and the run's identity."""
+    # compiled blocks prefix their keys with "_orig_mod."; without it a state loads into the eager
+    # modules whether or not either piece compiled (config_id leaves compile out)
+    weights = {k.replace("_orig_mod.", ""): v for k, v in model.state_dict().items()}
+    return {"identity": identity, "model": weights, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "generator": gen.get_state(), "plan": dict(plan), "losses": torch.stack(losses), "epoch": epoch,
+            "order": order, "seconds": seconds}
+
+
+def _restore(state: dict, opt, sched, gen, plan: dict) -> tuple[list, int, torch.Tensor, float]:
+    """Loads a ``_run_state`` into the optimizer, schedule, generator and plan (in place: the
+    schedule's lambda reads plan["total"]); returns (losses, epoch, its order, seconds so far)."""
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    gen.set_state(state["generator"].cpu())  # map_location moved it with the rest
+    plan.update(state["plan"])
+    return list(state["losses"].unbind()), state["epoch"], state["order"].cpu(), state["seconds"]
+
+
+def _temporary(path: str) -> str:
+    """The file a save writes before it replaces ``path`` (same folder, so the rename is atomic)."""
+    return path + ".tmp"
+
+
+def _save_run_state(path: str, state: dict) -> None:
+    """Writes ``state`` to ``path`` atomically: to a temporary file beside it, synced to disk, then
+    renamed over it, so a kill during a save leaves the previous state whole."""
+    with open(_temporary(path), "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(_temporary(path), path)
+
+
+def _remove_run_state(path: str) -> None:
+    """Deletes a finished run's state and the temporary file a save cut short may have left."""
+    for name in (path, _temporary(path)):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
+
+
+def _load_run_state(path: str, identity: dict | None, device) -> dict | None:
+    """The ``_run_state`` saved at ``path`` with its tensors on ``device``, or None when there is
+    none. A file that cannot be read gives a warning naming it and None: the run starts over
+    (runs.jsonl, not the partial state, records what finished). ValueError when the state is
+    another run's (its identity differs)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+        saved = state["identity"]
+    except Exception as exc:  # truncated, corrupt or not a run state: what it held is lost either way
+        warnings.warn(f"{path}: unreadable partial run state ({type(exc).__name__}: {exc}); "
+                      "the run starts from its first step", stacklevel=2)
+        return None
+    if saved != identity:
+        raise ValueError(f"{path}: the partial state of another run ({_differences(saved, identity)}); "
+                         "move it away or use another --out")
+    return state
+
+
+def _differences(saved: dict | None, ours: dict | None) -> str:
+    """'key: saved A, this run B' for each identity entry that differs."""
+    saved, ours = saved or {}, ours or {}
+    return "; ".join(f"{k}: saved {saved.get(k)!r}, this run {ours.get(k)!r}"
+                     for k in sorted({*saved, *ours}) if saved.get(k) != ours.get(k))
 
 
 _WARM_STEPS, _PROBE_STEPS = 10, 30
