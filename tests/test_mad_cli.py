@@ -290,3 +290,11 @@ def test_runs_line_counts_the_planned_mixers_apart_from_the_others():
         "mixers from the same folder.")
     assert runs_line(runs, 30) == "Runs finished: 23 of 30 planned."
     assert runs_line(runs) == "Runs finished: 23."
+
+
+def test_report_only_without_a_finished_run_says_so(tmp_path, capsys):
+    """A call cut short before any run finished leaves no runs.jsonl (only partial states): the
+    report step says there is nothing to report instead of failing."""
+    assert main(["--config", "configs/mad/cpu_small.toml", "--out", str(tmp_path), "--report-only"]) == 0
+    assert "no finished run" in capsys.readouterr().out
+    assert not (tmp_path / "table.md").exists()

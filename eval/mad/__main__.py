@@ -148,7 +148,11 @@ def main(argv=None) -> int:
                      deadline=args.deadline)
         except ValueError as exc:  # runs.jsonl of another config in --out
             raise SystemExit(str(exc)) from None
-    runs = load_runs(os.path.join(args.out, "runs.jsonl"))
+    runs_path = os.path.join(args.out, "runs.jsonl")
+    if not os.path.exists(runs_path):  # e.g. every run of a call still unfinished, its state saved
+        print(f"[mad] no finished run in {runs_path} yet: no report written")
+        return 0
+    runs = load_runs(runs_path)
     planned = len(cfg.settings()) * len(mixers) * len(cfg.train.lrs) * len(cfg.train.weight_decays)
     scores = write_report(runs, args.out, title, args.note, config, planned, mixers)
     for mixer, s in sorted(scores.items()):

@@ -6,10 +6,13 @@
 # Each run saves its training state every CHECKPOINT_SECONDS (default 60; 0: off) to partial/ in the
 # grid's folder, and the next call continues the runs cut short from there (first), with the result an
 # uninterrupted run would give, so a run longer than LIMIT still finishes over several calls.
-# The grid lives in GRID (runs.jsonl committed between calls; partial/ carried, not committed); with
-# $OUT set (a folder that outlives the call) the call works on a copy of runs.jsonl and partial/ under
-# $OUT/<GRID's folder name>, which comes back even when the call is cut short: copy it over GRID (its
-# partial/ replacing GRID's) and commit runs.jsonl. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
+# The grid lives in GRID (runs.jsonl committed between calls; the partial states carried, never
+# committed: .gitignore); with $OUT set (a folder that outlives the call) the call works on a copy of
+# runs.jsonl and the partial states under $OUT/<GRID's folder name>, which comes back even when the
+# call is cut short; there the states go back as tar files partial_<i>.tar of at most 15 MiB
+# (python -m eval.mad.bundle: an output folder returns few files of bounded size). Copy that folder
+# over GRID, its partial_*.tar replacing GRID's (and GRID's partial/ removed), commit runs.jsonl, and
+# carry GRID's partial_*.tar into the next call, which unpacks them. TASKS narrows the grid (e.g. TASKS=ICR,FCR,NCR), SWEEP=baseline to MAD's six
 # baseline settings (a subset of the full sweep's runs, which later calls complete), SETTINGS to the
 # settings whose label contains one of its comma-separated fragments (e.g. SETTINGS=seq_len=512; a whole
 # label such as "ICR(vocab_size=16,seq_len=128)" is one fragment).
@@ -43,6 +46,7 @@ if [ -n "${OUT:-}" ]; then
   mkdir -p "$out"
   [ -f "$grid/runs.jsonl" ] && cp "$grid/runs.jsonl" "$out/"
   [ -d "$grid/partial" ] && cp -r "$grid/partial" "$out/"
+  cp "$grid"/partial_*.tar "$out/" 2>/dev/null
 fi
 mkdir -p "$out"
 if ! python3 -c "import torchtitan" 2>/dev/null; then
@@ -72,5 +76,8 @@ args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"
       --tasks "$tasks" --out "$out" --checkpoint-seconds "$checkpoint"
       --title "MAD, paper protocol ($config), ${mixers:-every mixer of the config}, one H200"
       --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep SETTINGS=$settings), repeated; each call skips finished runs.")
+python3 -m eval.mad.bundle unpack "$out"
 timeout "$limit" python3 -m eval.mad "${args[@]}" --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"
+# $OUT comes back as a few files of at most 16 MiB each: the partial states go as tars of <= 15 MiB
+[ -n "${OUT:-}" ] && python3 -m eval.mad.bundle pack "$out"
 python3 -m eval.mad "${args[@]}" --report-only | tail -3

@@ -1,0 +1,93 @@
+"""Partial run states in and out of a folder that returns few, bounded files.
+
+A GPU machine's output folder comes back only with a few files of a bounded size each, while a
+grid keeps one partial state per unfinished run (``runner.PARTIAL``). ``pack`` moves the states of
+``out_dir/partial/`` into tar files ``out_dir/partial_<i>.tar`` of at most ``max_bytes`` each (a
+state larger than that alone in its tar); ``unpack`` moves them back. Both leave ``out_dir``
+holding the states one way only, so a state is never resumed from twice.
+
+    python -m eval.mad.bundle pack|unpack OUT_DIR [--max-mib 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import tarfile
+
+from eval.mad.runner import PARTIAL
+
+TAR_PATTERN = "partial_*.tar"
+
+
+def _groups(paths: list[str], max_bytes: int) -> list[list[str]]:
+    """``paths`` in order, split into runs whose sizes sum to at most ``max_bytes`` (a file larger
+    than that forms its own group)."""
+    groups: list[list[str]] = []
+    size = 0
+    for path in paths:
+        n = os.path.getsize(path)
+        if not groups or size + n > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(path)
+        size += n
+    return groups
+
+
+def pack(out_dir: str, max_bytes: int) -> list[str]:
+    """Move ``out_dir/partial/*.pt`` into ``out_dir/partial_<i>.tar`` (replacing earlier tars);
+    returns the tar paths. Each tar is written under a temporary name and renamed when complete."""
+    if max_bytes < 1:
+        raise ValueError(f"bundle.pack: max_bytes={max_bytes!r}; expected an int >= 1")
+    for old in glob.glob(os.path.join(out_dir, TAR_PATTERN)):
+        os.remove(old)
+    states = sorted(glob.glob(os.path.join(out_dir, PARTIAL, "*.pt")))
+    tars = []
+    for i, group in enumerate(_groups(states, max_bytes), 1):
+        path = os.path.join(out_dir, f"partial_{i}.tar")
+        with tarfile.open(path + ".tmp", "w") as tar:
+            for state in group:
+                tar.add(state, arcname=os.path.basename(state))
+        os.replace(path + ".tmp", path)
+        tars.append(path)
+    for state in states:
+        os.remove(state)
+    if os.path.isdir(os.path.join(out_dir, PARTIAL)) and not os.listdir(os.path.join(out_dir, PARTIAL)):
+        os.rmdir(os.path.join(out_dir, PARTIAL))  # nothing left to carry back
+    return tars
+
+
+def unpack(out_dir: str) -> list[str]:
+    """Move the states of ``out_dir/partial_*.tar`` into ``out_dir/partial/`` (deleting the tars);
+    returns the state paths. Only plain files at the top of a tar are taken."""
+    target = os.path.join(out_dir, PARTIAL)
+    os.makedirs(target, exist_ok=True)
+    states = []
+    for path in sorted(glob.glob(os.path.join(out_dir, TAR_PATTERN))):
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                if not member.isfile() or os.path.basename(member.name) != member.name:
+                    raise ValueError(f"bundle.unpack: {path} holds {member.name!r}; expected plain state files")
+                tar.extract(member, target, filter="data")
+                states.append(os.path.join(target, member.name))
+        os.remove(path)
+    return states
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m eval.mad.bundle", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["pack", "unpack"])
+    parser.add_argument("out_dir")
+    parser.add_argument("--max-mib", type=float, default=15.0, help="largest tar (MiB) when packing")
+    args = parser.parse_args(argv)
+    if args.action == "pack":
+        paths = pack(args.out_dir, int(args.max_mib * 2**20))
+    else:
+        paths = unpack(args.out_dir)
+    print(f"[mad] {args.action}: {len(paths)} file(s) in {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()
