@@ -31,14 +31,21 @@ def test_forward_compiles_for_hopper_tensor_cores():
     assert res["stack"] >= 0 and res["spill_stores"] >= 0
 
 
-def test_alignment_covers_pointers_and_strides_only():
-    """A real launch specialises 16-divisible pointers and strides; sizes that vary per call and the
-    float scales are never specialised, so they must not be marked."""
+def test_alignment_covers_pointers_strides_and_the_benchmark_sizes():
+    """A real launch specialises 16-divisible pointers, strides and int sizes; at the benchmark shape
+    (B4 L4096 Hq16 Hkv8) T, L and HQ are multiples of 16 and HKV is not, as triton's own launch-time
+    specialisation says. Float scales and constexprs are never marked."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
     consts = {"D": 64, "BM": 128, "BN": 64, "VARLEN": False, "PREC": "tf32", "GLOBAL_ORDER": True}
-    names = fused.JIT_KERNELS["fwd"].arg_names
-    marked = {names[i] for (i,) in kr.aligned(fused.JIT_KERNELS["fwd"], consts)}
-    assert {"Q", "R", "K", "V", "O", "TBAR", "LSE", "DOCS", "sqt", "sqh", "skt", "skh"} <= marked
-    assert not marked & {"T", "L", "HQ", "GROUP", "qk_scale", "D", "BM"}
+    kernel = fused.JIT_KERNELS["dkdv"]
+    marked = {kernel.arg_names[i] for (i,) in kr.aligned(kernel, consts)}
+    assert {"Q", "R", "K", "V", "TBAR", "LSE", "DOCS", "sqt", "sqh", "skt", "skh"} <= marked
+    assert not marked & {"qk_scale", "D", "BM"}
+    for name, value in {"T": 4 * 4096, "L": 4096, "HQ": 16, "HKV": 8}.items():
+        launch = native_specialize_impl(CUDABackend, value, False, True, True)[1] == "D"
+        assert (name in marked) == launch, (name, value)
 
 
 def test_inner_loops_counts_the_innermost_backward_branches():

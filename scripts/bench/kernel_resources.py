@@ -40,6 +40,9 @@ INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
 STRIDES = {"sqt", "sqh", "skt", "skh"}
+# sizes a launch at the benchmark shape (B4 L4096 Hq16 Hkv8) finds divisible by 16, so triton
+# specialises them as such (HKV = 8 is not): left out, the dq pass compiled with twice the spills
+SIZES = {"T", "L", "HQ"}
 # report name -> (name in fused.JIT_KERNELS and tuning.SHIPPED, constexpr flags); the column pass in
 # its two orientations: keys x queries, and queries on the rows (ROWS), each with the shipped configs
 # of its orientation
@@ -86,10 +89,11 @@ def opcodes(sass: str) -> list[str]:
 
 
 def aligned(kernel, constexprs: dict, divisible: set | None = None) -> dict:
-    """The launch-time specialisation of a real call: pointers and token/head strides divisible by 16
-    (without it loads do not vectorise and the register counts are not the GPU's); ``divisible``
-    names them for a kernel outside the attention's naming."""
-    divisible = divisible if divisible is not None else FP32_POINTERS | INT_POINTERS | BF16_POINTERS | STRIDES
+    """The launch-time specialisation of a real call: pointers, token/head strides and the benchmark
+    shape's sizes (``SIZES``) divisible by 16 (without it loads and stores do not vectorise and the
+    register counts are not the GPU's); ``divisible`` names them for a kernel outside the
+    attention's naming."""
+    divisible = divisible if divisible is not None else FP32_POINTERS | INT_POINTERS | BF16_POINTERS | STRIDES | SIZES
     return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
             if n in divisible and n not in constexprs}
 
