@@ -9,6 +9,7 @@ fetched by ``scripts/get_tokenizer.py``) and a tiny 4096-token BPE committed at
 ``parallax_titan/assets/tokenizer/tiny`` for CPU runs and tests.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -80,10 +81,20 @@ def load_tokenizer_json(path: str) -> Tokenizer:
         raise ValueError(f"model.hf_assets_path = {path!r}: {file} is not a readable tokenizer ({e})") from None
 
 
+@functools.lru_cache(maxsize=16)
+def _vocab_size(file: str, mtime_ns: int, size: int) -> int:
+    """Token ids of the tokenizer.json ``file`` (special tokens included); cached per file version
+    (the key's mtime and size), since parsing the Qwen3 file takes a quarter second and every config
+    check asks (a sweep loads dozens of configs)."""
+    return load_tokenizer_json(os.path.dirname(file)).get_vocab_size(with_added_tokens=True)
+
+
 def check_tokenizer_vocab(path: str, model_vocab_size: int) -> None:
     """The model's embedding rows must cover every token id of the tokenizer at ``path``
     (special tokens included); ValueError naming both sizes otherwise."""
-    tokenizer_vocab = load_tokenizer_json(path).get_vocab_size(with_added_tokens=True)
+    file = os.path.join(check_tokenizer_path(path), "tokenizer.json")
+    stat = os.stat(file)
+    tokenizer_vocab = _vocab_size(file, stat.st_mtime_ns, stat.st_size)
     if model_vocab_size < tokenizer_vocab:
         raise ValueError(f"model.vocab_size: {model_vocab_size} is smaller than the vocabulary of the tokenizer at "
                          f"model.hf_assets_path = {path!r} ({tokenizer_vocab} tokens); expected at least "

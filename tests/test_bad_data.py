@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -148,6 +149,16 @@ def test_garbage_tokenizer_file_is_named(tmp_path):
     (tmp_path / "tokenizer.json").write_bytes(b"\xff\xfe not a tokenizer \x00")
     with pytest.raises(ValueError, match=r"model\.hf_assets_path = .*tokenizer\.json is not a readable tokenizer"):
         PretrainTokenizer(str(tmp_path))
+
+
+def test_vocab_check_reads_a_replaced_tokenizer_file_again(tmp_path):
+    """The vocabulary size is cached per file version: a tokenizer.json replaced in place is read
+    again, so a bad replacement is still named."""
+    shutil.copy(os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), tmp_path / "tokenizer.json")
+    check_tokenizer_vocab(str(tmp_path), 4096)
+    (tmp_path / "tokenizer.json").write_bytes(b"{ truncated")
+    with pytest.raises(ValueError, match="is not a readable tokenizer"):
+        check_tokenizer_vocab(str(tmp_path), 4096)
 
 
 def test_vocab_size_is_checked_against_the_tokenizer(tmp_path):

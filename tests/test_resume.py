@@ -39,6 +39,7 @@ def test_stop_and_resume_is_exact(tmp_path, straight):
     assert losses(tmp_path) == straight  # bit-exact: same data order, schedules, optimizer state
 
 
+@pytest.mark.slow  # torchrun jobs, about a minute together; CI runs them with -m slow
 def test_loader_process_trains_the_same_and_resumes_exactly(tmp_path, straight):
     """The GPU configs' ``[training.dataloader] num_workers = 1``: same losses as loading in the
     training process, and a stop/resume through the worker's checkpointed state is exact."""

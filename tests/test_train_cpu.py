@@ -54,6 +54,7 @@ def run(nproc: int, dump: str, data: str, steps: int, *extra: str):
                  "--training.seq_len", str(SEQ_LEN), "--training.dataset_path", data, *extra, nproc=nproc)
 
 
+@pytest.mark.slow  # torchrun jobs, about a minute together; CI runs them with -m slow
 def test_two_rank_fsdp_matches_one_rank(tmp_path, identical_samples, seed_start):
     one, two, ac = (str(tmp_path / name) for name in ("one", "two", "ac"))
     run(1, one, identical_samples, 3, *seed_start)
