@@ -47,6 +47,14 @@ def run(cfg: TrainConfig, checkpoint=None, identity=IDENTITY):
     return record, model
 
 
+def killed_run(monkeypatch, cfg: TrainConfig, path: str, saves: int) -> None:
+    """The run of ``run(cfg, path)``, killed right after its ``saves``-th save."""
+    with monkeypatch.context() as m:
+        kill_after(m, saves)
+        with pytest.raises(Killed):
+            run(cfg, path)
+
+
 def assert_same_run(a, b) -> None:
     """The same record (bar its seconds) and bitwise the same weights."""
     (ra, ma), (rb, mb) = a, b
@@ -63,10 +71,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, o
                       checkpoint_seconds=0)
     expected = run(cfg)
     path = str(tmp_path / "run.pt")
-    with monkeypatch.context() as m:
-        kill_after(m, saves)
-        with pytest.raises(Killed):
-            run(cfg, path)
+    killed_run(monkeypatch, cfg, path, saves)
     assert torch.load(path, weights_only=True)["losses"].shape == (saves,)
     resumed = run(cfg, path)
     assert_same_run(resumed, expected)
@@ -82,10 +87,7 @@ def test_the_shortened_plan_and_the_seconds_spent_carry_over(tmp_path, monkeypat
     expected = run(cfg)
     assert expected[0]["steps"] == 40
     path = str(tmp_path / "run.pt")
-    with monkeypatch.context() as m:
-        kill_after(m, 35)
-        with pytest.raises(Killed):
-            run(cfg, path)
+    killed_run(monkeypatch, cfg, path, 35)
     state = torch.load(path, weights_only=True)
     assert state["plan"]["total"] == 40 and 0 < state["plan"][10] < state["plan"][30] < state["seconds"]
     torch.save({**state, "seconds": 1000.0}, path)  # as if the first piece had run 1000 s
@@ -109,10 +111,8 @@ def test_a_run_resumes_whether_or_not_either_piece_compiled(tmp_path, monkeypatc
     monkeypatch.setattr(training, "compile_blocks", lambda model: compile_blocks(model, backend="eager"))
     expected = run(TrainConfig(epochs=2, batch_size=16, precision="fp32"))
     path = str(tmp_path / "run.pt")
-    with monkeypatch.context() as m:
-        kill_after(m, 5)
-        with pytest.raises(Killed):
-            run(TrainConfig(epochs=2, batch_size=16, precision="fp32", checkpoint_seconds=0, compile=first), path)
+    cfg = TrainConfig(epochs=2, batch_size=16, precision="fp32", checkpoint_seconds=0, compile=first)
+    killed_run(monkeypatch, cfg, path, 5)
     assert not any("_orig_mod" in k for k in torch.load(path, weights_only=True)["model"])
     record, model = run(TrainConfig(epochs=2, batch_size=16, precision="fp32", checkpoint_seconds=0, compile=second),
                         path)
@@ -124,10 +124,7 @@ def test_a_run_resumes_whether_or_not_either_piece_compiled(tmp_path, monkeypatc
 def test_another_runs_state_is_refused(tmp_path, monkeypatch):
     cfg = TrainConfig(epochs=2, batch_size=16, precision="fp32", checkpoint_seconds=0)
     path = str(tmp_path / "run.pt")
-    with monkeypatch.context() as m:
-        kill_after(m, 2)
-        with pytest.raises(Killed):
-            run(cfg, path)
+    killed_run(monkeypatch, cfg, path, 2)
     other = {**IDENTITY, "lr": 1e-3, "config_id": "d"}
     with pytest.raises(ValueError, match=rf"{path}: the partial state of another run \(config_id: saved 'c', "
                                          r"this run 'd'; lr: saved 0.005, this run 0.001\)"):
@@ -141,10 +138,7 @@ def test_an_unreadable_state_is_started_over_with_a_warning(tmp_path, monkeypatc
     cfg = TrainConfig(epochs=2, batch_size=16, precision="fp32", checkpoint_seconds=0)
     expected = run(cfg)
     path = str(tmp_path / "run.pt")
-    with monkeypatch.context() as m:
-        kill_after(m, 3)
-        with pytest.raises(Killed):
-            run(cfg, path)
+    killed_run(monkeypatch, cfg, path, 3)
     whole = open(path, "rb").read()
     if damage == "not_a_run_state":
         torch.save({"weights": torch.zeros(2)}, path)
@@ -162,10 +156,7 @@ def test_a_save_cut_short_keeps_the_previous_state(tmp_path, monkeypatch):
     cfg = TrainConfig(epochs=2, batch_size=16, precision="fp32", checkpoint_seconds=0)
     expected = run(cfg)
     path = str(tmp_path / "run.pt")
-    with monkeypatch.context() as m:
-        kill_after(m, 2)
-        with pytest.raises(Killed):
-            run(cfg, path)
+    killed_run(monkeypatch, cfg, path, 2)
     before = open(path, "rb").read()
 
     def killed_mid_write(obj, f):
