@@ -200,7 +200,10 @@ def _iterate(G, coeffs, steps, dtype, safety, gram, kernel):
     dtype = dtype or default_compute_dtype(G)
     X = _dense(G, dtype)
     X = X.reshape(-1, *X.shape[-2:])
-    X = _iterate_gram(_normalised(X, safety), coeffs, steps) if gram else _iterate_polar(X, coeffs, steps, safety, kernel)
+    if gram:
+        X = _iterate_gram(_normalised(X, safety), coeffs, steps)
+    else:
+        X = _iterate_polar(X, coeffs, steps, safety, kernel)
     return _dense(X.reshape(G.shape), G.dtype)
 
 

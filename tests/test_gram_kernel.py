@@ -101,7 +101,8 @@ def _interpret_main(out_path):
         args = make_case(*spec)
         results["cases"][name] = {"args": args, "runs": [fused.symmetric_product(*args) for _ in range(2)]}
     P, alpha, Y, beta, gamma = make_case(2, 100, 37, torch.float32, 20, epilogue=True)
-    results["lower_triangle"] = [fused.symmetric_product(P, alpha, y, beta, gamma) for y in (Y, _nan_below_the_diagonal(Y))]
+    results["lower_triangle"] = [fused.symmetric_product(P, alpha, y, beta, gamma)
+                                 for y in (Y, _nan_below_the_diagonal(Y))]
     results["scaled"] = {}
     for name, spec in SCALED_CASES.items():
         case = make_case(*spec)
@@ -119,8 +120,8 @@ def _interpret_main(out_path):
 
     results["polar"] = {name: both_paths(torch.randn(*shape, generator=torch.Generator().manual_seed(30)))
                         for name, shape in POLAR_SHAPES.items()}
-    results["polar_edges"] = {name: both_paths(torch.randn(2, 24, 40, generator=torch.Generator().manual_seed(31)) * size)
-                              for name, size in POLAR_EDGES.items()}
+    edge = torch.randn(2, 24, 40, generator=torch.Generator().manual_seed(31))
+    results["polar_edges"] = {name: both_paths(edge * size) for name, size in POLAR_EDGES.items()}
     from scripts.bench import gram
 
     results["bench_row"] = gram.bench_shape(2, 40, 24, 0, device="cpu", timer=lambda fn, rep_ms: fn() is not None)

@@ -43,7 +43,8 @@ def pack(out_dir: str, max_bytes: int) -> list[str]:
         raise ValueError(f"bundle.pack: max_bytes={max_bytes!r}; expected an int >= 1")
     for old in glob.glob(os.path.join(out_dir, TAR_PATTERN)):
         os.remove(old)
-    states = sorted(glob.glob(os.path.join(out_dir, PARTIAL, "*.pt")))
+    folder = os.path.join(out_dir, PARTIAL)
+    states = sorted(glob.glob(os.path.join(folder, "*.pt")))
     tars = []
     for i, group in enumerate(_groups(states, max_bytes), 1):
         path = os.path.join(out_dir, f"partial_{i}.tar")
@@ -54,8 +55,8 @@ def pack(out_dir: str, max_bytes: int) -> list[str]:
         tars.append(path)
     for state in states:
         os.remove(state)
-    if os.path.isdir(os.path.join(out_dir, PARTIAL)) and not os.listdir(os.path.join(out_dir, PARTIAL)):
-        os.rmdir(os.path.join(out_dir, PARTIAL))  # nothing left to carry back
+    if os.path.isdir(folder) and not os.listdir(folder):
+        os.rmdir(folder)  # nothing left to carry back
     return tars
 
 

@@ -40,8 +40,9 @@ def launch_config(k: int, K: int) -> dict:
     BK sets the summation order). At the 0.6B Muon shapes on an H200 the autotuner picked 128 x 128
     tiles with BK 64 and 8 warps, 4 stages for K >= 2048 (docs/bench/gram.md). Square tiles (BM = BN)
     so that a tile and its mirror have the same shape. Compiled for sm_90 (triton 3.6) as a launch
-    specialises it, none of these spills (docs/bench/gram.md). 64 x 64 tiles below k = 512: fewer idle programs (not timed). Under the CPU
-    interpreter: small tiles, so that tests stay fast and cover several tiles."""
+    specialises it, none of these spills (docs/bench/gram.md). 64 x 64 tiles below k = 512: fewer
+    idle programs (not timed). Under the CPU interpreter: small tiles, so that tests stay fast and
+    cover several tiles."""
     if INTERPRET:
         return {"BM": 32, "BK": 16, "num_warps": 4, "num_stages": 1}
     if k < 512:
