@@ -120,7 +120,7 @@ def train_and_evaluate(model, data: dict, cfg: TrainConfig, lr: float, weight_de
                 plan[len(losses)] = _finished(device) - start
                 if len(losses) == _PROBE_STEPS:
                     _fit_time_budget(plan, cfg.max_seconds - plan[_PROBE_STEPS])
-            losses.append(_train_step(model, opt, sched, x[idx], y[idx], cfg, device))
+            losses.append(train_step(model, opt, sched, x[idx], y[idx], cfg, device))
             if checkpoint and time.time() >= next_save:  # host clock only: no device sync unless saving
                 _save_run_state(checkpoint, _run_state(model, opt, sched, gen, plan, losses, epoch, order,
                                                        time.time() - start, identity))
@@ -138,7 +138,7 @@ def train_and_evaluate(model, data: dict, cfg: TrainConfig, lr: float, weight_de
             "seconds": round(time.time() - start, 2), "finite": bool(np.isfinite(tail))}
 
 
-def _train_step(model, opt, sched, inputs, targets, cfg: TrainConfig, device) -> torch.Tensor:
+def train_step(model, opt, sched, inputs, targets, cfg: TrainConfig, device) -> torch.Tensor:
     """One optimiser and schedule step on a batch (inputs, targets: int64 (B, L)); the loss, a
     detached fp32 0-dim tensor on the device (not read here: that would wait for the device)."""
     with autocast(cfg.precision, device):
