@@ -33,7 +33,7 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from parallax_titan.checksums import content_problems, default_algorithm, read_manifest
-from scripts.bench.results import command_line, describe, table, write_results
+from scripts.bench.results import command_line, describe, table, write_result_page
 
 RECIPE = "configs/paper/{flavor}/parallax_muon_wsd.toml"
 BYTES_PER_VALUE = 4  # fp32 weights and optimizer state
@@ -216,7 +216,7 @@ def write(result: dict, out: str) -> None:
               f"1.7B: {result['predicted_bytes']['1.7B'] / 1e9:.1f} GB predicted, so a save with checksums takes about "
               f"{result['save_1.7B_estimate_s']:.0f} s on this disk; the launcher's shutdown timeout "
               f"({SHUTDOWN_TIMEOUT_REF}) is {result['shutdown_timeout_s']} s."]
-    write_results(out, result["meta"], "\n".join(lines) + "\n", {k: v for k, v in result.items() if k != "meta"})
+    write_result_page(out, result, lines)
 
 
 def main(argv: list[str] | None = None) -> None:

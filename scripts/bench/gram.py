@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from scripts.bench.results import command_line, describe, table, write_results
+from scripts.bench.results import command_line, describe, table, write_result_page
 
 # (B, m, n): the 0.6B Muon buckets
 SHAPES = [(56, 1024, 1024), (84, 2048, 1024), (28, 1024, 2048), (56, 3072, 1024), (28, 1024, 3072)]
@@ -110,8 +110,7 @@ def write(result: dict, out: str) -> str:
     lines = ["bf16 on CUDA; ours = kernels.gram.symmetric_product (and polar_express with it), torch = "
              "torch.bmm / torch.baddbmm + diagonal add_ (and polar_express with kernel=False). "
              "Rel. diff = ||ours - torch|| / ||torch||.", "", *table(columns, rows)]
-    data = {key: value for key, value in result.items() if key != "meta"}
-    return write_results(out, result["meta"], "\n".join(lines) + "\n", data)
+    return write_result_page(out, result, lines)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,7 @@ import torch
 from eval.mad.grid import TrainConfig, load_config
 from eval.mad.models import build_model, compile_blocks
 from eval.mad.training import train_step, build_optimizer
-from scripts.bench.results import command_line, describe, table, write_results
+from scripts.bench.results import command_line, describe, table, write_result_page
 
 MIXERS = ["attention", "parallax", "exact_lla", "value_averaging", "affine_la", "affine_mesanet"]
 VOCAB, SEQ_LEN = 16, 128
@@ -62,8 +62,7 @@ def write(result: dict, out: str) -> str:
         rows.append([mixer, *(f"{t:.2f}" if t else "n/a" for t in (eager, compiled)), ratio])
     lines = [f"ms per training step, {result['setup']}.", "",
              *table(["mixer", "eager ms", "compiled blocks ms", "compiled / eager"], rows)]
-    data = {key: value for key, value in result.items() if key != "meta"}
-    return write_results(out, result["meta"], "\n".join(lines) + "\n", data)
+    return write_result_page(out, result, lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.mad_step", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="docs/bench/mad_step", help="output path without extension")
-    ap.add_argument("--config", default="configs/mad/family.toml", help="the MAD config whose [model] and [train] are timed")
+    ap.add_argument("--config", default="configs/mad/family.toml",
+                    help="the MAD config whose [model] and [train] are timed")
     ap.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated mixer names")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compiles, autotuning)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps")

@@ -26,7 +26,7 @@ import torch
 
 from optimizers.timing import build_optimizer, step_times
 from scripts.bench import trace_summary
-from scripts.bench.results import command_line, describe, table, write_results
+from scripts.bench.results import command_line, describe, table, write_result_page, write_results
 
 SP2 = {"attn": (2, 1e-4), "mlp": (2, 1e-4)}
 # row name -> (optimizers.timing name, options)
@@ -229,8 +229,7 @@ def write(result, out):
                      fmt(result["ratios"][name]["vs_fwd_bwd"])) for name, t in result["opt_step_s"].items()))
     lines += [f"\nfwd+bwd ({mixer}): {t * 1e3:.1f} ms" for mixer, t in fb.items()]
     lines += [f"\nfwd+bwd ({mixer}) failed: {err}" for mixer, err in result.get("fwd_bwd_error", {}).items()]
-    data = {key: value for key, value in result.items() if key != "meta"}
-    write_results(out, result["meta"], "\n".join(lines) + "\n", data)
+    write_result_page(out, result, lines)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,10 @@ def write_results(prefix: str, meta: dict[str, str], body: str, data: dict | Non
     if data is not None:
         Path(prefix + ".json").write_text(json.dumps({"meta": meta, **data}, indent=1))
     return text
+
+
+def write_result_page(prefix: str, result: dict, lines: Sequence[str]) -> str:
+    """``write_results`` for a benchmark's ``result`` dict (its ``"meta"`` plus the data): the body is
+    ``lines`` joined, the JSON every other entry of ``result``; returns the markdown."""
+    data = {key: value for key, value in result.items() if key != "meta"}
+    return write_results(prefix, result["meta"], "\n".join(lines) + "\n", data)
