@@ -45,7 +45,12 @@ def test_decode_table_marks_contenders_that_did_not_run():
            "tbps": {"ours": 2 * 4096 * 8 * 128 * 2 / 22.0 / 1e6}}
     text = decode.markdown([row], 4.25)
     assert text.startswith("Device-to-device copy ceiling 4.25 TB/s (read + write).\n")
-    assert "| 128 | 1 | 4096 | 20.0 | 25.0 | - | - | - | - | 22.0 | 0.76 | 1.10 | - | - |" in text
+    assert "| 128 | 1 | 4096 | 20.0 | 25.0 | - | - | - | - | - | 22.0 | 0.76 | 1.10 | - | - | - |" in text
+    us["ours-no-pdl"] = 24.0
+    row["ratio"]["ours-no-pdl"] = 1.2
+    text = decode.markdown([row], 4.25)
+    assert "| 128 | 1 | 4096 | 20.0 | 25.0 | - | - | - | - | 24.0 | 22.0 | 0.76 | 1.10 | 1.20 | - | - |" in text
+    assert "| ours-no-pdl us | ours us | ours TB/s | ours / cuDNN | no PDL / cuDNN |" in text
 
 
 def test_host_cost_takes_the_median_of_interleaved_rounds_per_call():

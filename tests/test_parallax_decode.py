@@ -599,6 +599,39 @@ def test_gpu_plan_replays_in_a_cuda_graph():
         assert rel_err(out, windowed_decode(q, r, k, v, lens.cpu(), 3000)) < 1e-2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a CUDA device of compute capability 9.0 or newer")
+@pytest.mark.parametrize("batch, length, fused_merge", [(1, 4096, False), (1, 16384, True), (4, 999, False),
+                                                        (32, 4096, False)])
+def test_gpu_pdl_decode_waits_for_the_kernel_before_it(batch, length, fused_merge):
+    """Under graph replay each call's cache is written by the copy kernel launched just before it:
+    with programmatic dependent launch a split kernel that read before its wait would see the
+    previous call's cache. Every call matches the same plan launched without PDL, bit for bit,
+    and the fp64 formula."""
+    from kernels.parallax.decode_fused import TritonDecodePlan
+
+    q, r, k, v, lens = _lean_inputs(batch=batch, length=length)
+    caches = [make_inputs(batch, length, 16, 8, 128, dtype=torch.bfloat16, device="cuda", seed=s)[2:]
+              for s in range(4)]
+    kw = dict(scale=128 ** -0.5, fused_merge=fused_merge)
+    plans = {pdl: TritonDecodePlan(batch, 16, 8, 128, length, q.dtype, q.device, pdl=pdl, **kw) for pdl in (True, False)}
+    assert plans[True].pdl and (batch > 1 or plans[True].split)
+    plans[True](q, r, k, v, lens)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph, outs = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        for kc, vc in caches:
+            k.copy_(kc)
+            v.copy_(vc)
+            outs.append(plans[True](q, r, k, v, lens))
+    graph.replay()
+    torch.cuda.synchronize()
+    for out, (kc, vc) in zip(outs, caches):
+        assert torch.equal(out, plans[False](q, r, kc, vc, lens))
+        assert rel_err(out, explicit_decode(q, r, kc, vc, lens.cpu())) < 1e-2
+
+
 def host_us_per_call(fns, calls=200, repeats=9):
     """Microseconds of host time per call of each function in ``fns`` (name -> fn): calls enqueued
     back to back (the kernels queue, the host does not wait on them), the functions interleaved,
@@ -634,6 +667,47 @@ def test_gpu_decode_host_cost():
         "checked": lambda: parallax_decode(q, r, k, v, cache_seqlens=lens)})
     print({name: round(us, 1) for name, us in times.items()})
     assert times["plan"] < times["unchecked"] < times["checked"] / 1.5, times
+
+
+def test_pdl_is_hopper_only(monkeypatch):
+    """Programmatic dependent launch is on by default only on CUDA devices of compute capability 9.0
+    or newer; asking for it elsewhere, or with a non-bool, is refused at plan time."""
+    from kernels.parallax.decode_fused import TritonDecodePlan, pdl_default
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU plan: built, never launched
+    assert pdl_default("cpu") is False
+    plan = lambda **kw: TritonDecodePlan(1, 16, 8, 128, 4096, torch.bfloat16, "cpu", scale=0.1, **kw)  # noqa: E731
+    assert plan().pdl is False and plan(pdl=False).pdl is False
+    assert "PDL" in plan()._meta and "launch_pdl" not in plan()._meta
+    with pytest.raises(ValueError, match=r"pdl=True needs a CUDA device of compute capability 9\.0"):
+        plan(pdl=True)
+    with pytest.raises(TypeError, match="pdl must be None, True or False, got 'yes'"):
+        plan(pdl="yes")
+
+
+@pytest.mark.parametrize("name", ["_decode_split_kernel", "_merge_kernel"])
+def test_pdl_kernels_wait_before_any_global_access(name):
+    """Compiled for sm_90 with PDL, a decode kernel's grid-dependency wait comes before its first
+    global load, store or atomic, and it releases its dependents; without PDL neither instruction
+    is emitted (PTX order; the SASS is ACQBULK and PREEXIT)."""
+    import re
+
+    from kernels.parallax import decode_fused
+    from scripts.bench import kernel_resources as kr
+
+    kernel = getattr(decode_fused, name)
+    types = {"SEQLENS": "*i32", "COUNTER": "*i32", "PO": "*fp32", "PM": "*fp32", "PD1": "*fp32", "PD2": "*fp32",
+             "scale_log2": "fp32", "Q": "*bf16", "R": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16"}
+    consts = dict(HKV=8, G=2, HP=8, D=128, SP=32)
+    if name == "_decode_split_kernel":
+        consts.update(BN=64, HAS_SEQLENS=True, SPLIT=True, FUSED_MERGE=True, IEEE=False)
+    for pdl in (True, False):
+        ptx = kr.compile_kernel(kernel, {**consts, "PDL": pdl}, 4, 3, types=types, divisible=set()).asm["ptx"]
+        body = ptx[ptx.index(".entry"):]
+        first_access = re.search(r"\b(ld|st|atom|red)\.global", body).start()
+        wait = body.find("griddepcontrol.wait")
+        assert (0 <= wait < first_access) == pdl
+        assert ("griddepcontrol.launch_dependents" in body) == pdl
 
 
 def test_launch_config_by_group_count():

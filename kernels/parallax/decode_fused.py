@@ -15,6 +15,12 @@ instead: the last program of a group to finish (atomic ticket) merges, one launc
 per step; the separate kernel was faster at every shape timed under CUDA-graph
 replay (docs/bench/decode_tuning.md). With one split the program writes o directly.
 
+On Hopper and newer both launches use programmatic dependent launch (``pdl``): a kernel may be
+scheduled while the kernel before it in the stream is still finishing, and waits (``gdc_wait``) for
+that grid's completion and memory before its first global read or write; each kernel lets its
+dependent start as soon as it runs. A decode step is two short launches, so the launch gap is a
+visible share of its time (docs/bench/attention_decode_graph10.md).
+
 Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
 """
 
@@ -26,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.compiler import CompiledKernel
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.parallax import tuning
 
@@ -116,8 +123,11 @@ def _decode_split_kernel(
     L, WINDOW, chunk, num_splits,
     HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, IEEE: tl.constexpr,
-    SP: tl.constexpr,
+    SP: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     sid = tl.program_id(0)
     gid = tl.program_id(1)
     b = gid // HKV
@@ -203,10 +213,35 @@ def _decode_split_kernel(
 
 @triton.jit
 def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
-                  HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, SP: tl.constexpr):
+                  HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, SP: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     gid = tl.program_id(0)
     b64 = (gid // HKV).to(tl.int64)
     _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D, SP)
+
+
+def pdl_default(device) -> bool:
+    """Whether decode launches on ``device`` use programmatic dependent launch by default: CUDA devices
+    of compute capability 9.0 (Hopper) or newer, outside the interpreter."""
+    device = torch.device(device)
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _check_pdl(pdl, device) -> bool:
+    """``pdl`` as the plan uses it: None -> ``pdl_default``; True only where the hardware has it."""
+    if pdl is None:
+        return pdl_default(device)
+    if not isinstance(pdl, bool):
+        raise TypeError(f"pdl must be None, True or False, got {pdl!r}")
+    if pdl and not pdl_default(device):
+        raise ValueError(f"pdl=True needs a CUDA device of compute capability 9.0 or newer (outside "
+                         f"TRITON_INTERPRET), got device {torch.device(device)}")
+    return pdl
 
 
 def supports(dtype, dim):
@@ -261,13 +296,14 @@ class TritonDecodePlan:
 
     batch, hq, hkv, dim, length (cache slots L), dtype (of q, r and the caches), device; scale a
     float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
-    the splits cover min(L, window) positions). The other keywords override the tuned launch
+    the splits cover min(L, window) positions). ``pdl``: programmatic dependent launch, None (the
+    default) for ``pdl_default(device)``. The other keywords override the tuned launch
     configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
     calls on several streams at once would race (calls on one stream, or graph replays, are safe).
     """
 
     def __init__(self, batch, hq, hkv, dim, length, dtype, device, *, scale, window=None, num_splits=None,
-                 block_n=None, num_warps=None, num_stages=None, fused_merge=False):
+                 block_n=None, num_warps=None, num_stages=None, fused_merge=False, pdl=None):
         device = torch.device(device)
         if not supports(dtype, dim):
             raise TypeError(f"triton decode needs a dtype in {_DTYPES} and a power-of-2 head dim in [16, 256]; "
@@ -287,6 +323,7 @@ class TritonDecodePlan:
             raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {self.num_splits}")
         self.split = self.num_splits > 1
         self.fused_merge = fused_merge
+        self.pdl = _check_pdl(pdl, device)
         self.launch_config = (block_n, num_warps, num_stages)
         scratch = n_groups * self.num_splits * group if self.split else 1
         self._part_o = torch.empty((scratch * 2, dim) if self.split else (1,), dtype=torch.float32, device=device)
@@ -298,9 +335,10 @@ class TritonDecodePlan:
         self._sizes = (length, span, chunk, self.num_splits)
         hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
         self._merge = dict(HKV=hkv, G=group, HP=hp, D=dim, SP=sp)
-        self._merge_meta = dict(self._merge, num_warps=4)
+        launch = dict(PDL=True, launch_pdl=True) if self.pdl else dict(PDL=False)
+        self._merge_meta = dict(self._merge, num_warps=4, **launch)
         self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
-                          num_warps=num_warps, num_stages=num_stages, **self._merge)
+                          num_warps=num_warps, num_stages=num_stages, **self._merge, **launch)
         self._runners = {}  # (seqlens given, strides, pointer alignments) -> launcher of the compiled kernel
 
     def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
@@ -351,7 +389,7 @@ def parallax_decode_triton(q, r, k_cache, v_cache, cache_seqlens, scale, *, wind
     """One decode with a plan built for this call (tests and sweeps; ``kernels.DecodePlan`` keeps
     its plan). Inputs as ``kernels.parallax.decode.parallax_decode`` (already validated),
     ``cache_seqlens`` int32 (batch,) or None, ``scale`` a float; ``launch``: TritonDecodePlan's
-    keywords num_splits, block_n, num_warps, num_stages, fused_merge. Returns (batch, 1, Hq, D).
+    keywords num_splits, block_n, num_warps, num_stages, fused_merge, pdl. Returns (batch, 1, Hq, D).
     """
     if not supports(q.dtype, q.shape[-1]) or not q.dtype == r.dtype == k_cache.dtype == v_cache.dtype:
         raise TypeError(

@@ -8,7 +8,8 @@ Contenders, timed side by side in one process on one GPU:
   * PyPI parallax-kernel 0.1.1 (``parallax.triton.parallax_decode``) and
     fla-core 0.6.0 (``fla.ops.parallax.decode.parallax_decode_one_step``),
     benchmark-only wheels;
-  * ours, ``kernels.parallax_decode`` (Triton split-KV).
+  * ours, ``kernels.parallax_decode`` (Triton split-KV), and on Hopper the same kernels launched
+    without programmatic dependent launch ("ours-no-pdl"), to give PDL's share in the same run.
 
 Timing: CUDA-graph replay of many calls (launch gaps out of the numbers),
 rotating over enough input sets to exceed 3x the L2 cache, median of replays.
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import parallax_decode
-from kernels.parallax import tuning
+from kernels.parallax import decode_fused, tuning
 from scripts.bench import decode_host
 from scripts.bench.decode_timing import HKV, copy_bandwidth, kv_bytes, log, make_sets, n_sets_for, time_us
 from scripts.bench.decode_tuning import SWEEP_SHAPES, check, sweep
@@ -84,6 +85,9 @@ def sdpa_fn(backend, packed):
 def contenders():
     """name -> fn(q, r, k, v) -> out of every contender importable here."""
     fns = {"ours": lambda q, r, k, v: parallax_decode(q, r, k, v)}
+    if decode_fused.pdl_default(torch.device("cuda")):
+        fns["ours-no-pdl"] = lambda q, r, k, v: decode_fused.parallax_decode_triton(q, r, k, v, None, q.shape[-1] ** -0.5,
+                                                                                    pdl=False)
     fns.update({
         "cudnn-gqa": sdpa_fn(SDPBackend.CUDNN_ATTENTION, False),
         "cudnn-packed": sdpa_fn(SDPBackend.CUDNN_ATTENTION, True),
@@ -138,15 +142,17 @@ MEASURED = ("latency of one decode step (one query token vs a KV cache of length
 
 def markdown(rows, copy_tbps):
     """The body of the results page: the copy ceiling and one table row per ``bench`` row."""
-    names = ["cudnn-gqa", "cudnn-packed", "flash-gqa", "flash-packed", "parallax-kernel", "fla", "ours"]
+    names = ["cudnn-gqa", "cudnn-packed", "flash-gqa", "flash-packed", "parallax-kernel", "fla", "ours-no-pdl", "ours"]
+    ratios = ("ours", "ours-no-pdl", "parallax-kernel", "fla")
 
     def cells(row):
         us = [f"{row['us'][n]:.1f}" if n in row["us"] else "-" for n in names]
-        ratio = [f"{row['ratio'][n]:.2f}" if n in row["ratio"] else "-" for n in ("ours", "parallax-kernel", "fla")]
+        ratio = [f"{row['ratio'][n]:.2f}" if n in row["ratio"] else "-" for n in ratios]
         tb = f"{row['tbps']['ours']:.2f}" if "ours" in row["tbps"] else "-"
         return [row["D"], row["B"], row["L"], *us, tb, *ratio]
 
-    columns = ["D", "B", "L", *(f"{n} us" for n in names), "ours TB/s", "ours / cuDNN", "pk / cuDNN", "fla / cuDNN"]
+    columns = ["D", "B", "L", *(f"{n} us" for n in names), "ours TB/s", "ours / cuDNN", "no PDL / cuDNN",
+               "pk / cuDNN", "fla / cuDNN"]
     ceiling = f"Device-to-device copy ceiling {copy_tbps:.2f} TB/s (read + write)."
     return "\n".join([ceiling, "", *table(columns, map(cells, rows))]) + "\n"
 
