@@ -615,7 +615,8 @@ def test_gpu_pdl_decode_waits_for_the_kernel_before_it(batch, length, fused_merg
     caches = [make_inputs(batch, length, 16, 8, 128, dtype=torch.bfloat16, device="cuda", seed=s)[2:]
               for s in range(4)]
     kw = dict(scale=128 ** -0.5, fused_merge=fused_merge)
-    plans = {pdl: TritonDecodePlan(batch, 16, 8, 128, length, q.dtype, q.device, pdl=pdl, **kw) for pdl in (True, False)}
+    plans = {pdl: TritonDecodePlan(batch, 16, 8, 128, length, q.dtype, q.device, pdl=pdl, **kw)
+             for pdl in (True, False)}
     assert plans[True].pdl and (batch > 1 or plans[True].split)
     plans[True](q, r, k, v, lens)  # compiles outside the capture
     torch.cuda.synchronize()

@@ -86,8 +86,8 @@ def contenders():
     """name -> fn(q, r, k, v) -> out of every contender importable here."""
     fns = {"ours": lambda q, r, k, v: parallax_decode(q, r, k, v)}
     if decode_fused.pdl_default(torch.device("cuda")):
-        fns["ours-no-pdl"] = lambda q, r, k, v: decode_fused.parallax_decode_triton(q, r, k, v, None, q.shape[-1] ** -0.5,
-                                                                                    pdl=False)
+        fns["ours-no-pdl"] = lambda q, r, k, v: decode_fused.parallax_decode_triton(
+            q, r, k, v, None, q.shape[-1] ** -0.5, pdl=False)
     fns.update({
         "cudnn-gqa": sdpa_fn(SDPBackend.CUDNN_ATTENTION, False),
         "cudnn-packed": sdpa_fn(SDPBackend.CUDNN_ATTENTION, True),
