@@ -335,16 +335,14 @@ def _dkdv_rows_tiles(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt,
         offs_m, ok_m, q, r, do, lse, tbar, tau, beta = _query_tile(Q, R, DO, TBAR, LSE, TAU, BETA, h, sqt, sqh,
                                                                    HQ, m0, T, D, BM, TMA)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
-        t = tl.dot(r, kt, input_precision=PREC)
-        a = tl.dot(do, vt, input_precision=PREC)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
             key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
             ok = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= key_lo[:, None]) & ok_m[:, None]
             p = tl.where(ok, p, 0.0)
-        delta = a - beta[:, None]
-        c = 1.0 + tbar[:, None] - t
+        c = 1.0 + tbar[:, None] - tl.dot(r, kt, input_precision=PREC)
         dv += tl.dot(tl.trans((p * c).to(do.dtype)), do, input_precision=PREC)
+        delta = tl.dot(do, vt, input_precision=PREC) - beta[:, None]
         g1 = (p * (c * delta + (beta - tau)[:, None]) * scale).to(q.dtype)
         g2 = (-p * delta).to(r.dtype)
         dk += tl.dot(tl.trans(g1), q, input_precision=PREC)
