@@ -17,9 +17,10 @@ replay (docs/bench/decode_tuning.md). With one split the program writes o direct
 
 On Hopper and newer both launches use programmatic dependent launch (``pdl``): a kernel may be
 scheduled while the kernel before it in the stream is still finishing, and waits (``gdc_wait``) for
-that grid's completion and memory before its first global read or write; each kernel lets its
-dependent start as soon as it runs. A decode step is two short launches, so the launch gap is a
-visible share of its time (docs/bench/attention_decode_graph10.md).
+that grid's completion and memory before its first global read or write; the split kernel lets its
+dependent start once its programs have walked their cache chunks, the merge kernel at once. A
+decode step is two short launches, so the launch gap is a visible share of its time
+(docs/bench/attention_decode_graph10.md).
 
 Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
 """
@@ -127,7 +128,6 @@ def _decode_split_kernel(
 ):
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
     sid = tl.program_id(0)
     gid = tl.program_id(1)
     b = gid // HKV
@@ -187,6 +187,10 @@ def _decode_split_kernel(
         m = m_new
         k_ptrs += BN * stride_kl
         v_ptrs += BN * stride_vl
+    if PDL:
+        # released after the cache walk, not at the start: the next kernel's programs then take
+        # their slots as this grid drains instead of sitting beside it
+        gdc_launch_dependents()
 
     if SPLIT:
         # Split index innermost, so the merge reads each head's splits as one tile.
