@@ -670,20 +670,27 @@ def test_gpu_decode_host_cost():
     assert times["plan"] < times["unchecked"] < times["checked"] / 1.5, times
 
 
-def test_pdl_is_hopper_only(monkeypatch):
-    """Programmatic dependent launch is on by default only on CUDA devices of compute capability 9.0
-    or newer; asking for it elsewhere, or with a non-bool, is refused at plan time."""
-    from kernels.parallax.decode_fused import TritonDecodePlan, pdl_default
+def test_pdl_is_hopper_only_and_for_split_plans(monkeypatch):
+    """Programmatic dependent launch is on by default only where the device has it (CUDA, compute
+    capability 9.0 or newer) and the plan splits (two launches per call); asking for it elsewhere,
+    or with a non-bool, is refused at plan time."""
+    from kernels.parallax import decode_fused
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU plan: built, never launched
-    assert pdl_default("cpu") is False
-    plan = lambda **kw: TritonDecodePlan(1, 16, 8, 128, 4096, torch.bfloat16, "cpu", scale=0.1, **kw)  # noqa: E731
-    assert plan().pdl is False and plan(pdl=False).pdl is False
-    assert "PDL" in plan()._meta and "launch_pdl" not in plan()._meta
+    assert decode_fused.pdl_supported("cpu") is False
+    plan = lambda **kw: decode_fused.TritonDecodePlan(1, 16, 8, 128, 4096, torch.bfloat16, "cpu",  # noqa: E731
+                                                      scale=0.1, **kw)
+    assert plan().split and plan().pdl is False and plan(pdl=False).pdl is False
+    assert plan()._meta["PDL"] is False and "launch_pdl" not in plan()._meta
     with pytest.raises(ValueError, match=r"pdl=True needs a CUDA device of compute capability 9\.0"):
         plan(pdl=True)
     with pytest.raises(TypeError, match="pdl must be None, True or False, got 'yes'"):
         plan(pdl="yes")
+    monkeypatch.setattr(decode_fused, "pdl_supported", lambda device: True)  # as on an H200
+    split, single = plan(), plan(num_splits=1)
+    assert split.pdl and split._meta["launch_pdl"] and split._merge_meta["PDL"]
+    assert not single.split and single.pdl is False and single._meta["PDL"] is False
+    assert plan(num_splits=1, pdl=True).pdl is True
 
 
 @pytest.mark.parametrize("name", ["_decode_split_kernel", "_merge_kernel"])

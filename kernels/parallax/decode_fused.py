@@ -15,12 +15,12 @@ instead: the last program of a group to finish (atomic ticket) merges, one launc
 per step; the separate kernel was faster at every shape timed under CUDA-graph
 replay (docs/bench/decode_tuning.md). With one split the program writes o directly.
 
-On Hopper and newer both launches use programmatic dependent launch (``pdl``): a kernel may be
-scheduled while the kernel before it in the stream is still finishing, and waits (``gdc_wait``) for
-that grid's completion and memory before its first global read or write; the split kernel lets its
-dependent start once its programs have walked their cache chunks, the merge kernel at once. A
-decode step is two short launches, so the launch gap is a visible share of its time
-(docs/bench/attention_decode_graph10.md).
+On Hopper and newer a plan that splits launches both kernels with programmatic dependent launch
+(``pdl``): a kernel may be scheduled while the kernel before it in the stream is still finishing,
+waits (``gdc_wait``) for that grid's completion and memory before its first global read or write,
+then lets its own dependent launch. A split decode step is two short launches, so the gap between
+them is a visible share of its time; one-split plans (large batches) launch plainly, where PDL
+measured no gain and, released early, a loss (docs/bench/attention_decode_graph10.md).
 
 Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
 """
@@ -128,6 +128,7 @@ def _decode_split_kernel(
 ):
     if PDL:
         gdc_wait()
+        gdc_launch_dependents()
     sid = tl.program_id(0)
     gid = tl.program_id(1)
     b = gid // HKV
@@ -187,10 +188,6 @@ def _decode_split_kernel(
         m = m_new
         k_ptrs += BN * stride_kl
         v_ptrs += BN * stride_vl
-    if PDL:
-        # released after the cache walk, not at the start: the next kernel's programs then take
-        # their slots as this grid drains instead of sitting beside it
-        gdc_launch_dependents()
 
     if SPLIT:
         # Split index innermost, so the merge reads each head's splits as one tile.
@@ -227,22 +224,23 @@ def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
     _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D, SP)
 
 
-def pdl_default(device) -> bool:
-    """Whether decode launches on ``device`` use programmatic dependent launch by default: CUDA devices
-    of compute capability 9.0 (Hopper) or newer, outside the interpreter."""
+def pdl_supported(device) -> bool:
+    """Whether ``device`` can launch with programmatic dependent launch: CUDA devices of compute
+    capability 9.0 (Hopper) or newer, outside the interpreter."""
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _check_pdl(pdl, device) -> bool:
-    """``pdl`` as the plan uses it: None -> ``pdl_default``; True only where the hardware has it."""
+def _check_pdl(pdl, device, split: bool) -> bool:
+    """``pdl`` as a plan uses it: None -> on where supported and the plan ``split``s; True only where
+    the hardware has it."""
     if pdl is None:
-        return pdl_default(device)
+        return split and pdl_supported(device)
     if not isinstance(pdl, bool):
         raise TypeError(f"pdl must be None, True or False, got {pdl!r}")
-    if pdl and not pdl_default(device):
+    if pdl and not pdl_supported(device):
         raise ValueError(f"pdl=True needs a CUDA device of compute capability 9.0 or newer (outside "
                          f"TRITON_INTERPRET), got device {torch.device(device)}")
     return pdl
@@ -300,8 +298,8 @@ class TritonDecodePlan:
 
     batch, hq, hkv, dim, length (cache slots L), dtype (of q, r and the caches), device; scale a
     float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
-    the splits cover min(L, window) positions). ``pdl``: programmatic dependent launch, None (the
-    default) for ``pdl_default(device)``. The other keywords override the tuned launch
+    the splits cover min(L, window) positions). ``pdl``: programmatic dependent launch; None (the
+    default) turns it on where ``pdl_supported(device)`` and the plan splits. The other keywords override the tuned launch
     configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
     calls on several streams at once would race (calls on one stream, or graph replays, are safe).
     """
@@ -327,7 +325,7 @@ class TritonDecodePlan:
             raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {self.num_splits}")
         self.split = self.num_splits > 1
         self.fused_merge = fused_merge
-        self.pdl = _check_pdl(pdl, device)
+        self.pdl = _check_pdl(pdl, device, self.split)
         self.launch_config = (block_n, num_warps, num_stages)
         scratch = n_groups * self.num_splits * group if self.split else 1
         self._part_o = torch.empty((scratch * 2, dim) if self.split else (1,), dtype=torch.float32, device=device)

@@ -137,10 +137,11 @@ def profile_command(ncu: str, out_dir: str, dim: int, shape=(), python: str = sy
 
 
 def import_command(ncu: str, out_dir: str, dim: int) -> list[str]:
-    """ncu's command line that prints the raw page of ``attention_D{dim}.ncu-rep`` as CSV, metric
-    names as column names and values in base units (auto-scaled units may differ per launch)."""
+    """ncu's command line that prints the raw page of ``attention_D{dim}.ncu-rep`` as CSV (its columns
+    are the metric names), values in base units (auto-scaled units may differ per launch); ncu 2025.3
+    refuses ``--print-metric-name`` outside the details page."""
     return [ncu, "--import", f"{out_dir}/attention_D{dim}.ncu-rep", "--csv", "--page", "raw",
-            "--print-units", "base", "--print-metric-name", "name"]
+            "--print-units", "base"]
 
 
 def _ncu(command: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:

@@ -9,7 +9,8 @@ Contenders, timed side by side in one process on one GPU:
     fla-core 0.6.0 (``fla.ops.parallax.decode.parallax_decode_one_step``),
     benchmark-only wheels;
   * ours, ``kernels.parallax_decode`` (Triton split-KV), and on Hopper the same kernels launched
-    without programmatic dependent launch ("ours-no-pdl"), to give PDL's share in the same run.
+    without programmatic dependent launch ("ours-no-pdl"; the default uses it where the plan
+    splits), to give PDL's share in the same run.
 
 Timing: CUDA-graph replay of many calls (launch gaps out of the numbers),
 rotating over enough input sets to exceed 3x the L2 cache, median of replays.
@@ -85,7 +86,7 @@ def sdpa_fn(backend, packed):
 def contenders():
     """name -> fn(q, r, k, v) -> out of every contender importable here."""
     fns = {"ours": lambda q, r, k, v: parallax_decode(q, r, k, v)}
-    if decode_fused.pdl_default(torch.device("cuda")):
+    if decode_fused.pdl_supported(torch.device("cuda")):
         fns["ours-no-pdl"] = lambda q, r, k, v: decode_fused.parallax_decode_triton(
             q, r, k, v, None, q.shape[-1] ** -0.5, pdl=False)
     fns.update({
