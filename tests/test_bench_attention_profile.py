@@ -21,7 +21,7 @@ COLUMNS = [
     ("Kernel Name", "", "_fwd_kernel", "_bwd_dkdv_kernel_0d1d2d3d4d5d6d7d8d9d10d11d12de13de"),
     ("Context", "", "1", "1"), ("Stream", "", "7", "7"), ("Block Size", "", "(256, 1, 1)", "(128, 1, 1)"),
     ("Grid Size", "", "(2048, 1, 1)", "(1024, 1, 1)"), ("Device", "", "0", "0"), ("CC", "", "9.0", "9.0"),
-    ("gpu__time_duration.sum", "nsecond", "1,234,567", "3,456,789.5"),
+    ("gpu__time_duration.sum", "ns", "1,234,567", "3,456,789.5"),  # ncu 2025.3's base unit
     ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", "71.25", "55.5"),
     ("launch__registers_per_thread", "register/thread", "168", "255"),
     ("launch__occupancy_limit_registers", "block", "1", "2"),

@@ -63,7 +63,9 @@ STALLS = [r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$",
           r"^smsp__average_warp_latency_issue_stalled_(\w+?)(?:\.ratio|\.pct|\.sum)?$",
           r"^smsp__pcsamp_warps_issue_stalled_(\w+)$"]
 BUSY = 60.0  # % of peak from which a unit, not latency, is called the limiter
-TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# ncu prints "ns" with --print-units base (2025.3) and "nsecond" in other versions and pages
+TIME_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3,
+              "s": 1e6}
 BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "KB": 1e3, "MB": 1e6, "Kibyte": 1024, "KiB": 1024}
 
 
