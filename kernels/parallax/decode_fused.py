@@ -20,7 +20,7 @@ On Hopper and newer a plan that splits launches both kernels with programmatic d
 waits (``gdc_wait``) for that grid's completion and memory before its first global read or write,
 then lets its own dependent launch. A split decode step is two short launches, so the gap between
 them is a visible share of its time; one-split plans (large batches) launch plainly, where PDL
-measured no gain and, released early, a loss (docs/bench/attention_decode_graph10.md).
+measured no gain and, released early, a loss (docs/bench/attention_decode_pdl.md).
 
 Scores are carried in base 2 (scale * log2(e) folded into the q rows' scale).
 """
@@ -299,8 +299,8 @@ class TritonDecodePlan:
     batch, hq, hkv, dim, length (cache slots L), dtype (of q, r and the caches), device; scale a
     float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
     the splits cover min(L, window) positions). ``pdl``: programmatic dependent launch; None (the
-    default) turns it on where ``pdl_supported(device)`` and the plan splits. The other keywords override the tuned launch
-    configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
+    default) turns it on where ``pdl_supported(device)`` and the plan splits. The other keywords
+    override the tuned launch configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
     calls on several streams at once would race (calls on one stream, or graph replays, are safe).
     """
 
