@@ -41,7 +41,7 @@ def test_alignment_covers_pointers_strides_and_the_benchmark_sizes():
     consts = {"D": 64, "BM": 128, "BN": 64, "VARLEN": False, "PREC": "tf32", "GLOBAL_ORDER": True}
     kernel = fused.JIT_KERNELS["dkdv"]
     marked = {kernel.arg_names[i] for (i,) in kr.aligned(kernel, consts)}
-    assert {"Q", "R", "K", "V", "TBAR", "LSE", "DOCS", "sqt", "sqh", "skt", "skh"} <= marked
+    assert {"Q", "R", "K", "V", "TBAR", "LSE", "DOCS", "sqt", "sqh", "skt", "skh", "svt", "svh"} <= marked
     assert not marked & {"qk_scale", "D", "BM"}
     for name, value in {"T": 4 * 4096, "L": 4096, "HQ": 16, "HKV": 8}.items():
         launch = native_specialize_impl(CUDABackend, value, False, True, True)[1] == "D"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.parallax.naive import parallax_attention_naive
 from tests._interpret import rel_err, run_interpreted
@@ -115,6 +116,7 @@ def _interpret_main(out_path):
         if name in ("w7_gqa_odd", "w20_varlen_bm32"):
             results["window_" + name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, window, cfg)
     results["tma_fallback"] = _tma_fallback_case(fused)
+    results["projection_slice"] = _projection_slice_case(fused, tuning)
     results["tma_thread"] = _tma_thread_case(fused)
     results["window_api"] = _window_api_case(parallax_attention)
     results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
@@ -140,6 +142,45 @@ def _tma_case(fused, tuning, inputs, cu, scale, window, cfg):
     return {"inputs": inputs, "out": runs[True][0], "grads": runs[True][4:8], "tma_ok": fused._tma_ok(
         q.shape[-1], [(q, q.stride(1)), (k, k.stride(1))]),
             "bitwise": [torch.equal(a, b) for a, b in zip(runs[False], runs[True])]}
+
+
+class _CloneCount(TorchDispatchMode):
+    """Counts aten.clone calls (what ``.contiguous()`` of a non-contiguous tensor runs) inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten.clone.default
+        return func(*args, **(kwargs or {}))
+
+
+def _projection_slice_case(fused, tuning):
+    """v cut from a wider per-token tensor, as the model's fused q, k, v, rho projection gives it: read
+    in place (no copy) with pointer loads and with TMA descriptors, both column-pass orientations, and
+    bit for bit the results of a contiguous v."""
+    q, r, k, v, do = make_case(2, 37, 4, 2, 16, "float32", 1.0, seed=21)
+    fused_rows = torch.randn(2, 37, 4 * 16 + 2 * 16 + 2 * 16 + 4 * 16)  # q | k | v | rho per token
+    fused_rows[..., 96:128] = v.flatten(2)
+    v_slice = fused_rows[..., 96:128].unflatten(-1, (2, 16))
+    runs = {}
+    for name, v_in in (("slice", v_slice), ("contiguous", v)):
+        for tma in (False, True):
+            config = {**tuning.INTERPRET_CONFIG, "TMA": tma}
+            o, vbar, tbar, lse = fused.forward(q, r, k, v_in, 0.25, config=config)
+            cols = fused.backward(do, q, r, k, v_in, o, vbar, tbar, lse, 0.25, dq_config=config, dkdv_config=config)
+            rows = fused.backward(do, q, r, k, v_in, o, vbar, tbar, lse, 0.25, dq_config=config,
+                                  dkdv_config={**config, "ROWS": True})
+            runs[name, tma] = [o, vbar, tbar, lse, *cols, *rows]
+    with _CloneCount() as clones:  # .contiguous() of a strided tensor is an aten.clone
+        saved = fused.forward(q, r, k, v_slice, 0.25)
+        fused.backward(do, q, r, k, v_slice, *saved, 0.25)
+    return {"inputs": (q, r, k, v, do), "out": runs["slice", True][0], "grads": runs["slice", True][4:8],
+            "clones": clones.count,
+            "tma_ok": fused._tma_ok(16, [(v_slice, v_slice.stride(1))]),
+            "bitwise": [torch.equal(a, b) for tma in (False, True)
+                        for a, b in zip(runs["slice", tma], runs["contiguous", tma])]}
 
 
 def _tma_fallback_case(fused):
@@ -327,6 +368,15 @@ def test_interpreted_tma_config_keeps_pointer_loads_where_descriptors_cannot_rea
     assert interpreted["tma_thread"] == {"error": None, "scratch": "cpu", "equal": True}
 
 
+def test_interpreted_v_sliced_from_the_fused_projection_is_read_in_place(interpreted):
+    """The kernels take v's own strides: a v cut from the fused projection's rows is not copied, and
+    gives the contiguous v's bits (pointer loads and TMA, both column-pass orientations) and fp64's values."""
+    res = interpreted["projection_slice"]
+    assert res["clones"] == 0 and res["tma_ok"]
+    assert all(res["bitwise"]), res["bitwise"]
+    check(res, None, TOL["float32"], upstream=None)
+
+
 def test_tma_needs_heads_d_apart_and_16_byte_alignment():
     from kernels.parallax.fused import _tma_ok
 
@@ -435,6 +485,20 @@ def _errors(got, ref, floor=1.0):
 def _compare(got, ref, tol, floor=1.0):
     errs = _errors(got, ref, floor)
     assert all(e < tol for e in errs), errs
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_v_sliced_from_the_projection_gives_the_contiguous_bits():
+    """v read in place from the fused projection's rows (TMA descriptors over its strides) gives the
+    output and gradients of a contiguous copy of it, bit for bit, under the shipped configs."""
+    (q, r, k, v), do = _cuda_inputs(2, 1000, 16, 8, 128, torch.bfloat16, seed=6)
+    rows = torch.zeros(2, 1000, (16 + 8 + 8 + 16) * 128, device="cuda", dtype=torch.bfloat16)  # q | k | v | rho
+    v_slice = rows[..., 24 * 128:32 * 128].unflatten(-1, (8, 128))
+    v_slice.copy_(v)
+    sliced, plain = _run("triton", [q, r, k, v_slice], do), _run("triton", [q, r, k, v], do)
+    assert torch.equal(sliced[0], plain[0])
+    assert all(torch.equal(a, b) for a, b in zip(sliced[1], plain[1]))
 
 
 @pytest.mark.gpu

@@ -131,14 +131,14 @@ def _store_rows(PTR, val, offs_t, h, stride_t, stride_h, offs_d, ok):
 
 # ----------------------------------------------------------------------------- forward
 @triton.jit
-def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, key_lo, T, qk_scale,
+def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, svt, svh, lo, hi, offs_m, key_lo, T, qk_scale,
                D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     offs_d = tl.arange(0, D)
     for n0 in range(lo, hi, BN):
         offs_n = n0 + tl.arange(0, BN)
         ok_n = offs_n < T
         k = _tile_rows(K, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
-        v = _tile_rows(V, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
+        v = _tile_rows(V, n0, offs_n, kv_h, svt, svh, offs_d, ok_n, D, TMA)
         kt = tl.trans(k)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         t = tl.dot(r, kt, input_precision=PREC)
@@ -158,15 +158,15 @@ def _fwd_tiles(m_i, d1, d2, o1, o2, q, r, K, V, kv_h, skt, skh, lo, hi, offs_m, 
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
-def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, qk_scale, WINDOW,
-                TUNE_T, TUNE_L, TUNE_W, GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, skh, svt, svh, qk_scale,
+                WINDOW, TUNE_T, TUNE_L, TUNE_W, GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr, TMA_OK: tl.constexpr = False,
                 TMA: tl.constexpr = False):
     m0, h = _tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
     USE_TMA: tl.constexpr = TMA and TMA_OK
     KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, USE_TMA)
-    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, USE_TMA)
+    VS = _rows_source(V, T, HQ // GROUP, svt, BN, D, USE_TMA)
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     ok_m = offs_m < T
@@ -180,12 +180,12 @@ def _fwd_kernel(Q, R, K, V, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, sqt, sqh, skt, s
     d2 = tl.zeros([BM], tl.float32)
     o1 = tl.zeros([BM, D], tl.float32)
     o2 = tl.zeros([BM, D], tl.float32)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
-                                     T, qk_scale, D, BN, True, PREC, USE_TMA)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
-                                     T, qk_scale, D, BN, False, PREC, USE_TMA)
-    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, diag, hi, offs_m, key_lo,
-                                     T, qk_scale, D, BN, True, PREC, USE_TMA)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, svt, svh, lo, a_hi,
+                                     offs_m, key_lo, T, qk_scale, D, BN, True, PREC, USE_TMA)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, svt, svh, a_hi, diag,
+                                     offs_m, key_lo, T, qk_scale, D, BN, False, PREC, USE_TMA)
+    m_i, d1, d2, o1, o2 = _fwd_tiles(m_i, d1, d2, o1, o2, q, r, KS, VS, kv_h, skt, skh, svt, svh, diag, hi,
+                                     offs_m, key_lo, T, qk_scale, D, BN, True, PREC, USE_TMA)
 
     inv = 1.0 / d1
     tbar = d2 * inv
@@ -215,7 +215,7 @@ def _row_stats(O, VBAR, do, TAU, BETA, offs_m, h, T, HQ, D: tl.constexpr, ok_m):
 
 
 @triton.jit
-def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, hi, offs_m, key_lo, T,
+def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, svt, svh, lo, hi, offs_m, key_lo, T,
               qk_scale, D: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr,
               TMA: tl.constexpr):
     offs_d = tl.arange(0, D)
@@ -223,7 +223,7 @@ def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, 
         offs_n = n0 + tl.arange(0, BN)
         ok_n = offs_n < T
         k = _tile_rows(K, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
-        v = _tile_rows(V, n0, offs_n, kv_h, skt, skh, offs_d, ok_n, D, TMA)
+        v = _tile_rows(V, n0, offs_n, kv_h, svt, svh, offs_d, ok_n, D, TMA)
         kt = tl.trans(k)
         s = tl.dot(q, kt, input_precision=PREC) * qk_scale
         t = tl.dot(r, kt, input_precision=PREC)
@@ -243,7 +243,7 @@ def _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, K, V, kv_h, skt, skh, lo, 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, T, L, HQ,
-                   sqt, sqh, skt, skh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
+                   sqt, sqh, skt, skh, svt, svh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
                    GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
                    TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
@@ -251,7 +251,7 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
     kv_h = h // GROUP
     USE_TMA: tl.constexpr = TMA and TMA_OK
     KS = _rows_source(K, T, HQ // GROUP, skt, BN, D, USE_TMA)
-    VS = _rows_source(V, T, HQ // GROUP, skt, BN, D, USE_TMA)
+    VS = _rows_source(V, T, HQ // GROUP, svt, BN, D, USE_TMA)
     offs_m = m0 + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     ok_m = offs_m < T
@@ -267,12 +267,12 @@ def _bwd_dq_kernel(Q, R, K, V, O, VBAR, DO, TBAR, LSE, TAU, BETA, DQ, DR, DOCS, 
 
     dq = tl.zeros([BM, D], tl.float32)
     dr = tl.zeros([BM, D], tl.float32)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, lo, a_hi, offs_m, key_lo,
-                       T, qk_scale, D, BN, True, PREC, USE_TMA)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, a_hi, diag, offs_m, key_lo,
-                       T, qk_scale, D, BN, False, PREC, USE_TMA)
-    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, diag, hi, offs_m, key_lo,
-                       T, qk_scale, D, BN, True, PREC, USE_TMA)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, svt, svh, lo, a_hi,
+                       offs_m, key_lo, T, qk_scale, D, BN, True, PREC, USE_TMA)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, svt, svh, a_hi, diag,
+                       offs_m, key_lo, T, qk_scale, D, BN, False, PREC, USE_TMA)
+    dq, dr = _dq_tiles(dq, dr, q, r, do, lse, tbar, beta, bmt, KS, VS, kv_h, skt, skh, svt, svh, diag, hi,
+                       offs_m, key_lo, T, qk_scale, D, BN, True, PREC, USE_TMA)
     _store_rows(DQ, dq * scale, offs_m, h, HQ * D, D, offs_d, ok_m)
     _store_rows(DR, dr, offs_m, h, HQ * D, D, offs_d, ok_m)
 
@@ -366,7 +366,7 @@ def _dkdv_span(dk, dv, k, v, Q, R, DO, TBAR, LSE, TAU, BETA, DOCS, h, sqt, sqh, 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T, L, HQ, HKV,
-                     sqt, sqh, skt, skh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
+                     sqt, sqh, skt, skh, svt, svh, scale, qk_scale, WINDOW, TUNE_T, TUNE_L, TUNE_W,
                      GROUP, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                      VARLEN: tl.constexpr, PREC: tl.constexpr, GLOBAL_ORDER: tl.constexpr,
                      ROWS: tl.constexpr = False, TMA_OK: tl.constexpr = False, TMA: tl.constexpr = False):
@@ -379,7 +379,7 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     offs_d = tl.arange(0, D)
     ok_n = offs_n < T
     k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
-    v = _load_rows(V, offs_n, kv_h, skt, skh, offs_d, ok_n)
+    v = _load_rows(V, offs_n, kv_h, svt, svh, offs_d, ok_n)
     # query tiles: masked diagonal [lo, d_hi), full [d_hi, f_hi) (same document as n0 and inside the band
     # of every key of the tile), masked tail [f_hi, hi); queries past the last key's band are skipped
     end_full = tl.minimum(_doc_end(DOCE, n0, T, L, VARLEN), n0 + WINDOW)
@@ -409,7 +409,8 @@ JIT_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kerne
 
 
 def _tokens(x):
-    """(B, L, H, D) -> (tensor, token stride, head stride); copies if tokens are not uniformly strided."""
+    """(B, L, H, D) -> (tensor, token stride, head stride); copies if tokens are not uniformly strided.
+    A slice of a wider per-token tensor (v cut from the fused q, k, v, rho projection) is read in place."""
     b, n, _, _ = x.shape
     if x.stride(-1) != 1 or (b > 1 and x.stride(0) != n * x.stride(1)):
         x = x.contiguous()
@@ -502,8 +503,8 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     """
     total, n, hq, docs, _, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
-    k, v, skt, skh = _same_layout(k, v)
-    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, skt)])
+    (k, skt, skh), (v, svt, svh) = _tokens(k), _tokens(v)
+    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, svt)])
     if meta["TMA_OK"]:
         _tma_allocator(q.device)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -512,8 +513,8 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     lse = torch.empty_like(tbar)
     kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
-    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, qk_scale, band, *tune,
-                 **meta, **launch)
+    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, svt, svh, qk_scale, band,
+                 *tune, **meta, **launch)
     return o, vbar, tbar, lse
 
 
@@ -530,23 +531,24 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     """
     total, n, hq, docs, doce, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
-    k, v, skt, skh = _same_layout(k, v)
+    (k, skt, skh), (v, svt, svh) = _tokens(k), _tokens(v)
     do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
     wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
-    meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, skt), (do, do.stride(1))])
+    meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, svt), (do, do.stride(1))])
     if meta["TMA_OK"]:
         _tma_allocator(q.device)
     tau = torch.empty_like(tbar)
     beta = torch.empty_like(tbar)
-    dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dr = torch.empty_like(r, memory_format=torch.contiguous_format)
     kernel, launch = tuning.select("dq", _bwd_dq_kernel, work, dq_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
-                 sqt, sqh, skt, skh, scale, qk_scale, band, *tune, **meta, **launch)
+                 sqt, sqh, skt, skh, svt, svh, scale, qk_scale, band, *tune, **meta, **launch)
     kernel, launch = tuning.select("dkdv", _bwd_dkdv_kernel, work, dkdv_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BN"]) * k.shape[2],)  # noqa: E731
     kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq,
-                 k.shape[2], sqt, sqh, skt, skh, scale, qk_scale, band, *tune, **meta, **launch)
+                 k.shape[2], sqt, sqh, skt, skh, svt, svh, scale, qk_scale, band, *tune, **meta, **launch)
     return dq, dr, dk, dv

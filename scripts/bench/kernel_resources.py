@@ -39,7 +39,7 @@ FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA"}
 INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
-STRIDES = {"sqt", "sqh", "skt", "skh"}
+STRIDES = {"sqt", "sqh", "skt", "skh", "svt", "svh"}
 # sizes a launch at the benchmark shape (B4 L4096 Hq16 Hkv8) finds divisible by 16, so triton
 # specialises them as such (HKV = 8 is not): left out, the dq pass compiled with twice the spills
 SIZES = {"T", "L", "HQ"}
