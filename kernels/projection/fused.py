@@ -2,7 +2,8 @@
 
 The fused projection ``y = x [W_Q; W_K; W_V; W_R]^T`` holds per token the q, k, v and rho heads side
 by side. ``split_norm_rope`` turns it into the attention's inputs in one pass per head group: each
-program reads a tile of BT tokens x one head (its two halves, which RoPE pairs), normalises it in
+program reads the RoPE rows of BT tokens once, then per head of the group a tile of BT tokens (its
+two halves, which RoPE pairs), normalises it in
 fp32, rounds to y's dtype as the norm module does, rotates it with the table's cos and sin (rounded
 to y's dtype, as the reference casts them) and stores one rounding of the result. v is copied out,
 so all four outputs are contiguous.
@@ -18,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-BT = 64  # tokens per program
+BT = 32  # tokens per program (each program runs every head of its group over them)
 NUM_WARPS = 4
 
 
@@ -43,51 +44,56 @@ def _table(TABLE, rows, L, table_stride, ok, dtype, HALF: tl.constexpr):
 @triton.jit
 def _forward_kernel(Y, OUT, W, TABLE, T, L, y_stride, table_stride, col0, H, eps,
                     HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr):
-    tb = tl.program_id(0)
-    h = tl.program_id(1)
-    rows = tb * BT + tl.arange(0, BT)
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
     ok = rows < T
-    x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
-    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
     w1 = tl.load(W + tl.arange(0, HALF)).to(tl.float32)
     w2 = tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
     dtype = OUT.dtype.element_ty
-    n1 = (x1 * rstd[:, None] * w1[None, :]).to(dtype).to(tl.float32)
-    n2 = (x2 * rstd[:, None] * w2[None, :]).to(dtype).to(tl.float32)
-    if ROPE:
+    if ROPE:  # read once per program, used by every head
         c1, c2, s1, s2 = _table(TABLE, rows, L, table_stride, ok, dtype, HALF)
-        n1, n2 = n1 * c1 - n2 * s1, n2 * c2 + n1 * s2
-    offs = rows.to(tl.int64)[:, None] * (H * 2 * HALF) + h * 2 * HALF + tl.arange(0, HALF)[None, :]
-    tl.store(OUT + offs, n1.to(dtype), mask=ok[:, None])
-    tl.store(OUT + offs + HALF, n2.to(dtype), mask=ok[:, None])
+    out_rows = rows.to(tl.int64)[:, None] * (H * 2 * HALF) + tl.arange(0, HALF)[None, :]
+    for h in range(H):
+        x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+        n1 = (x1 * rstd[:, None] * w1[None, :]).to(dtype).to(tl.float32)
+        n2 = (x2 * rstd[:, None] * w2[None, :]).to(dtype).to(tl.float32)
+        if ROPE:
+            n1, n2 = n1 * c1 - n2 * s1, n2 * c2 + n1 * s2
+        tl.store(OUT + out_rows + h * 2 * HALF, n1.to(dtype), mask=ok[:, None])
+        tl.store(OUT + out_rows + h * 2 * HALF + HALF, n2.to(dtype), mask=ok[:, None])
 
 
 @triton.jit
 def _backward_kernel(DOUT, Y, DY, W, TABLE, DW_PART, T, L, y_stride, table_stride, col0, H, eps,
                      HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr):
     tb = tl.program_id(0)
-    h = tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
     ok = rows < T
-    g1, g2 = _halves(DOUT, rows, H * 2 * HALF, h * 2 * HALF, ok, HALF)
-    if ROPE:  # the rotation's transpose
-        c1, c2, s1, s2 = _table(TABLE, rows, L, table_stride, ok, DY.dtype.element_ty, HALF)
-        g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
-    x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
-    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
     w1 = tl.load(W + tl.arange(0, HALF)).to(tl.float32)
     w2 = tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
-    xh1, xh2 = x1 * rstd[:, None], x2 * rstd[:, None]
-    gx1, gx2 = g1 * w1[None, :], g2 * w2[None, :]
-    mean = (tl.sum(gx1 * xh1, 1) + tl.sum(gx2 * xh2, 1)) / (2 * HALF)
-    dx1 = rstd[:, None] * (gx1 - xh1 * mean[:, None])
-    dx2 = rstd[:, None] * (gx2 - xh2 * mean[:, None])
-    offs = rows.to(tl.int64)[:, None] * y_stride + col0 + h * 2 * HALF + tl.arange(0, HALF)[None, :]
-    tl.store(DY + offs, dx1.to(DY.dtype.element_ty), mask=ok[:, None])
-    tl.store(DY + offs + HALF, dx2.to(DY.dtype.element_ty), mask=ok[:, None])
-    part = DW_PART + (h * tl.num_programs(0) + tb) * 2 * HALF + tl.arange(0, HALF)
-    tl.store(part, tl.sum(g1 * xh1, 0))  # masked rows are zero in both
-    tl.store(part + HALF, tl.sum(g2 * xh2, 0))
+    if ROPE:
+        c1, c2, s1, s2 = _table(TABLE, rows, L, table_stride, ok, DY.dtype.element_ty, HALF)
+    dy_rows = rows.to(tl.int64)[:, None] * y_stride + col0 + tl.arange(0, HALF)[None, :]
+    dw1 = tl.zeros([HALF], tl.float32)
+    dw2 = tl.zeros([HALF], tl.float32)
+    for h in range(H):
+        g1, g2 = _halves(DOUT, rows, H * 2 * HALF, h * 2 * HALF, ok, HALF)
+        if ROPE:  # the rotation's transpose
+            g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
+        x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+        xh1, xh2 = x1 * rstd[:, None], x2 * rstd[:, None]
+        gx1, gx2 = g1 * w1[None, :], g2 * w2[None, :]
+        mean = (tl.sum(gx1 * xh1, 1) + tl.sum(gx2 * xh2, 1)) / (2 * HALF)
+        dx1 = rstd[:, None] * (gx1 - xh1 * mean[:, None])
+        dx2 = rstd[:, None] * (gx2 - xh2 * mean[:, None])
+        tl.store(DY + dy_rows + h * 2 * HALF, dx1.to(DY.dtype.element_ty), mask=ok[:, None])
+        tl.store(DY + dy_rows + h * 2 * HALF + HALF, dx2.to(DY.dtype.element_ty), mask=ok[:, None])
+        dw1 += tl.sum(g1 * xh1, 0)  # masked rows are zero in both
+        dw2 += tl.sum(g2 * xh2, 0)
+    part = DW_PART + tb * 2 * HALF + tl.arange(0, HALF)
+    tl.store(part, dw1)
+    tl.store(part + HALF, dw2)
 
 
 def head_columns(hq: int, hkv: int, d: int) -> tuple[int, int, int, int]:
@@ -114,7 +120,7 @@ def forward(y, hq, hkv, weights, eps, table, rope_rho):
     for heads, col, w, rope in ((hq, cols[0], weights[0], True), (hkv, cols[1], weights[1], True),
                                 (hq, cols[3], weights[2], rope_rho)):
         out = torch.empty((b, n, heads, d), dtype=y.dtype, device=y.device)
-        _forward_kernel[(triton.cdiv(total, BT), heads)](
+        _forward_kernel[(triton.cdiv(total, BT),)](
             y, out, w, table, total, n, y_stride, table.stride(0), col, heads, eps,
             HALF=d // 2, BT=BT, ROPE=rope, num_warps=NUM_WARPS)
         outs.append(out)
@@ -136,8 +142,8 @@ def backward(grads, y, hq, hkv, weights, eps, table, rope_rho):
     for g, heads, col, w, rope in ((dq, hq, cols[0], weights[0], True), (dk, hkv, cols[1], weights[1], True),
                                    (dr, hq, cols[3], weights[2], rope_rho)):
         tiles = triton.cdiv(total, BT)
-        part = torch.empty((heads * tiles, d), dtype=torch.float32, device=y.device)
-        _backward_kernel[(tiles, heads)](
+        part = torch.empty((tiles, d), dtype=torch.float32, device=y.device)
+        _backward_kernel[(tiles,)](
             g.contiguous(), y, dy, w, table, part, total, n, y_stride, table.stride(0), col, heads, eps,
             HALF=d // 2, BT=BT, ROPE=rope, num_warps=NUM_WARPS)
         dws.append(part.sum(0).to(w.dtype))
