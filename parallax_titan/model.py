@@ -132,20 +132,12 @@ def fused_linear(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor
     a per-module FSDP wrapper) has its own forward, and a hook must see its module's call, so then
     every module is called on its own. The check runs on every call, so swapped modules are seen.
     """
-    y = concat_linear(x, linears)
-    if y is None:
-        return [m(x) for m in linears]
-    return list(y.split([m.weight.shape[0] for m in linears], dim=-1))
-
-
-def concat_linear(x: torch.Tensor, linears: list[nn.Module]) -> torch.Tensor | None:
-    """x (..., dim) times the modules' weights concatenated along their outputs: (..., sum of outputs),
-    one matmul; None when ``fused_linear``'s rule leaves them unfused."""
     fusable = all(type(m) is nn.Linear and m.bias is None and not m._forward_hooks and not m._forward_pre_hooks
                   for m in linears)
     if not fusable or len({m.weight.dtype for m in linears}) != 1:
-        return None
-    return F.linear(x, torch.cat([m.weight for m in linears]))
+        return [m(x) for m in linears]
+    weight = torch.cat([m.weight for m in linears])
+    return list(F.linear(x, weight).split([m.weight.shape[0] for m in linears], dim=-1))
 
 
 @dataclass
@@ -288,19 +280,8 @@ class ParallaxAttention(Attention):
             trunc_normal_(self.gate.weight, mean=0.0, std=0.02)
 
     def project(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None):
-        """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE.
-
-        On CUDA with the fused attention (backend "auto" or "triton"), no gate and positions 0..seq-1,
-        the norms and RoPE of q, k and rho run as one Triton pass per head group over the fused
-        projection (``kernels.projection``); otherwise as TorchTitan's modules."""
+        """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE."""
         bs, seqlen, _ = x.shape
-        if self._fused_norm_rope(x, rope_cache, positions):
-            y = concat_linear(x, [self.wq, self.wk, self.wv, self.wr])
-            if y is not None:
-                norms = (self.q_norm, self.k_norm, self.r_norm)
-                q, k, v, r = kernels.split_norm_rope(y, self.n_heads, self.n_kv_heads, [n.weight for n in norms],
-                                                     self.r_norm.eps, rope_cache, self.rho_rope)
-                return q, r, k, v
         shape = (bs, seqlen, -1, self.head_dim)
         gate = [] if self.gate is None else [self.gate]
         q, k, v, r, *g = fused_linear(x, [self.wq, self.wk, self.wv, self.wr, *gate])
@@ -313,17 +294,6 @@ class ParallaxAttention(Attention):
         if self.rho_rope:
             r = apply_rope(r, rope_cache, positions)
         return q, r, k, v
-
-    def _fused_norm_rope(self, x, rope_cache, positions) -> bool:
-        """Whether ``project`` can take the fused norm + RoPE: CUDA, the fused attention backend, no
-        gate, head_dim twice a power of two, RoPE rows of positions 0..seq-1, and three affine
-        RMSNorms with one epsilon."""
-        norms = (self.q_norm, self.k_norm, self.r_norm)
-        half = self.head_dim // 2
-        return (x.is_cuda and self.backend != "reference" and self.gate is None and positions is None
-                and self.head_dim % 2 == 0 and half & (half - 1) == 0
-                and rope_cache.dim() == 2 and all(type(n) is nn.RMSNorm and n.weight is not None for n in norms)
-                and len({n.eps for n in norms}) == 1 and self.r_norm.eps is not None)
 
     def forward(self, x, rope_cache, attention_masks=None, positions=None):
         bs, seqlen, _ = x.shape
