@@ -37,6 +37,7 @@
 #   scaling-noreshard  the same with FSDP keeping the gathered parameters from forward to backward
 #                 (parallelism.fsdp_reshard_after_forward = "never": one all-gather per step, not two)
 #   profile-transformer  one GPU, 0.6B Transformer, step 20 profiled, scripts.bench.trace_summary of it
+#   profile-parallax  the same for the 0.6B Parallax
 #   profile-2gpu  two GPUs (FSDP2), 0.6B Parallax, step 20 profiled, summaries of both ranks (runs last)
 #
 # Beforehand, on a machine with network access: `bash scripts/gpu_wheels.sh` (TorchTitan's wheels in
@@ -123,6 +124,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     scaling-noreshard) python3 -m scripts.bench.train parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
                          --extra "--parallelism.fsdp_reshard_after_forward never" --out "$work/scaling_noreshard" ;;
     profile-transformer) profile transformer 1 "$t" ;;
+    profile-parallax) profile parallax 1 "$t" ;;
     profile-2gpu) profile parallax 2 "$t" ;;
   esac > "$work/$name.log" 2>&1
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
@@ -135,7 +137,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-2gpu "
+known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

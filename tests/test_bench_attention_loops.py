@@ -10,12 +10,12 @@ import pytest
 from scripts.bench import attention_loops
 
 
-@pytest.mark.parametrize("name", ["range", "tma"])
-def test_shipped_source_variants(name):
+@pytest.mark.parametrize("name, flags", [("range", {}), ("tma", {"TMA": True}), ("maxnreg", {"maxnreg": 168})])
+def test_shipped_source_variants(name, flags):
     from kernels.parallax import fused
 
     assert attention_loops.variant_source(name) == open(fused.__file__).read()
-    assert attention_loops.CONFIG_FLAGS.get(name, {}) == ({"TMA": True} if name == "tma" else {})
+    assert attention_loops.CONFIG_FLAGS.get(name, {}) == flags
 
 
 @pytest.mark.parametrize("name", ["warp_specialize", "loop_stages"])

@@ -3,8 +3,9 @@ launch config.
 
 Variants (``LOOPS``, ``CONFIG_FLAGS``): ``range`` (the shipped kernels), ``warp_specialize``
 (``tl.range(..., warp_specialize=True)``: producer/consumer warp groups), ``loop_stages``
-(``tl.range(..., num_stages=2)``: a pipeline depth per loop instead of the kernel's) and ``tma``
-(the shipped source with the ``TMA`` flag: row tiles read through tensor descriptors). The loop
+(``tl.range(..., num_stages=2)``: a pipeline depth per loop instead of the kernel's), ``tma``
+(the shipped source with the ``TMA`` flag: row tiles read through tensor descriptors) and ``maxnreg``
+(the shipped source with at most 168 registers per thread, triton's ``maxnreg`` launch option). The loop
 variants are the source of ``kernels/parallax/fused.py`` with its loop headers rewritten, loaded as
 a separate module; the shipped kernels are not changed. Per variant, head dim and shipped config: the forward, and the
 backward with that config for one pass and the first shipped config for the other; a config that
@@ -38,8 +39,11 @@ LOOPS = {
                         "for m0 in tl.range(lo, hi, BM, warp_specialize=True):"),
     "loop_stages": ("for n0 in tl.range(lo, hi, BN, num_stages=2):", "for m0 in tl.range(lo, hi, BM, num_stages=2):"),
     "tma": ("", ""),
+    "maxnreg": ("", ""),
 }
-CONFIG_FLAGS = {"tma": {"TMA": True}}  # launch flags a variant adds to every config
+# launch flags a variant adds to every config; maxnreg caps registers per thread so that three programs
+# of 4 warps fit an SM (168 x 128 x 3 <= 65536) where shared memory allows
+CONFIG_FLAGS = {"tma": {"TMA": True}, "maxnreg": {"maxnreg": 168}}
 
 
 def variant_source(name: str) -> str:
@@ -127,7 +131,7 @@ def run(folder: str, variants=tuple(LOOPS)) -> list[dict]:
     """Rows (variant, D, kernel, config, ms or error, max difference from the shipped kernels) of the
     shipped kernels ("range", always first: the reference) and ``variants``."""
     rows, modules = [], {"range": load_variant("range", folder)}
-    for name in variants:  # a variant of the shipped source (tma) shares its module
+    for name in variants:  # a variant of the shipped source (tma, maxnreg) shares its module
         modules.setdefault(name, load_variant(name, folder) if LOOPS[name][0] else modules["range"])
     for d in DIMS:
         tensors = inputs(d)
@@ -172,8 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = describe("Attention kernels: loop variants on Hopper",
                     f"ms per call (triton.testing.do_bench median) of the fused attention kernels at B, L, Hq, Hkv = "
                     f"{SHAPE}, bf16, causal, per shipped launch config, with the loops as plain range (shipped), "
-                    "tl.range(warp_specialize=True) or tl.range(num_stages=2), or the row tiles read through TMA "
-                    "tensor descriptors", command_line(__spec__.name, argv))
+                    "tl.range(warp_specialize=True) or tl.range(num_stages=2), the row tiles read through TMA "
+                    "tensor descriptors, or at most 168 registers per thread", command_line(__spec__.name, argv))
     with tempfile.TemporaryDirectory() as folder:
         rows = run(folder, args.variants)
     print(write_results(args.out, meta, markdown(rows), {"rows": rows}))
