@@ -17,11 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from kernels import DecodePlan, parallax_decode, rolling_cache_write
 from kernels.parallax.decode import parallax_decode_reference
 from tests._attention_cases import banded_mask, masked_parallax_fp64
+from tests._aten_ops import recorded_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -374,24 +373,6 @@ def _interpreter_report():
     print("RESULTS " + json.dumps(results))
 
 
-class _Ops(TorchDispatchMode):
-    """Records the aten ops run inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def _ops(call):
-    with _Ops() as mode:
-        call()
-    return mode.ops
-
-
 def _plan_case():
     """A DecodePlan (split launch) against fp64, and the tensor work of its call beside the public
     API's: the API with check_seqlens=False runs exactly the plan's ops (its plan is cached: no
@@ -401,10 +382,11 @@ def _plan_case():
     plan = DecodePlan.like(q, k, backend="triton", window=200)
     out = plan(q, r, k, v, lens)
     api = parallax_decode(q, r, k, v, cache_seqlens=lens, window=200, backend="triton")  # builds its plan
-    plan_ops = _ops(lambda: plan(q, r, k, v, lens))
-    lean_ops = _ops(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, window=200, backend="triton",
-                                            check_seqlens=False))
-    checked_ops = _ops(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, window=200, backend="triton"))
+    plan_ops = recorded_ops(lambda: plan(q, r, k, v, lens))
+    lean_ops = recorded_ops(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, window=200, backend="triton",
+                                                    check_seqlens=False))
+    checked_ops = recorded_ops(lambda: parallax_decode(q, r, k, v, cache_seqlens=lens, window=200,
+                                                       backend="triton"))
     return {"case": "plan", "err": rel_err(out, windowed_decode(q, r, k, v, lens, 200)),
             "finite": bool(torch.isfinite(out).all()), "splits": plan.num_splits, "same_as_api": torch.equal(out, api),
             "plan_first_op": plan_ops[0], "lean_is_plan": lean_ops == plan_ops,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.parallax.naive import parallax_attention_naive
+from tests._aten_ops import recorded_ops
 from tests._interpret import rel_err, run_interpreted
 from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference
 
@@ -127,33 +127,26 @@ def _interpret_main(out_path):
     torch.save(results, out_path)
 
 
+def _all_passes(fused, inputs, scale, cu, window, config):
+    """The forward and both column-pass orientations of the backward under one launch config:
+    [o, vbar, tbar, lse, dq, dr, dk, dv (keys x queries), dq, dr, dk, dv (queries on rows)]."""
+    q, r, k, v, do = inputs
+    o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, window, config=config)
+    cols = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=config,
+                          dkdv_config=config)
+    rows = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=config,
+                          dkdv_config={**config, "ROWS": True})
+    return [o, vbar, tbar, lse, *cols, *rows]
+
+
 def _tma_case(fused, tuning, inputs, cu, scale, window, cfg):
     """Forward and both backward orientations with pointer loads and with TMA descriptors, same tiles."""
-    q, r, k, v, do = inputs
-    runs = {}
-    for tma in (False, True):
-        config = {**(cfg or tuning.INTERPRET_CONFIG), "TMA": tma}
-        o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, window, config=config)
-        cols = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=config,
-                              dkdv_config=config)
-        rows = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=config,
-                              dkdv_config={**config, "ROWS": True})
-        runs[tma] = [o, vbar, tbar, lse, *cols, *rows]
+    q, _, k, _, _ = inputs
+    runs = {tma: _all_passes(fused, inputs, scale, cu, window, {**(cfg or tuning.INTERPRET_CONFIG), "TMA": tma})
+            for tma in (False, True)}
     return {"inputs": inputs, "out": runs[True][0], "grads": runs[True][4:8], "tma_ok": fused._tma_ok(
         q.shape[-1], [(q, q.stride(1)), (k, k.stride(1))]),
             "bitwise": [torch.equal(a, b) for a, b in zip(runs[False], runs[True])]}
-
-
-class _CloneCount(TorchDispatchMode):
-    """Counts aten.clone calls (what ``.contiguous()`` of a non-contiguous tensor runs) inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten.clone.default
-        return func(*args, **(kwargs or {}))
 
 
 def _projection_slice_case(fused, tuning):
@@ -164,20 +157,16 @@ def _projection_slice_case(fused, tuning):
     fused_rows = torch.randn(2, 37, 4 * 16 + 2 * 16 + 2 * 16 + 4 * 16)  # q | k | v | rho per token
     fused_rows[..., 96:128] = v.flatten(2)
     v_slice = fused_rows[..., 96:128].unflatten(-1, (2, 16))
-    runs = {}
-    for name, v_in in (("slice", v_slice), ("contiguous", v)):
-        for tma in (False, True):
-            config = {**tuning.INTERPRET_CONFIG, "TMA": tma}
-            o, vbar, tbar, lse = fused.forward(q, r, k, v_in, 0.25, config=config)
-            cols = fused.backward(do, q, r, k, v_in, o, vbar, tbar, lse, 0.25, dq_config=config, dkdv_config=config)
-            rows = fused.backward(do, q, r, k, v_in, o, vbar, tbar, lse, 0.25, dq_config=config,
-                                  dkdv_config={**config, "ROWS": True})
-            runs[name, tma] = [o, vbar, tbar, lse, *cols, *rows]
-    with _CloneCount() as clones:  # .contiguous() of a strided tensor is an aten.clone
+    runs = {(name, tma): _all_passes(fused, (q, r, k, v_in, do), 0.25, None, None,
+                                     {**tuning.INTERPRET_CONFIG, "TMA": tma})
+            for name, v_in in (("slice", v_slice), ("contiguous", v)) for tma in (False, True)}
+    def default_configs():
         saved = fused.forward(q, r, k, v_slice, 0.25)
         fused.backward(do, q, r, k, v_slice, *saved, 0.25)
+
+    ops = recorded_ops(default_configs)
     return {"inputs": (q, r, k, v, do), "out": runs["slice", True][0], "grads": runs["slice", True][4:8],
-            "clones": clones.count,
+            "clones": ops.count("aten.clone.default"),  # what .contiguous() of a strided tensor runs
             "tma_ok": fused._tma_ok(16, [(v_slice, v_slice.stride(1))]),
             "bitwise": [torch.equal(a, b) for tma in (False, True)
                         for a, b in zip(runs["slice", tma], runs["contiguous", tma])]}
