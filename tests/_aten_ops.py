@@ -1,12 +1,12 @@
-"""Which aten ops a call runs (test helper): ``recorded_ops(call)``, in order, as ``str(op)``
-(e.g. ``"aten.clone.default"``)."""
+"""Which aten ops code runs (test helper), in order, as ``str(op)`` (e.g. ``"aten.clone.default"``):
+``with AtenOps() as mode: ...`` then ``mode.ops``, or ``recorded_ops(call)``."""
 
 from __future__ import annotations
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-class _Ops(TorchDispatchMode):
+class AtenOps(TorchDispatchMode):
     """Records the aten ops run inside it."""
 
     def __init__(self):
@@ -20,6 +20,6 @@ class _Ops(TorchDispatchMode):
 
 def recorded_ops(call) -> list[str]:
     """The aten ops ``call()`` runs, in order."""
-    with _Ops() as mode:
+    with AtenOps() as mode:
         call()
     return mode.ops

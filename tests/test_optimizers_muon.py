@@ -187,26 +187,17 @@ def test_same_shape_matrices_are_stacked_without_a_view_per_matrix():
     """A bucket of same-shape matrices goes in with one stack and comes out with one unbind: no
     aten op per matrix on the way (each was host time the GPU waited for in a 0.6B step), and
     each direction equals the matrix's own polar factor."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from optimizers.directions import MatrixSpec, matrix_terms
     from optimizers.orthogonalize import polar_express
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+    from tests._aten_ops import AtenOps
 
     n = 40  # more matrices than any op of the 8-step iteration runs (16 bmm)
     updates = [torch.randn(12, 20, generator=torch.Generator().manual_seed(i)) for i in range(n)]
     specs = [MatrixSpec(shape=(12, 20), update_coeff=-1.0)] * n
-    with Count() as count:
+    with AtenOps() as mode:
         directions, _ = matrix_terms(specs, updates, [None] * n)
-    per_matrix = [op for op in set(count.ops) if count.ops.count(op) >= n]
+    ops = [op.split(".")[1] for op in mode.ops]  # per op, its overloads together ("aten.bmm.default" -> "bmm")
+    per_matrix = [op for op in set(ops) if ops.count(op) >= n]
     assert not per_matrix, per_matrix
     for i, U in enumerate(updates):
         torch.testing.assert_close(directions[i], polar_express(U), rtol=1e-5, atol=1e-5)
