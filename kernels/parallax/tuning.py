@@ -96,7 +96,8 @@ DECODE_CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3)}
 DECODE_MANY_GROUPS_CONFIGS = {64: (128, 8, 3), 128: (64, 4, 2)}
 DECODE_DEFAULT_CONFIG = (32, 4, 2)  # head dims the sweep did not cover
 # Other (block_n, num_warps, num_stages) a decode sweep times beside DECODE_CONFIGS.
-DECODE_SWEEP = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (128, 4, 2)], 64: [(64, 4, 3), (128, 8, 3), (32, 4, 3)]}
+DECODE_SWEEP = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (32, 4, 4), (128, 4, 2)],
+                64: [(64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 8, 3), (32, 4, 3)]}
 # Fewest cache positions one decode split handles: below this the partial writes and the merge cost
 # more than the extra parallelism buys.
 DECODE_MIN_CHUNK = 128

@@ -59,21 +59,26 @@ def sweep_configs(dim, batch, device):
 
 
 def sweep_trials(dim, batch, length, default, alts):
-    """(config (block_n, warps, stages), splits, fused merge) of every trial at one shape: each config
-    with the heuristic's split count, the default with other split counts (at batch 1 the alternative
-    configs too), and the default with the unfused merge; and the heuristic's split count."""
+    """Every trial at one shape as (config (block_n, warps, stages), splits, launch options): each
+    config with the heuristic's split count, the default with other split counts (at batch 1 the
+    alternative configs too), all as a plan launches by default (separate merge kernel, PDL where the
+    plan splits); then the heuristic's launch with the merge inside the split kernel and without PDL.
+    Returns (trials, the heuristic's split count)."""
     trials = []
     for bn, warps, stages in [default] + alts:
         slots = decode_fused.resident_slots(torch.device("cuda"), bn, dim, stages, 2)
-        trials.append(((bn, warps, stages), decode_fused.pick_num_splits(batch * HKV, length, bn, slots), True))
+        trials.append(((bn, warps, stages), decode_fused.pick_num_splits(batch * HKV, length, bn, slots), {}))
     heur = trials[0][1]
-    for splits in sorted({1, 2, max(1, heur // 2), 32, 48, decode_fused.MAX_SPLITS,
-                          min(2 * heur, decode_fused.MAX_SPLITS)} - {heur}):
-        trials.append((default, splits, True))
+    bn, _, stages = default
+    wave = decode_fused.resident_slots(torch.device("cuda"), bn, dim, stages, 2) // (batch * HKV)  # fills a wave
+    for splits in sorted({1, 2, max(1, heur // 2), 16, 24, 32, 48, decode_fused.MAX_SPLITS,
+                          min(2 * heur, decode_fused.MAX_SPLITS), min(max(wave, 1), decode_fused.MAX_SPLITS)}
+                         - {heur}):
+        trials.append((default, splits, {}))
         if batch == 1:  # short chunks: a smaller block keeps the pipeline full
-            trials += [(alt, splits, True) for alt in alts]
+            trials += [(alt, splits, {}) for alt in alts]
     if heur > 1:
-        trials.append((default, heur, False))
+        trials += [(default, heur, dict(fused_merge=True)), (default, heur, dict(pdl=False))]
     return trials, heur
 
 
@@ -85,9 +90,8 @@ def sweep_shape(dim, batch, length, calls=24, inputs="rotate"):
     sets = make_sets(batch, length, dim, n_sets_for(nb) if inputs == "rotate" else 1)
     trials, heur = sweep_trials(dim, batch, length, default, alts)
     rows = []
-    for (bn, warps, stages), splits, fused in trials:
-        def fn(q, r, k, v, kw=dict(num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages,
-                                   fused_merge=fused)):
+    for (bn, warps, stages), splits, options in trials:
+        def fn(q, r, k, v, kw=dict(num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages, **options)):
             return decode_fused.parallax_decode_triton(q, r, k, v, None, dim**-0.5, **kw)
 
         try:
@@ -95,9 +99,10 @@ def sweep_shape(dim, batch, length, calls=24, inputs="rotate"):
         except Exception as exc:
             log("sweep failed", dim, batch, length, bn, warps, stages, repr(exc)[:300])
             continue
-        rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages,
-                         splits=splits, heuristic=(bn, warps, stages) == default and splits == heur,
-                         fused=fused, us=us, tbps=nb / us / 1e6))
+        rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages, splits=splits,
+                         heuristic=(bn, warps, stages) == default and splits == heur and not options,
+                         fused=options.get("fused_merge", False), pdl=options.get("pdl", splits > 1),
+                         us=us, tbps=nb / us / 1e6))
         log("sweep", json.dumps(rows[-1]))
     return rows
 
