@@ -12,9 +12,11 @@ TEST_CONFIG = "configs/test_cpu_2rank.toml"
 
 
 def run_train(dump, *args: str, nproc: int = 1, config: str = TEST_CONFIG, **popen) -> subprocess.CompletedProcess:
-    """``torchrun train.py --job.config_file config --job.dump_folder dump *args``, whatever its exit
-    code; ``popen``: more arguments of ``subprocess.run`` (e.g. ``preexec_fn``)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
+    """``torchrun --standalone train.py --job.config_file config --job.dump_folder dump *args``, whatever
+    its exit code (standalone: a free port, so runs of tests in parallel do not meet on one);
+    ``popen``: more arguments of ``subprocess.run`` (e.g. ``preexec_fn``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "--local-ranks-filter=0",
            "train.py", "--job.config_file", config, "--job.dump_folder", str(dump), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env, **popen)

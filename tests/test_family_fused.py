@@ -60,18 +60,21 @@ def _run(r, k, v, do, intercept=True, backend="triton"):
     return out.detach(), [x.grad for x in leaves]
 
 
-def _interpret_main(out_path):
+def _interpret_jobs():
     """Child process (TRITON_INTERPRET=1): every case through the public API, plus the custom op
-    under torch.compile with an expanded upstream gradient, plus opcheck."""
-    results = {}
-    for seed, (name, (b, n, hq, hkv, d, dtype, intercept)) in enumerate(INTERPRET_CASES.items()):
-        r, k, v, do = make_case(b, n, hq, hkv, d, dtype, seed)
-        k, v = k + OFFSET.get(name, 0.0), v + OFFSET.get(name, 0.0)
-        out, grads = _run(r, k, v, do, intercept)
-        results[name] = {"inputs": (r, k, v, do), "out": out, "grads": grads}
-    results["compiled"] = _compiled_case()
-    results["opcheck"] = _opcheck()
-    torch.save(results, out_path)
+    under torch.compile with an expanded upstream gradient, plus opcheck; one job per case."""
+    from functools import partial
+
+    jobs = [partial(_case_results, seed, name, spec) for seed, (name, spec) in enumerate(INTERPRET_CASES.items())]
+    return jobs + [lambda: {"compiled": _compiled_case()}, lambda: {"opcheck": _opcheck()}]
+
+
+def _case_results(seed, name, spec):
+    b, n, hq, hkv, d, dtype, intercept = spec
+    r, k, v, do = make_case(b, n, hq, hkv, d, dtype, seed)
+    k, v = k + OFFSET.get(name, 0.0), v + OFFSET.get(name, 0.0)
+    out, grads = _run(r, k, v, do, intercept)
+    return {name: {"inputs": (r, k, v, do), "out": out, "grads": grads}}
 
 
 def _compiled_case():
@@ -107,7 +110,7 @@ def _opcheck():
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    return run_interpreted("tests.test_family_fused", tmp_path_factory.mktemp("interp") / "results.pt")
+    return run_interpreted("tests.test_family_fused", tmp_path_factory.mktemp("interp"))
 
 
 def reference(r, k, v, do, intercept=True):

@@ -1,7 +1,7 @@
 """kernels.gram.symmetric_product (alpha P P^T + beta Y + gamma I) and its use in Polar Express.
 
 * The PyTorch reference (``naive``) against the fp64 closed form, on the CPU.
-* The Triton kernel under TRITON_INTERPRET=1 in one child process (``_interpret_main``; the variable
+* The Triton kernel under TRITON_INTERPRET=1 in one child process (``_interpret_results``; the variable
   must be set before Triton is first imported): wide and transposed-view P, the Y / beta / gamma
   epilogue, odd sizes, batch 1 and 3, 2-D P, fp32 / bf16 / fp16 against fp64; every output exactly
   symmetric and equal over two runs; no entry of Y below the diagonal used; ``polar_express`` with the
@@ -90,9 +90,13 @@ def _nan_below_the_diagonal(Y):
     return Y.masked_fill(torch.ones(k, k, dtype=torch.bool, device=Y.device).tril(-1), float("nan"))
 
 
-def _interpret_main(out_path):
-    """Child process (TRITON_INTERPRET=1): every case twice, the unused lower triangle of Y, and
-    polar_express with the kernel and with torch GEMMs (fp32)."""
+def _interpret_jobs():
+    """Child process (TRITON_INTERPRET=1), one job: every case twice, the unused lower triangle of Y,
+    and polar_express with the kernel and with torch GEMMs (fp32)."""
+    return [_interpret_results]
+
+
+def _interpret_results():
     from kernels.gram import fused
     ortho = importlib.import_module("optimizers.orthogonalize")
 
@@ -125,12 +129,12 @@ def _interpret_main(out_path):
     from scripts.bench import gram
 
     results["bench_row"] = gram.bench_shape(2, 40, 24, 0, device="cpu", timer=lambda fn, rep_ms: fn() is not None)
-    torch.save(results, out_path)
+    return results
 
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    return run_interpreted("tests.test_gram_kernel", tmp_path_factory.mktemp("interp") / "results.pt")
+    return run_interpreted("tests.test_gram_kernel", tmp_path_factory.mktemp("interp"))
 
 
 def closed_form(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0, scale=None):

@@ -41,7 +41,7 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def test_sigterm_to_the_launcher_saves_and_exits_0_without_a_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "parallax_titan.launch", "--nproc_per_node=1", "--master_port=29547", "train.py",
+    cmd = [sys.executable, "-m", "parallax_titan.launch", "--standalone", "--nproc_per_node=1", "train.py",
            "--job.config_file", TEST_CONFIG, "--job.dump_folder", str(tmp_path), *ARGS, "--training.steps", "1000"]
     env = {k: v for k, v in os.environ.items() if k != SHUTDOWN_TIMEOUT_ENV}
     launcher = subprocess.Popen(cmd, cwd=REPO, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,

@@ -1,8 +1,8 @@
 """Fused Triton Parallax attention against the fp64 naive reference.
 
-CPU: the kernels run under TRITON_INTERPRET=1 in ONE subprocess (the variable must be set
-before triton is first imported, which another test module may already have done in this
-process); the child saves inputs, outputs and gradients, and this process checks them against
+CPU: the kernels run under TRITON_INTERPRET=1 in two child processes at once (the variable must
+be set before triton is first imported, which another test module may already have done in this
+process); the children save inputs, outputs and gradients, and this process checks them against
 parallax_attention_naive in fp64. GPU tests (marked ``gpu``) run the real kernels at real shapes.
 """
 
@@ -78,53 +78,68 @@ def cu_from_lengths(lengths):
     return None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def _interpret_main(out_path):
-    """Child process (TRITON_INTERPRET=1): run every case through the fused kernels and the custom op."""
+def _interpret_jobs():
+    """Child processes (TRITON_INTERPRET=1): every case through the fused kernels and the custom op,
+    one job (a callable returning a dict of results) per case."""
+    from functools import partial
+
     from kernels import parallax_attention
     from kernels.parallax import fused, tuning
 
-    results = {}
-    for seed, (name, (b, n, hq, hkv, d, dtype, rho_scale, lengths, cfg)) in enumerate(INTERPRET_CASES.items()):
-        q, r, k, v, do = make_case(b, n, hq, hkv, d, dtype, rho_scale, seed)
-        cu, scale = cu_from_lengths(lengths), 1.0 / math.sqrt(d)
+    jobs = [partial(_case_results, fused, tuning, seed, name, spec)
+            for seed, (name, spec) in enumerate(INTERPRET_CASES.items())]
+    jobs += [partial(_window_results, fused, tuning, seed, name, spec)
+             for seed, (name, spec) in enumerate(WINDOW_CASES.items())]
+    return jobs + [lambda: {"tma_fallback": _tma_fallback_case(fused)},
+                   lambda: {"projection_slice": _projection_slice_case(fused, tuning)},
+                   lambda: {"tma_thread": _tma_thread_case(fused)},
+                   lambda: {"window_api": _window_api_case(parallax_attention)},
+                   lambda: {"custom_op": _custom_op_case(parallax_attention, compiled=False)},
+                   lambda: {"candidates": _candidates_case(parallax_attention, tuning)},
+                   lambda: {"bad_cu": _bad_cu_case(parallax_attention)},
+                   lambda: {"compiled": _custom_op_case(parallax_attention, compiled=True)},
+                   lambda: {"opcheck": _opcheck()}]
+
+
+def _case_results(fused, tuning, seed, name, spec):
+    """One INTERPRET_CASES case under its config, and its head-major, ROWS and TMA variants where listed."""
+    b, n, hq, hkv, d, dtype, rho_scale, lengths, cfg = spec
+    q, r, k, v, do = make_case(b, n, hq, hkv, d, dtype, rho_scale, seed)
+    cu, scale = cu_from_lengths(lengths), 1.0 / math.sqrt(d)
+    o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=cfg)
+    grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=cfg)
+    results = {name: {"inputs": (q, r, k, v, do), "out": o, "grads": grads}}
+    if name in HEAD_MAJOR_CASES:
+        hm = {**(cfg or tuning.INTERPRET_CONFIG), "GLOBAL_ORDER": False}
+        o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=hm)
+        grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=hm, dkdv_config=hm)
+        results[name + "_head_major"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
+    if name in ROWS_CASES:
         o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=cfg)
-        grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=cfg)
-        results[name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
-        if name in HEAD_MAJOR_CASES:
-            hm = {**(cfg or tuning.INTERPRET_CONFIG), "GLOBAL_ORDER": False}
-            o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=hm)
-            grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=hm, dkdv_config=hm)
-            results[name + "_head_major"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
-        if name in ROWS_CASES:
-            o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, config=cfg)
-            rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
-            grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=rows)
-            results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
-        if name in TMA_CASES:
-            results[name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, None, cfg)
-    for seed, (name, (b, n, hq, hkv, d, lengths, window, cfg)) in enumerate(WINDOW_CASES.items()):
-        q, r, k, v, do = make_case(b, n, hq, hkv, d, "float32", 2.0, seed)
-        cu, scale = cu_from_lengths(lengths), 1.0 / math.sqrt(d)
-        o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, window, config=cfg)
-        grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg, dkdv_config=cfg)
         rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
-        grads_rows = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg,
-                                    dkdv_config=rows)
-        full = fused.forward(q, r, k, v, scale, cu, config=cfg)[0]
-        results["window_" + name] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads,
-                                     "grads_rows": grads_rows, "equals_full": torch.equal(o, full)}
-        if name in ("w7_gqa_odd", "w20_varlen_bm32"):
-            results["window_" + name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, window, cfg)
-    results["tma_fallback"] = _tma_fallback_case(fused)
-    results["projection_slice"] = _projection_slice_case(fused, tuning)
-    results["tma_thread"] = _tma_thread_case(fused)
-    results["window_api"] = _window_api_case(parallax_attention)
-    results["custom_op"] = _custom_op_case(parallax_attention, compiled=False)
-    results["candidates"] = _candidates_case(parallax_attention, tuning)
-    results["bad_cu"] = _bad_cu_case(parallax_attention)
-    results["compiled"] = _custom_op_case(parallax_attention, compiled=True)
-    results["opcheck"] = _opcheck()
-    torch.save(results, out_path)
+        grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, dq_config=cfg, dkdv_config=rows)
+        results[name + "_rows"] = {"inputs": (q, r, k, v, do), "out": o, "grads": grads}
+    if name in TMA_CASES:
+        results[name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, None, cfg)
+    return results
+
+
+def _window_results(fused, tuning, seed, name, spec):
+    """One WINDOW_CASES case: both column-pass orientations, the full causal result beside it, TMA where listed."""
+    b, n, hq, hkv, d, lengths, window, cfg = spec
+    q, r, k, v, do = make_case(b, n, hq, hkv, d, "float32", 2.0, seed)
+    cu, scale = cu_from_lengths(lengths), 1.0 / math.sqrt(d)
+    o, vbar, tbar, lse = fused.forward(q, r, k, v, scale, cu, window, config=cfg)
+    grads = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg, dkdv_config=cfg)
+    rows = {**(cfg or tuning.INTERPRET_CONFIG), "ROWS": True}
+    grads_rows = fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu, window, dq_config=cfg,
+                                dkdv_config=rows)
+    full = fused.forward(q, r, k, v, scale, cu, config=cfg)[0]
+    results = {"window_" + name: {"inputs": (q, r, k, v, do), "out": o, "grads": grads,
+                                  "grads_rows": grads_rows, "equals_full": torch.equal(o, full)}}
+    if name in ("w7_gqa_odd", "w20_varlen_bm32"):
+        results["window_" + name + "_tma"] = _tma_case(fused, tuning, (q, r, k, v, do), cu, scale, window, cfg)
+    return results
 
 
 def _all_passes(fused, inputs, scale, cu, window, config):
@@ -307,7 +322,7 @@ def _error(call):
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    return run_interpreted("tests.test_parallax_fused", tmp_path_factory.mktemp("interp") / "results.pt")
+    return run_interpreted("tests.test_parallax_fused", tmp_path_factory.mktemp("interp"), parts=2)
 
 
 def reference(inputs, cu, upstream=None):

@@ -72,7 +72,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, straight):
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path, nonfinite):
     """Only one of two workers gets the signal; both agree (the step flags' all-reduce), save one
     checkpoint and exit 0."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533", "train.py",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
            "--job.config_file", TEST_CONFIG, "--job.dump_folder", str(tmp_path), *ARGS, "--training.steps", "1000",
            "--reliability.nonfinite", nonfinite]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},

@@ -72,7 +72,7 @@ def test_sharded_order_refuses_another_number_of_ranks(tmp_path):
     args = ("--training.dataset", "default_corpus", "--training.steps", "3", "--training.local_batch_size", "2",
             "--training.global_batch_size", "4", *COMMON)
     train(tmp_path, *args, "--reliability.stop_at_step", "1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py", "--job.config_file",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", "--job.config_file",
            TEST_CONFIG, "--job.dump_folder", str(tmp_path), *args]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -32,7 +32,8 @@ def train_command(args: argparse.Namespace, variant: str, name: str, nproc: int,
     run from the repository root; ``overrides`` come before ``--extra``."""
     entry = ["-m", REFERENCE_MODULE] if variant == REFERENCE else ["train.py"]
     return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        "--local-ranks-filter=0",
         *entry, *config_args(args, variant),
         "--training.dataset", "default_corpus", "--training.steps", str(args.steps),
         "--training.global_batch_size", "-1", "--training.local_batch_size", str(args.local_batch),
