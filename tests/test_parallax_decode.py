@@ -333,8 +333,10 @@ def test_seqlens_on_another_device_rejected():
 # (batch, L, Hq, Hkv, D, seqlens, dtype, rho, knobs)
 INTERP_CASES = [
     (1, 1, 2, 2, 16, None, "float32", 0.5, {}),
+    (2, 37, 4, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=3, fused_merge=True)),
     (2, 37, 4, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=3)),
-    (2, 37, 4, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=3, fused_merge=False)),
+    # the separate merge over four slices of D per head, four heads per group
+    (2, 37, 8, 2, 32, [37, 5], "float32", 0.5, dict(block_n=16, num_splits=5, merge_block_d=8)),
     (3, 45, 4, 1, 16, [1, 45, 20], "float32", 20.0, dict(block_n=16, num_splits=4)),
     (2, 33, 8, 2, 64, [33, 16], "float32", 0.5, dict(block_n=16)),
     (1, 64, 8, 8, 16, None, "float16", 0.5, dict(block_n=16, num_splits=2)),
@@ -366,6 +368,7 @@ def _interpreter_report():
         results.append({"case": i, "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all())})
     results.append(_rolling_case())
     results.append(_plan_case())
+    results.append(_bad_merge_block_case(parallax_decode_triton))
     q, r, k, v = make_inputs(2, 21, 4, 2, 32, dtype=torch.float32)
     api = parallax_decode(q, r, k, v, backend="triton")
     results.append({"case": "api", "err": rel_err(api, explicit_decode(q, r, k, v)),
@@ -394,6 +397,22 @@ def _plan_case():
             "checked_rest_is_plan": checked_ops[len(checked_ops) - len(plan_ops):] == plan_ops}
 
 
+BAD_MERGE_BLOCKS = [0, -8, 3, 48, 64, 16.0, True]  # at D = 32
+
+
+def _bad_merge_block_case(parallax_decode_triton):
+    """The error of each bad merge_block_d at D = 32 ("" where none was raised)."""
+    q, r, k, v = make_inputs(1, 20, 4, 2, 32, dtype=torch.float32)
+    messages = []
+    for bad in BAD_MERGE_BLOCKS:
+        try:
+            parallax_decode_triton(q, r, k, v, None, 0.25, num_splits=2, merge_block_d=bad)
+            messages.append("")
+        except ValueError as exc:
+            messages.append(str(exc))
+    return {"case": "bad_merge_block_d", "messages": messages, "err": 0.0, "finite": True}
+
+
 def _rolling_case():
     """The Triton kernel through the public API over a rolling cache of 6 slots holding the last 6 of
     13 tokens (each sequence at its own position), against fp64 decode of the linear stream's window."""
@@ -415,7 +434,10 @@ def test_triton_kernel_interpreted():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
     results = json.loads(line[len("RESULTS "):])
-    assert len(results) == len(INTERP_CASES) + 3
+    assert len(results) == len(INTERP_CASES) + 4
+    bad = next(res for res in results if res["case"] == "bad_merge_block_d")
+    for value, message in zip(BAD_MERGE_BLOCKS, bad["messages"]):
+        assert f"merge_block_d must be an int >= 1 that divides the head dim 32, got {value!r}" in message
     plan = next(res for res in results if res["case"] == "plan")
     assert plan["splits"] > 1 and plan["same_as_api"]
     assert plan["plan_first_op"] == "aten.empty_like.default"  # the output, then the interpreter's copies

@@ -9,7 +9,7 @@ every head; one more ``tl.dot`` of the stacked [p; p * t] rows with V gives O1
 and O2. All four accumulators (d1, O1, d2, O2) share the running-max rescale.
 
 Programs write partials (m, d1, d2, O1, O2) per split; a merge kernel, one program
-per group, combines them with a log-sum-exp reduction and writes
+per query head and slice of its dims, combines them with a log-sum-exp reduction and writes
 o = (1 + d2/d1) O1/d1 - O2/d1. ``fused_merge=True`` merges in the split kernel
 instead: the last program of a group to finish (atomic ticket) merges, one launch
 per step; the separate kernel was faster at every shape timed under CUDA-graph
@@ -78,40 +78,34 @@ def _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh,
 
 
 @triton.jit
-def _merge_store(PO, PM, PD1, PD2, O, gid, b64, hkv, num_splits, stride_ob, stride_oh,
-                 G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, SP: tl.constexpr):
-    """Log-sum-exp merge of the num_splits (<= SP) partials of group gid, then finish.
+def _merge_head(PO, PM, PD1, PD2, O, gid, g, d0, b64, hkv, num_splits, stride_ob, stride_oh,
+                G: tl.constexpr, D: tl.constexpr, DM: tl.constexpr, SP: tl.constexpr):
+    """Log-sum-exp merge of the num_splits (<= SP) partials of head g of group gid, dims [d0, d0 + DM),
+    then o = (1 + d2/d1) O1/d1 - O2/d1 for them.
 
-    Every load is a whole [SP, ...] tile (no loop over splits), so the merge
-    costs a few dependent memory round trips, not one per split. Loads use .cg
-    (through L2): never a stale L1 line from an earlier launch.
+    Every load is a whole tile and none depends on another, so they are all in flight at once: one
+    memory round trip, then the reductions. Loads use .cg (through L2): never a stale L1 line from
+    an earlier launch.
     """
     sp = tl.arange(0, SP)
-    hp = tl.arange(0, HP)
-    offs_d = tl.arange(0, D)
+    offs_d = d0 + tl.arange(0, DM)
     smask = sp < num_splits
     gbase = gid.to(tl.int64) * G
-    stat = (gbase + hp[None, :]) * num_splits + sp[:, None]  # [SP, HP]
-    smask2 = smask[:, None] & (hp < G)[None, :]
-    ms = tl.load(PM + stat, mask=smask2, other=float("-inf"), cache_modifier=".cg")
+    stat = (gbase + g) * num_splits + sp
+    row1 = ((gbase * 2 + g) * num_splits + sp)[:, None] * D + offs_d[None, :]
+    row2 = ((gbase * 2 + G + g) * num_splits + sp)[:, None] * D + offs_d[None, :]
+    ms = tl.load(PM + stat, mask=smask, other=float("-inf"), cache_modifier=".cg")
+    pd1 = tl.load(PD1 + stat, mask=smask, other=0.0, cache_modifier=".cg")
+    pd2 = tl.load(PD2 + stat, mask=smask, other=0.0, cache_modifier=".cg")
+    po1 = tl.load(PO + row1, mask=smask[:, None], other=0.0, cache_modifier=".cg")
+    po2 = tl.load(PO + row2, mask=smask[:, None], other=0.0, cache_modifier=".cg")
     m = tl.max(ms, 0)
-    pivot = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(ms - pivot[None, :])  # [SP, HP]; 0 for empty and padded splits
-    d1 = tl.sum(w * tl.load(PD1 + stat, mask=smask2, other=0.0, cache_modifier=".cg"), 0)
-    d2 = tl.sum(w * tl.load(PD2 + stat, mask=smask2, other=0.0, cache_modifier=".cg"), 0)
+    w = tl.exp2(ms - tl.where(m == float("-inf"), 0.0, m))  # 0 for empty and padded splits
+    d1 = tl.sum(w * pd1, 0)
+    d2 = tl.sum(w * pd2, 0)
     inv = tl.where(d1 > 0.0, 1.0 / d1, 0.0)
-    c1 = (1.0 + d2 * inv) * inv  # o = c1 * O1 - inv * O2
-    for g in tl.static_range(G):
-        sel = hp[None, :] == g
-        wg = tl.sum(tl.where(sel, w, 0.0), 1)  # [SP]
-        c1g = tl.sum(tl.where(hp == g, c1, 0.0), 0)
-        invg = tl.sum(tl.where(hp == g, inv, 0.0), 0)
-        row1 = ((gbase * 2 + g) * num_splits + sp)[:, None] * D + offs_d[None, :]
-        row2 = ((gbase * 2 + G + g) * num_splits + sp)[:, None] * D + offs_d[None, :]
-        o1 = tl.sum(wg[:, None] * tl.load(PO + row1, mask=smask[:, None], other=0.0, cache_modifier=".cg"), 0)
-        o2 = tl.sum(wg[:, None] * tl.load(PO + row2, mask=smask[:, None], other=0.0, cache_modifier=".cg"), 0)
-        out = c1g * o1 - invg * o2
-        tl.store(O + b64 * stride_ob + (hkv * G + g) * stride_oh + offs_d, out.to(O.dtype.element_ty))
+    out = (1.0 + d2 * inv) * inv * tl.sum(w[:, None] * po1, 0) - inv * tl.sum(w[:, None] * po2, 0)
+    tl.store(O + b64 * stride_ob + (hkv * G + g) * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
 
 @triton.jit
@@ -204,8 +198,9 @@ def _decode_split_kernel(
             tl.debug_barrier()
             ticket = tl.atomic_add(COUNTER + gid, 1, sem="acq_rel")
             if ticket == num_splits - 1:
-                _merge_store(PO, PM, PD1, PD2, O, gid, b64, hkv, num_splits, stride_ob, stride_oh,
-                             G, HP, D, SP)
+                for g in tl.static_range(G):
+                    _merge_head(PO, PM, PD1, PD2, O, gid, g, 0, b64, hkv, num_splits, stride_ob, stride_oh,
+                                G, D, D, SP)
                 # Re-arm the ticket for the next launch (stream order publishes it).
                 tl.store(COUNTER + gid, 0)
     else:
@@ -214,14 +209,17 @@ def _decode_split_kernel(
 
 @triton.jit
 def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
-                  HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, SP: tl.constexpr,
+                  HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DM: tl.constexpr, SP: tl.constexpr,
                   PDL: tl.constexpr = False):
+    """One program per (query head, DM of its D dims): many short programs, not one per group."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    gid = tl.program_id(0)
+    head = tl.program_id(0)
+    gid = head // G
     b64 = (gid // HKV).to(tl.int64)
-    _merge_store(PO, PM, PD1, PD2, O, gid, b64, gid % HKV, num_splits, stride_ob, stride_oh, G, HP, D, SP)
+    _merge_head(PO, PM, PD1, PD2, O, gid, head % G, tl.program_id(1) * DM, b64, gid % HKV, num_splits,
+                stride_ob, stride_oh, G, D, DM, SP)
 
 
 def pdl_supported(device) -> bool:
@@ -299,13 +297,14 @@ class TritonDecodePlan:
     batch, hq, hkv, dim, length (cache slots L), dtype (of q, r and the caches), device; scale a
     float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
     the splits cover min(L, window) positions). ``pdl``: programmatic dependent launch; None (the
-    default) turns it on where ``pdl_supported(device)`` and the plan splits. The other keywords
-    override the tuned launch configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
+    default) turns it on where ``pdl_supported(device)`` and the plan splits. ``merge_block_d``: head
+    dims per program of the separate merge (``tuning.DECODE_MERGE_BLOCK_D``, at most D). The other
+    keywords override the tuned launch configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
     calls on several streams at once would race (calls on one stream, or graph replays, are safe).
     """
 
     def __init__(self, batch, hq, hkv, dim, length, dtype, device, *, scale, window=None, num_splits=None,
-                 block_n=None, num_warps=None, num_stages=None, fused_merge=False, pdl=None):
+                 block_n=None, num_warps=None, num_stages=None, fused_merge=False, pdl=None, merge_block_d=None):
         device = torch.device(device)
         if not supports(dtype, dim):
             raise TypeError(f"triton decode needs a dtype in {_DTYPES} and a power-of-2 head dim in [16, 256]; "
@@ -336,11 +335,15 @@ class TritonDecodePlan:
         self._scale_log2 = scale * LOG2E
         self._sizes = (length, span, chunk, self.num_splits)
         hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
-        self._merge = dict(HKV=hkv, G=group, HP=hp, D=dim, SP=sp)
+        merge_d = min(dim, tuning.DECODE_MERGE_BLOCK_D) if merge_block_d is None else merge_block_d
+        if isinstance(merge_d, bool) or not isinstance(merge_d, int) or merge_d < 1 or dim % merge_d:
+            raise ValueError(f"merge_block_d must be an int >= 1 that divides the head dim {dim}, got {merge_block_d!r}")
         launch = dict(PDL=True, launch_pdl=True) if self.pdl else dict(PDL=False)
-        self._merge_meta = dict(self._merge, num_warps=4, **launch)
+        self._merge_grid = (n_groups * group, dim // merge_d)
+        self._merge_meta = dict(HKV=hkv, G=group, D=dim, DM=merge_d, SP=sp, num_warps=4, **launch)
         self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
-                          num_warps=num_warps, num_stages=num_stages, **self._merge, **launch)
+                          num_warps=num_warps, num_stages=num_stages, HKV=hkv, G=group, HP=hp, D=dim, SP=sp,
+                          **launch)
         self._runners = {}  # (seqlens given, strides, pointer alignments) -> launcher of the compiled kernel
 
     def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
@@ -360,7 +363,7 @@ class TritonDecodePlan:
         self._launch(_decode_split_kernel, self._grid, args, meta, (meta["HAS_SEQLENS"], strides, tensors))
         if self.split and not self.fused_merge:
             args = (self._part_o, *self._part_s, out, self.num_splits, so[0], so[2])
-            self._launch(_merge_kernel, (self._grid[1],), args, self._merge_meta, (None, (so[0], so[2]), [out]))
+            self._launch(_merge_kernel, self._merge_grid, args, self._merge_meta, (None, (so[0], so[2]), [out]))
         return out
 
     def _launch(self, kernel, grid, args, meta, key):

@@ -101,6 +101,9 @@ DECODE_SWEEP = {128: [(64, 4, 2), (64, 4, 4), (32, 4, 3), (32, 4, 4), (128, 4, 2
 # Fewest cache positions one decode split handles: below this the partial writes and the merge cost
 # more than the extra parallelism buys.
 DECODE_MIN_CHUNK = 128
+# Head dims one program of the separate decode merge combines: many short programs (a 0.6B decode
+# step at batch 1 has 16 heads) instead of one per (batch, kv head) group walking its heads in turn.
+DECODE_MERGE_BLOCK_D = 32
 
 _active: dict[str, tuple] = dict(SHIPPED)
 _tuners: dict = {}  # (name, candidate strings) -> triton Autotuner
