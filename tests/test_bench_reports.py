@@ -94,6 +94,29 @@ def test_host_cost_page_rows_and_goal(tmp_path):
     assert decode_host.markdown(times).rstrip().endswith("not met.")
 
 
+def test_kernel_times_group_the_cuda_events_per_call():
+    from types import SimpleNamespace
+
+    from scripts.bench import decode_kernels
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(name=name, device_type=kind, device_time=us) for name, kind, us in [
+        ("_decode_split_kernel", cuda, 6.0), ("_decode_split_kernel", cuda, 8.0), ("_merge_kernel", cuda, 3.0),
+        ("_merge_kernel", cuda, 1.0), ("Memset (Device)", cuda, 0.5), ("_merge_kernel", cpu, 99.0)]]
+    assert decode_kernels.kernel_us(events, calls=2) == {"split kernel": 7.0, "merge kernel": 2.0, "other": 0.25}
+
+
+def test_kernel_times_page_has_a_column_per_kernel_and_the_sum():
+    from scripts.bench import decode_kernels
+
+    rows = [{"D": 128, "B": 1, "L": 4096, "splits": 32, "pdl": False, "us": {"split kernel": 6.3, "merge kernel": 1.6}},
+            {"D": 128, "B": 32, "L": 4096, "splits": 1, "pdl": False, "us": {"split kernel": 121.0}}]
+    lines = decode_kernels.markdown(rows).splitlines()
+    assert lines[0] == "| D | B | L | splits | PDL | split kernel us | merge kernel us | sum us |"
+    assert lines[2] == "| 128 | 1 | 4096 | 32 | off | 6.30 | 1.60 | 7.90 |"
+    assert lines[3] == "| 128 | 32 | 4096 | 1 | off | 121.00 | 0.00 | 121.00 |"
+
+
 def test_decode_sweep_times_the_kernels_pick_first_and_every_other_config_once():
     """At batch 128 (1024 groups) the kernel runs the many-groups config: the sweep's default is that
     one, and the latency config joins the alternatives; at batch 1 the latency config is the default."""
@@ -127,6 +150,18 @@ def test_decode_command_line_reads_the_graph_replay_mode():
     assert (args.calls, args.inputs, args.shapes) == (10, "same", [(128, 8, 4096), (64, 1, 16384)])
     default = decode.parser().parse_args([])
     assert (default.calls, default.inputs, default.shapes) == (24, "rotate", None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_kernel_times_see_both_kernels_of_a_split_step():
+    from kernels.parallax import decode_fused
+    from scripts.bench import decode_kernels
+
+    rows = decode_kernels.run([(64, 1, 4096)], calls=5)
+    assert [row["pdl"] for row in rows] == [False, True][:2 if decode_fused.pdl_supported(torch.device("cuda")) else 1]
+    for row in rows:
+        assert row["splits"] > 1 and row["us"]["split kernel"] > 0 and row["us"]["merge kernel"] > 0
 
 
 @pytest.mark.gpu

@@ -21,10 +21,12 @@ call), and ``--shapes`` picks the shapes (DIMxBATCHxLENGTH).
     python -m scripts.bench.decode --check --sweep --out docs/bench/attention_decode
     python -m scripts.bench.decode --calls 10 --inputs same --shapes 128x1x4096 128x8x4096 64x1x16384
     python -m scripts.bench.decode --host-cost --out docs/bench/decode_host_cost
+    python -m scripts.bench.decode --kernel-times --out docs/bench/decode_kernel_times
 
 Writes OUT.md (the benchmark table) and OUT.json (everything measured). --host-cost measures
 instead the host time per eager call (DecodePlan, the public API with and without its checks,
-CUDA-graph replay; scripts/bench/decode_host.py).
+CUDA-graph replay; scripts/bench/decode_host.py), --kernel-times the GPU time of the split and
+merge kernels of one step (scripts/bench/decode_kernels.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import parallax_decode
 from kernels.parallax import decode_fused, tuning
-from scripts.bench import decode_host
+from scripts.bench import decode_host, decode_kernels
 from scripts.bench.decode_timing import HKV, copy_bandwidth, kv_bytes, log, make_sets, n_sets_for, time_us
 from scripts.bench.decode_tuning import SWEEP_SHAPES, check, sweep
 from scripts.bench.results import command_line, describe, table, write_results
@@ -200,8 +202,12 @@ def parser() -> argparse.ArgumentParser:
                    help="rotate over input sets beyond 3x the L2 cache (default), or one set for every call")
     p.add_argument("--host-cost", action="store_true",
                    help="only measure the host time per eager call (B1 L4096 D128) and write its page")
+    p.add_argument("--kernel-times", action="store_true",
+                   help="only measure the GPU time of each kernel of a decode step (the --shapes, default "
+                        "the speed goal's split shapes) under the profiler and write its page")
     p.add_argument("--out", help="output path without extension (default: docs/bench/attention_decode, "
-                                 "docs/bench/decode_host_cost with --host-cost)")
+                                 "docs/bench/decode_host_cost with --host-cost, docs/bench/decode_kernel_times "
+                                 "with --kernel-times)")
     return p
 
 
@@ -213,6 +219,13 @@ def host_cost(out: str, command: str) -> str:
                          {"shape": decode_host.SHAPE, "goal_us": decode_host.GOAL_US, "times": times})
 
 
+def kernel_times(out: str, command: str, shapes) -> str:
+    """Measure ``decode_kernels.run`` at ``shapes`` and write its page ``out``.md (and .json); return the markdown."""
+    meta = describe("Parallax decode: GPU time per kernel", decode_kernels.MEASURED, command)
+    rows = decode_kernels.run(shapes or decode_kernels.SHAPES)
+    return write_results(out, meta, decode_kernels.markdown(rows), {"rows": rows})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the checks, sweep and benchmark the command line asks for; write OUT.json (and OUT.md)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -222,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     command = command_line(__spec__.name, argv)
     if args.host_cost:
         log(host_cost(args.out or "docs/bench/decode_host_cost", command))
+        return
+    if args.kernel_times:
+        log(kernel_times(args.out or "docs/bench/decode_kernel_times", command, args.shapes))
         return
     fns = contenders()
     meta = describe("Parallax decode benchmark", MEASURED, command)
