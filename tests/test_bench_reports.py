@@ -133,6 +133,28 @@ def test_decode_sweep_times_the_kernels_pick_first_and_every_other_config_once()
         assert tuning.DECODE_CONFIGS[dim] in alts
 
 
+def test_decode_sweep_trials_time_the_default_launch_first_and_each_alternative_once(monkeypatch):
+    """The heuristic's launch as a plan makes it comes first; the fused merge, PDL off and the other
+    head dims per merge program are tried at the heuristic's launch; no trial twice."""
+    from kernels.parallax import decode_fused, tuning
+    from scripts.bench.decode_tuning import sweep_configs, sweep_trials
+
+    cpu = torch.device("cpu")
+    real = decode_fused.resident_slots
+    monkeypatch.setattr(decode_fused, "resident_slots", lambda device, *args: real(cpu, *args))
+    for dim in tuning.DECODE_SWEEP:
+        default, alts = sweep_configs(dim, 1, cpu)
+        trials, heur = sweep_trials(dim, 1, 16384, default, alts)
+        assert trials[0] == (default, heur, {}) and heur > 1
+        assert len({repr(t) for t in trials}) == len(trials)
+        assert all(1 <= splits <= decode_fused.MAX_SPLITS for _, splits, _ in trials)
+        options = [opts for config, splits, opts in trials if opts]
+        assert all(config == default and splits == heur for config, splits, opts in trials if opts)
+        blocks = [opts["merge_block_d"] for opts in options if "merge_block_d" in opts]
+        assert {"fused_merge": True} in options and {"pdl": False} in options
+        assert sorted(blocks) == sorted({16, 64, dim} - {min(dim, tuning.DECODE_MERGE_BLOCK_D)})
+
+
 @pytest.mark.parametrize("argv, message", [(["--sweep-shapes", "32by16384"], "expected BATCHxLENGTH"),
                                            (["--shapes", "128x8"], "expected DIMxBATCHxLENGTH"),
                                            (["--shapes", "96x8x4096"], "expected DIM in (128, 64)"),

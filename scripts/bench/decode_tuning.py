@@ -62,7 +62,8 @@ def sweep_trials(dim, batch, length, default, alts):
     """Every trial at one shape as (config (block_n, warps, stages), splits, launch options): each
     config with the heuristic's split count, the default with other split counts (at batch 1 the
     alternative configs too), all as a plan launches by default (separate merge kernel, PDL where the
-    plan splits); then the heuristic's launch with the merge inside the split kernel and without PDL.
+    plan splits); then the heuristic's launch with the merge inside the split kernel, without PDL and
+    with other head dims per merge program.
     Returns (trials, the heuristic's split count)."""
     trials = []
     for bn, warps, stages in [default] + alts:
@@ -79,7 +80,10 @@ def sweep_trials(dim, batch, length, default, alts):
             trials += [(alt, splits, {}) for alt in alts]
     if heur > 1:
         trials += [(default, heur, dict(fused_merge=True)), (default, heur, dict(pdl=False))]
-    return trials, heur
+        trials += [(default, heur, dict(merge_block_d=dm)) for dm in dict.fromkeys((16, 64, dim))
+                   if dm <= dim and dm != min(dim, tuning.DECODE_MERGE_BLOCK_D)]
+    unique = {(config, splits, tuple(options.items())): (config, splits, options) for config, splits, options in trials}
+    return list(unique.values()), heur  # a config's own split count may come up again in the split loop
 
 
 def sweep_shape(dim, batch, length, calls=24, inputs="rotate"):
@@ -102,6 +106,7 @@ def sweep_shape(dim, batch, length, calls=24, inputs="rotate"):
         rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages, splits=splits,
                          heuristic=(bn, warps, stages) == default and splits == heur and not options,
                          fused=options.get("fused_merge", False), pdl=options.get("pdl", splits > 1),
+                         merge_block_d=options.get("merge_block_d", min(dim, tuning.DECODE_MERGE_BLOCK_D)),
                          us=us, tbps=nb / us / 1e6))
         log("sweep", json.dumps(rows[-1]))
     return rows
