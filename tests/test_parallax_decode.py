@@ -710,9 +710,11 @@ def test_pdl_kernels_wait_before_any_global_access(name):
     kernel = getattr(decode_fused, name)
     types = {"SEQLENS": "*i32", "COUNTER": "*i32", "PO": "*fp32", "PM": "*fp32", "PD1": "*fp32", "PD2": "*fp32",
              "scale_log2": "fp32", "Q": "*bf16", "R": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16"}
-    consts = dict(HKV=8, G=2, HP=8, D=128, SP=32)
+    consts = dict(HKV=8, G=2, D=128, SP=32)
     if name == "_decode_split_kernel":
-        consts.update(BN=64, HAS_SEQLENS=True, SPLIT=True, FUSED_MERGE=True, IEEE=False)
+        consts.update(HP=8, BN=64, HAS_SEQLENS=True, SPLIT=True, FUSED_MERGE=True, IEEE=False)
+    else:
+        consts.update(DM=32)
     for pdl in (True, False):
         ptx = kr.compile_kernel(kernel, {**consts, "PDL": pdl}, 4, 3, types=types, divisible=set()).asm["ptx"]
         body = ptx[ptx.index(".entry"):]
