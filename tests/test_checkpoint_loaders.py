@@ -323,6 +323,7 @@ def _uptrain_worker(rank, world, port, args, path, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two torchrun ranks
 def test_two_ranks_refuse_a_corrupt_transformer_checkpoint_together(config, saved, tmp_path):
     """The damaged file is in rank 1's share; rank 0 raises the same error instead of loading."""
     path = str(tmp_path / "step-1")

@@ -177,6 +177,7 @@ def _skip_worker(rank, world, port, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo ranks; the Muon two-rank tests stay in the default selection
 def test_two_rank_fsdp_skipped_step_is_no_step(tmp_path):
     """Under FSDP2 (owner-rank exchange of NaN momenta) a skipped step changes no bit on either
     rank, and the run equals the one-process run without that step (to the 2-rank tolerance);
@@ -336,6 +337,7 @@ def _family_worker(rank, world, port, ckpt, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo ranks; the Muon two-rank tests stay in the default selection
 def test_two_rank_fsdp_family_matches_single_process_and_resumes(tmp_path):
     """NorMuon, Aurora and SOAP under FSDP2 on 2 gloo ranks: a DCP save/load midway resumes bit
     for bit, NorMuon's and SOAP's per-matrix state living on the owner ranks only (both ranks own
@@ -412,6 +414,7 @@ def _family_exchange_worker(rank, world, port, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo ranks; the Muon two-rank tests stay in the default selection
 def test_owner_exchange_family_equals_single_process_bit_for_bit(tmp_path):
     """Three calls of NorMuon / Aurora / SOAP (first call, a refresh, a plain one) through the
     owner exchange give the single-process terms exactly; each rank holds only its own
