@@ -244,6 +244,15 @@ def _check_pdl(pdl, device, split: bool) -> bool:
     return pdl
 
 
+def pick_merge_block_d(dim: int, requested=None) -> int:
+    """Head dims per program of the separate merge kernel at head dim ``dim``: ``requested`` (an int
+    >= 1 dividing ``dim``, else ValueError) or ``tuning.DECODE_MERGE_BLOCK_D`` capped at ``dim``."""
+    block = min(dim, tuning.DECODE_MERGE_BLOCK_D) if requested is None else requested
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or dim % block:
+        raise ValueError(f"merge_block_d must be an int >= 1 that divides the head dim {dim}, got {requested!r}")
+    return block
+
+
 def supports(dtype, dim):
     """Whether the Triton kernel handles this dtype (of q, r and the caches) and head dim (a power
     of 2 in [16, 256])."""
@@ -298,9 +307,9 @@ class TritonDecodePlan:
     float; window None or an int >= 1 (each sequence reads its last ``window`` valid positions,
     the splits cover min(L, window) positions). ``pdl``: programmatic dependent launch; None (the
     default) turns it on where ``pdl_supported(device)`` and the plan splits. ``merge_block_d``: head
-    dims per program of the separate merge (``tuning.DECODE_MERGE_BLOCK_D``, at most D). The other
-    keywords override the tuned launch configuration (tests, sweeps). One call at a time: the scratch is shared by its calls, so
-    calls on several streams at once would race (calls on one stream, or graph replays, are safe).
+    dims per program of the separate merge (``pick_merge_block_d``). The other keywords override the
+    tuned launch configuration (tests, sweeps). One call at a time: the scratch is shared by its calls,
+    so calls on several streams at once would race (calls on one stream, or graph replays, are safe).
     """
 
     def __init__(self, batch, hq, hkv, dim, length, dtype, device, *, scale, window=None, num_splits=None,
@@ -335,12 +344,10 @@ class TritonDecodePlan:
         self._scale_log2 = scale * LOG2E
         self._sizes = (length, span, chunk, self.num_splits)
         hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
-        merge_d = min(dim, tuning.DECODE_MERGE_BLOCK_D) if merge_block_d is None else merge_block_d
-        if isinstance(merge_d, bool) or not isinstance(merge_d, int) or merge_d < 1 or dim % merge_d:
-            raise ValueError(f"merge_block_d must be an int >= 1 that divides the head dim {dim}, got {merge_block_d!r}")
+        self.merge_block_d = pick_merge_block_d(dim, merge_block_d)
         launch = dict(PDL=True, launch_pdl=True) if self.pdl else dict(PDL=False)
-        self._merge_grid = (n_groups * group, dim // merge_d)
-        self._merge_meta = dict(HKV=hkv, G=group, D=dim, DM=merge_d, SP=sp, num_warps=4, **launch)
+        self._merge_grid = (n_groups * group, dim // self.merge_block_d)
+        self._merge_meta = dict(HKV=hkv, G=group, D=dim, DM=self.merge_block_d, SP=sp, num_warps=4, **launch)
         self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
                           num_warps=num_warps, num_stages=num_stages, HKV=hkv, G=group, HP=hp, D=dim, SP=sp,
                           **launch)

@@ -11,7 +11,7 @@ import torch
 from kernels import parallax_decode
 from kernels.parallax import decode_fused, tuning
 from kernels.parallax.decode import parallax_decode_reference
-from scripts.bench.decode_timing import HKV, HQ, kv_bytes, log, make_sets, n_sets_for, time_us
+from scripts.bench.decode_timing import DTYPE, HKV, HQ, kv_bytes, log, make_sets, n_sets_for, time_us
 
 
 def rel_err(out, ref):
@@ -81,32 +81,33 @@ def sweep_trials(dim, batch, length, default, alts):
     if heur > 1:
         trials += [(default, heur, dict(fused_merge=True)), (default, heur, dict(pdl=False))]
         trials += [(default, heur, dict(merge_block_d=dm)) for dm in dict.fromkeys((16, 64, dim))
-                   if dm <= dim and dm != min(dim, tuning.DECODE_MERGE_BLOCK_D)]
+                   if dm <= dim and dm != decode_fused.pick_merge_block_d(dim)]
     unique = {(config, splits, tuple(options.items())): (config, splits, options) for config, splits, options in trials}
     return list(unique.values()), heur  # a config's own split count may come up again in the split loop
 
 
 def sweep_shape(dim, batch, length, calls=24, inputs="rotate"):
     """The timed rows of ``sweep_trials`` at one shape (a trial that fails is logged and left out),
-    timed as the benchmark table is (``calls`` per graph, ``inputs`` "rotate" or "same")."""
+    timed as the benchmark table is (``calls`` per graph, ``inputs`` "rotate" or "same"). Each row
+    gives the launch its plan made (its split count may round a requested one: ``requested_splits``)."""
     default, alts = sweep_configs(dim, batch, torch.device("cuda"))
     nb = kv_bytes(batch, length, dim)
     sets = make_sets(batch, length, dim, n_sets_for(nb) if inputs == "rotate" else 1)
     trials, heur = sweep_trials(dim, batch, length, default, alts)
     rows = []
     for (bn, warps, stages), splits, options in trials:
-        def fn(q, r, k, v, kw=dict(num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages, **options)):
-            return decode_fused.parallax_decode_triton(q, r, k, v, None, dim**-0.5, **kw)
-
         try:
-            us = time_us(fn, sets, min_calls=calls)
+            plan = decode_fused.TritonDecodePlan(batch, HQ, HKV, dim, length, DTYPE, "cuda", scale=dim**-0.5,
+                                                 num_splits=splits, block_n=bn, num_warps=warps, num_stages=stages,
+                                                 **options)
+            us = time_us(plan, sets, min_calls=calls)
         except Exception as exc:
             log("sweep failed", dim, batch, length, bn, warps, stages, repr(exc)[:300])
             continue
-        rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages, splits=splits,
+        rows.append(dict(D=dim, B=batch, L=length, block_n=bn, warps=warps, stages=stages, splits=plan.num_splits,
+                         requested_splits=splits,
                          heuristic=(bn, warps, stages) == default and splits == heur and not options,
-                         fused=options.get("fused_merge", False), pdl=options.get("pdl", splits > 1),
-                         merge_block_d=options.get("merge_block_d", min(dim, tuning.DECODE_MERGE_BLOCK_D)),
+                         fused=plan.fused_merge, pdl=plan.pdl, merge_block_d=plan.merge_block_d,
                          us=us, tbps=nb / us / 1e6))
         log("sweep", json.dumps(rows[-1]))
     return rows
