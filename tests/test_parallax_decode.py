@@ -6,12 +6,8 @@ The Triton kernel runs under TRITON_INTERPRET=1 in a subprocess (the variable
 must be set before triton is imported); GPU tests run it at real shapes.
 """
 
-import json
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +17,7 @@ from kernels import DecodePlan, parallax_decode, rolling_cache_write
 from kernels.parallax.decode import parallax_decode_reference
 from tests._attention_cases import banded_mask, masked_parallax_fp64
 from tests._aten_ops import recorded_ops
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests._interpret import run_interpreted
 
 
 # ---------------------------------------------------------------- fp64 formulas
@@ -349,9 +344,13 @@ INTERP_CASES = [
 ]
 
 
-def _interpreter_report():
-    """Run INTERP_CASES through the Triton kernel (TRITON_INTERPRET=1 must be set
-    before triton was imported) and print one JSON line of per-case results."""
+def _interpret_jobs():
+    """Child process (``tests._interpret.run_interpreted``, TRITON_INTERPRET=1), one job."""
+    return [lambda: {"results": _interpreter_results()}]
+
+
+def _interpreter_results():
+    """INTERP_CASES and the cases below through the Triton kernel under the interpreter: per-case results."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
     from kernels.parallax.decode_fused import parallax_decode_triton
 
@@ -373,7 +372,7 @@ def _interpreter_report():
     api = parallax_decode(q, r, k, v, backend="triton")
     results.append({"case": "api", "err": rel_err(api, explicit_decode(q, r, k, v)),
                     "finite": bool(torch.isfinite(api).all())})
-    print("RESULTS " + json.dumps(results))
+    return results
 
 
 def _plan_case():
@@ -425,15 +424,8 @@ def _rolling_case():
     return {"case": "rolling", "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all())}
 
 
-def test_triton_kernel_interpreted():
-    # `python -c` puts its working directory, the repo root, first on the import path
-    code = "import tests.test_parallax_decode as m; m._interpreter_report()"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
-    results = json.loads(line[len("RESULTS "):])
+def test_triton_kernel_interpreted(tmp_path):
+    results = run_interpreted("tests.test_parallax_decode", tmp_path)["results"]
     assert len(results) == len(INTERP_CASES) + 4
     bad = next(res for res in results if res["case"] == "bad_merge_block_d")
     for value, message in zip(BAD_MERGE_BLOCKS, bad["messages"]):
