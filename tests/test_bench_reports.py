@@ -2,6 +2,7 @@
 fabricated timings: the ratios they derive, the table rows, and the header with the reproducing
 command; the decode host-cost timing on a fake clock and the decode sweep's configs."""
 
+import itertools
 import json
 
 import pytest
@@ -142,11 +143,12 @@ def test_decode_sweep_trials_time_the_default_launch_first_and_each_alternative_
     cpu = torch.device("cpu")
     real = decode_fused.resident_slots
     monkeypatch.setattr(decode_fused, "resident_slots", lambda device, *args: real(cpu, *args))
-    for dim in tuning.DECODE_SWEEP:
+    for dim, length in itertools.product(tuning.DECODE_SWEEP, (16384, 4096)):
         default, alts = sweep_configs(dim, 1, cpu)
-        trials, heur = sweep_trials(dim, 1, 16384, default, alts)
+        trials, heur = sweep_trials(dim, 1, length, default, alts)
         assert trials[0] == (default, heur, {}) and heur > 1
-        assert len({repr(t) for t in trials}) == len(trials)
+        launches = {(c, decode_fused.split_chunk(length, splits, c[0])[1], repr(o)) for c, splits, o in trials}
+        assert len(launches) == len(trials)  # 33 and 48 splits make 32 at L=4096, block 64: timed once
         assert all(1 <= splits <= decode_fused.MAX_SPLITS for _, splits, _ in trials)
         options = [opts for config, splits, opts in trials if opts]
         assert all(config == default and splits == heur for config, splits, opts in trials if opts)

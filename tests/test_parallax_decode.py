@@ -6,6 +6,7 @@ The Triton kernel runs under TRITON_INTERPRET=1 in a subprocess (the variable
 must be set before triton is imported); GPU tests run it at real shapes.
 """
 
+import itertools
 import math
 import os
 
@@ -725,6 +726,19 @@ def test_launch_config_by_group_count():
     assert pick_config(8, 128, cpu) == (64, 4, 3) and pick_config(256, 128, cpu) == (64, 4, 3)
     assert pick_config(1024, 128, cpu) == (64, 4, 2) and pick_config(1024, 64, cpu) == (128, 8, 3)
     assert pick_config(1024, 32, cpu) == (32, 4, 2)  # no measured config for this head dim
+
+
+def test_split_chunks_cover_the_span_in_whole_blocks_and_never_split_more_than_asked():
+    """split_chunk over spans, requests and blocks: chunks are whole blocks, the splits cover the span
+    with no empty split, never exceed the request, and a request that rounds shows it (48 -> 32)."""
+    from kernels.parallax import decode_fused as dec
+
+    for span, asked, block_n in itertools.product((1, 100, 4096, 4097, 16384, 50_000), (1, 2, 33, 48, 64), (32, 64)):
+        chunk, splits = dec.split_chunk(span, asked, block_n)
+        assert chunk % block_n == 0 and 1 <= splits <= asked
+        assert chunk * (splits - 1) < span <= chunk * splits
+    assert dec.split_chunk(4096, 48, 64) == (128, 32) and dec.split_chunk(4096, 32, 64) == (128, 32)
+    assert dec.split_chunk(16384, 32, 64) == (512, 32)
 
 
 @pytest.mark.parametrize("n_groups, length, block_n, slots", [

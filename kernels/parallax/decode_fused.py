@@ -275,6 +275,14 @@ def pick_num_splits(n_groups, length, block_n, slots):
     return min(range(1, most + 1), key=lambda splits: (blocks(splits), splits))
 
 
+def split_chunk(span, num_splits, block_n):
+    """(chunk, splits) of ``span`` positions asked to split ``num_splits`` ways: positions per split,
+    a multiple of block_n, and the split count those chunks make, which can be below the one asked
+    for (48 -> 32 at span 4096, block_n 64)."""
+    chunk = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
+    return chunk, triton.cdiv(span, chunk)
+
+
 def pick_config(n_groups: int, dim: int, device) -> tuple[int, int, int]:
     """(block_n, num_warps, num_stages) for ``n_groups`` (batch x kv heads) groups of head dim ``dim``:
     the many-groups configs once the groups alone fill more than two waves of one program per SM."""
@@ -327,8 +335,7 @@ class TritonDecodePlan:
         if num_splits is None:
             slots = resident_slots(device, block_n, dim, num_stages, dtype.itemsize)
             num_splits = pick_num_splits(n_groups, span, block_n, slots)
-        chunk = triton.cdiv(triton.cdiv(span, num_splits), block_n) * block_n
-        self.num_splits = triton.cdiv(span, chunk)
+        chunk, self.num_splits = split_chunk(span, num_splits, block_n)
         if self.num_splits > MAX_SPLITS:
             raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {self.num_splits}")
         self.split = self.num_splits > 1

@@ -63,7 +63,8 @@ def sweep_trials(dim, batch, length, default, alts):
     config with the heuristic's split count, the default with other split counts (at batch 1 the
     alternative configs too), all as a plan launches by default (separate merge kernel, PDL where the
     plan splits); then the heuristic's launch with the merge inside the split kernel, without PDL and
-    with other head dims per merge program.
+    with other head dims per merge program. Each launch once: a requested split count that rounds to a
+    launch already listed (``decode_fused.split_chunk``) is left out.
     Returns (trials, the heuristic's split count)."""
     trials = []
     for bn, warps, stages in [default] + alts:
@@ -82,8 +83,11 @@ def sweep_trials(dim, batch, length, default, alts):
         trials += [(default, heur, dict(fused_merge=True)), (default, heur, dict(pdl=False))]
         trials += [(default, heur, dict(merge_block_d=dm)) for dm in dict.fromkeys((16, 64, dim))
                    if dm <= dim and dm != decode_fused.pick_merge_block_d(dim)]
-    unique = {(config, splits, tuple(options.items())): (config, splits, options) for config, splits, options in trials}
-    return list(unique.values()), heur  # a config's own split count may come up again in the split loop
+    unique = {}  # a requested count can repeat a config's own or round to another's: one trial per launch
+    for config, splits, options in trials:
+        launch = (config, decode_fused.split_chunk(length, splits, config[0])[1], tuple(options.items()))
+        unique.setdefault(launch, (config, splits, options))
+    return list(unique.values()), heur
 
 
 def sweep_shape(dim, batch, length, calls=24, inputs="rotate"):
