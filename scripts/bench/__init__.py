@@ -5,6 +5,7 @@
   TorchTitan's own trainer it runs beside ours; ``summarize_runs`` tabulates runs' metrics);
 - ``attention``: Parallax attention training kernels vs softmax SDPA and the published kernels;
 - ``decode``: one-token decode against a KV cache;
+- ``probe_cost``: the probe's cost outside the attention kernel (the input projection with and without rho);
 - ``optimizers``: optimizer step time against AdamW and a forward+backward;
 - ``kernel_resources``: registers, spills and shared memory of the Triton kernels compiled for sm_90;
 - ``trace_summary``: where a profiled step's GPU time goes.

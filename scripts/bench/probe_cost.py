@@ -2,11 +2,11 @@
 projection (``ParallaxAttention.project``: W_Q, W_K, W_V, W_R in one matmul, RMSNorm and RoPE of q, k and
 rho) beside the same projection without rho (``SoftmaxAttention.project``), one layer, one GPU, bf16.
 
-Per variant: the median time of a step (``triton.testing.do_bench``: zero the gradients, forward,
-backward with fixed random output gradients) and the GPU kernel time of a step under the profiler,
-split into matmuls and the rest (``trace_summary.group_of``); per training step = per layer x the
-flavor's layers. The probe's cost is the difference between the two rows; its matmul part has a floor,
-the W_R products (forward and two backward) at the GPU's peak, which the page states beside it.
+Per variant: the GPU kernel time of a step (forward, then backward with fixed random output gradients)
+under the PyTorch profiler, split into matmuls and the rest (``trace_summary.group_of``); per training
+step = per layer x the flavor's layers. Wall time is not reported: a lone layer's step is bound by its
+launches, not its kernels. The probe's cost is the difference between the two rows; its matmul part has
+a floor, the W_R products (forward and two backward) at the GPU's peak, which the page states beside it.
 
     python -m scripts.bench.probe_cost --out docs/bench/probe_cost
     python -m scripts.bench.probe_cost --flavor 0.6B --variant parallax_dagger --batch 4 --seq-len 4096
@@ -65,10 +65,8 @@ def split_by_group(kernels: dict[str, float]) -> dict[str, float]:
 
 
 def time_projection(module, x: torch.Tensor, rope: torch.Tensor) -> dict:
-    """Compiled ``module.project`` forward + backward on x (B, L, dim): do_bench median ms (two runs)
-    and the profiler's kernel times, per layer."""
-    import triton
-
+    """Compiled ``module.project`` forward + backward on x (B, L, dim): the profiler's kernel times, ms
+    per layer, by kernel and summed as ``split_by_group``."""
     torch._dynamo.reset()
     project = torch.compile(lambda inputs: module.project(inputs, rope, None))
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -79,12 +77,10 @@ def time_projection(module, x: torch.Tensor, rope: torch.Tensor) -> dict:
         x.grad = None
         torch.autograd.backward(project(x), grads)
 
-    for _ in range(3):
+    for _ in range(3):  # compile and warm up
         step()
-    median = [triton.testing.do_bench(step, warmup=20, rep=200) for _ in range(2)]
     kernels = kernel_ms(step)
-    return {"ms": median, "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
-            **split_by_group(kernels)}
+    return {"kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1])), **split_by_group(kernels)}
 
 
 def w_r_floor_ms(tokens: int, dim: int, probe_width: int) -> float:
@@ -111,24 +107,22 @@ def run(flavor: str, variant: str, batch: int, seq_len: int) -> dict:
 def markdown(result: dict) -> list[str]:
     """The page's body: per-layer and per-step ms of each projection and of the difference."""
     layers, rows = result["layers"], result["rows"]
-    cells = []
-    for name, label in (("parallax", "with rho (Parallax)"), ("softmax", "without rho")):
-        row = rows[name]
-        cells.append([label, f"{min(row['ms']):.3f}", f"{row['matmul']:.3f}", f"{row['other']:.3f}",
-                      f"{row['matmul'] * layers:.1f}", f"{row['other'] * layers:.1f}"])
+    def cells(label, row, bold=""):
+        return [label, f"{row['matmul']:.3f}", f"{row['other']:.3f}", f"{bold}{row['matmul'] * layers:.1f}{bold}",
+                f"{bold}{row['other'] * layers:.1f}{bold}", f"{(row['matmul'] + row['other']) * layers:.1f}"]
+
     diff = {key: rows["parallax"][key] - rows["softmax"][key] for key in ("matmul", "other")}
-    step = min(rows["parallax"]["ms"]) - min(rows["softmax"]["ms"])
-    cells.append(["**probe (difference)**", f"{step:.3f}", f"{diff['matmul']:.3f}", f"{diff['other']:.3f}",
-                  f"**{diff['matmul'] * layers:.1f}**", f"**{diff['other'] * layers:.1f}**"])
     floor = result["w_r_floor_ms"]
     return [f"{result['variant']} at {result['flavor']}, local batch {result['batch']} x {result['seq_len']} tokens, "
-            f"{layers} layers; per layer (ms) and per training step (ms, x {layers}):", "",
-            *table(["projection", "fwd+bwd ms (do_bench)", "matmul ms (profiler)", "other kernels ms",
-                    "matmul ms per step", "other ms per step"], cells), "",
+            f"{layers} layers; GPU kernel time per layer (ms) and per training step (ms, x {layers}):", "",
+            *table(["projection", "matmul ms", "other kernels ms", "matmul ms per step", "other ms per step",
+                    "all ms per step"],
+                   [cells("with rho (Parallax)", rows["parallax"]), cells("without rho", rows["softmax"]),
+                    cells("**probe (difference)**", diff, "**")]), "",
             f"- The W_R products (forward, input and weight gradients) at {PEAK_BF16_TFLOPS:.0f} TFLOP/s take "
             f"{floor:.3f} ms per layer, {floor * layers:.1f} ms per step: the probe's matmul floor.",
             "- Other kernels: RMSNorm and RoPE of rho beside those of q and k, casts, the gradients' "
-            "concatenation into the fused projection's; do_bench's time also holds launch gaps.",
+            "concatenation into the fused projection's.",
             "- Kernels of each projection (ms per layer) are in the JSON (`rows.*.kernels`)."]
 
 
@@ -159,8 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("scripts.bench.probe_cost needs a CUDA GPU")
     meta = describe("The probe's cost outside the attention kernel",
                     "compiled forward + backward of the attention's input projection with rho (Parallax) and "
-                    "without it, one layer, bf16: do_bench median and GPU kernel time per layer under the "
-                    "PyTorch profiler, split into matmuls and other kernels", command_line(__spec__.name, argv))
+                    "without it, one layer, bf16: GPU kernel time under the PyTorch profiler (mean of "
+                    f"{PROFILED_STEPS} steps after 3 warm-up steps), split into matmuls and other kernels", command_line(__spec__.name, argv))
     result = {"meta": meta, **run(args.flavor, args.variant, args.batch, args.seq_len)}
     print(write_result_page(args.out, result, markdown(result)))
 
