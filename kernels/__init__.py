@@ -16,6 +16,9 @@ Public API (imported lazily so that `import kernels` never pulls in Triton):
 * ``symmetric_product(P, alpha=1.0, Y=None, beta=0.0, gamma=0.0, scale=None)`` (``kernels.gram``):
   ``scale_b * (alpha * P @ P^T + beta * Y + gamma * I)`` per matrix b, from the tiles on and above the
   diagonal (Muon's Polar Express steps).
+* ``split_norm_rope(y, hq, hkv, weights, eps, table, rope_rho=True)`` (``kernels.projection``): the
+  attention's q, k, v, rho from the fused input projection, per-head RMSNorm and RoPE, one launch per
+  head group (Triton, forward and backward); ``ParallaxAttention.project`` runs it on CUDA.
 """
 
 _EXPORTS = {
@@ -30,6 +33,7 @@ _EXPORTS = {
     "affine_mesanet": "kernels.family.api",
     "AffineState": "kernels.family.recurrent",
     "symmetric_product": "kernels.gram",
+    "split_norm_rope": "kernels.projection",
 }
 
 

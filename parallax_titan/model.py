@@ -122,6 +122,10 @@ def apply_rope(x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tenso
     return (x * cos + rotate_half(x) * sin).type_as(x)
 
 
+# Smallest head dim whose projection takes kernels.projection (measured faster at 128; 64 not timed).
+FUSED_NORM_ROPE_MIN_HEAD_DIM = 128
+
+
 def fused_linear(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor]:
     """``[m(x) for m in linears]`` as one matmul: x (..., dim) times the weights concatenated along
     their outputs, split into views (..., out_i). The parameters stay the modules' own (their names,
@@ -132,12 +136,20 @@ def fused_linear(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor
     a per-module FSDP wrapper) has its own forward, and a hook must see its module's call, so then
     every module is called on its own. The check runs on every call, so swapped modules are seen.
     """
+    y = concat_linear(x, linears)
+    if y is None:
+        return [m(x) for m in linears]
+    return list(y.split([m.weight.shape[0] for m in linears], dim=-1))
+
+
+def concat_linear(x: torch.Tensor, linears: list[nn.Module]) -> torch.Tensor | None:
+    """x (..., dim) times the modules' weights concatenated along their outputs: (..., sum of outputs),
+    one matmul; None when ``fused_linear``'s rule leaves them unfused."""
     fusable = all(type(m) is nn.Linear and m.bias is None and not m._forward_hooks and not m._forward_pre_hooks
                   for m in linears)
     if not fusable or len({m.weight.dtype for m in linears}) != 1:
-        return [m(x) for m in linears]
-    weight = torch.cat([m.weight for m in linears])
-    return list(F.linear(x, weight).split([m.weight.shape[0] for m in linears], dim=-1))
+        return None
+    return F.linear(x, torch.cat([m.weight for m in linears]))
 
 
 @dataclass
@@ -264,6 +276,7 @@ class ParallaxAttention(Attention):
         self.window = model_args.window or None  # the kernels' None is full causal attention
         self.wr = nn.Linear(model_args.dim, model_args.n_heads * self.head_dim, bias=False)
         self.r_norm = nn.RMSNorm(self.head_dim, eps=model_args.norm_eps, elementwise_affine=True)
+        self.fused_norm_rope = True  # project's fused norm + RoPE where it applies (_fused_norm_rope)
         gate_out = {"none": 0, "token": 1, "head": model_args.n_heads}[model_args.gate]
         self.gate = nn.Linear(model_args.dim, gate_out, bias=False) if gate_out else None
 
@@ -280,8 +293,20 @@ class ParallaxAttention(Attention):
             trunc_normal_(self.gate.weight, mean=0.0, std=0.02)
 
     def project(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None):
-        """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE."""
+        """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE.
+
+        On CUDA with the fused attention (backend "auto" or "triton"), no gate and positions 0..seq-1,
+        the norms and RoPE of q, k and rho run as one Triton launch per head group over the fused
+        projection (``kernels.projection``); otherwise, or with ``fused_norm_rope`` set to False (the
+        benchmarks' baseline), as TorchTitan's modules."""
         bs, seqlen, _ = x.shape
+        if self._fused_norm_rope(x, rope_cache, positions):
+            y = concat_linear(x, [self.wq, self.wk, self.wv, self.wr])
+            if y is not None:
+                norms = (self.q_norm, self.k_norm, self.r_norm)
+                q, k, v, r = kernels.split_norm_rope(y, self.n_heads, self.n_kv_heads, [n.weight for n in norms],
+                                                     self.r_norm.eps, rope_cache, self.rho_rope)
+                return q, r, k, v
         shape = (bs, seqlen, -1, self.head_dim)
         gate = [] if self.gate is None else [self.gate]
         q, k, v, r, *g = fused_linear(x, [self.wq, self.wk, self.wv, self.wr, *gate])
@@ -294,6 +319,19 @@ class ParallaxAttention(Attention):
         if self.rho_rope:
             r = apply_rope(r, rope_cache, positions)
         return q, r, k, v
+
+    def _fused_norm_rope(self, x, rope_cache, positions) -> bool:
+        """Whether ``project`` can take the fused norm + RoPE: CUDA, the fused attention backend, no
+        gate, head_dim 128 or more and twice a power of two, RoPE rows of positions 0..seq-1, and three
+        affine RMSNorms with one epsilon. Heads of 64 (Parallax-dagger) keep Inductor's fusion until the
+        kernels are timed there (docs/bench/probe_cost.md times heads of 128)."""
+        norms = (self.q_norm, self.k_norm, self.r_norm)
+        half = self.head_dim // 2
+        return (self.fused_norm_rope and x.is_cuda and self.backend != "reference" and self.gate is None
+                and positions is None and self.head_dim >= FUSED_NORM_ROPE_MIN_HEAD_DIM
+                and self.head_dim % 2 == 0 and half & (half - 1) == 0
+                and rope_cache.dim() == 2 and all(type(n) is nn.RMSNorm and n.weight is not None for n in norms)
+                and len({n.eps for n in norms}) == 1 and self.r_norm.eps is not None)
 
     def forward(self, x, rope_cache, attention_masks=None, positions=None):
         bs, seqlen, _ = x.shape

@@ -21,12 +21,14 @@ def test_w_r_floor_is_three_products_at_peak():
 
 
 def test_page_gives_the_difference_per_layer_and_per_step():
-    rows = {"parallax": {"matmul": 0.8, "other": 0.65}, "softmax": {"matmul": 0.5, "other": 0.4}}
+    rows = {"parallax": {"matmul": 0.8, "other": 0.65}, "softmax": {"matmul": 0.5, "other": 0.4},
+            "parallax_modules": {"matmul": 0.8, "other": 0.9}}
     lines = probe_cost.markdown({"flavor": "0.6B", "variant": "parallax", "batch": 4, "seq_len": 4096, "layers": 28,
                                  "rows": rows, "w_r_floor_ms": 0.26})
     diff = next(line for line in lines if line.startswith("| **probe"))
     assert diff == "| **probe (difference)** | 0.300 | 0.250 | **8.4** | **7.0** | 15.4 |"
-    assert "| with rho (Parallax) | 0.800 | 0.650 | 22.4 | 18.2 | 40.6 |" in lines
+    assert "| with rho (Parallax, as the model runs it) | 0.800 | 0.650 | 22.4 | 18.2 | 40.6 |" in lines
+    assert "| with rho, TorchTitan's norm modules and apply_rope | 0.800 | 0.900 | 22.4 | 25.2 | 47.6 |" in lines
     assert any("0.260 ms per layer, 7.3 ms per step" in line for line in lines)
 
 
@@ -43,9 +45,12 @@ def test_command_line_refuses_bad_values(argv, message, capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_both_projections_are_timed_and_split():
-    """Debug flavor, 2 x 256 tokens: both projections timed, their kernels profiled and split."""
+    """Debug flavor, 2 x 256 tokens: the three projections timed, their kernels profiled and split; the model's
+    CUDA path runs the fused norm + RoPE kernels, the modules' path does not."""
     result = probe_cost.run("debug", "parallax", 2, 256)
     assert result["layers"] == 4
     for row in result["rows"].values():
         assert row["matmul"] > 0 and row["other"] > 0
         assert sum(row["kernels"].values()) == pytest.approx(row["matmul"] + row["other"])
+    assert any("_forward_kernel" in name for name in result["rows"]["parallax"]["kernels"])
+    assert not any("_forward_kernel" in name for name in result["rows"]["parallax_modules"]["kernels"])

@@ -1,6 +1,8 @@
 """What the probe costs outside the attention kernel: the compiled forward + backward of Parallax's input
 projection (``ParallaxAttention.project``: W_Q, W_K, W_V, W_R in one matmul, RMSNorm and RoPE of q, k and
 rho) beside the same projection without rho (``SoftmaxAttention.project``), one layer, one GPU, bf16.
+The Parallax projection runs twice: as the model runs it (on CUDA the fused norm + RoPE kernels of
+``kernels.projection``) and through TorchTitan's norm modules and ``apply_rope`` (Inductor's fusion).
 
 Per variant: the GPU kernel time of a step (forward, then backward with fixed random output gradients)
 under the PyTorch profiler, split into matmuls and the rest (``trace_summary.group_of``); per training
@@ -99,6 +101,8 @@ def run(flavor: str, variant: str, batch: int, seq_len: int) -> dict:
     x = torch.randn(batch, seq_len, args.dim, device="cuda", dtype=torch.bfloat16, generator=gen,
                     requires_grad=True)
     rows = {"parallax": time_projection(parallax, x, rope), "softmax": time_projection(softmax, x, rope)}
+    parallax.fused_norm_rope = False
+    rows["parallax_modules"] = time_projection(parallax, x, rope)
     floor = w_r_floor_ms(batch * seq_len, args.dim, args.n_heads * args.head_dim)
     return {"flavor": flavor, "variant": variant, "batch": batch, "seq_len": seq_len, "layers": args.n_layers,
             "rows": rows, "w_r_floor_ms": floor}
@@ -117,12 +121,17 @@ def markdown(result: dict) -> list[str]:
             f"{layers} layers; GPU kernel time per layer (ms) and per training step (ms, x {layers}):", "",
             *table(["projection", "matmul ms", "other kernels ms", "matmul ms per step", "other ms per step",
                     "all ms per step"],
-                   [cells("with rho (Parallax)", rows["parallax"]), cells("without rho", rows["softmax"]),
-                    cells("**probe (difference)**", diff, "**")]), "",
+                   [cells("with rho (Parallax, as the model runs it)", rows["parallax"]),
+                    cells("without rho", rows["softmax"]), cells("**probe (difference)**", diff, "**"),
+                    *([cells("with rho, TorchTitan's norm modules and apply_rope", rows["parallax_modules"])]
+                      if "parallax_modules" in rows else [])]), "",
             f"- The W_R products (forward, input and weight gradients) at {PEAK_BF16_TFLOPS:.0f} TFLOP/s take "
             f"{floor:.3f} ms per layer, {floor * layers:.1f} ms per step: the probe's matmul floor.",
             "- Other kernels: RMSNorm and RoPE of rho beside those of q and k, casts, the gradients' "
-            "concatenation into the fused projection's.",
+            "concatenation into the fused projection's. As the model runs it on CUDA, the Parallax projection "
+            "puts q and k through the fused kernels too (`kernels.projection`), the projection without rho "
+            "through Inductor: the difference is the probe's cost net of that; the last row is the Parallax "
+            "projection through Inductor as well.",
             "- Kernels of each projection (ms per layer) are in the JSON (`rows.*.kernels`)."]
 
 

@@ -1,0 +1,46 @@
+"""``split_norm_rope``: checked entry point of the fused projection's norm + RoPE."""
+
+from __future__ import annotations
+
+import torch
+
+
+def split_norm_rope(y: torch.Tensor, hq: int, hkv: int, weights, eps: float, table: torch.Tensor,
+                    rope_rho: bool = True):
+    """The attention's inputs from the fused projection, one launch per head group.
+
+    y: (B, L, (2 Hq + 2 Hkv) D), per token the q, k, v and rho heads in that order (fp16/bf16/fp32,
+    CUDA, or CPU under TRITON_INTERPRET=1). weights: (w_q, w_k, w_rho), each (D,), the RMSNorm
+    weights; eps: their epsilon. table: (>= L, 2D) RoPE rows (cos in [:D], sin in [D:]) of
+    positions 0, 1, ...; token t of a row sits at position t. rope_rho: rotate rho as q and k.
+    Returns q, rho (B, L, Hq, D) and k, v (B, L, Hkv, D), contiguous, in y's dtype; differentiable in
+    y and the weights. ``naive.split_norm_rope`` is the PyTorch reference.
+    """
+    from kernels.projection import ops
+
+    _check(y, hq, hkv, weights, eps, table)
+    return ops.split_norm_rope_op(y, hq, hkv, *weights, float(eps), table[: y.shape[1]], bool(rope_rho))
+
+
+def _check(y, hq, hkv, weights, eps, table) -> int:
+    """Raise ValueError naming the argument unless the shapes, dtypes and devices fit; returns D."""
+    if y.dim() != 3 or not y.is_floating_point():
+        raise ValueError(f"split_norm_rope: y must be a (B, L, W) float tensor, got {tuple(y.shape)} {y.dtype}")
+    half = table.shape[-1] // 4 if table.dim() == 2 and table.shape[-1] % 4 == 0 else 0
+    if half < 1 or half & (half - 1):
+        raise ValueError(f"split_norm_rope: table must be (positions, 2 * head_dim) with head_dim twice a power of "
+                         f"two, got {tuple(table.shape)}")
+    d = table.shape[-1] // 2
+    if hq < 1 or hkv < 1 or y.shape[-1] != (2 * hq + 2 * hkv) * d:
+        raise ValueError(f"split_norm_rope: y's width {y.shape[-1]} is not (2 * hq + 2 * hkv) * head_dim = "
+                         f"(2 * {hq} + 2 * {hkv}) * {d}")
+    if table.shape[0] < y.shape[1]:
+        raise ValueError(f"split_norm_rope: table has {table.shape[0]} positions, the sequence {y.shape[1]}")
+    if len(weights) != 3 or any(tuple(w.shape) != (d,) for w in weights):
+        raise ValueError(f"split_norm_rope: weights must be three ({d},) tensors, got "
+                         f"{[tuple(w.shape) for w in weights]}")
+    if not (eps > 0):
+        raise ValueError(f"split_norm_rope: eps must be positive, got {eps}")
+    if any(t.device != y.device for t in (*weights, table)):
+        raise ValueError("split_norm_rope: y, weights and table must be on one device")
+    return d

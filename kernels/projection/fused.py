@@ -1,0 +1,146 @@
+"""Fused per-head RMSNorm + RoPE of the attention's input projection (Triton, forward and backward).
+
+The fused projection ``y = x [W_Q; W_K; W_V; W_R]^T`` holds per token the q, k, v and rho heads side
+by side. ``forward`` turns it into the attention's inputs with one launch per head group (q, k, rho),
+one program per (tile of BT tokens, head): it reads the head's two halves (which RoPE pairs),
+normalises them in fp32, rounds to y's dtype as the norm module does, rotates them with the table's
+cos and sin (rounded to y's dtype, as the model casts them) and stores one rounding of the result.
+v is copied out, so its gradient reaches the backward.
+
+The backward writes the gradient of y, one launch per head group into its columns (v's gradient is
+copied into its own), so autograd never concatenates four gradients; the norms' weight gradients
+come from per-program partial sums reduced in a fixed order (deterministic, no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BT = 64  # tokens per program
+NUM_WARPS = 8  # 64 x 128 fp32 tiles: 8 warps keep the backward at 123 registers, no spills (sm_90)
+
+
+@triton.jit
+def _halves(PTR, rows, row_stride, col, ok, HALF: tl.constexpr):
+    """The two halves [BT, HALF] of head columns [col, col + 2 HALF) of rows ``rows``, fp32."""
+    offs = rows.to(tl.int64)[:, None] * row_stride + col + tl.arange(0, HALF)[None, :]
+    a = tl.load(PTR + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+    b = tl.load(PTR + offs + HALF, mask=ok[:, None], other=0.0).to(tl.float32)
+    return a, b
+
+
+@triton.jit
+def _table(TABLE, rows, L, table_stride, ok, dtype, HALF: tl.constexpr):
+    """cos and sin halves [BT, HALF] of the positions rows % L, rounded to ``dtype`` (fp32 values)."""
+    c1, c2 = _halves(TABLE, rows % L, table_stride, 0, ok, HALF)
+    s1, s2 = _halves(TABLE, rows % L, table_stride, 2 * HALF, ok, HALF)
+    return (c1.to(dtype).to(tl.float32), c2.to(dtype).to(tl.float32),
+            s1.to(dtype).to(tl.float32), s2.to(dtype).to(tl.float32))
+
+
+@triton.jit
+def _forward_kernel(Y, OUT, W, TABLE, T, L, y_stride, table_stride, col0, H, eps,
+                    HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    h = tl.program_id(1)
+    ok = rows < T
+    dtype = OUT.dtype.element_ty
+    x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
+    w1 = tl.load(W + tl.arange(0, HALF)).to(tl.float32)
+    w2 = tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+    n1 = (x1 * rstd[:, None] * w1[None, :]).to(dtype).to(tl.float32)
+    n2 = (x2 * rstd[:, None] * w2[None, :]).to(dtype).to(tl.float32)
+    if ROPE:
+        c1, c2, s1, s2 = _table(TABLE, rows, L, table_stride, ok, dtype, HALF)
+        n1, n2 = n1 * c1 - n2 * s1, n2 * c2 + n1 * s2
+    out = OUT + rows.to(tl.int64)[:, None] * (H * 2 * HALF) + h * 2 * HALF + tl.arange(0, HALF)[None, :]
+    tl.store(out, n1.to(dtype), mask=ok[:, None])
+    tl.store(out + HALF, n2.to(dtype), mask=ok[:, None])
+
+
+@triton.jit
+def _backward_kernel(DOUT, Y, DY, W, TABLE, DW_PART, T, L, y_stride, table_stride, col0, H, eps,
+                     HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr):
+    tb = tl.program_id(0)
+    h = tl.program_id(1)
+    rows = tb * BT + tl.arange(0, BT)
+    ok = rows < T
+    g1, g2 = _halves(DOUT, rows, H * 2 * HALF, h * 2 * HALF, ok, HALF)
+    x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
+    w1 = tl.load(W + tl.arange(0, HALF)).to(tl.float32)
+    w2 = tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
+    if ROPE:  # the rotation's transpose
+        c1, c2, s1, s2 = _table(TABLE, rows, L, table_stride, ok, DY.dtype.element_ty, HALF)
+        g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
+    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
+    xh1, xh2 = x1 * rstd[:, None], x2 * rstd[:, None]
+    gx1, gx2 = g1 * w1[None, :], g2 * w2[None, :]
+    mean = (tl.sum(gx1 * xh1, 1) + tl.sum(gx2 * xh2, 1)) / (2 * HALF)
+    dy = DY + rows.to(tl.int64)[:, None] * y_stride + col0 + h * 2 * HALF + tl.arange(0, HALF)[None, :]
+    tl.store(dy, (rstd[:, None] * (gx1 - xh1 * mean[:, None])).to(DY.dtype.element_ty), mask=ok[:, None])
+    tl.store(dy + HALF, (rstd[:, None] * (gx2 - xh2 * mean[:, None])).to(DY.dtype.element_ty), mask=ok[:, None])
+    part = DW_PART + (tb * H + h) * 2 * HALF + tl.arange(0, HALF)  # masked rows are zero in g and x
+    tl.store(part, tl.sum(g1 * xh1, 0))
+    tl.store(part + HALF, tl.sum(g2 * xh2, 0))
+
+
+def head_columns(hq: int, hkv: int, d: int) -> tuple[int, int, int, int]:
+    """First column of the q, k, v and rho heads in a row of the fused projection."""
+    return 0, hq * d, (hq + hkv) * d, (hq + 2 * hkv) * d
+
+
+def _rows(y):
+    """y (B, L, W) as (rows, row stride): the kernels index tokens by one stride."""
+    b, n, _ = y.shape
+    if y.stride(-1) != 1 or (b > 1 and y.stride(0) != n * y.stride(1)):
+        y = y.contiguous()
+    return y, y.stride(1)
+
+
+def _groups(hq, hkv, d, weights, rope_rho):
+    """(heads, first column, norm weight, rotate?) of q, k and rho."""
+    cols = head_columns(hq, hkv, d)
+    return ((hq, cols[0], weights[0], True), (hkv, cols[1], weights[1], True), (hq, cols[3], weights[2], rope_rho))
+
+
+def forward(y, hq, hkv, weights, eps, table, rope_rho):
+    """Launches of ``split_norm_rope``'s forward; arguments as there. Returns q, k, v, rho."""
+    b, n, _ = y.shape
+    d = table.shape[-1] // 2
+    y, y_stride = _rows(y)
+    total = b * n
+    outs = []
+    for heads, col, w, rope in _groups(hq, hkv, d, weights, rope_rho):
+        out = torch.empty((b, n, heads, d), dtype=y.dtype, device=y.device)
+        _forward_kernel[(triton.cdiv(total, BT), heads)](
+            y, out, w, table, total, n, y_stride, table.stride(0), col, heads, eps,
+            HALF=d // 2, BT=BT, ROPE=rope, num_warps=NUM_WARPS)
+        outs.append(out)
+    v_col = head_columns(hq, hkv, d)[2]
+    v = y[..., v_col:v_col + hkv * d].unflatten(-1, (hkv, d)).contiguous()
+    return outs[0], outs[1], v, outs[2]
+
+
+def backward(grads, y, hq, hkv, weights, eps, table, rope_rho):
+    """Launches of the backward: grads (dq, dk, dv, drho) -> (dy (B, L, W) in y's dtype, the three
+    weights' gradients in their dtypes)."""
+    b, n, width = y.shape
+    d = table.shape[-1] // 2
+    y, y_stride = _rows(y)
+    total = b * n
+    tiles = triton.cdiv(total, BT)
+    dy = torch.empty((b, n, width), dtype=y.dtype, device=y.device)
+    dq, dk, dv, dr = grads
+    dws = []
+    for g, (heads, col, w, rope) in zip((dq, dk, dr), _groups(hq, hkv, d, weights, rope_rho)):
+        part = torch.empty((tiles * heads, d), dtype=torch.float32, device=y.device)
+        _backward_kernel[(tiles, heads)](
+            g.contiguous(), y, dy, w, table, part, total, n, y_stride, table.stride(0), col, heads, eps,
+            HALF=d // 2, BT=BT, ROPE=rope, num_warps=NUM_WARPS)
+        dws.append(part.sum(0).to(w.dtype))
+    v_col = head_columns(hq, hkv, d)[2]
+    dy[..., v_col:v_col + hkv * d] = dv.reshape(b, n, hkv * d)
+    return dy, *dws

@@ -1,0 +1,274 @@
+"""The fused projection norm + RoPE (``kernels.projection``) against its fp64 PyTorch reference.
+
+CPU: the Triton kernels run under TRITON_INTERPRET=1 in one child process (tests/_interpret.py);
+GPU tests (marked ``gpu``) run them at the 0.6B model's shapes.
+"""
+
+import math
+
+import pytest
+import torch
+
+from kernels.projection import naive
+from tests._interpret import rel_err, run_interpreted
+
+# name -> (B, L, Hq, Hkv, D, dtype, rope_rho, table rows beyond L)
+CASES = {
+    "gqa2_odd_len": (2, 37, 4, 2, 16, "float32", True, 0),
+    "no_rho_rope_longer_table": (1, 70, 2, 1, 32, "float32", False, 9),
+    "mha_d64": (1, 5, 2, 2, 64, "float32", True, 3),
+    "bf16": (2, 33, 4, 2, 32, "bfloat16", True, 0),
+}
+TOL = {"float32": 1e-5, "bfloat16": 2e-2}
+
+
+def rope_table(positions: int, d: int, base: float = 10000.0) -> torch.Tensor:
+    """(positions, 2d) fp32 cos | sin rows, as TorchTitan's Qwen3 RoPE cache lays them out."""
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def make_case(b, n, hq, hkv, d, dtype, extra, seed):
+    gen = torch.Generator().manual_seed(seed)
+    y = 2 * torch.randn(b, n, (2 * hq + 2 * hkv) * d, generator=gen)
+    weights = [1 + 0.5 * torch.randn(d, generator=gen) for _ in range(3)]
+    grads = [torch.randn(b, n, h, d, generator=gen) for h in (hq, hkv, hkv, hq)]
+    dt = getattr(torch, dtype)
+    return y.to(dt), [w.to(dt) for w in weights], rope_table(n + extra, d), [g.to(dt) for g in grads]
+
+
+def _interpret_jobs():
+    """Child processes (TRITON_INTERPRET=1): one job per case (outputs and gradients of the fused op),
+    a strided y, and the model's projection through both branches."""
+    from functools import partial
+
+    jobs = [partial(_case_results, seed, name, spec) for seed, (name, spec) in enumerate(CASES.items())]
+    return jobs + [_strided_case, lambda: {"model": _model_case()}]
+
+
+def _case_results(seed, name, spec):
+    from kernels.projection import split_norm_rope
+
+    b, n, hq, hkv, d, dtype, rope_rho, extra = spec
+    y, weights, table, grads = make_case(b, n, hq, hkv, d, dtype, extra, seed)
+    leaves = [t.clone().requires_grad_() for t in (y, *weights)]
+    outs = split_norm_rope(leaves[0], hq, hkv, leaves[1:], 1e-6, table, rope_rho)
+    torch.autograd.backward(outs, grads)
+    return {name: {"outs": [o.detach() for o in outs], "grads": [t.grad for t in leaves],
+                   "contiguous": all(o.is_contiguous() for o in outs)}}
+
+
+def _strided_case():
+    """y as a non-contiguous view (every other token of a longer buffer): the kernels index by its stride."""
+    from kernels.projection import split_norm_rope
+
+    y, weights, table, grads = make_case(1, 20, 2, 1, 16, "float32", 0, 99)
+    wide = torch.zeros(1, 40, y.shape[-1])
+    wide[:, ::2] = y
+    outs = split_norm_rope(wide[:, ::2], 2, 1, weights, 1e-6, table)
+    same = split_norm_rope(y, 2, 1, weights, 1e-6, table)
+    return {"strided": {"equal": all(torch.equal(a, b) for a, b in zip(outs, same))}}
+
+
+def _model_args(**changes):
+    import dataclasses
+
+    from eval.mad.models import mad_model_args
+
+    return dataclasses.replace(mad_model_args("parallax", 16, 12, dim=64, n_heads=4), **changes)  # heads of 16
+
+
+def _model_case():
+    """ParallaxAttention.project through the fused branch (forced: on CPU it is not chosen) against its
+    TorchTitan-module branch, same weights: outputs and the input's and weights' gradients."""
+    from parallax_titan.model import ParallaxAttention, ParallaxQwen3Model
+
+    args = _model_args(rho_rope=True)
+    torch.manual_seed(0)
+    attention = ParallaxAttention(args)
+    with torch.no_grad():
+        attention.init_weights(0.02)
+        attention.r_norm.weight.normal_()
+    rope = ParallaxQwen3Model(args).rope_cache
+    x = torch.randn(2, 12, 64)
+    runs = []
+    for fused in (False, True):
+        attention.zero_grad()
+        attention._fused_norm_rope = lambda *_: fused  # noqa: B023
+        leaf = x.clone().requires_grad_()
+        outs = attention.project(leaf, rope, None)
+        sum((o * torch.arange(o.numel()).reshape(o.shape).sin()).sum() for o in outs).backward()
+        runs.append([o.detach() for o in outs] + [leaf.grad] + [p.grad.clone() for p in attention.parameters()
+                                                                  if p.grad is not None])
+    return runs
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    return run_interpreted("tests.test_projection_kernel", tmp_path_factory.mktemp("proj"))
+
+
+def reference(name):
+    """fp64 outputs and gradients (y, w_q, w_k, w_rho) of the naive op for case ``name``."""
+    b, n, hq, hkv, d, dtype, rope_rho, extra = CASES[name]
+    y, weights, table, grads = make_case(b, n, hq, hkv, d, dtype, extra, list(CASES).index(name))
+    leaves = [t.double().requires_grad_() for t in (y, *weights)]
+    outs = naive.split_norm_rope(leaves[0], hq, hkv, leaves[1:], 1e-6, table.double(), rope_rho)
+    torch.autograd.backward(outs, [g.double() for g in grads])
+    return [o.detach() for o in outs], [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_matches_fp64(interpreted, name):
+    res, (outs, grads) = interpreted[name], reference(name)
+    tol = TOL[CASES[name][5]]
+    errors = [rel_err(a, b) for a, b in zip(res["outs"] + res["grads"], outs + grads)]
+    assert all(e < tol for e in errors), errors
+    assert res["contiguous"]
+    assert [t.dtype for t in res["grads"]] == [getattr(torch, CASES[name][5])] * 4
+
+
+def test_interpreted_reads_a_strided_y_in_place(interpreted):
+    assert interpreted["strided"]["equal"]
+
+
+def test_interpreted_model_projection_takes_either_branch_alike(interpreted):
+    """ParallaxAttention.project's fused branch returns q, r, k, v (that order) and gradients of the
+    input and every weight as its TorchTitan-module branch does."""
+    plain, fused = interpreted["model"]
+    assert len(plain) == len(fused) == 4 + 1 + 7  # q, r, k, v; x; wq, wk, wv, wr and the three norms
+    errors = [rel_err(a, b) for a, b in zip(fused, plain)]
+    assert all(e < 1e-5 for e in errors), errors
+
+
+@pytest.mark.parametrize("change", [{}, dict(gate="token"), dict(attn_backend="reference"), dict(qk_norm=False),
+                                    dict(head_dim=12), dict(head_dim=64), "positions", "decode rows",
+                                    "switched off"])
+def test_model_takes_the_fused_path_only_where_it_applies(change, monkeypatch):
+    """On CUDA (faked here) only the plain case (heads of 128) takes it: not with a gate, the reference
+    backend, no q/k norms, heads of 12 or 64, explicit positions, a decode step's RoPE rows or
+    ``fused_norm_rope`` off."""
+    from parallax_titan.model import ParallaxAttention, ParallaxQwen3Model
+
+    args = _model_args(**{"head_dim": 128, **(change if isinstance(change, dict) else {})})
+    attention = ParallaxAttention(args)
+    attention.fused_norm_rope = change != "switched off"
+    rope = ParallaxQwen3Model(args).rope_cache
+    positions = torch.arange(12)[None] if change == "positions" else None
+    rope = rope[:1][None, :, None] if change == "decode rows" else rope
+    x = torch.randn(1, 12, args.dim)
+    assert not attention._fused_norm_rope(x, rope, positions)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert attention._fused_norm_rope(x, rope, positions) == (change == {})
+
+
+def test_reference_is_the_models_unfused_path():
+    """naive.split_norm_rope equals the model's path: TorchTitan's norms and apply_rope on fused_linear."""
+    from parallax_titan.model import apply_rope
+
+    y, weights, table, _ = make_case(2, 9, 4, 2, 16, "float32", 0, 5)
+    q, k, v, r = y.split([64, 32, 32, 64], dim=-1)
+    norms = [torch.nn.RMSNorm(16, eps=1e-6) for _ in range(3)]
+    for norm, w in zip(norms, weights):
+        norm.weight.data.copy_(w)
+    shape = (2, 9, -1, 16)
+    expected = [apply_rope(norms[0](q.reshape(shape)), table, None), apply_rope(norms[1](k.reshape(shape)), table, None),
+                v.reshape(shape), apply_rope(norms[2](r.reshape(shape)), table, None)]
+    got = naive.split_norm_rope(y, 4, 2, weights, 1e-6, table)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, expected))
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: {**a, "y": a["y"][0]}, "y must be a"),
+    (lambda a: {**a, "hq": 3}, "width"),
+    (lambda a: {**a, "table": a["table"][:, :30]}, "power of two"),
+    (lambda a: {**a, "table": a["table"][:, :24]}, "power of two"),
+    (lambda a: {**a, "table": a["table"][:5]}, "positions"),
+    (lambda a: {**a, "weights": a["weights"][:2]}, "three"),
+    (lambda a: {**a, "eps": 0.0}, "eps"),
+    (lambda a: {**a, "eps": math.nan}, "eps"),
+])
+def test_bad_input_names_the_argument(change, match):
+    from kernels.projection import split_norm_rope
+
+    y, weights, table, _ = make_case(1, 9, 4, 2, 16, "float32", 0, 3)
+    args = change({"y": y, "hq": 4, "hkv": 2, "weights": weights, "eps": 1e-6, "table": table})
+    with pytest.raises(ValueError, match=match):
+        split_norm_rope(**args)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _gpu_run(y, hq, hkv, weights, table, grads):
+    from kernels.projection import split_norm_rope
+
+    leaves = [t.detach().clone().requires_grad_() for t in (y, *weights)]
+    outs = split_norm_rope(leaves[0], hq, hkv, leaves[1:], 1e-6, table)
+    torch.autograd.backward(outs, grads)
+    return [o.detach() for o in outs] + [t.grad for t in leaves]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("d", [128, 64])
+def test_gpu_matches_fp64_and_is_deterministic(d):
+    """The 0.6B layer's heads (16 q and rho, 8 k and v) over 2 x 1000 tokens in bf16: within bf16
+    rounding of fp64, and bit for bit the same in two runs (weight gradients included)."""
+    y, weights, table, grads = make_case(2, 1000, 16, 8, d, "bfloat16", 0, 7)
+    y, table = y.cuda(), table.cuda()
+    weights, grads = [w.cuda() for w in weights], [g.cuda() for g in grads]
+    first, second = _gpu_run(y, 16, 8, weights, table, grads), _gpu_run(y, 16, 8, weights, table, grads)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    leaves = [t.double().requires_grad_() for t in (y, *weights)]
+    outs = naive.split_norm_rope(leaves[0], 16, 8, leaves[1:], 1e-6, table.double())
+    torch.autograd.backward(outs, [g.double() for g in grads])
+    errors = [rel_err(a, b) for a, b in zip(first, [o.detach() for o in outs] + [t.grad for t in leaves])]
+    assert all(e < 1e-2 for e in errors), errors
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compiled_model_projection_is_as_close_to_fp64_as_the_modules():
+    """ParallaxAttention.project compiled on CUDA in bf16, the fused path and the module path, against
+    the module path in fp64, heads of 128: outputs, the input's and every weight's gradient. The output
+    gradients follow the outputs (o + 0.01), so the norms' backward cancels most of them: the module
+    path, which rounds the RoPE backward's result to bf16 before the norm's backward, errs more there."""
+    import copy
+
+    from parallax_titan.model import ParallaxAttention, ParallaxModelArgs, ParallaxQwen3Model
+
+    args = ParallaxModelArgs(dim=512, n_heads=4, n_kv_heads=2, head_dim=128, n_layers=1, vocab_size=256)
+    torch.manual_seed(0)
+    attention = ParallaxAttention(args).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        attention.init_weights(0.02)
+        attention.r_norm.weight.normal_()
+    rope = ParallaxQwen3Model(args).rope_cache.cuda()
+    x = torch.randn(2, 512, 512, device="cuda", dtype=torch.bfloat16)
+    assert attention._fused_norm_rope(x, rope, None)
+    exact = copy.deepcopy(attention).double()
+    exact.fused_norm_rope = False
+
+    with torch.no_grad():
+        grads = [o + 0.01 for o in exact.project(x.double(), rope, None)]
+
+    def run(module, inputs, compiled):
+        module.zero_grad()
+        leaf = inputs.clone().requires_grad_()
+        fn = lambda t: module.project(t, rope, None)  # noqa: E731
+        outs = (torch.compile(fn) if compiled else fn)(leaf)
+        torch.autograd.backward(outs, [g.to(o.dtype) for g, o in zip(grads, outs)])
+        torch._dynamo.reset()
+        return [o.detach() for o in outs] + [leaf.grad] + [p.grad for p in module.parameters() if p.grad is not None]
+
+    fused = run(attention, x, True)
+    attention.fused_norm_rope = False
+    modules = run(attention, x, True)
+    reference = run(exact, x.double(), False)
+    err_fused = [rel_err(a, b) for a, b in zip(fused, reference)]
+    err_modules = [rel_err(a, b) for a, b in zip(modules, reference)]
+    assert len(err_fused) == len(err_modules) == 12
+    assert all(f <= max(1.5 * m, 1e-2) for f, m in zip(err_fused, err_modules)), (err_fused, err_modules)
