@@ -6,7 +6,7 @@
 #   bash scripts/h200_checks.sh [BUDGET_SECONDS] CHECK...
 #
 # Every benchmark runs as `python3 -m scripts.bench.<name>` from the repository root. CHECK is one of
-#   kernel-tests  pytest -m gpu on the attention and decode kernels (and the trainer's flag copy)
+#   kernel-tests  pytest -m gpu on the attention, decode and projection kernels (and the trainer's flag copy)
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
 #   fla-match     the fla GPU tests not yet seen passing, one process each, under a hard limit (FLA_TIMEOUT, 150 s)
 #   fla-fsdp      the fla mixer's 1- vs 2-rank FSDP2 test (needs 2 GPUs and minutes: three train.py runs compile fla)
@@ -19,6 +19,7 @@
 #                 fused projection (-rA: every test's outcome in the log)
 #   competitors   scripts.bench.attention on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
 #   decode        scripts.bench.decode --check (KV-cache decode vs cuDNN, and the published kernels if installed)
+#   probe-cost    scripts.bench.probe_cost (0.6B Parallax and Parallax-dagger: the probe's cost outside the kernel)
 #   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of TorchTitan's MFU reference)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
@@ -69,9 +70,11 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   t=$(( $(left) - 10 ))
   case $name in
     kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py tests/test_nonfinite.py \
-                    tests/test_parallax_decode.py ;;
+                    tests/test_parallax_decode.py tests/test_projection_kernel.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
     attention) timeout "$t" python3 -m scripts.bench.attention --no-competitors --out "$work/attention_train" ;;
+    probe-cost) timeout "$t" python3 -m scripts.bench.probe_cost --out "$work/probe_cost" \
+                  && timeout "$t" python3 -m scripts.bench.probe_cost --variant parallax_dagger --out "$work/probe_cost_dagger" ;;
     attention-sweep) timeout "$t" python3 -m scripts.bench.attention --sweep --no-competitors \
                        --out "$work/attention_sweep" ;;
     attention-loops) timeout "$t" python3 -m scripts.bench.attention_loops --out "$work/attention_loops" ;;
@@ -137,7 +140,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
+known=" kernel-tests probe-cost fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
