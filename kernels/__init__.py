@@ -33,7 +33,7 @@ _EXPORTS = {
     "affine_mesanet": "kernels.family.api",
     "AffineState": "kernels.family.recurrent",
     "symmetric_product": "kernels.gram",
-    "split_norm_rope": "kernels.projection",
+    "split_norm_rope": "kernels.projection.api",
 }
 
 

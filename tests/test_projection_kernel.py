@@ -49,7 +49,7 @@ def _interpret_jobs():
 
 
 def _case_results(seed, name, spec):
-    from kernels.projection import split_norm_rope
+    from kernels import split_norm_rope
 
     b, n, hq, hkv, d, dtype, rope_rho, extra = spec
     y, weights, table, grads = make_case(b, n, hq, hkv, d, dtype, extra, seed)
@@ -62,7 +62,7 @@ def _case_results(seed, name, spec):
 
 def _strided_case():
     """y as a non-contiguous view (every other token of a longer buffer): the kernels index by its stride."""
-    from kernels.projection import split_norm_rope
+    from kernels import split_norm_rope
 
     y, weights, table, grads = make_case(1, 20, 2, 1, 16, "float32", 0, 99)
     wide = torch.zeros(1, 40, y.shape[-1])
@@ -191,7 +191,7 @@ def test_reference_is_the_models_unfused_path():
     (lambda a: {**a, "eps": math.nan}, "eps"),
 ])
 def test_bad_input_names_the_argument(change, match):
-    from kernels.projection import split_norm_rope
+    from kernels import split_norm_rope
 
     y, weights, table, _ = make_case(1, 9, 4, 2, 16, "float32", 0, 3)
     args = change({"y": y, "hq": 4, "hkv": 2, "weights": weights, "eps": 1e-6, "table": table})
@@ -203,7 +203,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def _gpu_run(y, hq, hkv, weights, table, grads):
-    from kernels.projection import split_norm_rope
+    from kernels import split_norm_rope
 
     leaves = [t.detach().clone().requires_grad_() for t in (y, *weights)]
     outs = split_norm_rope(leaves[0], hq, hkv, leaves[1:], 1e-6, table)
