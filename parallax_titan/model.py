@@ -295,8 +295,8 @@ class ParallaxAttention(Attention):
     def project(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None):
         """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE.
 
-        On CUDA with the fused attention (backend "auto" or "triton"), no gate and positions 0..seq-1,
-        the norms and RoPE of q, k and rho run as one Triton launch per head group over the fused
+        On CUDA with the fused attention (backend "auto" or "triton"), no gate, heads of 128 or more and
+        positions 0..seq-1, the norms and RoPE of q, k and rho run as one Triton launch per head group over the fused
         projection (``kernels.projection``); otherwise, or with ``fused_norm_rope`` set to False (the
         benchmarks' baseline), as TorchTitan's modules."""
         bs, seqlen, _ = x.shape

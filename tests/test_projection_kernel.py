@@ -174,7 +174,8 @@ def test_reference_is_the_models_unfused_path():
     for norm, w in zip(norms, weights):
         norm.weight.data.copy_(w)
     shape = (2, 9, -1, 16)
-    expected = [apply_rope(norms[0](q.reshape(shape)), table, None), apply_rope(norms[1](k.reshape(shape)), table, None),
+    expected = [apply_rope(norms[0](q.reshape(shape)), table, None),
+                apply_rope(norms[1](k.reshape(shape)), table, None),
                 v.reshape(shape), apply_rope(norms[2](r.reshape(shape)), table, None)]
     got = naive.split_norm_rope(y, 4, 2, weights, 1e-6, table)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, expected))

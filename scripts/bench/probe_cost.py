@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = describe("The probe's cost outside the attention kernel",
                     "compiled forward + backward of the attention's input projection with rho (Parallax) and "
                     "without it, one layer, bf16: GPU kernel time under the PyTorch profiler (mean of "
-                    f"{PROFILED_STEPS} steps after 3 warm-up steps), split into matmuls and other kernels", command_line(__spec__.name, argv))
+                    f"{PROFILED_STEPS} steps after 3 warm-up steps), split into matmuls and other kernels",
+                    command_line(__spec__.name, argv))
     result = {"meta": meta, **run(args.flavor, args.variant, args.batch, args.seq_len)}
     print(write_result_page(args.out, result, markdown(result)))
 
