@@ -69,7 +69,19 @@ def _strided_case():
     wide[:, ::2] = y
     outs = split_norm_rope(wide[:, ::2], 2, 1, weights, 1e-6, table)
     same = split_norm_rope(y, 2, 1, weights, 1e-6, table)
-    return {"strided": {"equal": all(torch.equal(a, b) for a, b in zip(outs, same))}}
+    # weights and table as strided views (every other element / row-major transposed back)
+    views = [torch.stack([w, torch.zeros_like(w)], -1)[..., 0] for w in weights]
+    table_view = table.t().contiguous().t()
+    leaves = [t.clone().requires_grad_() for t in (y, *views)]
+    strided = split_norm_rope(leaves[0], 2, 1, leaves[1:], 1e-6, table_view)
+    torch.autograd.backward(strided, grads)
+    leaves_c = [t.clone().requires_grad_() for t in (y, *weights)]
+    torch.autograd.backward(split_norm_rope(leaves_c[0], 2, 1, leaves_c[1:], 1e-6, table), grads)
+    views_equal = all(torch.equal(a, b) for a, b in zip(strided, same))
+    grads_equal = all(torch.equal(a.grad, b.grad) for a, b in zip(leaves, leaves_c))
+    return {"strided": {"equal": all(torch.equal(a, b) for a, b in zip(outs, same)), "views_equal": views_equal,
+                        "grads_equal": grads_equal, "views_strided": not views[0].is_contiguous()
+                        and not table_view.is_contiguous()}}
 
 
 def _model_args(**changes):
@@ -130,8 +142,11 @@ def test_interpreted_matches_fp64(interpreted, name):
     assert [t.dtype for t in res["grads"]] == [getattr(torch, CASES[name][5])] * 4
 
 
-def test_interpreted_reads_a_strided_y_in_place(interpreted):
-    assert interpreted["strided"]["equal"]
+def test_interpreted_reads_strided_y_weights_and_table(interpreted):
+    """y as a strided view, and the norm weights and RoPE table as non-contiguous views: the same bits
+    (outputs and gradients) as contiguous inputs."""
+    res = interpreted["strided"]
+    assert res["equal"] and res["views_strided"] and res["views_equal"] and res["grads_equal"]
 
 
 def test_interpreted_model_projection_takes_either_branch_alike(interpreted):
@@ -188,6 +203,9 @@ def test_reference_is_the_models_unfused_path():
     (lambda a: {**a, "table": a["table"][:, :24]}, "power of two"),
     (lambda a: {**a, "table": a["table"][:5]}, "positions"),
     (lambda a: {**a, "weights": a["weights"][:2]}, "three"),
+    (lambda a: {**a, "weights": [a["weights"][0].long(), *a["weights"][1:]]}, "float tensors"),
+    (lambda a: {**a, "y": a["y"].double()}, "fp16/bf16/fp32"),
+    (lambda a: {**a, "y": a["y"].long()}, "fp16/bf16/fp32"),
     (lambda a: {**a, "eps": 0.0}, "eps"),
     (lambda a: {**a, "eps": math.nan}, "eps"),
 ])

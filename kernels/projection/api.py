@@ -24,8 +24,9 @@ def split_norm_rope(y: torch.Tensor, hq: int, hkv: int, weights, eps: float, tab
 
 def _check(y, hq, hkv, weights, eps, table) -> int:
     """Raise ValueError naming the argument unless the shapes, dtypes and devices fit; returns D."""
-    if y.dim() != 3 or not y.is_floating_point():
-        raise ValueError(f"split_norm_rope: y must be a (B, L, W) float tensor, got {tuple(y.shape)} {y.dtype}")
+    if y.dim() != 3 or y.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"split_norm_rope: y must be a (B, L, W) fp16/bf16/fp32 tensor, got {tuple(y.shape)} "
+                         f"{y.dtype}")
     half = table.shape[-1] // 4 if table.dim() == 2 and table.shape[-1] % 4 == 0 else 0
     if half < 1 or half & (half - 1):
         raise ValueError(f"split_norm_rope: table must be (positions, 2 * head_dim) with head_dim twice a power of "
@@ -36,9 +37,9 @@ def _check(y, hq, hkv, weights, eps, table) -> int:
                          f"(2 * {hq} + 2 * {hkv}) * {d}")
     if table.shape[0] < y.shape[1]:
         raise ValueError(f"split_norm_rope: table has {table.shape[0]} positions, the sequence {y.shape[1]}")
-    if len(weights) != 3 or any(tuple(w.shape) != (d,) for w in weights):
-        raise ValueError(f"split_norm_rope: weights must be three ({d},) tensors, got "
-                         f"{[tuple(w.shape) for w in weights]}")
+    if len(weights) != 3 or any(tuple(w.shape) != (d,) or not w.is_floating_point() for w in weights):
+        raise ValueError(f"split_norm_rope: weights must be three ({d},) float tensors, got "
+                         f"{[(tuple(w.shape), w.dtype) for w in weights]}")
     if not (eps > 0):
         raise ValueError(f"split_norm_rope: eps must be positive, got {eps}")
     if any(t.device != y.device for t in (*weights, table)):

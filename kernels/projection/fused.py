@@ -101,9 +101,10 @@ def _rows(y):
 
 
 def _groups(hq, hkv, d, weights, rope_rho):
-    """(heads, first column, norm weight, rotate?) of q, k and rho."""
+    """(heads, first column, norm weight (contiguous: the kernels read it by offset), rotate?) of q, k, rho."""
     cols = head_columns(hq, hkv, d)
-    return ((hq, cols[0], weights[0], True), (hkv, cols[1], weights[1], True), (hq, cols[3], weights[2], rope_rho))
+    w_q, w_k, w_rho = (w.contiguous() for w in weights)
+    return ((hq, cols[0], w_q, True), (hkv, cols[1], w_k, True), (hq, cols[3], w_rho, rope_rho))
 
 
 def forward(y, hq, hkv, weights, eps, table, rope_rho):
@@ -111,6 +112,7 @@ def forward(y, hq, hkv, weights, eps, table, rope_rho):
     b, n, _ = y.shape
     d = table.shape[-1] // 2
     y, y_stride = _rows(y)
+    table = table.contiguous()  # its rows are read by one stride
     total = b * n
     outs = []
     for heads, col, w, rope in _groups(hq, hkv, d, weights, rope_rho):
@@ -130,6 +132,7 @@ def backward(grads, y, hq, hkv, weights, eps, table, rope_rho):
     b, n, width = y.shape
     d = table.shape[-1] // 2
     y, y_stride = _rows(y)
+    table = table.contiguous()
     total = b * n
     tiles = triton.cdiv(total, BT)
     dy = torch.empty((b, n, width), dtype=y.dtype, device=y.device)
