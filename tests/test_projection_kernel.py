@@ -45,7 +45,26 @@ def _interpret_jobs():
     from functools import partial
 
     jobs = [partial(_case_results, seed, name, spec) for seed, (name, spec) in enumerate(CASES.items())]
-    return jobs + [_strided_case, lambda: {"model": _model_case()}]
+    return jobs + [_strided_case, lambda: {"model": _model_case()}, lambda: {"opcheck": _opcheck()}]
+
+
+def _opcheck():
+    """torch.library.opcheck on both custom ops (schema, fake tensors, autograd registration), with and
+    without RoPE on rho; the errors as text (the parent fails the test on any)."""
+    from kernels.projection import ops
+
+    y, weights, table, grads = make_case(2, 9, 2, 1, 16, "float32", 2, 11)
+    errors = []
+    for rope_rho in (True, False):
+        fwd_args = (y.clone().requires_grad_(), 2, 1, *[w.clone().requires_grad_() for w in weights], 1e-6,
+                    table[:9], rope_rho)
+        bwd_args = (*grads, y, 2, 1, *weights, 1e-6, table[:9], rope_rho)
+        for op, args in ((ops.split_norm_rope_op, fwd_args), (ops.split_norm_rope_bwd, bwd_args)):
+            try:
+                torch.library.opcheck(op, args)
+            except Exception as exc:
+                errors.append(f"{op}: {exc!r}"[:2000])
+    return errors
 
 
 def _case_results(seed, name, spec):
@@ -140,6 +159,10 @@ def test_interpreted_matches_fp64(interpreted, name):
     assert all(e < tol for e in errors), errors
     assert res["contiguous"]
     assert [t.dtype for t in res["grads"]] == [getattr(torch, CASES[name][5])] * 4
+
+
+def test_interpreted_custom_ops_pass_opcheck(interpreted):
+    assert interpreted["opcheck"] == []
 
 
 def test_interpreted_reads_strided_y_weights_and_table(interpreted):
