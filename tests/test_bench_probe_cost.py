@@ -45,10 +45,10 @@ def test_command_line_refuses_bad_values(argv, message, capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_both_projections_are_timed_and_split():
-    """Debug flavor, 2 x 256 tokens: the three projections timed, their kernels profiled and split; the model's
-    CUDA path runs the fused norm + RoPE kernels, the modules' path does not."""
-    result = probe_cost.run("debug", "parallax", 2, 256)
-    assert result["layers"] == 4
+    """One 0.6B layer (heads of 128), 1 x 256 tokens: the three projections timed, their kernels profiled
+    and split; the model's CUDA path runs the fused norm + RoPE kernels, the modules' path does not."""
+    result = probe_cost.run("0.6B", "parallax", 1, 256)
+    assert result["layers"] == 28
     for row in result["rows"].values():
         assert row["matmul"] > 0 and row["other"] > 0
         assert sum(row["kernels"].values()) == pytest.approx(row["matmul"] + row["other"])
