@@ -30,6 +30,11 @@ def test_page_gives_the_difference_per_layer_and_per_step():
     assert "| with rho (Parallax, as the model runs it) | 0.800 | 0.650 | 22.4 | 18.2 | 40.6 |" in lines
     assert "| with rho, TorchTitan's norm modules and apply_rope | 0.800 | 0.900 | 22.4 | 25.2 | 47.6 |" in lines
     assert any("0.260 ms per layer, 7.3 ms per step" in line for line in lines)
+    assert any("Both projections run through Inductor here" in line for line in lines)
+    rows["parallax"]["kernels"] = {"_forward_kernel": 0.1, "_backward_kernel": 0.2, "nvjet_x": 0.8}
+    lines = probe_cost.markdown({"flavor": "0.6B", "variant": "parallax", "batch": 4, "seq_len": 4096, "layers": 28,
+                                 "rows": rows, "w_r_floor_ms": 0.26})
+    assert any("puts q and k through the fused kernels too" in line for line in lines)
 
 
 @pytest.mark.parametrize("argv, message", [(["--batch", "0"], "'0': expected an int >= 1"),
