@@ -45,7 +45,7 @@ from kernels.parallax import decode_fused, tuning
 from scripts.bench import decode_host, decode_kernels
 from scripts.bench.decode_timing import HKV, copy_bandwidth, kv_bytes, log, make_sets, n_sets_for, time_us
 from scripts.bench.decode_tuning import SWEEP_SHAPES, check, sweep
-from scripts.bench.results import command_line, describe, table, write_results
+from scripts.bench.results import command_line, describe, positive_int, table, write_results
 
 BATCHES = (1, 32, 128)
 LENGTHS = (4096, 16384, 32768)
@@ -178,13 +178,6 @@ def decode_shape(text: str) -> tuple[int, int, int]:
     if dim not in DIMS or batch < 1 or length < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected DIM in {DIMS}, BATCH >= 1, LENGTH >= 1")
     return dim, batch, length
-
-
-def positive_int(text: str) -> int:
-    """An int >= 1 (argparse type)."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= 1")
-    return int(text)
 
 
 def parser() -> argparse.ArgumentParser:

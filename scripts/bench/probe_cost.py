@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from scripts.bench.results import command_line, describe, table, write_result_page
+from scripts.bench.results import command_line, describe, positive_int, table, write_result_page
 from scripts.bench.trace_summary import group_of
 
 PEAK_BF16_TFLOPS = 790.0  # H200 dense bf16 (the figure the other pages' floors use)
@@ -141,13 +141,6 @@ def markdown(result: dict) -> list[str]:
             "- Other kernels: RMSNorm and RoPE of rho beside those of q and k, casts, the gradients' "
             "concatenation into the fused projection's. " + paths,
             "- Kernels of each projection (ms per layer) are in the JSON (`rows.*.kernels`)."]
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= 1")
-    return int(text)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -4,10 +4,12 @@ A page opens with a header: what was measured, the hardware and software it ran 
 triton, CUDA, Python), the command that reproduces it from the repository root, and the date.
 ``describe`` gathers that once into a ``meta`` dict; ``header`` renders it as markdown;
 ``write_results`` writes ``PREFIX.md`` (header + body) and ``PREFIX.json`` (``{"meta": ..., **data}``).
+``positive_int`` is the benchmarks' argparse type for counts and sizes.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -15,6 +17,13 @@ import platform
 import shlex
 from pathlib import Path
 from typing import Iterable, Sequence
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1 (argparse type); anything else is an argparse error naming the text."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= 1")
+    return int(text)
 
 
 def command_line(module: str, argv: Sequence[str]) -> str:
