@@ -75,6 +75,7 @@ class ParallaxModelArgs(Qwen3ModelArgs):
     gate: Gate = "none"
     probe_init: ProbeInit = "normal"
     attn_backend: Backend = "auto"
+    fused_norm_rope: bool = True  # [parallax] fused_norm_rope: kernels.projection where it applies
     window: int = 0  # Parallax sliding window W; 0 = full causal
     lla_max_cost: int | None = DEFAULT_MAX_COST  # exact LLA: most multiply-adds per forward (None: no bound)
     eos_id: int = QWEN3_ENDOFTEXT_ID
@@ -102,6 +103,7 @@ class ParallaxModelArgs(Qwen3ModelArgs):
             self.probe_init = section.probe_init
             self.window = section.window
         self.attn_backend = section.attn_backend
+        self.fused_norm_rope = section.fused_norm_rope
         self.attn_mask_type = section.attn_mask_type
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
@@ -276,7 +278,7 @@ class ParallaxAttention(Attention):
         self.window = model_args.window or None  # the kernels' None is full causal attention
         self.wr = nn.Linear(model_args.dim, model_args.n_heads * self.head_dim, bias=False)
         self.r_norm = nn.RMSNorm(self.head_dim, eps=model_args.norm_eps, elementwise_affine=True)
-        self.fused_norm_rope = True  # project's fused norm + RoPE where it applies (_fused_norm_rope)
+        self.fused_norm_rope = model_args.fused_norm_rope  # where it applies: _fused_norm_rope
         gate_out = {"none": 0, "token": 1, "head": model_args.n_heads}[model_args.gate]
         self.gate = nn.Linear(model_args.dim, gate_out, bias=False) if gate_out else None
 
@@ -297,8 +299,8 @@ class ParallaxAttention(Attention):
 
         On CUDA with the fused attention (backend "auto" or "triton"), no gate, heads of 128 or more and
         positions 0..seq-1, the norms and RoPE of q, k and rho run as one Triton launch per head group over the fused
-        projection (``kernels.projection``); otherwise, or with ``fused_norm_rope`` set to False (the
-        benchmarks' baseline), as TorchTitan's modules."""
+        projection (``kernels.projection``); otherwise, or with ``fused_norm_rope`` off (``[parallax]
+        fused_norm_rope = false``; the benchmarks' baseline), as TorchTitan's modules."""
         bs, seqlen, _ = x.shape
         if self._fused_norm_rope(x, rope_cache, positions):
             y = concat_linear(x, [self.wq, self.wk, self.wv, self.wr])

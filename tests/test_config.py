@@ -32,6 +32,7 @@ TOML_CASES = [
     ("training", "seq_len", 1.5, "training.seq_len: expected int"),
     ("parallax", "gate", "sigmoid", "parallax.gate: expected one of"),
     ("parallax", "rho_rope", "yes", "parallax.rho_rope: expected bool"),
+    ("parallax", "fused_norm_rope", 1, "parallax.fused_norm_rope: expected bool"),
     ("optimizer", "lr", "fast", "optimizer.lr: expected float"),
     ("nosuchsection", "x", 1, "nosuchsection: unknown key"),
     ("parallax", "attn_backend", "cuda", "parallax.attn_backend: expected one of"),

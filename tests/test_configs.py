@@ -57,3 +57,4 @@ def test_config_parses_validates_and_builds(path):
     assert (args.mixer == "parallax") == cfg.model.name.startswith("parallax")
     if cfg.model.name.startswith("parallax"):
         assert model.layers["0"].attention.rho_rope == cfg.parallax.rho_rope
+        assert model.layers["0"].attention.fused_norm_rope == cfg.parallax.fused_norm_rope

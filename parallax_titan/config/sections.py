@@ -44,6 +44,11 @@ class Parallax:
     attn_backend: Literal["auto", "reference", "triton"] = "auto"
     """Parallax kernel: fused Triton on CUDA and the exact PyTorch reference on CPU when auto."""
 
+    fused_norm_rope: bool = True
+    """The per-head RMSNorms and RoPE of q, k and rho as Triton kernels where they apply (CUDA, the
+    fused attention backend, heads of 128 or more, no gate); false keeps TorchTitan's norm modules
+    and RoPE, compiled by Inductor. Same math; the kernels round once after RoPE, as a compiled block does."""
+
     attn_mask_type: Literal["causal", "block_causal"] = "causal"
     """causal over the packed row, or block_causal: no attention across <|endoftext|>."""
 
