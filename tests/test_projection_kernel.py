@@ -287,16 +287,20 @@ def test_gpu_matches_fp64_and_is_deterministic(d):
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_compiled_model_projection_is_as_close_to_fp64_as_the_modules():
+@pytest.mark.parametrize("d", [128, 64])
+def test_gpu_compiled_model_projection_is_as_close_to_fp64_as_the_modules(d, monkeypatch):
     """ParallaxAttention.project compiled on CUDA in bf16, the fused path and the module path, against
-    the module path in fp64, heads of 128: outputs, the input's and every weight's gradient. The output
+    the module path in fp64, heads of 128 and of 64 (Parallax-dagger's, with the fused path's threshold
+    lowered to them): outputs, the input's and every weight's gradient. The output
     gradients follow the outputs (o + 0.01), so the norms' backward cancels most of them: the module
     path, which rounds the RoPE backward's result to bf16 before the norm's backward, errs more there."""
     import copy
 
+    from parallax_titan import model
     from parallax_titan.model import ParallaxAttention, ParallaxModelArgs, ParallaxQwen3Model
 
-    args = ParallaxModelArgs(dim=512, n_heads=4, n_kv_heads=2, head_dim=128, n_layers=1, vocab_size=256)
+    monkeypatch.setattr(model, "FUSED_NORM_ROPE_MIN_HEAD_DIM", min(d, model.FUSED_NORM_ROPE_MIN_HEAD_DIM))
+    args = ParallaxModelArgs(dim=512, n_heads=512 // d, n_kv_heads=256 // d, head_dim=d, n_layers=1, vocab_size=256)
     torch.manual_seed(0)
     attention = ParallaxAttention(args).to("cuda", torch.bfloat16)
     with torch.no_grad():
