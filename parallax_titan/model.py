@@ -124,8 +124,9 @@ def apply_rope(x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tenso
     return (x * cos + rotate_half(x) * sin).type_as(x)
 
 
-# Smallest head dim whose projection takes kernels.projection (measured faster at 128; 64 not timed).
-FUSED_NORM_ROPE_MIN_HEAD_DIM = 128
+# Smallest head dim whose projection takes kernels.projection: measured faster than Inductor's fusion
+# at 128 and 64 (docs/bench/probe_cost.md, probe_cost_dagger.md); smaller heads are not timed.
+FUSED_NORM_ROPE_MIN_HEAD_DIM = 64
 
 
 def fused_linear(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor]:
@@ -297,7 +298,7 @@ class ParallaxAttention(Attention):
     def project(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None):
         """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE.
 
-        On CUDA with the fused attention (backend "auto" or "triton"), no gate, heads of 128 or more and
+        On CUDA with the fused attention (backend "auto" or "triton"), no gate, heads of 64 or more and
         positions 0..seq-1, the norms and RoPE of q, k and rho run as one Triton launch per head group over the fused
         projection (``kernels.projection``); otherwise, or with ``fused_norm_rope`` off (``[parallax]
         fused_norm_rope = false``; the benchmarks' baseline), as TorchTitan's modules."""
@@ -324,9 +325,8 @@ class ParallaxAttention(Attention):
 
     def _fused_norm_rope(self, x, rope_cache, positions) -> bool:
         """Whether ``project`` can take the fused norm + RoPE: CUDA, the fused attention backend, no
-        gate, head_dim 128 or more and twice a power of two, RoPE rows of positions 0..seq-1, and three
-        affine RMSNorms with one epsilon. Heads of 64 (Parallax-dagger) keep Inductor's fusion until the
-        kernels are timed there (docs/bench/probe_cost.md times heads of 128)."""
+        gate, head_dim of at least ``FUSED_NORM_ROPE_MIN_HEAD_DIM`` and twice a power of two, RoPE rows of
+        positions 0..seq-1, and three affine RMSNorms with one epsilon."""
         norms = (self.q_norm, self.k_norm, self.r_norm)
         half = self.head_dim // 2
         return (self.fused_norm_rope and x.is_cuda and self.backend != "reference" and self.gate is None

@@ -46,7 +46,7 @@ class Parallax:
 
     fused_norm_rope: bool = True
     """The per-head RMSNorms and RoPE of q, k and rho as Triton kernels where they apply (CUDA, the
-    fused attention backend, heads of 128 or more, no gate); false keeps TorchTitan's norm modules
+    fused attention backend, heads of 64 or more, no gate); false keeps TorchTitan's norm modules
     and RoPE, compiled by Inductor. Same math; the kernels round once after RoPE, as a compiled block does."""
 
     attn_mask_type: Literal["causal", "block_causal"] = "causal"

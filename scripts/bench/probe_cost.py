@@ -121,7 +121,7 @@ def markdown(result: dict) -> list[str]:
              "(`kernels.projection`), the projection without rho through Inductor: the difference is the "
              "probe's cost net of that; the last row is the Parallax projection through Inductor as well."
              if took_fused_path(rows["parallax"]) else
-             "Both projections run through Inductor here (`kernels.projection` takes heads of 128 or more).")
+             "Both projections run through Inductor here (`kernels.projection` takes heads of 64 or more).")
     def cells(label, row, bold=""):
         return [label, f"{row['matmul']:.3f}", f"{row['other']:.3f}", f"{bold}{row['matmul'] * layers:.1f}{bold}",
                 f"{bold}{row['other'] * layers:.1f}{bold}", f"{(row['matmul'] + row['other']) * layers:.1f}"]
