@@ -106,13 +106,15 @@ def test_modes_run_under_the_sweep_lists_only_with_sweep(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_window_mode_is_faster_than_causal_where_the_band_is_small(tmp_path):
-    """--window at L=4096 with W=256 (about 8x fewer query-key pairs than causal): each mode's window
-    row is faster than causal, by no more than the work ratio (with slack), and the page lists both."""
+    """--window 1024 at the page's L=16384 (about 8x fewer query-key pairs than causal): each mode's
+    window row is faster than causal, by no more than the work ratio (with slack), and the page lists
+    both. At B1, L=4096 with W=256 the forward + backward took 0.94 ms against causal's 1.14 on an H200
+    (1.2x; the forward alone 2.4x): at that size the costs that do not scale with the band dominate."""
     from scripts.bench import attention
 
-    args = parser().parse_args(["--window", "256", "--window-len", "4096", "--out", str(tmp_path / "w")])
-    text = attention.run_mode(args, "python -m scripts.bench.attention --window 256 --window-len 4096")
+    args = parser().parse_args(["--window", "1024", "--out", str(tmp_path / "w")])
+    text = attention.run_mode(args, "python -m scripts.bench.attention --window 1024")
     rows = json.loads(open(str(tmp_path / "w") + ".json").read())["rows"]
-    windowed = [r for r in rows if r["window"] == 256]
+    windowed = [r for r in rows if r["window"] == 1024]
     assert len(windowed) == 2 and all(1.5 < r["speedup"] < 1.5 * r["work_ratio"] for r in windowed), rows
-    assert "| fwd | 256 |" in text and "| fwd_bwd | 256 |" in text
+    assert "| fwd | 1024 |" in text and "| fwd_bwd | 1024 |" in text

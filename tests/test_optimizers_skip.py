@@ -46,12 +46,20 @@ def plant_negative_zeros(opt):
                 t.view(-1)[:3] = -0.0
 
 
-def set_grads(params, seed, bad=None):
+def make_grads(params, seed, bad=None):
+    """Seeded gradients, one per parameter on its device; ``bad`` in every third entry."""
     g = torch.Generator().manual_seed(seed)
+    grads = []
     for p in params:
-        grad = torch.randn(p.shape, generator=g).to(p.device)
+        grad = torch.randn(p.shape, generator=g)
         if bad is not None:
             grad.view(-1)[1::3] = bad
+        grads.append(grad.to(p.device))
+    return grads
+
+
+def set_grads(params, seed, bad=None):
+    for p, grad in zip(params, make_grads(params, seed, bad)):
         p.grad = grad
 
 
@@ -137,13 +145,15 @@ def test_gpu_step_never_synchronises_and_skips_exactly(algo):
     opt.step(skip=torch.zeros((), dtype=torch.bool, device="cuda"))
     torch.cuda.synchronize()
     set_grads(params, 1, float("nan"))
+    finite = make_grads(params, 2)  # made outside: a copy from the host synchronises
     plant_negative_zeros(opt)
     before = state_bits(opt)
     torch.cuda.set_sync_debug_mode("error")
     try:
         norms = torch.stack(torch._foreach_norm([p.grad for p in params]))
         opt.step(skip=~torch.isfinite(norms).all())
-        set_grads(params, 2)
+        for p, grad in zip(params, finite):
+            p.grad = grad
         norms = torch.stack(torch._foreach_norm([p.grad for p in params]))
         skipped = state_bits(opt)
         opt.step(skip=~torch.isfinite(norms).all())
@@ -159,7 +169,8 @@ def test_gpu_step_never_synchronises_and_skips_exactly(algo):
 def test_gpu_compiled_momentum_matches_eager():
     """The compiled momentum kernels (the CUDA default) against the eager foreach path: momentum
     buffers agree to fp32 rounding (the compiled ones may fuse mu * B + G into one FMA), and a
-    skipped step leaves both bit for bit."""
+    skipped step leaves both bit for bit. Where mu * B and G nearly cancel, one rounding instead of
+    two differs by an ulp of the operands (|G| up to about 4: 5e-7), not of the small result."""
     runs = []
     for compiled in (True, False):
         opt, params = make("cuda", algo="muon")
@@ -174,4 +185,4 @@ def test_gpu_compiled_momentum_matches_eager():
         assert same_bits(state_bits(opt), before)
         runs.append([opt.state[p]["momentum_buffer"] for p in params if "momentum_buffer" in opt.state[p]])
     for a, b in zip(*runs):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=2e-6)
