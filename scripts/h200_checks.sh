@@ -6,6 +6,7 @@
 #   bash scripts/h200_checks.sh [BUDGET_SECONDS] CHECK...
 #
 # Every benchmark runs as `python3 -m scripts.bench.<name>` from the repository root. CHECK is one of
+#   gpu-tests     pytest -m gpu over tests/: every GPU test (those needing fla or two GPUs skip without them)
 #   kernel-tests  pytest -m gpu on the attention, decode and projection kernels (and the trainer's flag copy)
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
 #   fla-match     the fla GPU tests not yet seen passing, one process each, under a hard limit (FLA_TIMEOUT, 150 s)
@@ -69,6 +70,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   local name=$1 t
   t=$(( $(left) - 10 ))
   case $name in
+    gpu-tests) timeout -s INT "$t" python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests ;;
     kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py tests/test_nonfinite.py \
                     tests/test_parallax_decode.py tests/test_projection_kernel.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
@@ -140,7 +142,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" kernel-tests probe-cost fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
+known=" gpu-tests kernel-tests probe-cost fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
