@@ -116,12 +116,15 @@ def took_fused_path(row: dict) -> bool:
 
 def markdown(result: dict) -> list[str]:
     """The page's body: per-layer and per-step ms of each projection and of the difference."""
+    from parallax_titan.model import FUSED_NORM_ROPE_MIN_HEAD_DIM
+
     layers, rows = result["layers"], result["rows"]
     paths = ("As the model runs it here, the Parallax projection puts q and k through the fused kernels too "
              "(`kernels.projection`), the projection without rho through Inductor: the difference is the "
              "probe's cost net of that; the last row is the Parallax projection through Inductor as well."
              if took_fused_path(rows["parallax"]) else
-             "Both projections run through Inductor here (`kernels.projection` takes heads of 64 or more).")
+             "Both projections run through Inductor here (`kernels.projection` takes heads of "
+             f"{FUSED_NORM_ROPE_MIN_HEAD_DIM} or more).")
     def cells(label, row, bold=""):
         return [label, f"{row['matmul']:.3f}", f"{row['other']:.3f}", f"{bold}{row['matmul'] * layers:.1f}{bold}",
                 f"{bold}{row['other'] * layers:.1f}{bold}", f"{(row['matmul'] + row['other']) * layers:.1f}"]
