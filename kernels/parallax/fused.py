@@ -20,6 +20,8 @@ column pass) are read through in-kernel tensor descriptors where the host found 
 (``TMA_OK``: heads D apart, 16-byte alignment); otherwise by masked pointer loads.
 Every kernel runs on a 1-D grid of (tile, head) programs in one of two orders (``_tile_order``):
 head-major or globally heaviest-first; the autotuner picks per shape (launch configs: tuning.py).
+On sm_90 GPUs the backward's two passes give way to ``hopper.py``'s (Gluon: asynchronous wgmma, TMA
+rings) where those apply (``hopper_unusable``).
 """
 
 from __future__ import annotations
@@ -461,6 +463,22 @@ def _tma_allocator(device: torch.device):
     triton.set_allocator(_scratch_allocators[device])
 
 
+def hopper_unusable(q, total, rows, *names) -> str | None:
+    """Why kernels ``names`` ("dq", "dkdv") on q over ``total`` tokens with row tensors ``rows``
+    ((tensor, token stride) pairs) run as the Triton kernels instead of ``hopper``'s, or None when they
+    do not: switched off (``tuning.hopper_kernels(False)``, ``candidates`` lists), this triton has no
+    Gluon for Hopper, or ``hopper.unusable``'s reasons (GPU, dtype, head dim, layout)."""
+    if not tuning.hopper_wanted(*names):
+        return "the Triton kernels were asked for (tuning.hopper_kernels or tuning.candidates)"
+    if not q.is_cuda:
+        return "inputs are not CUDA tensors"
+    try:
+        from kernels.parallax import hopper
+    except ImportError as exc:
+        return f"this triton has no Gluon for Hopper ({exc})"
+    return hopper.unusable(q, total, _tma_ok(q.shape[-1], rows))
+
+
 def check_head_dim(d):
     """Raise ValueError unless head_dim d is a power of two in [16, 256] (tl.dot tile rule)."""
     if d < 16 or d > 256 or d & (d - 1):
@@ -504,13 +522,14 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     total, n, hq, docs, _, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
     (k, skt, skh), (v, svt, svh) = _tokens(k), _tokens(v)
-    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, svt)])
-    if meta["TMA_OK"]:
-        _tma_allocator(q.device)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
     tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
+    rows = [(q, sqt), (r, sqt), (k, skt), (v, svt)]
+    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], rows)
+    if meta["TMA_OK"]:
+        _tma_allocator(q.device)
     kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, svt, svh, qk_scale, band,
@@ -525,24 +544,34 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (Hq, B * L) fp32 from forward.
     cu_seqlens, window: as in ``forward``.
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
-    Two passes: a row pass (dq, drho) then a column pass (dk, dv), 11 matmuls per tile pair.
-    dq_config, dkdv_config: optional explicit configs of the two passes, as ``forward``'s config
+    Two passes: a row pass (dq, drho) then a column pass (dk, dv), 11 matmuls per tile pair. On an
+    sm_90 GPU both run as ``hopper``'s kernels where they apply (``hopper_unusable`` says why not),
+    unless configs are given.
+    dq_config, dkdv_config: optional explicit configs of the two Triton passes, as ``forward``'s config
     (the column pass also reads "ROWS").
     """
     total, n, hq, docs, doce, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
     (k, skt, skh), (v, svt, svh) = _tokens(k), _tokens(v)
     do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
-    wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
-    meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, svt), (do, do.stride(1))])
-    if meta["TMA_OK"]:
-        _tma_allocator(q.device)
     tau = torch.empty_like(tbar)
     beta = torch.empty_like(tbar)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dr = torch.empty_like(r, memory_format=torch.contiguous_format)
+    rows = [(q, sqt), (r, sqt), (k, skt), (v, svt), (do, do.stride(1))]
+    if dq_config is None and dkdv_config is None and hopper_unusable(q, total, rows, "dq", "dkdv") is None:
+        from kernels.parallax import hopper
+
+        hopper.backward(q, r, k, v, o, vbar, do, tbar, lse, (tau, beta, dq, dr, dk, dv), docs, doce,
+                                 strides={"q": sqt, "do": do.stride(1), "k": skt, "v": svt}, total=total,
+                                 seq_len=n, window=band, scale=scale, qk_scale=qk_scale, varlen=meta["VARLEN"])
+        return dq, dr, dk, dv
+    wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
+    meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], rows)
+    if meta["TMA_OK"]:
+        _tma_allocator(q.device)
     kernel, launch = tuning.select("dq", _bwd_dq_kernel, work, dq_config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,

@@ -19,10 +19,9 @@ descriptors where the inputs allow); ``num_warps`` and ``num_stages`` as usual.
   ``kernels.parallax_attention``, ``with tuning.candidates(dkdv=[...]):`` (a list of one config runs
   that config; ``with tuning.candidates(**tuning.SWEEP):`` autotunes over the sweep lists).
 * ``autotune_report()``: what the autotuners chose, and their timings, per key.
-
-Decode is not autotuned: a table per head dim gives (block_n, num_warps, num_stages), and
-``decode_fused.pick_num_splits`` the split count; ``decode_fused.parallax_decode_triton`` takes
-explicit ``block_n``, ``num_warps``, ``num_stages``, ``num_splits`` to override them.
+* The backward's Hopper kernels (``hopper.py``, Gluon) take the place of the ``"dq"`` and ``"dkdv"``
+  kernels where they apply, with ``HOPPER_CONFIGS``; ``with tuning.hopper_kernels(False):`` keeps the
+  Triton kernels (as do explicit configs and ``candidates`` lists for either pass).
 """
 
 from __future__ import annotations
@@ -89,6 +88,14 @@ TUNE_KEY = ["D", "VARLEN", "PREC", "TMA_OK", "TUNE_T", "TUNE_L", "TUNE_W"]
 # (MAD's models, unit tests) take the first candidate. Training shapes are 100x above it.
 SMALL_WORK = 2**30
 
+# The backward's Hopper kernels (kernels/parallax/hopper.py), per kernel name and head dim: (BM, BN, num_warps, stages
+# of the TMA ring), the fastest of the H200 sweeps at B4 L4096 (docs/bench/attention_hopper.md).
+HOPPER_CONFIGS = {
+    "dq": {128: (64, 64, 4, 2), 64: (64, 32, 4, 3)},
+    "dkdv": {128: (32, 64, 4, 3), 64: (64, 64, 4, 3)},
+}
+_hopper = [True]
+
 # Decode, per head dim: (block_n, num_warps, num_stages), from the H200 sweep (docs/kernels_decode.md).
 DECODE_CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3)}
 # Several waves of (batch, kv head) groups: more programs per SM (D=128: 2 stages, 3 fit instead
@@ -141,6 +148,26 @@ def candidates(**lists):
     finally:
         _active.clear()
         _active.update(saved)
+
+
+@contextlib.contextmanager
+def hopper_kernels(enabled: bool):
+    """Within the block, attention runs the Hopper kernels where they apply (``enabled``, the default
+    outside any block) or always the Triton kernels. Process-wide; nests."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"hopper_kernels(enabled) takes a bool, got {enabled!r}")
+    _hopper.append(enabled)
+    try:
+        yield
+    finally:
+        _hopper.pop()
+
+
+def hopper_wanted(*names: str) -> bool:
+    """Whether kernels ``names`` may run as the Hopper kernels: enabled (``hopper_kernels``), each has a
+    Hopper config, and their Triton candidate lists are the shipped ones (a ``candidates`` block asks
+    for the Triton kernels under its configs, so it gets them)."""
+    return _hopper[-1] and all(name in HOPPER_CONFIGS and active(name) == SHIPPED[name] for name in names)
 
 
 def choose(name: str, work: int, config=None, *, interpret: bool = INTERPRET) -> dict | None:

@@ -2,7 +2,8 @@
 the published Parallax kernels, all in one run on one GPU, bf16.
 
 Methods: torch SDPA with the cuDNN and flash backends (softmax baselines), ours
-(kernels.parallax_attention, Triton), PyPI parallax-kernel 0.1.1 (``parallax.parallax_func``)
+(kernels.parallax_attention: Triton, with the Gluon Hopper backward on sm_90; ``parallax_ours_triton_bwd``
+keeps the Triton backward passes), PyPI parallax-kernel 0.1.1 (``parallax.parallax_func``)
 and fla-core 0.6.0 (``fla.ops.parallax.parallel_parallax``) when importable (benchmark-only
 wheels, never dependencies). Times are medians of triton.testing.do_bench, measured twice;
 ratios are against cuDNN softmax at the same shape (and, for D=64, at D=128) from this run.
@@ -49,6 +50,16 @@ def make_inputs(b, n, hq, hkv, d, seed=0):
     return q, r, k, v
 
 
+def _triton_backward(fn):
+    """``fn`` timed with the Triton backward passes instead of the Hopper kernels: ``bench_one`` enters
+    its ``context`` around the whole timed step (the backward runs after ``fn`` returns)."""
+    def wrapped(*args):
+        return fn(*args)
+
+    wrapped.context = lambda: tuning.hopper_kernels(False)
+    return wrapped
+
+
 def methods(competitors=True):
     """name -> (input layout: 'blhd', 'bhld' or 'bhld_mha' (kv heads expanded), fn(q, r, k, v) -> out)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -65,6 +76,7 @@ def methods(competitors=True):
         "softmax_cudnn": ("bhld_mha", sdpa(SDPBackend.CUDNN_ATTENTION)),
         "softmax_flash": ("bhld_mha", sdpa(SDPBackend.FLASH_ATTENTION)),
         "parallax_ours": ("blhd", lambda q, r, k, v: parallax_attention(q, r, k, v)),
+        "parallax_ours_triton_bwd": ("blhd", _triton_backward(lambda q, r, k, v: parallax_attention(q, r, k, v))),
     }
     if not competitors:
         return impls
@@ -96,6 +108,11 @@ def to_layout(tensors, layout, group):
 def bench_one(fn, inputs, mode):
     """Milliseconds of ``fn(*inputs)`` (mode "fwd", under no_grad) or of it and its backward
     ("fwd_bwd"): {"ms": the lower of two do_bench medians, "ms_runs": both}."""
+    with getattr(fn, "context", contextlib.nullcontext)():
+        return _bench_steps(fn, inputs, mode)
+
+
+def _bench_steps(fn, inputs, mode):
     import triton
 
     leaves = [x.detach().requires_grad_(mode == "fwd_bwd") for x in inputs]
@@ -121,7 +138,7 @@ def agreement(impls, tensors, group):
     ours = impls["parallax_ours"][1](*tensors).float()
     res = {}
     for name, (layout, fn) in impls.items():
-        if name.startswith("parallax") and name != "parallax_ours":
+        if name.startswith("parallax") and not name.startswith("parallax_ours"):
             out = fn(*to_layout(tensors, layout, group))
             out = out.transpose(1, 2) if layout.startswith("bhld") else out
             res[name] = ((out.float() - ours).norm() / ours.norm()).item()
@@ -178,7 +195,8 @@ def ratios(results):
 
 
 MEASURED = ("forward and forward+backward time of causal attention, bf16: torch SDPA softmax (cuDNN, flash "
-            "backends; KV heads expanded to Hq outside the timed region), ours (kernels.parallax_attention) and, "
+            "backends; KV heads expanded to Hq outside the timed region), ours (kernels.parallax_attention; "
+            "parallax_ours_triton_bwd: the same with the Triton backward passes instead of the Hopper kernels) and, "
             "when importable, parallax-kernel 0.1.1 and fla 0.6.0; triton.testing.do_bench median, 2 runs, the "
             "lower reported; fwd under no_grad; ratios against cuDNN softmax at the same shape (and at D=128)")
 

@@ -1,0 +1,399 @@
+"""Hopper (sm_90) kernels of the fused Parallax attention's backward, written in Gluon: the row pass
+(dq, drho) and the column pass (dk, dv). Same formulas, phases, program order and outputs as
+``fused.py``'s Triton passes, with the scheduling triton's compiler does not generate for those.
+
+Per program, the tiles the loop does not stream stay in shared memory as wgmma operands (q, rho, dO
+in the row pass; k, v in the column pass); the streamed tiles (k, v; or q, rho, dO and the four
+per-query statistics) come through a ring of ``STAGES`` TMA buffers, one mbarrier per slot, the next
+tiles' copies in flight while a tile is computed. A tile's three score-shaped products (s, t and
+dO v^T, or their transposes) are issued together as asynchronous wgmmas; the softmax weights are
+computed while the other two still run, and the first gradient wgmma runs while the other gradient
+tiles are computed. Every wgmma is retired by the end of its loop iteration: an accumulator in
+flight across the loop's back edge makes ptxas serialise every wgmma of the kernel. Deterministic:
+no atomics.
+
+``unusable`` says why a call cannot take these kernels (then ``fused.backward`` runs its Triton
+passes); ``backward`` launches both with ``tuning.HOPPER_CONFIGS``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels.parallax import tuning
+
+_NO_SPECIALIZE = ["T", "L", "HQ", "HKV", "GROUP", "WINDOW"]
+# The TMA load's name: async_copy_global_to_shared in triton 3.6 (torch 2.11), async_load later.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _doc_bound(TABLE, tok, T, L, END: gl.constexpr, VARLEN: gl.constexpr):
+    """Start (END False) or end of token ``tok``'s document."""
+    if VARLEN:
+        return gl.load(TABLE + gl.minimum(tok, T - 1))
+    else:
+        return (tok // L) * L + (L if END else 0)
+
+
+@gluon.jit
+def _first_key(DOCS, tok, T, L, WINDOW, VARLEN: gl.constexpr):
+    return gl.maximum(_doc_bound(DOCS, tok, T, L, False, VARLEN), tok - WINDOW + 1)
+
+
+@gluon.jit
+def _tile_order(T, L, NH, TILE: gl.constexpr, FIRST_HEAVY: gl.constexpr, VARLEN: gl.constexpr,
+                GLOBAL_ORDER: gl.constexpr):
+    """(tile start, head) of this program, as ``fused._tile_order``: the costliest tiles first (key
+    tiles early in their document, FIRST_HEAVY; query tiles late in it)."""
+    pid = gl.program_id(0)
+    if GLOBAL_ORDER and (not VARLEN) and (L % TILE == 0):
+        rank = pid // (NH * (T // L))
+        rest = pid % (NH * (T // L))
+        j = rank if FIRST_HEAVY else L // TILE - 1 - rank
+        return ((rest // NH) * (L // TILE) + j) * TILE, rest % NH
+    n_tiles = gl.cdiv(T, TILE)
+    tile = pid % n_tiles
+    return (tile if FIRST_HEAVY else n_tiles - 1 - tile) * TILE, pid // n_tiles
+
+
+@gluon.jit
+def _row_phases(DOCS, m0, T, L, WINDOW, BM: gl.constexpr, BN: gl.constexpr, VARLEN: gl.constexpr):
+    """Key tiles of query tile [m0, m0 + BM), as ``fused._row_phases``: masked [lo, a_hi) (a document
+    start or the band's lower edge), full [a_hi, diag), masked from diag on (the diagonal); returns lo,
+    a_hi, diag and the number of tiles."""
+    last = gl.minimum(m0 + BM, T) - 1
+    lo = (_first_key(DOCS, m0, T, L, WINDOW, VARLEN) // BN) * BN
+    diag = (m0 // BN) * BN
+    a_hi = gl.minimum(gl.cdiv(_first_key(DOCS, last, T, L, WINDOW, VARLEN), BN) * BN, diag)
+    return lo, a_hi, diag, gl.cdiv(last + 1 - lo, BN)
+
+
+@gluon.jit
+def _key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN: gl.constexpr, layout: gl.constexpr, VARLEN: gl.constexpr):
+    """[BM, BN] bool in ``layout``: which of keys n0 .. n0 + BN - 1 each query ``offs_m`` reads."""
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+    return (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= key_lo[:, None])
+
+
+@gluon.jit
+def _store_tile(PTR, x, t0, h, T, H, D: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr):
+    """Rows [t0, t0 + ROWS) of head h of a contiguous (T, H, D) tensor from x ([ROWS, D] fp32 in
+    ``layout``), in PTR's dtype; rows past T are not written."""
+    rows = t0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    at = rows.to(gl.int64)[:, None] * (H * D) + h * D + cols[None, :]
+    gl.store(PTR + at, x.to(PTR.dtype.element_ty), mask=(rows < T)[:, None])
+
+
+@gluon.jit
+def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_smem, stat_smem, ready,
+                total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows
+    and the lse, tbar, tau, beta statistics; nothing past the end."""
+    go = i < total
+    h = kv_h * GROUP + i // n_per_head
+    m0 = lo + (i % n_per_head) * BM
+    slot = i % STAGES
+    bar = ready.index(slot)
+    nbytes: gl.constexpr = 3 * row_descs[0].block_type.nbytes + 4 * stat_descs[0].block_type.nbytes
+    mbarrier.expect(bar, nbytes, pred=go)
+    for j in gl.static_range(3):
+        _tma_load(row_descs[j], [m0, h * D], bar, row_smem[j].index(slot), pred=go)
+    for j in gl.static_range(4):
+        _tma_load(stat_descs[j], [h * T + m0], bar, stat_smem[j].index(slot), pred=go)
+
+
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, tau_desc, beta_desc, DK, DV, DOCS, DOCE,
+                 T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+                 D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                 VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BM, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    keys_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    queries_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    n0, kv_h = _tile_order(T, L, HKV, BN, True, VARLEN, GLOBAL_ORDER)
+    # query tiles: masked diagonal [lo, d_hi), full [d_hi, f_hi), masked tail [f_hi, hi) (fused.py)
+    end_full = gl.minimum(_doc_bound(DOCE, n0, T, L, True, VARLEN), n0 + WINDOW)
+    last_n = gl.minimum(n0 + BN, T) - 1
+    hi = gl.minimum(_doc_bound(DOCE, last_n, T, L, True, VARLEN), last_n + WINDOW)
+    lo = (n0 // BM) * BM
+    d_hi = gl.minimum(gl.cdiv(n0 + BN, BM) * BM, hi)
+    f_hi = d_hi + gl.maximum(end_full - d_hi, 0) // BM * BM
+    n_per_head = gl.cdiv(hi - lo, BM)
+    total = GROUP * n_per_head
+
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    row_smem = (q_smem, r_smem, do_smem)
+    stat_descs = (lse_desc, tbar_desc, tau_desc, beta_desc)
+    stat_smem = (gl.allocate_shared_memory(gl.float32, [STAGES, BM], lse_desc.layout),
+                 gl.allocate_shared_memory(gl.float32, [STAGES, BM], tbar_desc.layout),
+                 gl.allocate_shared_memory(gl.float32, [STAGES, BM], tau_desc.layout),
+                 gl.allocate_shared_memory(gl.float32, [STAGES, BM], beta_desc.layout))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(ready.index(b), count=1)
+    mbarrier.init(kv_ready, count=1)
+
+    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
+    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs, row_smem, stat_smem,
+                    ready, total, D, BM, STAGES)
+
+    offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
+    zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
+    dk = hopper.warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
+    dv = hopper.warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
+    mbarrier.wait(kv_ready, 0)
+    for i in range(total):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        q_tile = q_smem.index(slot)
+        r_tile = r_smem.index(slot)
+        do_tile = do_smem.index(slot)
+        st = hopper.warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        tt = hopper.warpgroup_mma(k_smem, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        at = hopper.warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+
+        h = kv_h * GROUP + i // n_per_head
+        m0 = lo + (i % n_per_head) * BM
+        offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
+        ok_m = offs_m < T
+
+        # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
+        st = hopper.warpgroup_mma_wait(2, deps=(st, ))
+        _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs,
+                    row_smem, stat_smem, ready, total, D, BM, STAGES)
+        # the statistics are read where they are used: held across the loop body they spill
+        pt = gl.exp2(st * qk_scale - stat_smem[0].index(slot).load(queries_layout)[None, :])
+        if (m0 < d_hi) | (m0 >= f_hi):
+            key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+            ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
+            pt = gl.where(ok, pt, 0.0)
+        tt = hopper.warpgroup_mma_wait(1, deps=(tt, ))
+        c = 1.0 + stat_smem[1].index(slot).load(queries_layout)[None, :] - tt
+        dv = hopper.warpgroup_mma(gl.convert_layout((pt * c).to(dtype), a_layout), do_tile, dv, is_async=True)
+        at = hopper.warpgroup_mma_wait(1, deps=(at, ))
+        beta = stat_smem[3].index(slot).load(queries_layout)
+        delta = at - beta[None, :]
+        bmt = beta - stat_smem[2].index(slot).load(queries_layout)
+        g1 = gl.convert_layout((pt * (c * delta + bmt[None, :]) * scale).to(dtype), a_layout)
+        g2 = gl.convert_layout((-pt * delta).to(dtype), a_layout)
+        dk = hopper.warpgroup_mma(g1, q_tile, dk, is_async=True)
+        dk = hopper.warpgroup_mma(g2, r_tile, dk, is_async=True)
+        # retired here: an accumulator still in flight across the loop's back edge makes ptxas serialise
+        # every wgmma of the kernel
+        dk, dv = hopper.warpgroup_mma_wait(0, deps=(dk, dv))
+        dk = hopper.warpgroup_mma_init(dk)
+        dv = hopper.warpgroup_mma_init(dv)
+
+    dk, dv = hopper.warpgroup_mma_wait(0, deps=(dk, dv))
+    for b in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(b))
+    mbarrier.invalidate(kv_ready)
+    _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
+    _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
+
+
+# ----------------------------------------------------------------------------- row pass (dq, drho)
+@gluon.jit
+def _issue_keys(j, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D: gl.constexpr, BN: gl.constexpr,
+                STAGES: gl.constexpr):
+    """Start the TMA copies of key tile ``j`` (of ``n_tiles``) into its ring slot; nothing past the end."""
+    go = j < n_tiles
+    n0 = lo + j * BN
+    slot = j % STAGES
+    bar = ready.index(slot)
+    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes, pred=go)
+    _tma_load(k_desc, [n0, kv_h * D], bar, k_smem.index(slot), pred=go)
+    _tma_load(v_desc, [n0, kv_h * D], bar, v_smem.index(slot), pred=go)
+
+
+@gluon.jit
+def _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: gl.constexpr,
+               num_warps: gl.constexpr):
+    """tau = dO.o and beta = dO.vbar of rows [m0, m0 + BM) of head h ([BM] fp32), stored head-major."""
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // D, D // 8],
+                                            warps_per_cta=[num_warps, 1], order=[1, 0])
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    ok = rows < T
+    at = rows.to(gl.int64)[:, None] * (HQ * D) + h * D + cols[None, :]
+    do = do_smem.load(layout).to(gl.float32)
+    tau = gl.sum(do * gl.load(O + at, mask=ok[:, None], other=0.0).to(gl.float32), 1)
+    beta = gl.sum(do * gl.load(VBAR + at, mask=ok[:, None], other=0.0).to(gl.float32), 1)
+    stat = h.to(gl.int64) * T + rows
+    gl.store(TAU + stat, tau, mask=ok)
+    gl.store(BETA + stat, beta, mask=ok)
+    return tau, beta
+
+
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _dq_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU, BETA, DQ, DR, DOCS,
+               T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+               D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+               VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BN, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    m0, h = _tile_order(T, L, HQ, BM, False, VARLEN, GLOBAL_ORDER)
+    kv_h = h // GROUP
+    lo, a_hi, diag, n_tiles = _row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [BM, D], r_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(ready.index(b), count=1)
+    mbarrier.init(q_ready, count=1)
+
+    mbarrier.expect(q_ready, 3 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
+    _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
+    _tma_load(do_desc, [m0, h * D], q_ready, do_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
+
+    offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
+    ok_m = offs_m < T
+    stat = h.to(gl.int64) * T + offs_m
+    lse = gl.load(LSE + stat, mask=ok_m, other=0.0)
+    tbar = gl.load(TBAR + stat, mask=ok_m, other=0.0)
+    mbarrier.wait(q_ready, 0)
+    tau, beta = _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D, BM, num_warps)
+    beta = gl.convert_layout(beta, rows_layout)
+    bmt = beta - gl.convert_layout(tau, rows_layout)
+
+    zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
+    dq = hopper.warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
+    dr = hopper.warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        k_tile = k_smem.index(slot)
+        s = hopper.warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        t = hopper.warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        a = hopper.warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                 is_async=True)
+        s, dq, dr = hopper.warpgroup_mma_wait(2, deps=(s, dq, dr))
+        _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        n0 = lo + j * BN
+        if (n0 < a_hi) | (n0 >= diag):
+            p = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), p, 0.0)
+        t = hopper.warpgroup_mma_wait(1, deps=(t, ))
+        c = 1.0 + tbar[:, None] - t
+        a = hopper.warpgroup_mma_wait(0, deps=(a, ))
+        delta = a - beta[:, None]
+        g1 = gl.convert_layout((p * (c * delta + bmt[:, None])).to(dtype), a_layout)
+        g2 = gl.convert_layout((-p * delta).to(dtype), a_layout)
+        dq = hopper.warpgroup_mma(g1, k_tile, dq, is_async=True)
+        dr = hopper.warpgroup_mma(g2, k_tile, dr, is_async=True)
+        # retired here: an accumulator still in flight across the loop's back edge makes ptxas serialise
+        # every wgmma of the kernel
+        dq, dr = hopper.warpgroup_mma_wait(0, deps=(dq, dr))
+        dq = hopper.warpgroup_mma_init(dq)
+        dr = hopper.warpgroup_mma_init(dr)
+
+    dq, dr = hopper.warpgroup_mma_wait(0, deps=(dq, dr))
+    for b in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(b))
+    mbarrier.invalidate(q_ready)
+    _store_tile(DQ, dq * scale, m0, h, T, HQ, D, BM, acc_layout)
+    _store_tile(DR, dr, m0, h, T, HQ, D, BM, acc_layout)
+
+
+# ----------------------------------------------------------------------------- launch
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def unusable(q, total: int, tma_ok: bool) -> str | None:
+    """Why attention on q (B, L, Hq, D) over ``total`` tokens cannot run these kernels, or None.
+    ``tma_ok``: the row tensors' layout allows TMA descriptors (``fused._tma_ok``)."""
+    if not q.is_cuda:
+        return "inputs are not CUDA tensors"
+    arch = torch.cuda.get_device_capability(q.device)
+    if arch != (9, 0):
+        return f"wgmma needs an sm_90 GPU, this one is sm_{arch[0]}{arch[1]}"
+    if q.dtype not in _GL_DTYPES:
+        return f"dtype {q.dtype} (bf16 or fp16 only)"
+    if any(q.shape[-1] not in configs for configs in tuning.HOPPER_CONFIGS.values()):
+        return f"head_dim {q.shape[-1]} has no Hopper config (tuning.HOPPER_CONFIGS)"
+    if total % 4:
+        return f"{total} tokens: the statistics' TMA copies start at 16-byte boundaries (a multiple of 4 tokens)"
+    if not tma_ok:
+        return "the row tensors' layout does not allow TMA (heads D apart, 16-byte aligned)"
+    return None
+
+
+def _rows_descriptor(x, stride_t, total, heads, d, block_rows):
+    """TMA descriptor over a (T, H, D) tensor with token stride ``stride_t``, viewed as (T, H * D)."""
+    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPES[x.dtype])
+    return TensorDescriptor(x, [total, heads * d], [stride_t, 1], [block_rows, d], layout)
+
+
+def _row_descriptors(q, r, k, v, do, strides, total, bm, bn):
+    """(q, rho, dO, k, v) TMA descriptors: blocks of ``bm`` query rows, ``bn`` key rows."""
+    d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
+    return (_rows_descriptor(q, strides["q"], total, hq, d, bm), _rows_descriptor(r, strides["q"], total, hq, d, bm),
+            _rows_descriptor(do, strides["do"], total, hq, d, bm), _rows_descriptor(k, strides["k"], total, hkv, d, bn),
+            _rows_descriptor(v, strides["v"], total, hkv, d, bn))
+
+
+def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides, total, seq_len, window, scale,
+             qk_scale, varlen):
+    """Both passes, as ``fused.backward`` calls them (after ``unusable`` returned None).
+
+    q, r: (B, L, Hq, D) with token stride ``strides["q"]``; k, v: (B, L, Hkv, D), token strides
+    ``strides["k"]``, ``strides["v"]``; o, vbar, do: (B, L, Hq, D) contiguous (``strides["do"]``);
+    all bf16 or fp16, heads D apart. tbar, lse: (Hq, T) fp32 from the forward. ``outputs``: the
+    (tau, beta, dq, dr, dk, dv) buffers written (tau, beta: (Hq, T) fp32; gradients contiguous).
+    docs, doce: per-token document start/end tables (read when ``varlen``); window: the band, at
+    most T; scale: softmax scale; qk_scale: scale * log2(e).
+    """
+    tau, beta, dq, dr, dk, dv = outputs
+    d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
+    sizes = (total, seq_len, hq, hkv, hq // hkv, window, scale, qk_scale)
+    bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dq"][d]
+    descs = _row_descriptors(q, r, k, v, do, strides, total, bm, bn)
+    _dq_kernel[(triton.cdiv(total, bm) * hq,)](*descs, o, vbar, tbar, lse, tau, beta, dq, dr, docs, *sizes,
+                                               D=d, BM=bm, BN=bn, STAGES=stages, VARLEN=varlen, GLOBAL_ORDER=True,
+                                               num_warps=warps)
+    bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dkdv"][d]
+    descs = _row_descriptors(q, r, k, v, do, strides, total, bm, bn)
+    stat_layout = gl.NVMMASharedLayout.get_default_for([bm], gl.float32)
+    stats = [TensorDescriptor(x, [x.numel()], [1], [bm], stat_layout) for x in (lse, tbar, tau, beta)]
+    _dkdv_kernel[(triton.cdiv(total, bn) * hkv,)](*descs, *stats, dk, dv, docs, doce, *sizes,
+                                                  D=d, BM=bm, BN=bn, STAGES=stages, VARLEN=varlen,
+                                                  GLOBAL_ORDER=True, num_warps=warps)

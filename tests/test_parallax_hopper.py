@@ -1,0 +1,201 @@
+"""The backward's Hopper kernels (kernels/parallax/hopper.py, Gluon): row pass and column pass.
+
+On CPU: each kernel compiles for sm_90 with its shipped config and keeps its wgmmas asynchronous
+(ptxas serialises every wgmma of a kernel when an accumulator is live in flight across a loop's back
+edge), and the dispatch's rules (which calls take them, how to switch them off). GPU tests (marked
+``gpu``) run them against the fp64 reference and the Triton kernels, over shapes, dtypes, GQA,
+documents and windows, and twice for bit-identical results.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import types
+
+import pytest
+import torch
+
+from kernels.parallax import fused, tuning
+
+gluon_hopper = pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+
+# ----------------------------------------------------------------------------- sm_90 compiles (CPU)
+def _compile(kernel_name, d, varlen):
+    """SASS of a hopper kernel compiled for sm_90 with its shipped config (bf16)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.parallax import hopper
+    from scripts.bench.kernel_resources import _cuobjdump
+
+    bm, bn, warps, stages = tuning.HOPPER_CONFIGS[kernel_name][d]
+
+    def desc(shape):
+        return f"tensordesc<{'bf16' if len(shape) == 2 else 'fp32'}{list(shape)},"\
+               f"{gl.NVMMASharedLayout.get_default_for(list(shape), gl.bfloat16 if len(shape) == 2 else gl.float32)!r}>"
+
+    kernel = {"dq": hopper._dq_kernel, "dkdv": hopper._dkdv_kernel}[kernel_name]
+    types_ = {"q_desc": desc((bm, d)), "r_desc": desc((bm, d)), "do_desc": desc((bm, d)),
+              "k_desc": desc((bn, d)), "v_desc": desc((bn, d))}
+    for stat in ("lse_desc", "tbar_desc", "tau_desc", "beta_desc"):
+        types_[stat] = desc((bm,))
+    types_.update({name: "*fp32" for name in ("TBAR", "LSE", "TAU", "BETA")})
+    types_.update({name: "*bf16" for name in ("O", "VBAR", "DQ", "DR", "DK", "DV")})
+    types_.update({name: "*i32" for name in ("DOCS", "DOCE")})
+    types_.update({name: "i32" for name in ("T", "L", "HQ", "HKV", "GROUP", "WINDOW")})
+    types_.update({"scale": "fp32", "qk_scale": "fp32"})
+    constexprs = {"D": d, "BM": bm, "BN": bn, "STAGES": stages, "VARLEN": varlen, "GLOBAL_ORDER": True,
+                  "num_warps": warps}
+    signature = {p.name: "constexpr" if p.name in constexprs else types_[p.name] for p in kernel.params}
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps})
+    return _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("kernel_name", ["dq", "dkdv"])
+def test_kernels_compile_for_hopper_with_wgmmas_left_in_flight(kernel_name, d, varlen):
+    """Each pass issues its three score products before waiting for the first (a wait that leaves two
+    in flight), so ptxas did not serialise its wgmmas (it would wait for none in flight after every
+    one)."""
+    sass = _compile(kernel_name, d, varlen)
+    waits = [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)]
+    assert sass.count("HGMMA") > 0 and waits
+    assert max(waits) == 2, waits
+
+
+# ----------------------------------------------------------------------------- dispatch (CPU)
+def _fake_cuda(dtype=torch.bfloat16, d=128):
+    return types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=dtype, shape=(2, 64, 4, d))
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(arch=(8, 0)), "sm_90 GPU, this one is sm_80"),
+    (dict(arch=(10, 0)), "sm_90 GPU, this one is sm_100"),
+    (dict(dtype=torch.float32), "dtype torch.float32"),
+    (dict(d=96), "head_dim 96 has no Hopper config"),
+    (dict(d=256), "head_dim 256 has no Hopper config"),
+    (dict(total=130), "130 tokens"),
+    (dict(tma_ok=False), "does not allow TMA"),
+])
+def test_unusable_names_why(monkeypatch, change, reason):
+    from kernels.parallax import hopper
+
+    arch = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: arch[0])
+    assert hopper.unusable(_fake_cuda(), 128, True) is None
+    arch[0] = change.get("arch", (9, 0))
+    q = _fake_cuda(change.get("dtype", torch.bfloat16), change.get("d", 128))
+    assert reason in hopper.unusable(q, change.get("total", 128), change.get("tma_ok", True))
+
+
+def test_cpu_tensors_and_switched_off_calls_keep_the_triton_kernels(monkeypatch):
+    q = torch.zeros(1, 64, 4, 64)
+    rows = [(q, q.stride(1))]
+    assert "not CUDA" in fused.hopper_unusable(q, 64, rows, "dq", "dkdv")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    fake = _fake_cuda(d=64)
+    monkeypatch.setattr(fused, "_tma_ok", lambda d, rows: True)
+    assert fused.hopper_unusable(fake, 64, rows, "dq", "dkdv") is None
+    asked = "the Triton kernels were asked for (tuning.hopper_kernels or tuning.candidates)"
+    with tuning.hopper_kernels(False):
+        assert fused.hopper_unusable(fake, 64, rows, "dq", "dkdv") == asked
+        with tuning.hopper_kernels(True):
+            assert fused.hopper_unusable(fake, 64, rows, "dq", "dkdv") is None
+    for name in ("dq", "dkdv"):  # a candidates list for either pass keeps both Triton passes
+        with tuning.candidates(**{name: [tuning.SHIPPED[name][0]]}):
+            assert fused.hopper_unusable(fake, 64, rows, "dq", "dkdv") == asked
+    with tuning.candidates(fwd=[tuning.SHIPPED["fwd"][0]]):  # the forward's list does not concern the backward
+        assert fused.hopper_unusable(fake, 64, rows, "dq", "dkdv") is None
+    assert fused.hopper_unusable(fake, 64, rows, "fwd") == asked  # the forward has no Hopper kernel
+
+
+def test_hopper_kernels_takes_a_bool():
+    with pytest.raises(TypeError, match=r"hopper_kernels\(enabled\) takes a bool, got 'no'"):
+        with tuning.hopper_kernels("no"):
+            pass
+    assert tuning.hopper_wanted("dq", "dkdv")
+
+
+# ----------------------------------------------------------------------------- GPU
+def _is_hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+hopper_gpu = pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 GPU")
+
+
+def _inputs(b, n, hq, hkv, d, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, r, do = (torch.randn(b, n, hq, d, generator=gen, device="cuda").to(dtype) for _ in range(3))
+    k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda").to(dtype) for _ in range(2))
+    return q, (r.float() / math.sqrt(d)).to(dtype), k, v, do
+
+
+def _outputs(inputs, cu, window, hopper):
+    """(o, dq, dr, dk, dv) of the fused kernels, the backward's Hopper ones (``hopper``) or the Triton ones."""
+    q, r, k, v, do = inputs
+    scale = q.shape[-1] ** -0.5
+    with tuning.hopper_kernels(hopper):
+        saved = fused.forward(q, r, k, v, scale, cu, window)
+        return (saved[0], *fused.backward(do, q, r, k, v, *saved, scale, cu, window))
+
+
+def _reference(inputs, cu, window):
+    """fp64 (o, dq, dr, dk, dv) of the reference backend."""
+    from kernels import parallax_attention
+
+    leaves = [x.detach().double().requires_grad_() for x in inputs[:4]]
+    out = parallax_attention(*leaves, backend="reference", cu_seqlens=cu, window=window)
+    out.backward(inputs[4].double())
+    return (out.detach(), *[x.grad for x in leaves])
+
+
+def _rel(got, ref):
+    return float((got.double() - ref).norm() / ref.norm().clamp_min(1.0))
+
+
+CASES = {  # (B, L, Hq, Hkv, D, dtype, window, document lengths)
+    "d128_gqa2_ragged": (2, 1000, 16, 8, 128, torch.bfloat16, None, None),
+    "d64_gqa4": (1, 2048, 8, 2, 64, torch.bfloat16, None, None),
+    "d64_mha_fp16": (3, 300, 4, 4, 64, torch.float16, None, None),
+    "d128_window": (2, 778, 6, 2, 128, torch.bfloat16, 100, None),
+    "d128_documents": (1, 3000, 8, 2, 128, torch.bfloat16, None, [1, 700, 2299]),
+    "d64_documents_window": (1, 3000, 4, 1, 64, torch.bfloat16, 300, [64, 1935, 1001]),
+    "d128_short": (1, 132, 2, 1, 128, torch.bfloat16, 7, None),
+}
+
+
+@pytest.mark.gpu
+@hopper_gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_hopper_kernels_match_fp64_and_the_triton_kernels(name):
+    """Gradients of the Hopper kernels within twice the Triton kernels' distance from fp64 (or 1e-3),
+    and bit-identical over two runs."""
+    b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
+    inputs = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
+    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                                                   dtype=torch.int32, device="cuda")
+    rows = [(x, x.stride(1)) for x in inputs]
+    assert fused.hopper_unusable(inputs[0], b * n, rows, "dq", "dkdv") is None
+    hopper, triton_kernels = _outputs(inputs, cu, window, True), _outputs(inputs, cu, window, False)
+    ref = _reference(inputs, cu, window)
+    for what, got, base, exact in zip(("o", "dq", "dr", "dk", "dv"), hopper, triton_kernels, ref):
+        assert _rel(got, exact) < max(2.0 * _rel(base, exact), 1e-3), (what, _rel(got, exact), _rel(base, exact))
+    assert all(torch.equal(a, b) for a, b in zip(hopper, _outputs(inputs, cu, window, True)))
+
+
+@pytest.mark.gpu
+@hopper_gpu
+def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_kernels():
+    """777 tokens: the statistics' TMA copies would start off 16-byte boundaries; the Triton kernels run
+    and give the fp64 results."""
+    inputs = _inputs(1, 777, 8, 2, 64, torch.bfloat16, seed=3)
+    assert "777 tokens" in fused.hopper_unusable(inputs[0], 777, [(x, x.stride(1)) for x in inputs], "dq", "dkdv")
+    ref = _reference(inputs, None, None)
+    assert all(_rel(g, e) < 2e-2 for g, e in zip(_outputs(inputs, None, None, True), ref))
