@@ -14,6 +14,8 @@
 #   attention     scripts.bench.attention --no-competitors (our kernels vs cuDNN / flash)
 #   attention-sweep  the same, autotuning over the wider sweep lists (incl. the ROWS column-pass candidates
 #                 and the TMA configs)
+#   attention-hopper  scripts.bench.attention_hopper: the backward's Hopper kernels under each launch config
+#                 candidate beside the Triton passes
 #   attention-loops  scripts.bench.attention_loops: the kernels per shipped config with warp-specialized,
 #                 per-loop-pipelined or TMA tile loads beside the shipped ones
 #   family-tests  pytest -m gpu on the Parallax family's kernels and mixers, the orthogonalisers and the
@@ -72,11 +74,12 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   case $name in
     gpu-tests) timeout -s INT "$t" python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests ;;
     kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py tests/test_nonfinite.py \
-                    tests/test_parallax_decode.py tests/test_projection_kernel.py ;;
+                    tests/test_parallax_hopper.py tests/test_parallax_decode.py tests/test_projection_kernel.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
     attention) timeout "$t" python3 -m scripts.bench.attention --no-competitors --out "$work/attention_train" ;;
     probe-cost) timeout "$t" python3 -m scripts.bench.probe_cost --out "$work/probe_cost" \
                   && timeout "$t" python3 -m scripts.bench.probe_cost --variant parallax_dagger --out "$work/probe_cost_dagger" ;;
+    attention-hopper) timeout "$t" python3 -m scripts.bench.attention_hopper --out "$work/attention_hopper" ;;
     attention-sweep) timeout "$t" python3 -m scripts.bench.attention --sweep --no-competitors \
                        --out "$work/attention_sweep" ;;
     attention-loops) timeout "$t" python3 -m scripts.bench.attention_loops --out "$work/attention_loops" ;;
@@ -142,7 +145,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" gpu-tests kernel-tests probe-cost fla-tests fla-match fla-fsdp attention attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
+known=" gpu-tests kernel-tests probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

@@ -199,3 +199,28 @@ def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_kernels():
     assert "777 tokens" in fused.hopper_unusable(inputs[0], 777, [(x, x.stride(1)) for x in inputs], "dq", "dkdv")
     ref = _reference(inputs, None, None)
     assert all(_rel(g, e) < 2e-2 for g, e in zip(_outputs(inputs, None, None, True), ref))
+
+
+# ----------------------------------------------------------------------------- the config sweep (CPU)
+def test_sweep_sets_a_config_for_its_block_and_renders_rows(tmp_path):
+    from scripts.bench import attention_hopper as sweep
+
+    shipped = tuning.HOPPER_CONFIGS["dq"][128]
+    with sweep.hopper_config("dq", 128, (128, 32, 8, 2)):
+        assert tuning.HOPPER_CONFIGS["dq"][128] == (128, 32, 8, 2)
+    assert tuning.HOPPER_CONFIGS["dq"][128] == shipped
+    rows = [sweep.row((4, 4096), 128, "triton passes", 3.5, 1.0, 2.0, 3.5),
+            sweep.row((4, 4096), 128, "hopper, dq (64, 64, 4, 2)", 3.0, 1.0, 2.0, 3.5)]
+    text = sweep.report_markdown(rows)
+    assert "| 4 | 4096 | 128 | triton passes | 3.500 | 1.000 | 2.25 |" in text
+    assert "| 4 | 4096 | 128 | hopper, dq (64, 64, 4, 2) | 3.000 | 0.857 | 2.00 |" in text
+    for name, by_dim in sweep.CANDIDATES.items():  # every shipped config is among the candidates it won
+        assert all(tuning.HOPPER_CONFIGS[name][d] in by_dim[d] for d in by_dim)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without an sm_90 GPU")
+def test_sweep_refuses_without_a_hopper_gpu():
+    from scripts.bench import attention_hopper as sweep
+
+    with pytest.raises(SystemExit, match="needs an sm_90 GPU"):
+        sweep.main(["--out", "unused"])

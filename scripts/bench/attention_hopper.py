@@ -1,0 +1,133 @@
+"""Sweep the launch configs of the backward's Hopper kernels (kernels/parallax/hopper.py) on one sm_90 GPU.
+
+Per head dim at B4 L4096 Hq16 Hkv8, bf16, causal: the backward (``fused.backward`` called directly on
+one forward's outputs) with the Triton passes, then with the Hopper kernels under each column-pass
+candidate (the row pass at its shipped config) and each row-pass candidate (the column pass at its
+shipped config), all in one run, beside cuDNN softmax's forward + backward and our forward. Then the
+shipped configs against the Triton passes at B1 L16384 and B8 L2048. A config joins
+``tuning.HOPPER_CONFIGS`` when it wins.
+
+    python -m scripts.bench.attention_hopper --out docs/bench/attention_hopper
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+import torch
+
+from kernels.parallax import fused, tuning
+from scripts.bench.attention_loops import cudnn_ms
+from scripts.bench.results import command_line, describe, table, write_results
+
+# (BM, BN, num_warps, stages) candidates per pass and head dim
+CANDIDATES = {
+    "dq": {128: [(64, 32, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
+           64: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 2)]},
+    "dkdv": {128: [(32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4), (32, 128, 8, 2), (32, 128, 8, 3)],
+             64: [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 8, 2), (32, 128, 8, 3)]},
+}
+SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
+OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
+
+
+@contextlib.contextmanager
+def hopper_config(name: str, d: int, config: tuple):
+    """``tuning.HOPPER_CONFIGS[name][d]`` set to ``config`` within the block."""
+    saved = tuning.HOPPER_CONFIGS[name][d]
+    tuning.HOPPER_CONFIGS[name][d] = config
+    try:
+        yield
+    finally:
+        tuning.HOPPER_CONFIGS[name][d] = saved
+
+
+def inputs(b, n, hq, hkv, d, seed=0):
+    """bf16 CUDA q, r, do (B, L, Hq, D; r scaled by 1/sqrt(D)) and k, v (B, L, Hkv, D)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, r, do = (torch.randn(b, n, hq, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, r / d ** 0.5, k, v, do
+
+
+def timer(tensors):
+    """(forward ms, cuDNN softmax forward + backward ms, backward(hopper: bool) -> ms) at these inputs."""
+    import triton
+
+    q, r, k, v, do = tensors
+    scale = q.shape[-1] ** -0.5
+    saved = fused.forward(q, r, k, v, scale)
+
+    def backward_ms(hopper: bool) -> float:
+        def step():
+            fused.backward(do, q, r, k, v, *saved, scale)
+
+        with tuning.hopper_kernels(hopper):
+            step()  # compile (and autotune the Triton passes) outside the timing
+            torch.cuda.synchronize()
+            return triton.testing.do_bench(step, warmup=25, rep=100)
+
+    forward_ms = triton.testing.do_bench(lambda: fused.forward(q, r, k, v, scale), warmup=25, rep=100)
+    return forward_ms, cudnn_ms(q, k, v, do), backward_ms
+
+
+def row(shape, d, what, ms, forward_ms, cudnn, triton_ms):
+    return {"B": shape[0], "L": shape[1], "D": d, "backward": what, "ms": ms, "vs_triton": ms / triton_ms,
+            "fwd_bwd_vs_cudnn": (forward_ms + ms) / cudnn}
+
+
+def sweep(d: int) -> list[dict]:
+    """Rows of the sweep at SWEEP_SHAPE and head dim d: the Triton passes, then every candidate."""
+    forward_ms, cudnn, backward_ms = timer(inputs(*SWEEP_SHAPE, d))
+    triton_ms = backward_ms(False)
+    rows = [row(SWEEP_SHAPE, d, "triton passes", triton_ms, forward_ms, cudnn, triton_ms)]
+    for name in ("dkdv", "dq"):
+        for config in CANDIDATES[name][d]:
+            with hopper_config(name, d, config):
+                rows.append(row(SWEEP_SHAPE, d, f"hopper, {name} {config}", backward_ms(True), forward_ms, cudnn,
+                                triton_ms))
+    return rows
+
+
+def shipped_elsewhere(d: int) -> list[dict]:
+    """The shipped configs against the Triton passes at OTHER_SHAPES."""
+    rows = []
+    for shape in OTHER_SHAPES:
+        forward_ms, cudnn, backward_ms = timer(inputs(*shape, d))
+        triton_ms = backward_ms(False)
+        rows.append(row(shape, d, "triton passes", triton_ms, forward_ms, cudnn, triton_ms))
+        rows.append(row(shape, d, "hopper, shipped", backward_ms(True), forward_ms, cudnn, triton_ms))
+    return rows
+
+
+MEASURED = ("backward time (fused.backward called directly after one forward, triton.testing.do_bench median, "
+            "bf16, causal, Hq16/Hkv8) with the Triton passes and with the Hopper kernels under each candidate "
+            "config (the other pass at its shipped config); forward + backward against cuDNN softmax's forward + "
+            "backward of the same run (our forward: the Triton kernel)")
+
+
+def report_markdown(rows: list[dict]) -> str:
+    cells = ((r["B"], r["L"], r["D"], r["backward"], f"{r['ms']:.3f}", f"{r['vs_triton']:.3f}",
+              f"{r['fwd_bwd_vs_cudnn']:.2f}") for r in rows)
+    return "\n".join(table(["B", "L", "D", "backward", "ms", "/ Triton passes", "fwd+bwd / cuDNN"], cells)) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the sweep, write its page and JSON (``--out``), print the page."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.attention_hopper", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="docs/bench/attention_hopper", help="output path without extension")
+    parser.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=[128, 64], help="head dims")
+    args = parser.parse_args(argv)
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        raise SystemExit("scripts.bench.attention_hopper needs an sm_90 GPU (H100, H200)")
+    rows = [r for d in args.dims for r in sweep(d) + shipped_elsewhere(d)]
+    meta = describe("Backward on Hopper: launch config sweep", MEASURED, command_line(__spec__.name, argv))
+    print(write_results(args.out, meta, report_markdown(rows), {"rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
