@@ -22,8 +22,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia import hopper
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
+                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.parallax import tuning
@@ -163,8 +163,8 @@ def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, t
 
     offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
-    dk = hopper.warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
-    dv = hopper.warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
+    dk = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
+    dv = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
     mbarrier.wait(kv_ready, 0)
     for i in range(total):
         slot = i % STAGES
@@ -172,9 +172,9 @@ def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, t
         q_tile = q_smem.index(slot)
         r_tile = r_smem.index(slot)
         do_tile = do_smem.index(slot)
-        st = hopper.warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        tt = hopper.warpgroup_mma(k_smem, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        at = hopper.warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        tt = warpgroup_mma(k_smem, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
 
         h = kv_h * GROUP + i // n_per_head
         m0 = lo + (i % n_per_head) * BM
@@ -182,7 +182,7 @@ def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, t
         ok_m = offs_m < T
 
         # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
-        st = hopper.warpgroup_mma_wait(2, deps=(st, ))
+        st = warpgroup_mma_wait(2, deps=(st, ))
         _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs,
                     row_smem, stat_smem, ready, total, D, BM, STAGES)
         # the statistics are read where they are used: held across the loop body they spill
@@ -191,24 +191,24 @@ def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, t
             key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
             ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
             pt = gl.where(ok, pt, 0.0)
-        tt = hopper.warpgroup_mma_wait(1, deps=(tt, ))
+        tt = warpgroup_mma_wait(1, deps=(tt, ))
         c = 1.0 + stat_smem[1].index(slot).load(queries_layout)[None, :] - tt
-        dv = hopper.warpgroup_mma(gl.convert_layout((pt * c).to(dtype), a_layout), do_tile, dv, is_async=True)
-        at = hopper.warpgroup_mma_wait(1, deps=(at, ))
+        dv = warpgroup_mma(gl.convert_layout((pt * c).to(dtype), a_layout), do_tile, dv, is_async=True)
+        at = warpgroup_mma_wait(1, deps=(at, ))
         beta = stat_smem[3].index(slot).load(queries_layout)
         delta = at - beta[None, :]
         bmt = beta - stat_smem[2].index(slot).load(queries_layout)
         g1 = gl.convert_layout((pt * (c * delta + bmt[None, :]) * scale).to(dtype), a_layout)
         g2 = gl.convert_layout((-pt * delta).to(dtype), a_layout)
-        dk = hopper.warpgroup_mma(g1, q_tile, dk, is_async=True)
-        dk = hopper.warpgroup_mma(g2, r_tile, dk, is_async=True)
+        dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
+        dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
         # retired here: an accumulator still in flight across the loop's back edge makes ptxas serialise
         # every wgmma of the kernel
-        dk, dv = hopper.warpgroup_mma_wait(0, deps=(dk, dv))
-        dk = hopper.warpgroup_mma_init(dk)
-        dv = hopper.warpgroup_mma_init(dv)
+        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+        dk = warpgroup_mma_init(dk)
+        dv = warpgroup_mma_init(dv)
 
-    dk, dv = hopper.warpgroup_mma_wait(0, deps=(dk, dv))
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     for b in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(b))
     mbarrier.invalidate(kv_ready)
@@ -296,37 +296,37 @@ def _dq_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU,
     bmt = beta - gl.convert_layout(tau, rows_layout)
 
     zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
-    dq = hopper.warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
-    dr = hopper.warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
+    dq = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
+    dr = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
     for j in range(n_tiles):
         slot = j % STAGES
         mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
         k_tile = k_smem.index(slot)
-        s = hopper.warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        t = hopper.warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        a = hopper.warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        a = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
-        s, dq, dr = hopper.warpgroup_mma_wait(2, deps=(s, dq, dr))
+        s, dq, dr = warpgroup_mma_wait(2, deps=(s, dq, dr))
         _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
         p = gl.exp2(s * qk_scale - lse[:, None])
         n0 = lo + j * BN
         if (n0 < a_hi) | (n0 >= diag):
             p = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), p, 0.0)
-        t = hopper.warpgroup_mma_wait(1, deps=(t, ))
+        t = warpgroup_mma_wait(1, deps=(t, ))
         c = 1.0 + tbar[:, None] - t
-        a = hopper.warpgroup_mma_wait(0, deps=(a, ))
+        a = warpgroup_mma_wait(0, deps=(a, ))
         delta = a - beta[:, None]
         g1 = gl.convert_layout((p * (c * delta + bmt[:, None])).to(dtype), a_layout)
         g2 = gl.convert_layout((-p * delta).to(dtype), a_layout)
-        dq = hopper.warpgroup_mma(g1, k_tile, dq, is_async=True)
-        dr = hopper.warpgroup_mma(g2, k_tile, dr, is_async=True)
+        dq = warpgroup_mma(g1, k_tile, dq, is_async=True)
+        dr = warpgroup_mma(g2, k_tile, dr, is_async=True)
         # retired here: an accumulator still in flight across the loop's back edge makes ptxas serialise
         # every wgmma of the kernel
-        dq, dr = hopper.warpgroup_mma_wait(0, deps=(dq, dr))
-        dq = hopper.warpgroup_mma_init(dq)
-        dr = hopper.warpgroup_mma_init(dr)
+        dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
+        dq = warpgroup_mma_init(dq)
+        dr = warpgroup_mma_init(dr)
 
-    dq, dr = hopper.warpgroup_mma_wait(0, deps=(dq, dr))
+    dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
     for b in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(b))
     mbarrier.invalidate(q_ready)
