@@ -33,6 +33,12 @@ _NO_SPECIALIZE = ["T", "L", "HQ", "HKV", "GROUP", "WINDOW"]
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
+@gluon.constexpr_function
+def _mma_layout(num_warps, n):
+    """Layout of a wgmma accumulator with n columns, its warps stacked along the rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _doc_bound(TABLE, tok, T, L, END: gl.constexpr, VARLEN: gl.constexpr):
     """Start (END False) or end of token ``tok``'s document."""
@@ -94,6 +100,23 @@ def _store_tile(PTR, x, t0, h, T, H, D: gl.constexpr, ROWS: gl.constexpr, layout
 
 
 @gluon.jit
+def _retire(acc1, acc2):
+    """Wait for every wgmma in flight; the two accumulators back, to be accumulated into again. Done at
+    the end of each loop iteration: an accumulator still in flight across the loop's back edge makes
+    ptxas serialise every wgmma of the kernel."""
+    acc1, acc2 = warpgroup_mma_wait(0, deps=(acc1, acc2))
+    return warpgroup_mma_init(acc1), warpgroup_mma_init(acc2)
+
+
+@gluon.jit
+def _invalidate(ready, loaded, STAGES: gl.constexpr):
+    """Invalidate the ring's mbarriers ``ready`` and the one of the tiles loaded once."""
+    for b in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(b))
+    mbarrier.invalidate(loaded)
+
+
+@gluon.jit
 def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_smem, stat_smem, ready,
                 total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
     """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows
@@ -118,10 +141,8 @@ def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, t
                  VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BM, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = _mma_layout(num_warps, BM)
+    acc_layout: gl.constexpr = _mma_layout(num_warps, D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     keys_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     queries_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -202,16 +223,10 @@ def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, t
         g2 = gl.convert_layout((-pt * delta).to(dtype), a_layout)
         dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
         dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
-        # retired here: an accumulator still in flight across the loop's back edge makes ptxas serialise
-        # every wgmma of the kernel
-        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-        dk = warpgroup_mma_init(dk)
-        dv = warpgroup_mma_init(dv)
+        dk, dv = _retire(dk, dv)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    for b in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(b))
-    mbarrier.invalidate(kv_ready)
+    _invalidate(ready, kv_ready, STAGES)
     _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
     _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
 
@@ -256,10 +271,8 @@ def _dq_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU,
                VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BN, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+    acc_layout: gl.constexpr = _mma_layout(num_warps, D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
@@ -320,16 +333,10 @@ def _dq_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU,
         g2 = gl.convert_layout((-p * delta).to(dtype), a_layout)
         dq = warpgroup_mma(g1, k_tile, dq, is_async=True)
         dr = warpgroup_mma(g2, k_tile, dr, is_async=True)
-        # retired here: an accumulator still in flight across the loop's back edge makes ptxas serialise
-        # every wgmma of the kernel
-        dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
-        dq = warpgroup_mma_init(dq)
-        dr = warpgroup_mma_init(dr)
+        dq, dr = _retire(dq, dr)
 
     dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
-    for b in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(b))
-    mbarrier.invalidate(q_ready)
+    _invalidate(ready, q_ready, STAGES)
     _store_tile(DQ, dq * scale, m0, h, T, HQ, D, BM, acc_layout)
     _store_tile(DR, dr, m0, h, T, HQ, D, BM, acc_layout)
 
