@@ -38,7 +38,7 @@ def _compile(kernel_name, d, varlen):
         return f"tensordesc<{'bf16' if len(shape) == 2 else 'fp32'}{list(shape)},"\
                f"{gl.NVMMASharedLayout.get_default_for(list(shape), gl.bfloat16 if len(shape) == 2 else gl.float32)!r}>"
 
-    kernel = {"dq": hopper._dq_kernel, "dkdv": hopper._dkdv_kernel}[kernel_name]
+    kernel = {"dq": hopper._bwd_dq_hopper_kernel, "dkdv": hopper._bwd_dkdv_hopper_kernel}[kernel_name]
     types_ = {"q_desc": desc((bm, d)), "r_desc": desc((bm, d)), "do_desc": desc((bm, d)),
               "k_desc": desc((bn, d)), "v_desc": desc((bn, d))}
     for stat in ("lse_desc", "tbar_desc", "tau_desc", "beta_desc"):

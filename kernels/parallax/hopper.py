@@ -135,7 +135,7 @@ def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_sm
 
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
-def _dkdv_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, tau_desc, beta_desc, DK, DV, DOCS, DOCE,
+def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, tau_desc, beta_desc, DK, DV, DOCS, DOCE,
                  T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                  D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                  VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
@@ -265,7 +265,7 @@ def _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: g
 
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
-def _dq_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU, BETA, DQ, DR, DOCS,
+def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU, BETA, DQ, DR, DOCS,
                T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
@@ -394,13 +394,13 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
     sizes = (total, seq_len, hq, hkv, hq // hkv, window, scale, qk_scale)
     bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dq"][d]
     descs = _row_descriptors(q, r, k, v, do, strides, total, bm, bn)
-    _dq_kernel[(triton.cdiv(total, bm) * hq,)](*descs, o, vbar, tbar, lse, tau, beta, dq, dr, docs, *sizes,
+    _bwd_dq_hopper_kernel[(triton.cdiv(total, bm) * hq,)](*descs, o, vbar, tbar, lse, tau, beta, dq, dr, docs, *sizes,
                                                D=d, BM=bm, BN=bn, STAGES=stages, VARLEN=varlen, GLOBAL_ORDER=True,
                                                num_warps=warps)
     bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dkdv"][d]
     descs = _row_descriptors(q, r, k, v, do, strides, total, bm, bn)
     stat_layout = gl.NVMMASharedLayout.get_default_for([bm], gl.float32)
     stats = [TensorDescriptor(x, [x.numel()], [1], [bm], stat_layout) for x in (lse, tbar, tau, beta)]
-    _dkdv_kernel[(triton.cdiv(total, bn) * hkv,)](*descs, *stats, dk, dv, docs, doce, *sizes,
+    _bwd_dkdv_hopper_kernel[(triton.cdiv(total, bn) * hkv,)](*descs, *stats, dk, dv, docs, doce, *sizes,
                                                   D=d, BM=bm, BN=bn, STAGES=stages, VARLEN=varlen,
                                                   GLOBAL_ORDER=True, num_warps=warps)
