@@ -119,3 +119,15 @@ def test_tma_configs_compile_to_bulk_copies_on_hopper_and_pointer_loads_before()
     assert "cp.async.bulk.tensor" in ptx[90]
     assert "cp.async.bulk.tensor" not in ptx[80]
     assert "cp.async.cg.shared.global" in ptx[80] or "ld.global" in ptx[80]  # Ampere's pointer loads
+
+
+def test_hopper_passes_report_their_shipped_config_per_head_dim():
+    """The backward's Gluon passes (``*_hopper``) are reported with ``tuning.HOPPER_CONFIGS``'s config of
+    each head dim, compiled for Hopper's wgmma, within its registers and shared memory."""
+    from kernels.parallax import tuning
+
+    rows = list(kr.report_rows(["dq_hopper"], None, [64]))
+    bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dq"][64]
+    assert [row[:5] for row in rows] == [("dq_hopper", 64, f"{bm} x {bn}", warps, stages)]
+    registers, wgmma, shared = rows[0][5], rows[0][8], rows[0][9]
+    assert 0 < registers <= 255 and wgmma > 0 and 0 < shared <= 232448

@@ -23,36 +23,10 @@ gluon_hopper = pytest.importorskip("triton.experimental.gluon.language.nvidia.ho
 
 # ----------------------------------------------------------------------------- sm_90 compiles (CPU)
 def _compile(kernel_name, d, varlen):
-    """SASS of a hopper kernel compiled for sm_90 with its shipped config (bf16)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
+    """SASS of a hopper.py pass compiled for sm_90 with its shipped config (bf16)."""
+    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper
 
-    from kernels.parallax import hopper
-    from scripts.bench.kernel_resources import _cuobjdump
-
-    bm, bn, warps, stages = tuning.HOPPER_CONFIGS[kernel_name][d]
-
-    def desc(shape):
-        return f"tensordesc<{'bf16' if len(shape) == 2 else 'fp32'}{list(shape)},"\
-               f"{gl.NVMMASharedLayout.get_default_for(list(shape), gl.bfloat16 if len(shape) == 2 else gl.float32)!r}>"
-
-    kernel = {"dq": hopper._bwd_dq_hopper_kernel, "dkdv": hopper._bwd_dkdv_hopper_kernel}[kernel_name]
-    types_ = {"q_desc": desc((bm, d)), "r_desc": desc((bm, d)), "do_desc": desc((bm, d)),
-              "k_desc": desc((bn, d)), "v_desc": desc((bn, d))}
-    for stat in ("lse_desc", "tbar_desc", "tau_desc", "beta_desc"):
-        types_[stat] = desc((bm,))
-    types_.update({name: "*fp32" for name in ("TBAR", "LSE", "TAU", "BETA")})
-    types_.update({name: "*bf16" for name in ("O", "VBAR", "DQ", "DR", "DK", "DV")})
-    types_.update({name: "*i32" for name in ("DOCS", "DOCE")})
-    types_.update({name: "i32" for name in ("T", "L", "HQ", "HKV", "GROUP", "WINDOW")})
-    types_.update({"scale": "fp32", "qk_scale": "fp32"})
-    constexprs = {"D": d, "BM": bm, "BN": bn, "STAGES": stages, "VARLEN": varlen, "GLOBAL_ORDER": True,
-                  "num_warps": warps}
-    signature = {p.name: "constexpr" if p.name in constexprs else types_[p.name] for p in kernel.params}
-    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps})
+    compiled = compile_hopper(kernel_name, d, tuning.HOPPER_CONFIGS[kernel_name][d], varlen)
     return _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
 
 

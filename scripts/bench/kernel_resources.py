@@ -1,5 +1,5 @@
-"""Compile our Triton attention kernels for Hopper (sm_90) on a machine without a GPU and report what
-each launch configuration costs in resources: registers per thread, local-memory stack (spills),
+"""Compile our Triton attention kernels (and the backward's Gluon passes, ``*_hopper``) for Hopper
+(sm_90) on a machine without a GPU and report what each launch configuration costs in resources: registers per thread, local-memory stack (spills),
 spill stores/loads and wgmma instructions in the SASS, and shared memory.
 
 Triton's wheel carries ptxas and cuobjdump, so this needs no CUDA device or driver. It answers
@@ -48,6 +48,8 @@ SIZES = {"T", "L", "HQ"}
 # of its orientation
 KERNELS = {"fwd": ("fwd", {}), "dq": ("dq", {}), "dkdv": ("dkdv", {"ROWS": False}),
            "dkdv_rows": ("dkdv", {"ROWS": True})}
+# report name -> the backward pass of kernels/parallax/hopper.py (Gluon; configs in tuning.HOPPER_CONFIGS)
+HOPPER_KERNELS = {"dq_hopper": "dq", "dkdv_hopper": "dkdv"}
 
 
 def signature(kernel, constexprs: dict, types: dict | None = None) -> dict:
@@ -132,12 +134,41 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int, num_stages: int, ta
     return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
+def compile_hopper(name: str, d: int, config: tuple[int, int, int, int], varlen: bool = False, target=HOPPER):
+    """Pass ``name`` ("dq" or "dkdv") of ``kernels/parallax/hopper.py`` compiled for ``target`` with
+    ``config`` (BM, BN, num_warps, stages), bf16, its pointers specialised as a launch finds them."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.parallax import hopper
+
+    bm, bn, warps, stages = config
+    kernel = {"dq": hopper._bwd_dq_hopper_kernel, "dkdv": hopper._bwd_dkdv_hopper_kernel}[name]
+
+    def descriptor(shape, dtype, gl_dtype):
+        layout = gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype)
+        return f"tensordesc<{dtype}{list(shape)},{layout!r}>"
+
+    types = {n: descriptor((bm, d), "bf16", gl.bfloat16) for n in ("q_desc", "r_desc", "do_desc")}
+    types.update({n: descriptor((bn, d), "bf16", gl.bfloat16) for n in ("k_desc", "v_desc")})
+    types.update({f"{n}_desc": descriptor((bm,), "fp32", gl.float32) for n in ("lse", "tbar", "tau", "beta")})
+    constexprs = dict(D=d, BM=bm, BN=bn, STAGES=stages, VARLEN=varlen, GLOBAL_ORDER=True, num_warps=warps)
+    sig = signature(kernel, constexprs, types)
+    attrs = aligned(kernel, constexprs, FP32_POINTERS | INT_POINTERS | BF16_POINTERS)
+    return triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=target, options={"num_warps": warps})
+
+
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int, types: dict | None = None,
               divisible: set | None = None) -> dict:
-    """Compile for sm_90; registers, stack bytes, spill stores/loads, wgmma count, shared bytes,
-    (instructions, wgmma) of the leanest innermost loop that runs wgmma, and the count of each global
-    load / store opcode (``LDG.E.128``: 16 bytes wide; ``STG.E.U16``: one bf16 element)."""
-    compiled = compile_kernel(kernel, constexprs, num_warps, num_stages, types=types, divisible=divisible)
+    """Compile for sm_90 and give ``compiled_resources``."""
+    return compiled_resources(compile_kernel(kernel, constexprs, num_warps, num_stages, types=types,
+                                             divisible=divisible))
+
+
+def compiled_resources(compiled) -> dict:
+    """Registers, stack bytes, spill stores/loads, wgmma count, shared bytes, (instructions, wgmma) of
+    the leanest innermost loop that runs wgmma, and the count of each global load / store opcode
+    (``LDG.E.128``: 16 bytes wide; ``STG.E.U16``: one bf16 element) of a compiled kernel."""
     usage, sass = _cuobjdump(compiled.asm["cubin"], ["--dump-resource-usage"], ["-sass"])
     line = next(line for line in usage.splitlines() if "REG:" in line)
     fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
@@ -179,6 +210,9 @@ def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims
     the one ``config`` (BM, BN, num_warps, num_stages); ``tma``: with the TMA flag (row tiles read
     through tensor descriptors, as on inputs whose layout allows them)."""
     for name in names:
+        if name in HOPPER_KERNELS:
+            yield from _hopper_rows(name, config, dims)
+            continue
         kernel_name, flags = KERNELS[name]
         kernel = fused.JIT_KERNELS[kernel_name]
         tiles = [config] if config else shipped_tiles(name)
@@ -193,12 +227,23 @@ def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims
                        f"{r['loop'][0]} / {r['loop'][1]}")
 
 
+def _hopper_rows(name: str, config, dims: list[int]):
+    """``report_rows``'s cells for a Hopper pass: its shipped config per head dim, or ``config``."""
+    pass_name = HOPPER_KERNELS[name]
+    for d in dims:
+        bm, bn, warps, stages = config or tuning.HOPPER_CONFIGS[pass_name][d]
+        r = compiled_resources(compile_hopper(pass_name, d, (bm, bn, warps, stages)))
+        yield (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
+               f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"], f"{r['loop'][0]} / {r['loop'][1]}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the report (header, then one table row per kernel, head dim and config) to stdout."""
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.kernel_resources",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", choices=sorted(KERNELS), nargs="+", default=sorted(KERNELS))
+    parser.add_argument("--kernel", choices=sorted({**KERNELS, **HOPPER_KERNELS}), nargs="+",
+                        default=sorted({**KERNELS, **HOPPER_KERNELS}))
     parser.add_argument("--config", type=launch_config, help="BM,BN,num_warps,num_stages instead of the shipped lists")
     parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
     parser.add_argument("--tma", action="store_true", help="the kernels with the TMA flag (tensor-descriptor loads)")
