@@ -522,14 +522,13 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     total, n, hq, docs, _, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
     (k, skt, skh), (v, svt, svh) = _tokens(k), _tokens(v)
+    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, svt)])
+    if meta["TMA_OK"]:
+        _tma_allocator(q.device)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
     tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
-    rows = [(q, sqt), (r, sqt), (k, skt), (v, svt)]
-    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], rows)
-    if meta["TMA_OK"]:
-        _tma_allocator(q.device)
     kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, svt, svh, qk_scale, band,
@@ -565,8 +564,8 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
         from kernels.parallax import hopper
 
         hopper.backward(q, r, k, v, o, vbar, do, tbar, lse, (tau, beta, dq, dr, dk, dv), docs, doce,
-                                 strides={"q": sqt, "do": do.stride(1), "k": skt, "v": svt}, total=total,
-                                 seq_len=n, window=band, scale=scale, qk_scale=qk_scale, varlen=meta["VARLEN"])
+                        strides={"q": sqt, "do": do.stride(1), "k": skt, "v": svt}, total=total, seq_len=n,
+                        window=band, scale=scale, qk_scale=qk_scale, varlen=meta["VARLEN"])
         return dq, dr, dk, dv
     wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
     meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], rows)

@@ -135,10 +135,10 @@ def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_sm
 
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
-def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, tau_desc, beta_desc, DK, DV, DOCS, DOCE,
-                 T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
-                 D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                 VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
+def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, tau_desc, beta_desc,
+                            DK, DV, DOCS, DOCE, T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+                            D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                            VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BM)
@@ -266,9 +266,9 @@ def _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: g
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU, BETA, DQ, DR, DOCS,
-               T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
-               D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-               VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
+                          T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+                          D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                          VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BN)

@@ -22,6 +22,10 @@ descriptors where the inputs allow); ``num_warps`` and ``num_stages`` as usual.
 * The backward's Hopper kernels (``hopper.py``, Gluon) take the place of the ``"dq"`` and ``"dkdv"``
   kernels where they apply, with ``HOPPER_CONFIGS``; ``with tuning.hopper_kernels(False):`` keeps the
   Triton kernels (as do explicit configs and ``candidates`` lists for either pass).
+
+Decode is not autotuned: a table per head dim gives (block_n, num_warps, num_stages), and
+``decode_fused.pick_num_splits`` the split count; ``decode_fused.parallax_decode_triton`` takes
+explicit ``block_n``, ``num_warps``, ``num_stages``, ``num_splits`` to override them.
 """
 
 from __future__ import annotations
@@ -88,8 +92,8 @@ TUNE_KEY = ["D", "VARLEN", "PREC", "TMA_OK", "TUNE_T", "TUNE_L", "TUNE_W"]
 # (MAD's models, unit tests) take the first candidate. Training shapes are 100x above it.
 SMALL_WORK = 2**30
 
-# The backward's Hopper kernels (kernels/parallax/hopper.py), per kernel name and head dim: (BM, BN, num_warps, stages
-# of the TMA ring), the fastest of the H200 sweeps at B4 L4096 (docs/bench/attention_hopper.md).
+# The backward's Hopper kernels (kernels/parallax/hopper.py), per kernel name and head dim: (BM, BN,
+# num_warps, stages of the TMA ring), the fastest of the H200 sweep at B4 L4096 (docs/bench/attention_hopper.md).
 HOPPER_CONFIGS = {
     "dq": {128: (64, 64, 4, 2), 64: (64, 32, 4, 3)},
     "dkdv": {128: (32, 64, 4, 3), 64: (64, 64, 4, 3)},

@@ -1,6 +1,7 @@
 """Compile our Triton attention kernels (and the backward's Gluon passes, ``*_hopper``) for Hopper
-(sm_90) on a machine without a GPU and report what each launch configuration costs in resources: registers per thread, local-memory stack (spills),
-spill stores/loads and wgmma instructions in the SASS, and shared memory.
+(sm_90) on a machine without a GPU and report what each launch configuration costs in resources:
+registers per thread, local-memory stack (spills), spill stores/loads and wgmma instructions in the
+SASS, and shared memory.
 
 Triton's wheel carries ptxas and cuobjdump, so this needs no CUDA device or driver. It answers
 "does this config spill, does it fit in shared memory" before any GPU time is spent; it does not
