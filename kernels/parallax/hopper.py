@@ -100,6 +100,17 @@ def _store_tile(PTR, x, t0, h, T, H, D: gl.constexpr, ROWS: gl.constexpr, layout
 
 
 @gluon.jit
+def _barriers(STAGES: gl.constexpr):
+    """Initialised mbarriers: one per ring slot, and one for the tiles a program loads once."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(ready.index(b), count=1)
+    mbarrier.init(once, count=1)
+    return ready, once
+
+
+@gluon.jit
 def _retire(acc1, acc2):
     """Wait for every wgmma in flight; the two accumulators back, to be accumulated into again. Done at
     the end of each loop iteration: an accumulator still in flight across the loop's back edge makes
@@ -169,11 +180,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
                  gl.allocate_shared_memory(gl.float32, [STAGES, BM], tbar_desc.layout),
                  gl.allocate_shared_memory(gl.float32, [STAGES, BM], tau_desc.layout),
                  gl.allocate_shared_memory(gl.float32, [STAGES, BM], beta_desc.layout))
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(STAGES):
-        mbarrier.init(ready.index(b), count=1)
-    mbarrier.init(kv_ready, count=1)
+    ready, kv_ready = _barriers(STAGES)
 
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
     _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
@@ -285,11 +292,7 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(STAGES):
-        mbarrier.init(ready.index(b), count=1)
-    mbarrier.init(q_ready, count=1)
+    ready, q_ready = _barriers(STAGES)
 
     mbarrier.expect(q_ready, 3 * q_desc.block_type.nbytes)
     _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
