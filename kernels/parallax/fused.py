@@ -74,6 +74,20 @@ def _row_phases(DOCS, m0, T, L, WINDOW, BM: tl.constexpr, BN: tl.constexpr, VARL
 
 
 @triton.jit
+def _column_phases(DOCE, n0, T, L, WINDOW, BM: tl.constexpr, BN: tl.constexpr, VARLEN: tl.constexpr):
+    """Query tiles of key tile [n0, n0 + BN): masked diagonal [lo, d_hi), full [d_hi, f_hi) (same
+    document as n0 and inside the band of every key of the tile), masked tail [f_hi, hi); queries past
+    the last key's band are skipped."""
+    end_full = tl.minimum(_doc_end(DOCE, n0, T, L, VARLEN), n0 + WINDOW)
+    last_n = tl.minimum(n0 + BN, T) - 1
+    hi = tl.minimum(_doc_end(DOCE, last_n, T, L, VARLEN), last_n + WINDOW)
+    lo = (n0 // BM) * BM
+    d_hi = tl.minimum(tl.cdiv(n0 + BN, BM) * BM, hi)
+    f_hi = d_hi + tl.maximum(end_full - d_hi, 0) // BM * BM
+    return lo, d_hi, f_hi, hi
+
+
+@triton.jit
 def _tile_order(T, L, NH, TILE: tl.constexpr, VARLEN: tl.constexpr, FIRST_HEAVY: tl.constexpr,
                 GLOBAL: tl.constexpr):
     """(tile start, head) of this program on a 1-D grid of cdiv(T, TILE) * NH programs.
@@ -382,14 +396,7 @@ def _bwd_dkdv_kernel(Q, R, K, V, DO, TBAR, LSE, TAU, BETA, DK, DV, DOCS, DOCE, T
     ok_n = offs_n < T
     k = _load_rows(K, offs_n, kv_h, skt, skh, offs_d, ok_n)
     v = _load_rows(V, offs_n, kv_h, svt, svh, offs_d, ok_n)
-    # query tiles: masked diagonal [lo, d_hi), full [d_hi, f_hi) (same document as n0 and inside the band
-    # of every key of the tile), masked tail [f_hi, hi); queries past the last key's band are skipped
-    end_full = tl.minimum(_doc_end(DOCE, n0, T, L, VARLEN), n0 + WINDOW)
-    last_n = tl.minimum(n0 + BN, T) - 1
-    hi = tl.minimum(_doc_end(DOCE, last_n, T, L, VARLEN), last_n + WINDOW)
-    lo = (n0 // BM) * BM
-    d_hi = tl.minimum(tl.cdiv(n0 + BN, BM) * BM, hi)
-    f_hi = d_hi + tl.maximum(end_full - d_hi, 0) // BM * BM
+    lo, d_hi, f_hi, hi = _column_phases(DOCE, n0, T, L, WINDOW, BM, BN, VARLEN)
 
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)

@@ -1,6 +1,7 @@
 """Hopper (sm_90) kernels of the fused Parallax attention's backward, written in Gluon: the row pass
 (dq, drho) and the column pass (dk, dv). Same formulas, phases, program order and outputs as
-``fused.py``'s Triton passes, with the scheduling triton's compiler does not generate for those.
+``fused.py``'s Triton passes (their tile phases, documents' bounds and program order come from
+``fused.py``'s own jit helpers), with the scheduling triton's compiler does not generate for those.
 
 Per program, the tiles the loop does not stream stay in shared memory as wgmma operands (q, rho, dO
 in the row pass; k, v in the column pass); the streamed tiles (k, v; or q, rho, dO and the four
@@ -26,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.parallax import tuning
+from kernels.parallax import fused, tuning
 
 _NO_SPECIALIZE = ["T", "L", "HQ", "HKV", "GROUP", "WINDOW"]
 # The TMA load's name: async_copy_global_to_shared in triton 3.6 (torch 2.11), async_load later.
@@ -40,52 +41,10 @@ def _mma_layout(num_warps, n):
 
 
 @gluon.jit
-def _doc_bound(TABLE, tok, T, L, END: gl.constexpr, VARLEN: gl.constexpr):
-    """Start (END False) or end of token ``tok``'s document."""
-    if VARLEN:
-        return gl.load(TABLE + gl.minimum(tok, T - 1))
-    else:
-        return (tok // L) * L + (L if END else 0)
-
-
-@gluon.jit
-def _first_key(DOCS, tok, T, L, WINDOW, VARLEN: gl.constexpr):
-    return gl.maximum(_doc_bound(DOCS, tok, T, L, False, VARLEN), tok - WINDOW + 1)
-
-
-@gluon.jit
-def _tile_order(T, L, NH, TILE: gl.constexpr, FIRST_HEAVY: gl.constexpr, VARLEN: gl.constexpr,
-                GLOBAL_ORDER: gl.constexpr):
-    """(tile start, head) of this program, as ``fused._tile_order``: the costliest tiles first (key
-    tiles early in their document, FIRST_HEAVY; query tiles late in it)."""
-    pid = gl.program_id(0)
-    if GLOBAL_ORDER and (not VARLEN) and (L % TILE == 0):
-        rank = pid // (NH * (T // L))
-        rest = pid % (NH * (T // L))
-        j = rank if FIRST_HEAVY else L // TILE - 1 - rank
-        return ((rest // NH) * (L // TILE) + j) * TILE, rest % NH
-    n_tiles = gl.cdiv(T, TILE)
-    tile = pid % n_tiles
-    return (tile if FIRST_HEAVY else n_tiles - 1 - tile) * TILE, pid // n_tiles
-
-
-@gluon.jit
-def _row_phases(DOCS, m0, T, L, WINDOW, BM: gl.constexpr, BN: gl.constexpr, VARLEN: gl.constexpr):
-    """Key tiles of query tile [m0, m0 + BM), as ``fused._row_phases``: masked [lo, a_hi) (a document
-    start or the band's lower edge), full [a_hi, diag), masked from diag on (the diagonal); returns lo,
-    a_hi, diag and the number of tiles."""
-    last = gl.minimum(m0 + BM, T) - 1
-    lo = (_first_key(DOCS, m0, T, L, WINDOW, VARLEN) // BN) * BN
-    diag = (m0 // BN) * BN
-    a_hi = gl.minimum(gl.cdiv(_first_key(DOCS, last, T, L, WINDOW, VARLEN), BN) * BN, diag)
-    return lo, a_hi, diag, gl.cdiv(last + 1 - lo, BN)
-
-
-@gluon.jit
 def _key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN: gl.constexpr, layout: gl.constexpr, VARLEN: gl.constexpr):
     """[BM, BN] bool in ``layout``: which of keys n0 .. n0 + BN - 1 each query ``offs_m`` reads."""
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-    key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+    key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
     return (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= key_lo[:, None])
 
 
@@ -158,14 +117,8 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
     keys_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     queries_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    n0, kv_h = _tile_order(T, L, HKV, BN, True, VARLEN, GLOBAL_ORDER)
-    # query tiles: masked diagonal [lo, d_hi), full [d_hi, f_hi), masked tail [f_hi, hi) (fused.py)
-    end_full = gl.minimum(_doc_bound(DOCE, n0, T, L, True, VARLEN), n0 + WINDOW)
-    last_n = gl.minimum(n0 + BN, T) - 1
-    hi = gl.minimum(_doc_bound(DOCE, last_n, T, L, True, VARLEN), last_n + WINDOW)
-    lo = (n0 // BM) * BM
-    d_hi = gl.minimum(gl.cdiv(n0 + BN, BM) * BM, hi)
-    f_hi = d_hi + gl.maximum(end_full - d_hi, 0) // BM * BM
+    n0, kv_h = fused._tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
+    lo, d_hi, f_hi, hi = fused._column_phases(DOCE, n0, T, L, WINDOW, BM, BN, VARLEN)
     n_per_head = gl.cdiv(hi - lo, BM)
     total = GROUP * n_per_head
 
@@ -216,7 +169,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
         # the statistics are read where they are used: held across the loop body they spill
         pt = gl.exp2(st * qk_scale - stat_smem[0].index(slot).load(queries_layout)[None, :])
         if (m0 < d_hi) | (m0 >= f_hi):
-            key_lo = _first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+            key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
             ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
             pt = gl.where(ok, pt, 0.0)
         tt = warpgroup_mma_wait(1, deps=(tt, ))
@@ -283,9 +236,10 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    m0, h = _tile_order(T, L, HQ, BM, False, VARLEN, GLOBAL_ORDER)
+    m0, h = fused._tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
     kv_h = h // GROUP
-    lo, a_hi, diag, n_tiles = _row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
+    lo, a_hi, diag, hi = fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
+    n_tiles = gl.cdiv(hi - lo, BN)
 
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
     r_smem = gl.allocate_shared_memory(dtype, [BM, D], r_desc.layout)
