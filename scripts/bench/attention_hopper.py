@@ -19,6 +19,7 @@ import sys
 import torch
 
 from kernels.parallax import fused, tuning
+from scripts.bench.attention import make_inputs
 from scripts.bench.attention_loops import cudnn_ms
 from scripts.bench.results import command_line, describe, table, write_results
 
@@ -44,19 +45,13 @@ def hopper_config(name: str, d: int, config: tuple):
         tuning.HOPPER_CONFIGS[name][d] = saved
 
 
-def inputs(b, n, hq, hkv, d, seed=0):
-    """bf16 CUDA q, r, do (B, L, Hq, D; r scaled by 1/sqrt(D)) and k, v (B, L, Hkv, D)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, r, do = (torch.randn(b, n, hq, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    return q, r / d ** 0.5, k, v, do
-
-
-def timer(tensors):
-    """(forward ms, cuDNN softmax forward + backward ms, backward(hopper: bool) -> ms) at these inputs."""
+def timer(shape: tuple, d: int):
+    """(forward ms, cuDNN softmax forward + backward ms, backward(hopper: bool) -> ms) on random bf16
+    inputs of ``shape`` (B, L, Hq, Hkv) and head dim d."""
     import triton
 
-    q, r, k, v, do = tensors
+    q, r, k, v = make_inputs(*shape, d)
+    do = torch.randn_like(q)
     scale = q.shape[-1] ** -0.5
     saved = fused.forward(q, r, k, v, scale)
 
@@ -80,7 +75,7 @@ def row(shape, d, what, ms, forward_ms, cudnn, triton_ms):
 
 def sweep(d: int) -> list[dict]:
     """Rows of the sweep at SWEEP_SHAPE and head dim d: the Triton passes, then every candidate."""
-    forward_ms, cudnn, backward_ms = timer(inputs(*SWEEP_SHAPE, d))
+    forward_ms, cudnn, backward_ms = timer(SWEEP_SHAPE, d)
     triton_ms = backward_ms(False)
     rows = [row(SWEEP_SHAPE, d, "triton passes", triton_ms, forward_ms, cudnn, triton_ms)]
     for name in ("dkdv", "dq"):
@@ -95,7 +90,7 @@ def shipped_elsewhere(d: int) -> list[dict]:
     """The shipped configs against the Triton passes at OTHER_SHAPES."""
     rows = []
     for shape in OTHER_SHAPES:
-        forward_ms, cudnn, backward_ms = timer(inputs(*shape, d))
+        forward_ms, cudnn, backward_ms = timer(shape, d)
         triton_ms = backward_ms(False)
         rows.append(row(shape, d, "triton passes", triton_ms, forward_ms, cudnn, triton_ms))
         rows.append(row(shape, d, "hopper, shipped", backward_ms(True), forward_ms, cudnn, triton_ms))

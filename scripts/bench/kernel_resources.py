@@ -222,20 +222,22 @@ def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims
                 constexprs = dict(D=d, BM=bm, BN=bn, VARLEN=False, PREC="tf32", GLOBAL_ORDER=True, **flags)
                 if tma:
                     constexprs.update(TMA=True, TMA_OK=True)
-                r = resources(kernel, constexprs, warps, stages)
-                yield (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
-                       f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"],
-                       f"{r['loop'][0]} / {r['loop'][1]}")
+                yield _cells(name, d, (bm, bn, warps, stages), resources(kernel, constexprs, warps, stages))
 
 
 def _hopper_rows(name: str, config, dims: list[int]):
     """``report_rows``'s cells for a Hopper pass: its shipped config per head dim, or ``config``."""
     pass_name = HOPPER_KERNELS[name]
     for d in dims:
-        bm, bn, warps, stages = config or tuning.HOPPER_CONFIGS[pass_name][d]
-        r = compiled_resources(compile_hopper(pass_name, d, (bm, bn, warps, stages)))
-        yield (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
-               f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"], f"{r['loop'][0]} / {r['loop'][1]}")
+        tile = config or tuning.HOPPER_CONFIGS[pass_name][d]
+        yield _cells(name, d, tile, compiled_resources(compile_hopper(pass_name, d, tile)))
+
+
+def _cells(name: str, d: int, tile: tuple, r: dict) -> tuple:
+    """One report row: kernel, head dim, tile (BM, BN, num_warps, stages) and its ``compiled_resources``."""
+    bm, bn, warps, stages = tile
+    return (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
+            f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"], f"{r['loop'][0]} / {r['loop'][1]}")
 
 
 def main(argv: list[str] | None = None) -> None:
