@@ -1,5 +1,7 @@
 """Input cases shared by the attention test modules (reference and fused backends)."""
 
+import math
+
 import torch
 
 SEQ = 16  # packed length (batch 1) of the cu_seqlens cases
@@ -71,3 +73,13 @@ def banded_reference(inputs, do, window, lengths=None, scale=None):
     out = masked_parallax_fp64(q, r, k, v, banded_mask(q.shape[1], window, lengths, q.device), scale)
     out.backward(do.double())
     return out.detach(), [x.grad for x in (q, r, k, v)]
+
+
+def cuda_inputs(b, n, hq, hkv, d, dtype, seed, rho_scale=1.0):
+    """Random CUDA ([q, rho, k, v], dO) in ``dtype``: q, rho, dO (b, n, hq, d), k, v (b, n, hkv, d),
+    rho scaled by rho_scale / sqrt(d) (before the cast)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, r, do = (torch.randn(b, n, hq, d, generator=gen, device="cuda") for _ in range(3))
+    k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda") for _ in range(2))
+    r = r * rho_scale / math.sqrt(d)
+    return [x.to(dtype) for x in (q, r, k, v)], do.to(dtype)

@@ -20,7 +20,7 @@ import torch
 from kernels.parallax.naive import parallax_attention_naive
 from tests._aten_ops import recorded_ops
 from tests._interpret import rel_err, run_interpreted
-from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference, cuda_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"num_warps": 4, "num_stages": 1}
@@ -464,14 +464,6 @@ def test_interpreted_custom_ops_pass_opcheck(interpreted):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _cuda_inputs(b, n, hq, hkv, d, dtype, seed, rho_scale=1.0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, r, do = (torch.randn(b, n, hq, d, generator=gen, device="cuda") for _ in range(3))
-    k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda") for _ in range(2))
-    r = r * rho_scale / math.sqrt(d)
-    return [x.to(dtype) for x in (q, r, k, v)], do.to(dtype)
-
-
 def _run(backend, inputs, do, cu=None, dtype=None, window=None):
     leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
     from kernels import parallax_attention
@@ -496,7 +488,7 @@ def _compare(got, ref, tol, floor=1.0):
 def test_gpu_v_sliced_from_the_projection_gives_the_contiguous_bits():
     """v read in place from the fused projection's rows (TMA descriptors over its strides) gives the
     output and gradients of a contiguous copy of it, bit for bit, under the shipped configs."""
-    (q, r, k, v), do = _cuda_inputs(2, 1000, 16, 8, 128, torch.bfloat16, seed=6)
+    (q, r, k, v), do = cuda_inputs(2, 1000, 16, 8, 128, torch.bfloat16, seed=6)
     rows = torch.zeros(2, 1000, (16 + 8 + 8 + 16) * 128, device="cuda", dtype=torch.bfloat16)  # q | k | v | rho
     v_slice = rows[..., 24 * 128:32 * 128].unflatten(-1, (8, 128))
     v_slice.copy_(v)
@@ -510,7 +502,7 @@ def test_gpu_v_sliced_from_the_projection_gives_the_contiguous_bits():
 @pytest.mark.parametrize("shape, dtype", [((2, 1000, 16, 8, 128), torch.bfloat16), ((1, 777, 8, 2, 64), torch.bfloat16),
                                           ((3, 129, 4, 4, 64), torch.float16)])
 def test_gpu_matches_fp64_naive(shape, dtype):
-    inputs, do = _cuda_inputs(*shape, dtype, seed=1)
+    inputs, do = cuda_inputs(*shape, dtype, seed=1)
     got = _run("triton", inputs, do)
     ref = _run("reference", inputs, do, dtype=torch.float64)  # chunked fp64 == naive fp64 (CPU tests)
     _compare(got, ref, 1e-2 if dtype == torch.float16 else 2e-2)
@@ -520,7 +512,7 @@ def test_gpu_matches_fp64_naive(shape, dtype):
 @gpu
 @pytest.mark.parametrize("shape", [(1, 16384, 16, 8, 128), (4, 4096, 16, 8, 64)])
 def test_gpu_long_sequences_match_reference(shape):
-    inputs, do = _cuda_inputs(*shape, torch.bfloat16, seed=2)
+    inputs, do = cuda_inputs(*shape, torch.bfloat16, seed=2)
     got = _run("triton", inputs, do)
     ref = _run("reference", inputs, do, dtype=torch.float32)
     _compare(got, ref, 2e-2)
@@ -535,7 +527,7 @@ def test_gpu_tma_configs_match_fp64(shape, lengths):
     against fp64, as the pointer-load configs are."""
     from kernels.parallax import tuning
 
-    inputs, do = _cuda_inputs(*shape, torch.bfloat16, seed=12)
+    inputs, do = cuda_inputs(*shape, torch.bfloat16, seed=12)
     cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
                                                    dtype=torch.int32, device="cuda")
     ref = _run("reference", inputs, do, cu=cu, dtype=torch.float64)
@@ -549,7 +541,7 @@ def test_gpu_tma_configs_match_fp64(shape, lengths):
 @pytest.mark.gpu
 @gpu
 def test_gpu_varlen_and_large_rho():
-    inputs, do = _cuda_inputs(1, 3000, 8, 4, 128, torch.bfloat16, seed=3, rho_scale=8.0)
+    inputs, do = cuda_inputs(1, 3000, 8, 4, 128, torch.bfloat16, seed=3, rho_scale=8.0)
     cu = torch.tensor([0, 1, 700, 701, 2048, 2999, 3000], dtype=torch.int32, device="cuda")
     got = _run("triton", inputs, do, cu=cu)
     ref = _run("reference", inputs, do, cu=cu, dtype=torch.float64)
@@ -568,7 +560,7 @@ def test_gpu_varlen_and_large_rho():
 def test_gpu_window_matches_fp64_banded(shape, window, lengths):
     """bf16 sliding-window attention at training shapes (autotuned configs), forward and backward,
     against fp64 over the explicit banded mask."""
-    inputs, do = _cuda_inputs(*shape, torch.bfloat16, seed=8, rho_scale=2.0)
+    inputs, do = cuda_inputs(*shape, torch.bfloat16, seed=8, rho_scale=2.0)
     cu = None if lengths is None else cu_from_lengths(lengths).cuda()
     got = _run("triton", inputs, do, cu=cu, window=window)
     ref = banded_reference(inputs, do, window, lengths)
@@ -586,7 +578,7 @@ def test_gpu_window_agrees_with_parallax_kernel(window):
     parallax = pytest.importorskip("parallax")
     import parallax.triton.parallax_train as theirs_module
 
-    inputs, do = _cuda_inputs(2, 4096, 16, 8, 128, torch.bfloat16, seed=11, rho_scale=2.0)
+    inputs, do = cuda_inputs(2, 4096, 16, 8, 128, torch.bfloat16, seed=11, rho_scale=2.0)
     ours = _run("triton", inputs, do, window=window)
     leaves = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in inputs]  # (B, H, L, D)
     with _one_config_each(theirs_module):
@@ -641,7 +633,7 @@ def test_gpu_window_skips_the_tiles_outside_the_band():
 def test_gpu_cu_seqlens_checked_once_per_tensor():
     """The host check of cu_seqlens syncs on a tensor's first use only: forward and backward again
     with the same tensor run under sync debug mode "error"; a fresh tensor with the same values syncs."""
-    inputs, do = _cuda_inputs(1, 3000, 8, 4, 128, torch.bfloat16, seed=6)
+    inputs, do = cuda_inputs(1, 3000, 8, 4, 128, torch.bfloat16, seed=6)
     cu = torch.tensor([0, 1, 700, 2048, 3000], dtype=torch.int32, device="cuda")
     first = _run("triton", inputs, do, cu=cu)
     torch.cuda.synchronize()
@@ -661,7 +653,7 @@ def _graph_capture_main():
     offsets and replays: the device-side check must stop the process's CUDA work."""
     from kernels import parallax_attention
 
-    (q, r, k, v), _ = _cuda_inputs(1, 1000, 4, 2, 64, torch.bfloat16, seed=7)
+    (q, r, k, v), _ = cuda_inputs(1, 1000, 4, 2, 64, torch.bfloat16, seed=7)
     cu = torch.tensor([0, 300, 1000], dtype=torch.int32, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -705,7 +697,7 @@ def test_gpu_compiled_block_matches_eager():
     """Inductor-compiled block with the op inside; .sum() gives an expanded upstream gradient."""
     from kernels import parallax_attention
 
-    inputs, _ = _cuda_inputs(2, 1024, 8, 4, 128, torch.bfloat16, seed=4)
+    inputs, _ = cuda_inputs(2, 1024, 8, 4, 128, torch.bfloat16, seed=4)
     proj = torch.randn(128, 128, device="cuda", dtype=torch.bfloat16) / 11
 
     def block(q, r, k, v):
@@ -731,7 +723,7 @@ _FP64 = {}  # d -> (inputs, upstream gradient, fp64 reference output and gradien
 
 def _config_case(d):
     if d not in _FP64:
-        inputs, do = _cuda_inputs(2, 1000, 8, 4, d, torch.bfloat16, seed=5)
+        inputs, do = cuda_inputs(2, 1000, 8, 4, d, torch.bfloat16, seed=5)
         _FP64[d] = inputs, do, _run("reference", inputs, do, dtype=torch.float64)
     return _FP64[d]
 

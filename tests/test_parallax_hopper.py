@@ -9,7 +9,6 @@ documents and windows, and twice for bit-identical results.
 
 from __future__ import annotations
 
-import math
 import re
 import types
 
@@ -17,6 +16,8 @@ import pytest
 import torch
 
 from kernels.parallax import fused, tuning
+from tests._attention_cases import cuda_inputs
+from tests._interpret import rel_err
 
 gluon_hopper = pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
@@ -105,10 +106,9 @@ hopper_gpu = pytest.mark.skipif(not _is_hopper(), reason="needs an sm_90 GPU")
 
 
 def _inputs(b, n, hq, hkv, d, dtype, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, r, do = (torch.randn(b, n, hq, d, generator=gen, device="cuda").to(dtype) for _ in range(3))
-    k, v = (torch.randn(b, n, hkv, d, generator=gen, device="cuda").to(dtype) for _ in range(2))
-    return q, (r.float() / math.sqrt(d)).to(dtype), k, v, do
+    """(q, rho, k, v, dO) of ``cuda_inputs``."""
+    qrkv, do = cuda_inputs(b, n, hq, hkv, d, dtype, seed)
+    return (*qrkv, do)
 
 
 def _outputs(inputs, cu, window, hopper):
@@ -128,10 +128,6 @@ def _reference(inputs, cu, window):
     out = parallax_attention(*leaves, backend="reference", cu_seqlens=cu, window=window)
     out.backward(inputs[4].double())
     return (out.detach(), *[x.grad for x in leaves])
-
-
-def _rel(got, ref):
-    return float((got.double() - ref).norm() / ref.norm().clamp_min(1.0))
 
 
 CASES = {  # (B, L, Hq, Hkv, D, dtype, window, document lengths)
@@ -160,7 +156,7 @@ def test_gpu_hopper_kernels_match_fp64_and_the_triton_kernels(name):
     hopper, triton_kernels = _outputs(inputs, cu, window, True), _outputs(inputs, cu, window, False)
     ref = _reference(inputs, cu, window)
     for what, got, base, exact in zip(("o", "dq", "dr", "dk", "dv"), hopper, triton_kernels, ref):
-        assert _rel(got, exact) < max(2.0 * _rel(base, exact), 1e-3), (what, _rel(got, exact), _rel(base, exact))
+        assert rel_err(got, exact) < max(2.0 * rel_err(base, exact), 1e-3), (what, rel_err(got, exact), rel_err(base, exact))
     assert all(torch.equal(a, b) for a, b in zip(hopper, _outputs(inputs, cu, window, True)))
 
 
@@ -172,7 +168,7 @@ def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_kernels():
     inputs = _inputs(1, 777, 8, 2, 64, torch.bfloat16, seed=3)
     assert "777 tokens" in fused.hopper_unusable(inputs[0], 777, [(x, x.stride(1)) for x in inputs], "dq", "dkdv")
     ref = _reference(inputs, None, None)
-    assert all(_rel(g, e) < 2e-2 for g, e in zip(_outputs(inputs, None, None, True), ref))
+    assert all(rel_err(g, e) < 2e-2 for g, e in zip(_outputs(inputs, None, None, True), ref))
 
 
 # ----------------------------------------------------------------------------- the config sweep (CPU)
