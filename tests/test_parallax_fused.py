@@ -235,10 +235,10 @@ def _opcheck():
     q, r, k, v, do = make_case(1, 9, 2, 1, 16, "float32", 1.0, seed=7)
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     errors = []
-    for cu_arg, window in ((None, None), (cu, None), (None, 3), (cu, 2)):
-        fwd_args = ([x.requires_grad_() for x in (q, r, k, v)] + [0.25, cu_arg, window])
+    for cu_arg, window, hopper in ((None, None, True), (cu, None, False), (None, 3, False), (cu, 2, True)):
+        fwd_args = ([x.requires_grad_() for x in (q, r, k, v)] + [0.25, cu_arg, window, hopper])
         saved = fused.forward(q.detach(), r.detach(), k.detach(), v.detach(), 0.25, cu_arg, window)
-        bwd_args = (do, q.detach(), r.detach(), k.detach(), v.detach(), *saved, 0.25, cu_arg, window)
+        bwd_args = (do, q.detach(), r.detach(), k.detach(), v.detach(), *saved, 0.25, cu_arg, window, hopper)
         for op, args in ((ops.attention_fwd, fwd_args), (ops.attention_bwd, bwd_args)):
             try:
                 torch.library.opcheck(op, args)

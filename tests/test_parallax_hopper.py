@@ -90,6 +90,47 @@ def test_cpu_tensors_and_switched_off_calls_keep_the_triton_kernels(monkeypatch)
     assert fused.hopper_unusable(fake, 64, rows, "fwd") == asked  # the forward has no Hopper kernel
 
 
+@pytest.mark.parametrize("argv, expected", [([], True), (["--parallax.no-hopper_backward"], False)])
+def test_toml_switch_reaches_every_attention_module(argv, expected):
+    """``[parallax] hopper_backward`` (default true) sets every Parallax layer's switch."""
+    from parallax_titan.config import load_config
+    from parallax_titan.model import ParallaxQwen3Model
+    from parallax_titan.spec import model_args_for
+
+    cfg = load_config(["--job.config_file", "configs/demo_cpu.toml", *argv])
+    assert cfg.parallax.hopper_backward is expected
+    with torch.device("meta"):
+        model = ParallaxQwen3Model(model_args_for(cfg))
+    assert [layer.attention.hopper_backward for layer in model.layers.values()] == [expected] * len(model.layers)
+
+
+@pytest.mark.parametrize("hopper_backward", [True, False])
+def test_the_switch_travels_with_the_op_to_the_backward(monkeypatch, hopper_backward):
+    """The flag given to the custom op's forward reaches ``fused.backward``'s ``hopper`` in autograd."""
+    from kernels.parallax import ops
+
+    seen = []
+
+    def backward(do, q, r, k, v, *rest, hopper):
+        seen.append(hopper)
+        return tuple(torch.zeros_like(x) for x in (q, r, k, v))
+
+    monkeypatch.setattr(fused, "backward", backward)
+    monkeypatch.setattr(fused, "forward", lambda q, r, k, v, *rest: (torch.zeros_like(q), torch.zeros_like(q),
+                                                                       fused.stats_buffer(q), fused.stats_buffer(q)))
+    leaves = [torch.randn(1, 8, 2, 16, requires_grad=True) for _ in range(4)]
+    ops.parallax_attention_triton(*leaves, scale=0.25, hopper_backward=hopper_backward).sum().backward()
+    assert seen == [hopper_backward]
+
+
+def test_public_api_rejects_a_switch_that_is_not_a_bool():
+    from kernels import parallax_attention
+
+    x = torch.zeros(1, 4, 2, 16)
+    with pytest.raises(ValueError, match=r"hopper_backward='yes' must be a bool"):
+        parallax_attention(x, x, x, x, hopper_backward="yes")
+
+
 def test_hopper_kernels_takes_a_bool():
     with pytest.raises(TypeError, match=r"hopper_kernels\(enabled\) takes a bool, got 'no'"):
         with tuning.hopper_kernels("no"):

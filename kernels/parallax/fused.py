@@ -544,7 +544,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
 
 
 def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=None, *, dq_config=None,
-             dkdv_config=None):
+             dkdv_config=None, hopper=True):
     """Fused closed-form backward.
 
     do, q, r, o, vbar: (B, L, Hq, D); k, v: (B, L, Hkv, D); tbar, lse: (Hq, B * L) fp32 from forward.
@@ -552,7 +552,7 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D) in the inputs' dtypes.
     Two passes: a row pass (dq, drho) then a column pass (dk, dv), 11 matmuls per tile pair. On an
     sm_90 GPU both run as ``hopper``'s kernels where they apply (``hopper_unusable`` says why not),
-    unless configs are given.
+    unless configs are given or ``hopper`` is False.
     dq_config, dkdv_config: optional explicit configs of the two Triton passes, as ``forward``'s config
     (the column pass also reads "ROWS").
     """
@@ -567,7 +567,7 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dr = torch.empty_like(r, memory_format=torch.contiguous_format)
     rows = [(q, sqt), (r, sqt), (k, skt), (v, svt), (do, do.stride(1))]
-    if dq_config is None and dkdv_config is None and hopper_unusable(q, total, rows, "dq", "dkdv") is None:
+    if hopper and dq_config is None and dkdv_config is None and hopper_unusable(q, total, rows, "dq", "dkdv") is None:
         from kernels.parallax import hopper
 
         hopper.backward(q, r, k, v, o, vbar, do, tbar, lse, (tau, beta, dq, dr, dk, dv), docs, doce,

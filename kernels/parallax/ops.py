@@ -18,14 +18,15 @@ from kernels.parallax import fused
 
 
 @torch.library.custom_op("parallax_titan::attention_fwd", mutates_args=())
-def attention_fwd(q: Tensor, r: Tensor, k: Tensor, v: Tensor, scale: float,
-                  cu_seqlens: Optional[Tensor], window: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Returns o, vbar (B, L, Hq, D) in q's dtype and tbar, lse (Hq, B * L) fp32."""
+def attention_fwd(q: Tensor, r: Tensor, k: Tensor, v: Tensor, scale: float, cu_seqlens: Optional[Tensor],
+                  window: Optional[int], hopper_backward: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns o, vbar (B, L, Hq, D) in q's dtype and tbar, lse (Hq, B * L) fp32. ``hopper_backward``
+    is for the backward (``attention_bwd``)."""
     return fused.forward(q, r, k, v, scale, cu_seqlens, window)
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, r, k, v, scale, cu_seqlens, window):
+def _attention_fwd_fake(q, r, k, v, scale, cu_seqlens, window, hopper_backward):
     fused.check_head_dim(q.shape[-1])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     stats = fused.stats_buffer(q)
@@ -35,37 +36,39 @@ def _attention_fwd_fake(q, r, k, v, scale, cu_seqlens, window):
 @torch.library.custom_op("parallax_titan::attention_bwd", mutates_args=())
 def attention_bwd(do: Tensor, q: Tensor, r: Tensor, k: Tensor, v: Tensor, o: Tensor, vbar: Tensor,
                   tbar: Tensor, lse: Tensor, scale: float, cu_seqlens: Optional[Tensor],
-                  window: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D)."""
-    return fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens, window)
+                  window: Optional[int], hopper: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns dq, dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D); ``hopper``: as ``fused.backward``'s."""
+    return fused.backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens, window, hopper=hopper)
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens, window):
+def _attention_bwd_fake(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens, window, hopper):
     return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, r, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, r, k, v, scale, cu_seqlens, window = inputs
+    q, r, k, v, scale, cu_seqlens, window, hopper_backward = inputs
     o, vbar, tbar, lse = output
     ctx.mark_non_differentiable(vbar, tbar, lse)
     ctx.save_for_backward(q, r, k, v, o, vbar, tbar, lse, cu_seqlens)
-    ctx.scale, ctx.window = scale, window
+    ctx.scale, ctx.window, ctx.hopper_backward = scale, window, hopper_backward
 
 
 def _backward(ctx, do, _dvbar, _dtbar, _dlse):
     q, r, k, v, o, vbar, tbar, lse, cu_seqlens = ctx.saved_tensors
-    dq, dr, dk, dv = attention_bwd(do, q, r, k, v, o, vbar, tbar, lse, ctx.scale, cu_seqlens, ctx.window)
-    return dq, dr, dk, dv, None, None, None
+    dq, dr, dk, dv = attention_bwd(do, q, r, k, v, o, vbar, tbar, lse, ctx.scale, cu_seqlens, ctx.window,
+                                   ctx.hopper_backward)
+    return dq, dr, dk, dv, None, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def parallax_attention_triton(q, r, k, v, *, scale, cu_seqlens=None, window=None):
+def parallax_attention_triton(q, r, k, v, *, scale, cu_seqlens=None, window=None, hopper_backward=True):
     """Fused causal Parallax attention (validated inputs, see kernels.parallax_attention).
 
-    q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32 CUDA tensors; window None or int >= 1.
+    q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32 CUDA tensors; window None or int >= 1;
+    hopper_backward: the backward may take ``kernels/parallax/hopper.py``'s kernels.
     Returns (B, L, Hq, D).
     """
-    return attention_fwd(q, r, k, v, scale, cu_seqlens, window)[0]
+    return attention_fwd(q, r, k, v, scale, cu_seqlens, window, hopper_backward)[0]
