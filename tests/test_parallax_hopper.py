@@ -90,20 +90,6 @@ def test_cpu_tensors_and_switched_off_calls_keep_the_triton_kernels(monkeypatch)
     assert fused.hopper_unusable(fake, 64, rows, "fwd") == asked  # the forward has no Hopper kernel
 
 
-@pytest.mark.parametrize("argv, expected", [([], True), (["--parallax.no-hopper_backward"], False)])
-def test_toml_switch_reaches_every_attention_module(argv, expected):
-    """``[parallax] hopper_backward`` (default true) sets every Parallax layer's switch."""
-    from parallax_titan.config import load_config
-    from parallax_titan.model import ParallaxQwen3Model
-    from parallax_titan.spec import model_args_for
-
-    cfg = load_config(["--job.config_file", "configs/demo_cpu.toml", *argv])
-    assert cfg.parallax.hopper_backward is expected
-    with torch.device("meta"):
-        model = ParallaxQwen3Model(model_args_for(cfg))
-    assert [layer.attention.hopper_backward for layer in model.layers.values()] == [expected] * len(model.layers)
-
-
 @pytest.mark.parametrize("hopper_backward", [True, False])
 def test_the_switch_travels_with_the_op_to_the_backward(monkeypatch, hopper_backward):
     """The flag given to the custom op's forward reaches ``fused.backward``'s ``hopper`` in autograd."""

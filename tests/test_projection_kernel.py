@@ -202,20 +202,6 @@ def test_model_takes_the_fused_path_only_where_it_applies(change, monkeypatch):
     assert attention._fused_norm_rope(x, rope, positions) == (change in ({}, dict(head_dim=64)))
 
 
-@pytest.mark.parametrize("argv, expected", [([], True), (["--parallax.no-fused_norm_rope"], False)])
-def test_toml_switch_reaches_every_attention_module(argv, expected):
-    """``[parallax] fused_norm_rope`` (default true) sets every Parallax layer's switch."""
-    from parallax_titan.config import load_config
-    from parallax_titan.model import ParallaxQwen3Model
-    from parallax_titan.spec import model_args_for
-
-    cfg = load_config(["--job.config_file", "configs/demo_cpu.toml", *argv])
-    assert cfg.parallax.fused_norm_rope is expected
-    with torch.device("meta"):
-        model = ParallaxQwen3Model(model_args_for(cfg))
-    assert [layer.attention.fused_norm_rope for layer in model.layers.values()] == [expected] * len(model.layers)
-
-
 def test_reference_is_the_models_unfused_path():
     """naive.split_norm_rope equals the model's path: TorchTitan's norms and apply_rope on fused_linear."""
     from parallax_titan.model import apply_rope
