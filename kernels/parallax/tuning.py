@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from typing import NamedTuple
 
 import triton
 
@@ -92,11 +93,27 @@ TUNE_KEY = ["D", "VARLEN", "PREC", "TMA_OK", "TUNE_T", "TUNE_L", "TUNE_W"]
 # (MAD's models, unit tests) take the first candidate. Training shapes are 100x above it.
 SMALL_WORK = 2**30
 
-# The backward's Hopper kernels (kernels/parallax/hopper.py), per kernel name and head dim: (BM, BN,
-# num_warps, stages of the TMA ring), the fastest of the H200 sweep at B4 L4096 (docs/bench/attention_hopper.md).
+
+class HopperConfig(NamedTuple):
+    """Launch config of a backward Hopper kernel (kernels/parallax/hopper.py): tile rows ``bm`` (queries)
+    and ``bn`` (keys), ``warps``, ``stages`` of the TMA ring, ``unroll`` (tiles per loop iteration: the
+    next tile's score wgmmas queue behind this tile's gradient wgmmas instead of waiting for them to
+    retire; results are bit-identical for every value) and the program order (``global_order``:
+    globally heaviest-first, else head-major; ``fused._tile_order``)."""
+
+    bm: int
+    bn: int
+    warps: int
+    stages: int
+    unroll: int = 1
+    global_order: bool = True
+
+
+# The backward's Hopper kernels, per kernel name and head dim: the fastest of the H200 sweep at B4
+# L4096 (docs/bench/attention_hopper.md).
 HOPPER_CONFIGS = {
-    "dq": {128: (64, 64, 4, 2), 64: (64, 32, 4, 3)},
-    "dkdv": {128: (32, 64, 4, 3), 64: (64, 64, 4, 3)},
+    "dq": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 32, 4, 3)},
+    "dkdv": {128: HopperConfig(32, 64, 4, 3), 64: HopperConfig(64, 64, 4, 3)},
 }
 _hopper = [True]
 
@@ -165,6 +182,23 @@ def hopper_kernels(enabled: bool):
         yield
     finally:
         _hopper.pop()
+
+
+@contextlib.contextmanager
+def hopper_config(name: str, head_dim: int, config: HopperConfig):
+    """Within the block, Hopper kernel ``name`` ("dq" or "dkdv") runs ``config`` at ``head_dim`` (sweeps,
+    tests). Process-wide; restores the shipped config on exit."""
+    if name not in HOPPER_CONFIGS or head_dim not in HOPPER_CONFIGS[name]:
+        raise ValueError(f"no Hopper kernel {name!r} at head dim {head_dim}; expected a name in "
+                         f"{sorted(HOPPER_CONFIGS)} and a head dim in {sorted(HOPPER_CONFIGS.get(name, {}))}")
+    if not isinstance(config, HopperConfig):
+        raise TypeError(f"config must be a tuning.HopperConfig, got {config!r}")
+    saved = HOPPER_CONFIGS[name][head_dim]
+    HOPPER_CONFIGS[name][head_dim] = config
+    try:
+        yield
+    finally:
+        HOPPER_CONFIGS[name][head_dim] = saved
 
 
 def hopper_wanted(*names: str) -> bool:

@@ -1,11 +1,11 @@
 """Sweep the launch configs of the backward's Hopper kernels (kernels/parallax/hopper.py) on one sm_90 GPU.
 
 Per head dim at B4 L4096 Hq16 Hkv8, bf16, causal: the backward (``fused.backward`` called directly on
-one forward's outputs) with the Triton passes, then with the Hopper kernels under each column-pass
-candidate (the row pass at its shipped config) and each row-pass candidate (the column pass at its
-shipped config), all in one run, beside cuDNN softmax's forward + backward and our forward. Then the
-shipped configs against the Triton passes at B1 L16384 and B8 L2048. A config joins
-``tuning.HOPPER_CONFIGS`` when it wins.
+one forward's outputs) with the Triton passes, then with the Hopper kernels under each candidate of
+each pass (``tuning.HopperConfig``: tiles, warps, ring stages, loop unroll, program order; the other
+pass at its shipped config), then the fastest candidate of each pass together, all in one run, beside
+cuDNN softmax's forward + backward and our forward. Then the shipped configs and that pair against
+the Triton passes at B1 L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
     python -m scripts.bench.attention_hopper --out docs/bench/attention_hopper
 """
@@ -19,30 +19,40 @@ import sys
 import torch
 
 from kernels.parallax import fused, tuning
+from kernels.parallax.tuning import HopperConfig as C
 from scripts.bench.attention import make_inputs
 from scripts.bench.attention_loops import cudnn_ms
 from scripts.bench.results import command_line, describe, table, write_results
 
-# (BM, BN, num_warps, stages) candidates per pass and head dim
+# Candidates per pass and head dim: the shipped tiles unrolled and in head-major order, and the tiles
+# that compile without spills when unrolled (registers: ``python -m scripts.bench.kernel_resources``).
 CANDIDATES = {
-    "dq": {128: [(64, 32, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2)],
-           64: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 2)]},
-    "dkdv": {128: [(32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4), (32, 128, 8, 2), (32, 128, 8, 3)],
-             64: [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4), (64, 128, 8, 2), (32, 128, 8, 3)]},
+    "dq": {128: [C(64, 64, 4, 2), C(64, 64, 4, 2, global_order=False), C(64, 32, 4, 3), C(64, 32, 4, 3, 2),
+                 C(64, 32, 4, 3, 2, False), C(64, 32, 4, 3, 4)],
+           64: [C(64, 32, 4, 3), C(64, 32, 4, 3, global_order=False), C(64, 32, 4, 3, 2), C(64, 32, 4, 3, 2, False),
+                C(64, 32, 4, 3, 4), C(64, 64, 4, 2, 2)]},
+    "dkdv": {128: [C(32, 64, 4, 3), C(32, 64, 4, 3, global_order=False), C(32, 64, 4, 3, 2),
+                   C(32, 64, 4, 3, 2, False), C(32, 64, 4, 2, 2)],
+             64: [C(64, 64, 4, 3), C(64, 64, 4, 3, global_order=False), C(64, 64, 4, 3, 2), C(64, 64, 4, 3, 2, False),
+                  C(32, 64, 4, 3, 2), C(32, 64, 4, 3, 4)]},
 }
 SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
 OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
 
+def label(config: C) -> str:
+    """A config as the sweep's rows name it: "32x64 w4 s3 u2 global"."""
+    order = "global" if config.global_order else "head-major"
+    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages} u{config.unroll} {order}"
+
+
 @contextlib.contextmanager
-def hopper_config(name: str, d: int, config: tuple):
-    """``tuning.HOPPER_CONFIGS[name][d]`` set to ``config`` within the block."""
-    saved = tuning.HOPPER_CONFIGS[name][d]
-    tuning.HOPPER_CONFIGS[name][d] = config
-    try:
+def configs(d: int, pair: dict):
+    """Within the block the Hopper passes run ``pair`` ({"dq": config, "dkdv": config}) at head dim d."""
+    with contextlib.ExitStack() as stack:
+        for name, config in pair.items():
+            stack.enter_context(tuning.hopper_config(name, d, config))
         yield
-    finally:
-        tuning.HOPPER_CONFIGS[name][d] = saved
 
 
 def timer(shape: tuple, d: int):
@@ -73,34 +83,49 @@ def row(shape, d, what, ms, forward_ms, cudnn, triton_ms):
             "fwd_bwd_vs_cudnn": (forward_ms + ms) / cudnn}
 
 
-def sweep(d: int) -> list[dict]:
-    """Rows of the sweep at SWEEP_SHAPE and head dim d: the Triton passes, then every candidate."""
+def sweep(d: int) -> tuple[list[dict], dict]:
+    """Rows of the sweep at SWEEP_SHAPE and head dim d (the Triton passes, every candidate, the fastest
+    pair) and that pair ({"dq": config, "dkdv": config})."""
     forward_ms, cudnn, backward_ms = timer(SWEEP_SHAPE, d)
     triton_ms = backward_ms(False)
     rows = [row(SWEEP_SHAPE, d, "triton passes", triton_ms, forward_ms, cudnn, triton_ms)]
+    best = {}
     for name in ("dkdv", "dq"):
+        timed = []
         for config in CANDIDATES[name][d]:
-            with hopper_config(name, d, config):
-                rows.append(row(SWEEP_SHAPE, d, f"hopper, {name} {config}", backward_ms(True), forward_ms, cudnn,
-                                triton_ms))
-    return rows
+            with configs(d, {name: config}):
+                timed.append((backward_ms(True), config))
+            rows.append(row(SWEEP_SHAPE, d, f"hopper, {name} {label(config)}", timed[-1][0], forward_ms, cudnn,
+                            triton_ms))
+        best[name] = min(timed)[1]
+    with configs(d, best):
+        rows.append(row(SWEEP_SHAPE, d, f"hopper, fastest pair: {pair_label(best)}", backward_ms(True), forward_ms,
+                        cudnn, triton_ms))
+    return rows, best
 
 
-def shipped_elsewhere(d: int) -> list[dict]:
-    """The shipped configs against the Triton passes at OTHER_SHAPES."""
+def pair_label(pair: dict) -> str:
+    return f"dq {label(pair['dq'])} + dkdv {label(pair['dkdv'])}"
+
+
+def elsewhere(d: int, best: dict) -> list[dict]:
+    """The shipped configs and the sweep's fastest pair ``best`` against the Triton passes at OTHER_SHAPES."""
     rows = []
     for shape in OTHER_SHAPES:
         forward_ms, cudnn, backward_ms = timer(shape, d)
         triton_ms = backward_ms(False)
         rows.append(row(shape, d, "triton passes", triton_ms, forward_ms, cudnn, triton_ms))
         rows.append(row(shape, d, "hopper, shipped", backward_ms(True), forward_ms, cudnn, triton_ms))
+        with configs(d, best):
+            rows.append(row(shape, d, f"hopper, fastest pair: {pair_label(best)}", backward_ms(True), forward_ms,
+                            cudnn, triton_ms))
     return rows
 
 
 MEASURED = ("backward time (fused.backward called directly after one forward, triton.testing.do_bench median, "
             "bf16, causal, Hq16/Hkv8) with the Triton passes and with the Hopper kernels under each candidate "
-            "config (the other pass at its shipped config); forward + backward against cuDNN softmax's forward + "
-            "backward of the same run (our forward: the Triton kernel)")
+            "config (the other pass at its shipped config) and the fastest of each pass together; forward + "
+            "backward against cuDNN softmax's forward + backward of the same run (our forward: the Triton kernel)")
 
 
 def report_markdown(rows: list[dict]) -> str:
@@ -119,7 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise SystemExit("scripts.bench.attention_hopper needs an sm_90 GPU (H100, H200)")
-    rows = [r for d in args.dims for r in sweep(d) + shipped_elsewhere(d)]
+    rows = []
+    for d in args.dims:
+        swept, best = sweep(d)
+        rows += swept + elsewhere(d, best)
     meta = describe("Backward on Hopper: launch config sweep", MEASURED, command_line(__spec__.name, argv))
     print(write_results(args.out, meta, report_markdown(rows), {"rows": rows}))
 

@@ -135,15 +135,15 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int, num_stages: int, ta
     return triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def compile_hopper(name: str, d: int, config: tuple[int, int, int, int], varlen: bool = False, target=HOPPER):
+def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPER):
     """Pass ``name`` ("dq" or "dkdv") of ``kernels/parallax/hopper.py`` compiled for ``target`` with
-    ``config`` (BM, BN, num_warps, stages), bf16, its pointers specialised as a launch finds them."""
+    ``config`` (a ``tuning.HopperConfig``), bf16, its pointers specialised as a launch finds them."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.parallax import hopper
 
-    bm, bn, warps, stages = config
+    bm, bn = config.bm, config.bn
     kernel = {"dq": hopper._bwd_dq_hopper_kernel, "dkdv": hopper._bwd_dkdv_hopper_kernel}[name]
 
     def descriptor(shape, dtype, gl_dtype):
@@ -153,10 +153,11 @@ def compile_hopper(name: str, d: int, config: tuple[int, int, int, int], varlen:
     types = {n: descriptor((bm, d), "bf16", gl.bfloat16) for n in ("q_desc", "r_desc", "do_desc")}
     types.update({n: descriptor((bn, d), "bf16", gl.bfloat16) for n in ("k_desc", "v_desc")})
     types.update({f"{n}_desc": descriptor((bm,), "fp32", gl.float32) for n in ("lse", "tbar", "tau", "beta")})
-    constexprs = dict(D=d, BM=bm, BN=bn, STAGES=stages, VARLEN=varlen, GLOBAL_ORDER=True, num_warps=warps)
+    constexprs = hopper.constexprs(d, config, varlen)
     sig = signature(kernel, constexprs, types)
     attrs = aligned(kernel, constexprs, FP32_POINTERS | INT_POINTERS | BF16_POINTERS)
-    return triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=target, options={"num_warps": warps})
+    return triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=target,
+                          options={"num_warps": config.warps})
 
 
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int, types: dict | None = None,
@@ -226,17 +227,20 @@ def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims
 
 
 def _hopper_rows(name: str, config, dims: list[int]):
-    """``report_rows``'s cells for a Hopper pass: its shipped config per head dim, or ``config``."""
+    """``report_rows``'s cells for a Hopper pass: its shipped config per head dim, or ``config`` (BM, BN,
+    num_warps, stages; unroll 1, global order)."""
     pass_name = HOPPER_KERNELS[name]
     for d in dims:
-        tile = config or tuning.HOPPER_CONFIGS[pass_name][d]
-        yield _cells(name, d, tile, compiled_resources(compile_hopper(pass_name, d, tile)))
+        tile = tuning.HopperConfig(*config) if config else tuning.HOPPER_CONFIGS[pass_name][d]
+        yield _cells(name, d, tile[:4], compiled_resources(compile_hopper(pass_name, d, tile)), tile.unroll)
 
 
-def _cells(name: str, d: int, tile: tuple, r: dict) -> tuple:
-    """One report row: kernel, head dim, tile (BM, BN, num_warps, stages) and its ``compiled_resources``."""
+def _cells(name: str, d: int, tile: tuple, r: dict, unroll: int = 1) -> tuple:
+    """One report row: kernel, head dim, tile (BM, BN, num_warps, stages; the loop's ``unroll`` beside the
+    tile when above 1) and its ``compiled_resources``."""
     bm, bn, warps, stages = tile
-    return (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
+    shape = f"{bm} x {bn}" + (f", unroll {unroll}" if unroll > 1 else "")
+    return (name, d, shape, warps, stages, r["registers"], r["stack"],
             f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"], f"{r['loop'][0]} / {r['loop'][1]}")
 
 
