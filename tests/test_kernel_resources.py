@@ -127,8 +127,7 @@ def test_hopper_passes_report_their_shipped_config_per_head_dim():
     from kernels.parallax import tuning
 
     rows = list(kr.report_rows(["dq_hopper"], None, [64]))
-    config = tuning.HOPPER_CONFIGS["dq"][64]
-    tile = f"{config.bm} x {config.bn}" + (f", unroll {config.unroll}" if config.unroll > 1 else "")
-    assert [row[:5] for row in rows] == [("dq_hopper", 64, tile, config.warps, config.stages)]
+    bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dq"][64]
+    assert [row[:5] for row in rows] == [("dq_hopper", 64, f"{bm} x {bn}", warps, stages)]
     registers, wgmma, shared = rows[0][5], rows[0][8], rows[0][9]
     assert 0 < registers <= 255 and wgmma > 0 and 0 < shared <= 232448

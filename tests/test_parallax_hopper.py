@@ -9,7 +9,6 @@ documents and windows, and twice for bit-identical results.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import types
 
@@ -190,27 +189,6 @@ def test_gpu_hopper_kernels_match_fp64_and_the_triton_kernels(name):
 
 @pytest.mark.gpu
 @hopper_gpu
-@pytest.mark.parametrize("name", ["d128_gqa2_ragged", "d64_documents_window", "d128_short"])
-def test_gpu_unrolled_loops_and_head_major_programs_give_the_same_bits(name):
-    """``unroll`` and ``global_order`` move waits and programs, not arithmetic: every variant of both
-    passes gives the shipped configs' bits (an unrolled loop that refilled a ring slot still being read
-    would not)."""
-    b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
-    inputs = _inputs(b, n, hq, hkv, d, dtype, seed=5)
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                                                   dtype=torch.int32, device="cuda")
-    shipped = _outputs(inputs, cu, window, True)
-    for unroll, global_order in [(2, True), (2, False), (3, True), (1, False)]:
-        with contextlib.ExitStack() as stack:
-            for pass_name in ("dq", "dkdv"):
-                config = tuning.HOPPER_CONFIGS[pass_name][d]._replace(unroll=unroll, global_order=global_order)
-                stack.enter_context(tuning.hopper_config(pass_name, d, config))
-            got = _outputs(inputs, cu, window, True)
-        assert all(torch.equal(x, y) for x, y in zip(got, shipped)), (unroll, global_order)
-
-
-@pytest.mark.gpu
-@hopper_gpu
 def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_kernels():
     """777 tokens: the statistics' TMA copies would start off 16-byte boundaries; the Triton kernels run
     and give the fp64 results."""
@@ -225,17 +203,17 @@ def test_sweep_sets_configs_for_its_block_and_renders_rows():
     from scripts.bench import attention_hopper as sweep
 
     shipped = dict(tuning.HOPPER_CONFIGS["dq"]), dict(tuning.HOPPER_CONFIGS["dkdv"])
-    pair = {"dq": tuning.HopperConfig(128, 32, 8, 2), "dkdv": tuning.HopperConfig(32, 64, 4, 3, 2, False)}
+    pair = {"dq": tuning.HopperConfig(128, 32, 8, 2), "dkdv": tuning.HopperConfig(32, 128, 8, 3)}
     with sweep.configs(128, pair):
-        assert tuning.HOPPER_CONFIGS["dq"][128] == (128, 32, 8, 2, 1, True)
+        assert tuning.HOPPER_CONFIGS["dq"][128] == (128, 32, 8, 2)
         assert tuning.HOPPER_CONFIGS["dkdv"][128] == pair["dkdv"]
     assert (tuning.HOPPER_CONFIGS["dq"], tuning.HOPPER_CONFIGS["dkdv"]) == shipped
-    assert sweep.pair_label(pair) == "dq 128x32 w8 s2 u1 global + dkdv 32x64 w4 s3 u2 head-major"
+    assert sweep.pair_label(pair) == "dq 128x32 w8 s2 + dkdv 32x128 w8 s3"
     rows = [sweep.row((4, 4096), 128, "triton passes", 3.5, 1.0, 2.0, 3.5),
-            sweep.row((4, 4096), 128, "hopper, dq 64x64 w4 s2 u1 global", 3.0, 1.0, 2.0, 3.5)]
+            sweep.row((4, 4096), 128, "hopper, dq 64x64 w4 s2", 3.0, 1.0, 2.0, 3.5)]
     text = sweep.report_markdown(rows)
     assert "| 4 | 4096 | 128 | triton passes | 3.500 | 1.000 | 2.25 |" in text
-    assert "| 4 | 4096 | 128 | hopper, dq 64x64 w4 s2 u1 global | 3.000 | 0.857 | 2.00 |" in text
+    assert "| 4 | 4096 | 128 | hopper, dq 64x64 w4 s2 | 3.000 | 0.857 | 2.00 |" in text
     for name, by_dim in sweep.CANDIDATES.items():  # every shipped config is among the candidates it won
         assert all(tuning.HOPPER_CONFIGS[name][d] in by_dim[d] for d in by_dim)
 
@@ -249,18 +227,6 @@ def test_hopper_config_rejects_unknown_kernels_head_dims_and_plain_tuples(name, 
     with pytest.raises((ValueError, TypeError), match=error):
         with tuning.hopper_config(name, d, config):
             pass
-
-
-@pytest.mark.parametrize("kernel_name, d", [("dkdv", 128), ("dq", 64)])
-def test_unrolled_loops_compile_for_hopper_with_wgmmas_left_in_flight(kernel_name, d):
-    """Two tiles per iteration: the second tile's score wgmmas queue behind the first's gradient wgmmas
-    (a wait that leaves two in flight for each tile), not serialised."""
-    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper
-
-    config = tuning.HOPPER_CONFIGS[kernel_name][d]._replace(unroll=2)
-    sass = _cuobjdump(compile_hopper(kernel_name, d, config).asm["cubin"], ["-sass"])[0]
-    waits = [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)]
-    assert waits.count(2) == 3, waits  # two tiles in the loop, one in the tail
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without an sm_90 GPU")

@@ -104,57 +104,11 @@ def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_sm
         _tma_load(stat_descs[j], [h * T + m0], bar, stat_smem[j].index(slot), pred=go)
 
 
-@gluon.jit
-def _column_tile(i, dk, dv, k_smem, v_smem, zero_s, geometry, ring, DOCS, T, L, GROUP, WINDOW, scale, qk_scale,
-                 D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
-                 a_layout: gl.constexpr, queries_layout: gl.constexpr):
-    """Query tile ``i`` of the column pass: its three score products, then dv and dk accumulated by
-    wgmmas left in flight (the caller retires them). The tile's products wait behind the wgmmas of the
-    tile before, so the wait for s^T also frees that tile's ring slot for tile i + STAGES - 1."""
-    n_per_head, lo, d_hi, f_hi, kv_h, offs_n, total = geometry
-    row_descs, stat_descs, row_smem, stat_smem, ready = ring
-    slot = i % STAGES
-    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-    q_tile = row_smem[0].index(slot)
-    r_tile = row_smem[1].index(slot)
-    do_tile = row_smem[2].index(slot)
-    st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    tt = warpgroup_mma(k_smem, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-
-    m0 = lo + (i % n_per_head) * BM
-    offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
-    ok_m = offs_m < T
-
-    st = warpgroup_mma_wait(2, deps=(st, ))
-    _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_smem, stat_smem, ready,
-                total, D, BM, STAGES)
-    # the statistics are read where they are used: held across the loop body they spill
-    pt = gl.exp2(st * qk_scale - stat_smem[0].index(slot).load(queries_layout)[None, :])
-    if (m0 < d_hi) | (m0 >= f_hi):
-        key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
-        ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
-        pt = gl.where(ok, pt, 0.0)
-    tt = warpgroup_mma_wait(1, deps=(tt, ))
-    c = 1.0 + stat_smem[1].index(slot).load(queries_layout)[None, :] - tt
-    dv = warpgroup_mma(gl.convert_layout((pt * c).to(k_smem.dtype), a_layout), do_tile, dv, is_async=True)
-    at = warpgroup_mma_wait(1, deps=(at, ))
-    beta = stat_smem[3].index(slot).load(queries_layout)
-    delta = at - beta[None, :]
-    bmt = beta - stat_smem[2].index(slot).load(queries_layout)
-    g1 = gl.convert_layout((pt * (c * delta + bmt[None, :]) * scale).to(k_smem.dtype), a_layout)
-    g2 = gl.convert_layout((-pt * delta).to(k_smem.dtype), a_layout)
-    dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
-    dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
-    return dk, dv
-
-
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, tau_desc, beta_desc,
                             DK, DV, DOCS, DOCE, T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                             D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                            UNROLL: gl.constexpr, VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr,
-                            num_warps: gl.constexpr):
+                            VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BM)
@@ -192,19 +146,44 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
     dk = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
     dv = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
-    geometry = (n_per_head, lo, d_hi, f_hi, kv_h, offs_n, total)
-    ring = ((q_desc, r_desc, do_desc), stat_descs, row_smem, stat_smem, ready)
     mbarrier.wait(kv_ready, 0)
-    for i0 in range(0, total - UNROLL + 1, UNROLL):
-        for u in gl.static_range(UNROLL):
-            dk, dv = _column_tile(i0 + u, dk, dv, k_smem, v_smem, zero_s, geometry, ring, DOCS, T, L, GROUP, WINDOW,
-                                  scale, qk_scale, D, BM, BN, STAGES, VARLEN, a_layout, queries_layout)
+    for i in range(total):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        q_tile = q_smem.index(slot)
+        r_tile = r_smem.index(slot)
+        do_tile = do_smem.index(slot)
+        st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        tt = warpgroup_mma(k_smem, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+
+        h = kv_h * GROUP + i // n_per_head
+        m0 = lo + (i % n_per_head) * BM
+        offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
+        ok_m = offs_m < T
+
+        # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
+        st = warpgroup_mma_wait(2, deps=(st, ))
+        _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs,
+                    row_smem, stat_smem, ready, total, D, BM, STAGES)
+        # the statistics are read where they are used: held across the loop body they spill
+        pt = gl.exp2(st * qk_scale - stat_smem[0].index(slot).load(queries_layout)[None, :])
+        if (m0 < d_hi) | (m0 >= f_hi):
+            key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+            ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
+            pt = gl.where(ok, pt, 0.0)
+        tt = warpgroup_mma_wait(1, deps=(tt, ))
+        c = 1.0 + stat_smem[1].index(slot).load(queries_layout)[None, :] - tt
+        dv = warpgroup_mma(gl.convert_layout((pt * c).to(dtype), a_layout), do_tile, dv, is_async=True)
+        at = warpgroup_mma_wait(1, deps=(at, ))
+        beta = stat_smem[3].index(slot).load(queries_layout)
+        delta = at - beta[None, :]
+        bmt = beta - stat_smem[2].index(slot).load(queries_layout)
+        g1 = gl.convert_layout((pt * (c * delta + bmt[None, :]) * scale).to(dtype), a_layout)
+        g2 = gl.convert_layout((-pt * delta).to(dtype), a_layout)
+        dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
+        dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
         dk, dv = _retire(dk, dv)
-    if UNROLL > 1:
-        for i in range(total - total % UNROLL, total):
-            dk, dv = _column_tile(i, dk, dv, k_smem, v_smem, zero_s, geometry, ring, DOCS, T, L, GROUP, WINDOW,
-                                  scale, qk_scale, D, BM, BN, STAGES, VARLEN, a_layout, queries_layout)
-            dk, dv = _retire(dk, dv)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     _invalidate(ready, kv_ready, STAGES)
@@ -245,45 +224,11 @@ def _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: g
     return tau, beta
 
 
-@gluon.jit
-def _row_tile(j, dq, dr, q_smem, r_smem, do_smem, zero_s, geometry, stats, keys, DOCS, T, L, WINDOW, qk_scale,
-              D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
-              s_layout: gl.constexpr, a_layout: gl.constexpr):
-    """Key tile ``j`` of the row pass: its three score products, then dq and drho accumulated by wgmmas
-    left in flight (the caller retires them). The tile's products wait behind the wgmmas of the tile
-    before, so the wait for s also frees that tile's ring slot for tile j + STAGES - 1."""
-    lo, a_hi, diag, kv_h, n_tiles, offs_m = geometry
-    lse, tbar, beta, bmt = stats
-    k_desc, v_desc, k_smem, v_smem, ready = keys
-    slot = j % STAGES
-    mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
-    k_tile = k_smem.index(slot)
-    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    a = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    s, dq, dr = warpgroup_mma_wait(2, deps=(s, dq, dr))
-    _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
-    p = gl.exp2(s * qk_scale - lse[:, None])
-    n0 = lo + j * BN
-    if (n0 < a_hi) | (n0 >= diag):
-        p = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), p, 0.0)
-    t = warpgroup_mma_wait(1, deps=(t, ))
-    c = 1.0 + tbar[:, None] - t
-    a = warpgroup_mma_wait(0, deps=(a, ))
-    delta = a - beta[:, None]
-    g1 = gl.convert_layout((p * (c * delta + bmt[:, None])).to(k_smem.dtype), a_layout)
-    g2 = gl.convert_layout((-p * delta).to(k_smem.dtype), a_layout)
-    dq = warpgroup_mma(g1, k_tile, dq, is_async=True)
-    dr = warpgroup_mma(g2, k_tile, dr, is_async=True)
-    return dq, dr
-
-
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU, BETA, DQ, DR, DOCS,
                           T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                          UNROLL: gl.constexpr, VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr,
-                          num_warps: gl.constexpr):
+                          VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BN)
@@ -323,19 +268,29 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
     dq = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
     dr = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
-    geometry = (lo, a_hi, diag, kv_h, n_tiles, offs_m)
-    stats = (lse, tbar, beta, bmt)
-    keys = (k_desc, v_desc, k_smem, v_smem, ready)
-    for j0 in range(0, n_tiles - UNROLL + 1, UNROLL):
-        for u in gl.static_range(UNROLL):
-            dq, dr = _row_tile(j0 + u, dq, dr, q_smem, r_smem, do_smem, zero_s, geometry, stats, keys, DOCS, T, L,
-                               WINDOW, qk_scale, D, BN, STAGES, VARLEN, s_layout, a_layout)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        k_tile = k_smem.index(slot)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        a = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                 is_async=True)
+        s, dq, dr = warpgroup_mma_wait(2, deps=(s, dq, dr))
+        _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        n0 = lo + j * BN
+        if (n0 < a_hi) | (n0 >= diag):
+            p = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), p, 0.0)
+        t = warpgroup_mma_wait(1, deps=(t, ))
+        c = 1.0 + tbar[:, None] - t
+        a = warpgroup_mma_wait(0, deps=(a, ))
+        delta = a - beta[:, None]
+        g1 = gl.convert_layout((p * (c * delta + bmt[:, None])).to(dtype), a_layout)
+        g2 = gl.convert_layout((-p * delta).to(dtype), a_layout)
+        dq = warpgroup_mma(g1, k_tile, dq, is_async=True)
+        dr = warpgroup_mma(g2, k_tile, dr, is_async=True)
         dq, dr = _retire(dq, dr)
-    if UNROLL > 1:
-        for j in range(n_tiles - n_tiles % UNROLL, n_tiles):
-            dq, dr = _row_tile(j, dq, dr, q_smem, r_smem, do_smem, zero_s, geometry, stats, keys, DOCS, T, L,
-                               WINDOW, qk_scale, D, BN, STAGES, VARLEN, s_layout, a_layout)
-            dq, dr = _retire(dq, dr)
 
     dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
     _invalidate(ready, q_ready, STAGES)
@@ -407,5 +362,5 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
 
 def constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
     """The constexpr arguments (and num_warps) of a Hopper kernel launched with ``config`` at head dim d."""
-    return dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, UNROLL=config.unroll, VARLEN=varlen,
-                GLOBAL_ORDER=config.global_order, num_warps=config.warps)
+    return dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
+                num_warps=config.warps)

@@ -96,17 +96,12 @@ SMALL_WORK = 2**30
 
 class HopperConfig(NamedTuple):
     """Launch config of a backward Hopper kernel (kernels/parallax/hopper.py): tile rows ``bm`` (queries)
-    and ``bn`` (keys), ``warps``, ``stages`` of the TMA ring, ``unroll`` (tiles per loop iteration: the
-    next tile's score wgmmas queue behind this tile's gradient wgmmas instead of waiting for them to
-    retire; results are bit-identical for every value) and the program order (``global_order``:
-    globally heaviest-first, else head-major; ``fused._tile_order``)."""
+    and ``bn`` (keys), ``warps``, ``stages`` of the TMA ring."""
 
     bm: int
     bn: int
     warps: int
     stages: int
-    unroll: int = 1
-    global_order: bool = True
 
 
 # The backward's Hopper kernels, per kernel name and head dim: the fastest of the H200 sweep at B4

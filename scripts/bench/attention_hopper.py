@@ -2,8 +2,7 @@
 
 Per head dim at B4 L4096 Hq16 Hkv8, bf16, causal: the backward (``fused.backward`` called directly on
 one forward's outputs) with the Triton passes, then with the Hopper kernels under each candidate of
-each pass (``tuning.HopperConfig``: tiles, warps, ring stages, loop unroll, program order; the other
-pass at its shipped config), then the fastest candidate of each pass together, all in one run, beside
+each pass (``tuning.HopperConfig``: tiles, warps, ring stages; the other pass at its shipped config), then the fastest candidate of each pass together, all in one run, beside
 cuDNN softmax's forward + backward and our forward. Then the shipped configs and that pair against
 the Triton passes at B1 L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
@@ -24,26 +23,22 @@ from scripts.bench.attention import make_inputs
 from scripts.bench.attention_loops import cudnn_ms
 from scripts.bench.results import command_line, describe, table, write_results
 
-# Candidates per pass and head dim: the shipped tiles unrolled and in head-major order, and the tiles
-# that compile without spills when unrolled (registers: ``python -m scripts.bench.kernel_resources``).
+# (BM, BN, num_warps, stages) candidates per pass and head dim
 CANDIDATES = {
-    "dq": {128: [C(64, 64, 4, 2), C(64, 64, 4, 2, global_order=False), C(64, 32, 4, 3), C(64, 32, 4, 3, 2),
-                 C(64, 32, 4, 3, 2, False), C(64, 32, 4, 3, 4)],
-           64: [C(64, 32, 4, 3), C(64, 32, 4, 3, global_order=False), C(64, 32, 4, 3, 2), C(64, 32, 4, 3, 2, False),
-                C(64, 32, 4, 3, 4), C(64, 64, 4, 2, 2)]},
-    "dkdv": {128: [C(32, 64, 4, 3), C(32, 64, 4, 3, global_order=False), C(32, 64, 4, 3, 2),
-                   C(32, 64, 4, 3, 2, False), C(32, 64, 4, 2, 2)],
-             64: [C(64, 64, 4, 3), C(64, 64, 4, 3, global_order=False), C(64, 64, 4, 3, 2), C(64, 64, 4, 3, 2, False),
-                  C(32, 64, 4, 3, 2), C(32, 64, 4, 3, 4)]},
+    "dq": {128: [C(64, 32, 4, 2), C(64, 32, 4, 3), C(128, 32, 8, 2), C(128, 32, 8, 3), C(64, 64, 4, 2),
+                 C(128, 64, 8, 2)],
+           64: [C(64, 64, 4, 2), C(64, 64, 4, 3), C(128, 64, 8, 2), C(64, 32, 4, 3), C(128, 32, 8, 2)]},
+    "dkdv": {128: [C(32, 64, 4, 2), C(32, 64, 4, 3), C(32, 64, 4, 4), C(32, 128, 8, 2), C(32, 128, 8, 3)],
+             64: [C(64, 64, 4, 2), C(64, 64, 4, 3), C(32, 64, 4, 3), C(32, 64, 4, 4), C(64, 128, 8, 2),
+                  C(32, 128, 8, 3)]},
 }
 SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
 OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
 
 def label(config: C) -> str:
-    """A config as the sweep's rows name it: "32x64 w4 s3 u2 global"."""
-    order = "global" if config.global_order else "head-major"
-    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages} u{config.unroll} {order}"
+    """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages)."""
+    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}"
 
 
 @contextlib.contextmanager

@@ -228,19 +228,17 @@ def report_rows(names: list[str], config: tuple[int, int, int, int] | None, dims
 
 def _hopper_rows(name: str, config, dims: list[int]):
     """``report_rows``'s cells for a Hopper pass: its shipped config per head dim, or ``config`` (BM, BN,
-    num_warps, stages; unroll 1, global order)."""
+    num_warps, stages)."""
     pass_name = HOPPER_KERNELS[name]
     for d in dims:
         tile = tuning.HopperConfig(*config) if config else tuning.HOPPER_CONFIGS[pass_name][d]
-        yield _cells(name, d, tile[:4], compiled_resources(compile_hopper(pass_name, d, tile)), tile.unroll)
+        yield _cells(name, d, tile, compiled_resources(compile_hopper(pass_name, d, tile)))
 
 
-def _cells(name: str, d: int, tile: tuple, r: dict, unroll: int = 1) -> tuple:
-    """One report row: kernel, head dim, tile (BM, BN, num_warps, stages; the loop's ``unroll`` beside the
-    tile when above 1) and its ``compiled_resources``."""
+def _cells(name: str, d: int, tile: tuple, r: dict) -> tuple:
+    """One report row: kernel, head dim, tile (BM, BN, num_warps, stages) and its ``compiled_resources``."""
     bm, bn, warps, stages = tile
-    shape = f"{bm} x {bn}" + (f", unroll {unroll}" if unroll > 1 else "")
-    return (name, d, shape, warps, stages, r["registers"], r["stack"],
+    return (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
             f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"], f"{r['loop'][0]} / {r['loop'][1]}")
 
 
