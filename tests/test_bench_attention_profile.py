@@ -171,8 +171,13 @@ def test_chosen_configs_from_the_autotuner_or_the_fixed_pick():
     from kernels.parallax import tuning
 
     report = {"fwd": [{"best": {"(128, False)": "BM: 128"}}, {"best": {"(64, False)": "BM: 64"}}], "dq": [], "dkdv": []}
-    configs = ap.chosen_configs(report, 1)
+    configs = ap.chosen_configs(report, 1, 128)
     assert configs["fwd"] == "BM: 128; BM: 64" and configs["dq"] == str(tuning.choose("dq", 1))
+    bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dkdv"][128]
+    assert configs["dkdv_hopper"] == f"BM: {bm}, BN: {bn}, num_warps: {warps}, stages: {stages}"
+    assert "dq_hopper" not in ap.chosen_configs(report, 1, 96)  # no Hopper kernel at that head dim
+    assert ap.kernel_label("_bwd_dkdv_hopper_kernel") == ("dkdv_hopper", "dkdv column pass, Hopper")
+    assert ap.kernel_label("_bwd_dkdv_kernel") == ("dkdv", "dkdv column pass")
 
 
 def fake_ncu(tmp_path, body: str) -> str:

@@ -1,4 +1,5 @@
-"""Profile the three fused attention kernels with Nsight Compute and say where each one's ceiling is.
+"""Profile the fused attention kernels with Nsight Compute and say where each one's ceiling is: the
+forward and the backward's row and column passes (on sm_90 the backward's Hopper kernels, as shipped).
 
 Three subcommands:
 
@@ -33,7 +34,9 @@ MODULE = "scripts.bench.attention_profile"
 RANGE = "profile"  # the NVTX range around the profiled calls; ncu's filter names it as "profile/"
 # Triton names a kernel's cubin entry after its function: tuning's name and the page's label.
 KERNELS = {"_fwd_kernel": ("fwd", "fwd"), "_bwd_dq_kernel": ("dq", "dq row pass"),
-           "_bwd_dkdv_kernel": ("dkdv", "dkdv column pass")}
+           "_bwd_dkdv_kernel": ("dkdv", "dkdv column pass"),
+           "_bwd_dq_hopper_kernel": ("dq_hopper", "dq row pass, Hopper"),
+           "_bwd_dkdv_hopper_kernel": ("dkdv_hopper", "dkdv column pass, Hopper")}
 # Per quantity, metric-name patterns in order of preference: names differ between ncu versions and
 # GPUs. The tensor pipes: all tensor-pipe cycles first (wgmma and mma), then the per-kind cycle
 # counters; the sm__inst_executed_pipe_tensor_* rates count instructions, not busy cycles (a wgmma
@@ -75,9 +78,10 @@ def work(batch: int, length: int, hq: int, dim: int) -> int:
     return batch * length * length * hq * dim
 
 
-def chosen_configs(report: dict, amount: int) -> dict[str, str]:
+def chosen_configs(report: dict, amount: int, dim: int) -> dict[str, str]:
     """Per kernel name, the config its launches ran: the autotuner's choices in ``report``
-    (``tuning.autotune_report()``), or where none tuned, ``tuning.choose``'s fixed pick."""
+    (``tuning.autotune_report()``), or where none tuned, ``tuning.choose``'s fixed pick; the backward's
+    Hopper kernels (``dq_hopper``, ``dkdv_hopper``) with ``tuning.HOPPER_CONFIGS`` at head dim ``dim``."""
     from kernels.parallax import tuning
 
     out = {}
@@ -86,6 +90,10 @@ def chosen_configs(report: dict, amount: int) -> dict[str, str]:
         if not best:  # below tuning.SMALL_WORK, or one candidate: no autotuner ran
             best = [str(tuning.choose(name, amount))]
         out[name] = "; ".join(best)
+    for name, by_dim in tuning.HOPPER_CONFIGS.items():
+        if dim in by_dim:
+            bm, bn, warps, stages = by_dim[dim]
+            out[f"{name}_hopper"] = f"BM: {bm}, BN: {bn}, num_warps: {warps}, stages: {stages}"
     return out
 
 
@@ -118,7 +126,7 @@ def run(args) -> None:
     report = tuning.autotune_report()
     shape = {"B": b, "L": n, "Hq": hq, "Hkv": hkv, "D": d}
     machine = {"gpu": gpu_description(), **software_versions()}  # the page's hardware and versions
-    configs = chosen_configs(report, work(b, n, hq, d))
+    configs = chosen_configs(report, work(b, n, hq, d), d)
     data = {"shape": shape, "machine": machine, "configs": configs, "autotune": report}
     Path(args.configs_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.configs_out).write_text(json.dumps(data, indent=1))
