@@ -388,7 +388,8 @@ def report(args) -> None:
     meta = describe("Attention kernels: Nsight Compute profile",
                     f"one launch of each fused attention kernel (forward, backward row and column passes) under "
                     f"Nsight Compute ({info.get('ncu_version', 'version not recorded')}; --set full, --clock-control "
-                    f"none) at B, L, Hq, Hkv = {sizes}, bf16, causal, in the configs triton's autotuner chose", command)
+                    f"none) at B, L, Hq, Hkv = {sizes}, bf16, causal, in the configs triton's autotuner chose "
+                    f"(the backward's Hopper kernels: tuning.HOPPER_CONFIGS)", command)
     meta.update(configs.get("machine", {}))  # the GPU and versions the kernels ran on, not this machine's
     data = {"shape": shape, "ncu": info, "rows": rows, "summaries": [summary(row) for row in rows]}
     print(write_results(args.out, meta, "\n".join(markdown(rows)) + "\n", data))
