@@ -218,15 +218,30 @@ def test_sweep_sets_configs_for_its_block_and_renders_rows():
         assert all(tuning.HOPPER_CONFIGS[name][d] in by_dim[d] for d in by_dim)
 
 
+def test_shipped_hopper_configs_pass_the_checks_hopper_config_makes():
+    for name, by_dim in tuning.HOPPER_CONFIGS.items():
+        for d, config in by_dim.items():
+            with tuning.hopper_config(name, d, config):
+                assert tuning.HOPPER_CONFIGS[name][d] is config
+
+
 @pytest.mark.parametrize("name, d, config, error", [
     ("dqq", 128, tuning.HopperConfig(64, 64, 4, 2), "no Hopper kernel 'dqq' at head dim 128"),
     ("dq", 96, tuning.HopperConfig(64, 64, 4, 2), "no Hopper kernel 'dq' at head dim 96"),
     ("dq", 128, (64, 64, 4, 2), "config must be a tuning.HopperConfig, got \\(64, 64, 4, 2\\)"),
+    ("dq", 128, tuning.HopperConfig(48, 64, 4, 2), "bm and bn must be powers of two >= 16, got 48 and 64"),
+    ("dkdv", 64, tuning.HopperConfig(64, 8, 4, 2), "bm and bn must be powers of two >= 16, got 64 and 8"),
+    ("dq", 64, tuning.HopperConfig(64, 64, 6, 2), "warps must be a multiple of 4 \\(whole warpgroups\\), got 6"),
+    ("dq", 64, tuning.HopperConfig(64, 64, 4, 1), "stages must be at least 2, got 1"),
+    ("dq", 64, tuning.HopperConfig(64, 64.0, 4, 2), "every field must be an int"),
+    ("dq", 64, tuning.HopperConfig(64, 64, True, 2), "every field must be an int"),
 ])
-def test_hopper_config_rejects_unknown_kernels_head_dims_and_plain_tuples(name, d, config, error):
+def test_hopper_config_rejects_bad_kernels_head_dims_and_configs(name, d, config, error):
+    shipped = {k: dict(v) for k, v in tuning.HOPPER_CONFIGS.items()}
     with pytest.raises((ValueError, TypeError), match=error):
         with tuning.hopper_config(name, d, config):
             pass
+    assert tuning.HOPPER_CONFIGS == shipped
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without an sm_90 GPU")

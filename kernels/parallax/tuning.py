@@ -179,6 +179,20 @@ def hopper_kernels(enabled: bool):
         _hopper.pop()
 
 
+def _hopper_config_error(config: HopperConfig) -> str | None:
+    """What is wrong with ``config``'s values, or None: tiles powers of two from 16 (wgmma's and TMA's
+    shapes), whole warpgroups, a ring of at least two stages (each refills the slot of the tile before)."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in config):
+        return "every field must be an int"
+    if any(t < 16 or t & (t - 1) for t in (config.bm, config.bn)):
+        return f"bm and bn must be powers of two >= 16, got {config.bm} and {config.bn}"
+    if config.warps < 4 or config.warps % 4:
+        return f"warps must be a multiple of 4 (whole warpgroups), got {config.warps}"
+    if config.stages < 2:
+        return f"stages must be at least 2, got {config.stages}"
+    return None
+
+
 @contextlib.contextmanager
 def hopper_config(name: str, head_dim: int, config: HopperConfig):
     """Within the block, Hopper kernel ``name`` ("dq" or "dkdv") runs ``config`` at ``head_dim`` (sweeps,
@@ -188,6 +202,9 @@ def hopper_config(name: str, head_dim: int, config: HopperConfig):
                          f"{sorted(HOPPER_CONFIGS)} and a head dim in {sorted(HOPPER_CONFIGS.get(name, {}))}")
     if not isinstance(config, HopperConfig):
         raise TypeError(f"config must be a tuning.HopperConfig, got {config!r}")
+    bad = _hopper_config_error(config)
+    if bad:
+        raise ValueError(f"{config!r}: {bad}")
     saved = HOPPER_CONFIGS[name][head_dim]
     HOPPER_CONFIGS[name][head_dim] = config
     try:
