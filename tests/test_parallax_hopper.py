@@ -218,6 +218,34 @@ def test_sweep_sets_configs_for_its_block_and_renders_rows():
         assert all(tuning.HOPPER_CONFIGS[name][d] in by_dim[d] for d in by_dim)
 
 
+def test_sweep_picks_the_fastest_config_of_each_pass_and_times_them_together(monkeypatch):
+    """With a fake timer whose backward costs a fixed amount per config of each pass, the sweep's pair
+    is each pass's cheapest candidate, timed with the shipped configs restored around it."""
+    from scripts.bench import attention_hopper as sweep
+
+    d = 64
+    cost = {name: {c: 1.0 + 0.1 * i for i, c in enumerate(reversed(by_dim[d]))}
+            for name, by_dim in sweep.CANDIDATES.items()}
+
+    def fake_timer(shape, dim):
+        def backward_ms(hopper):
+            if not hopper:
+                return 5.0
+            return sum(cost[name][tuning.HOPPER_CONFIGS[name][dim]] for name in cost)
+        return 1.0, 2.0, backward_ms
+
+    monkeypatch.setattr(sweep, "timer", fake_timer)
+    shipped = {name: tuning.HOPPER_CONFIGS[name][d] for name in cost}
+    rows, best = sweep.sweep(d)
+    assert best == {name: sweep.CANDIDATES[name][d][-1] for name in cost}  # the cheapest: last in each list
+    assert rows[-1]["backward"] == f"hopper, fastest pair: {sweep.pair_label(best)}" and rows[-1]["ms"] == 2.0
+    assert len(rows) == 2 + sum(len(sweep.CANDIDATES[name][d]) for name in cost)
+    assert {name: tuning.HOPPER_CONFIGS[name][d] for name in cost} == shipped
+    other = sweep.elsewhere(d, best)
+    assert [r["backward"].split(":")[0] for r in other] == ["triton passes", "hopper, shipped",
+                                                           "hopper, fastest pair"] * len(sweep.OTHER_SHAPES)
+
+
 def test_shipped_hopper_configs_pass_the_checks_hopper_config_makes():
     for name, by_dim in tuning.HOPPER_CONFIGS.items():
         for d, config in by_dim.items():
