@@ -2,8 +2,9 @@
 
 Per head dim at B4 L4096 Hq16 Hkv8, bf16, causal: the backward (``fused.backward`` called directly on
 one forward's outputs) with the Triton passes, then with the Hopper kernels under each candidate of
-each pass (``tuning.HopperConfig``: tiles, warps, ring stages; the other pass at its shipped config), then the fastest candidate of each pass together, all in one run, beside
-cuDNN softmax's forward + backward and our forward. Then the shipped configs and that pair against
+each pass (``tuning.HopperConfig``: tiles, warps, ring stages; the other pass at its shipped config),
+then the fastest candidate of each pass together, all in one run, beside cuDNN softmax's forward +
+backward and our forward. Then the shipped configs and that pair against
 the Triton passes at B1 L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
     python -m scripts.bench.attention_hopper --out docs/bench/attention_hopper
@@ -18,25 +19,27 @@ import sys
 import torch
 
 from kernels.parallax import fused, tuning
-from kernels.parallax.tuning import HopperConfig as C
+from kernels.parallax.tuning import HopperConfig
 from scripts.bench.attention import make_inputs
 from scripts.bench.attention_loops import cudnn_ms
 from scripts.bench.results import command_line, describe, table, write_results
 
 # (BM, BN, num_warps, stages) candidates per pass and head dim
 CANDIDATES = {
-    "dq": {128: [C(64, 32, 4, 2), C(64, 32, 4, 3), C(128, 32, 8, 2), C(128, 32, 8, 3), C(64, 64, 4, 2),
-                 C(128, 64, 8, 2)],
-           64: [C(64, 64, 4, 2), C(64, 64, 4, 3), C(128, 64, 8, 2), C(64, 32, 4, 3), C(128, 32, 8, 2)]},
-    "dkdv": {128: [C(32, 64, 4, 2), C(32, 64, 4, 3), C(32, 64, 4, 4), C(32, 128, 8, 2), C(32, 128, 8, 3)],
-             64: [C(64, 64, 4, 2), C(64, 64, 4, 3), C(32, 64, 4, 3), C(32, 64, 4, 4), C(64, 128, 8, 2),
-                  C(32, 128, 8, 3)]},
+    "dq": {128: [HopperConfig(*c) for c in [(64, 32, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (128, 32, 8, 3),
+                                          (64, 64, 4, 2), (128, 64, 8, 2)]],
+           64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3),
+                                         (128, 32, 8, 2)]]},
+    "dkdv": {128: [HopperConfig(*c) for c in [(32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4), (32, 128, 8, 2),
+                                            (32, 128, 8, 3)]],
+             64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4),
+                                           (64, 128, 8, 2), (32, 128, 8, 3)]]},
 }
 SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
 OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
 
-def label(config: C) -> str:
+def label(config: HopperConfig) -> str:
     """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages)."""
     return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}"
 
