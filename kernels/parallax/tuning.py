@@ -20,8 +20,9 @@ descriptors where the inputs allow); ``num_warps`` and ``num_stages`` as usual.
   that config; ``with tuning.candidates(**tuning.SWEEP):`` autotunes over the sweep lists).
 * ``autotune_report()``: what the autotuners chose, and their timings, per key.
 * The backward's Hopper kernels (``hopper.py``, Gluon) take the place of the ``"dq"`` and ``"dkdv"``
-  kernels where they apply, with ``HOPPER_CONFIGS``; ``with tuning.hopper_kernels(False):`` keeps the
-  Triton kernels (as do explicit configs and ``candidates`` lists for either pass).
+  kernels where they apply, with ``HOPPER_CONFIGS`` (a ``HopperConfig`` per kernel and head dim; ``with
+  tuning.hopper_config(name, head_dim, config):`` runs another); ``with tuning.hopper_kernels(False):``
+  keeps the Triton kernels (as do explicit configs and ``candidates`` lists for either pass).
 
 Decode is not autotuned: a table per head dim gives (block_n, num_warps, num_stages), and
 ``decode_fused.pick_num_splits`` the split count; ``decode_fused.parallax_decode_triton`` takes
@@ -197,7 +198,7 @@ def _hopper_config_error(config: HopperConfig) -> str | None:
 @contextlib.contextmanager
 def hopper_config(name: str, head_dim: int, config: HopperConfig):
     """Within the block, Hopper kernel ``name`` ("dq" or "dkdv") runs ``config`` at ``head_dim`` (sweeps,
-    tests). Process-wide; restores the shipped config on exit."""
+    tests); its values are checked first. Process-wide; nests; restores the previous config on exit."""
     if name not in HOPPER_CONFIGS or head_dim not in HOPPER_CONFIGS[name]:
         raise ValueError(f"no Hopper kernel {name!r} at head dim {head_dim}; expected a name in "
                          f"{sorted(HOPPER_CONFIGS)} and a head dim in {sorted(HOPPER_CONFIGS.get(name, {}))}")
