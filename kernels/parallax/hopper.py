@@ -59,29 +59,14 @@ def _store_tile(PTR, x, t0, h, T, H, D: gl.constexpr, ROWS: gl.constexpr, layout
 
 
 @gluon.jit
-def _ring(STAGES: gl.constexpr):
-    """Initialised mbarriers, one per ring slot, for one TMA copy per slot. Each copy of a slot gets a
-    ring of its own: copies that signal one mbarrier each make the compiler put a CTA barrier (bar.sync)
-    before every copy, since each copy updates that mbarrier."""
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+def _barriers(STAGES: gl.constexpr):
+    """Initialised mbarriers: one per ring slot, and one for the tiles a program loads once."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for b in gl.static_range(STAGES):
-        mbarrier.init(bars.index(b), count=1)
-    return bars
-
-
-@gluon.jit
-def _once():
-    """An initialised mbarrier for the tiles a program loads once."""
-    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(bar, count=1)
-    return bar
-
-
-@gluon.jit
-def _wait_slot(rings, slot, phase, COPIES: gl.constexpr):
-    """Wait until the ``COPIES`` copies of ring slot ``slot`` (their mbarriers ``rings[j]``) landed."""
-    for j in gl.static_range(COPIES):
-        mbarrier.wait(rings[j].index(slot), phase)
+        mbarrier.init(ready.index(b), count=1)
+    mbarrier.init(once, count=1)
+    return ready, once
 
 
 @gluon.jit
@@ -94,32 +79,29 @@ def _retire(acc1, acc2):
 
 
 @gluon.jit
-def _invalidate(rings, loaded, COPIES: gl.constexpr, STAGES: gl.constexpr):
-    """Invalidate the ``COPIES`` rings' mbarriers and the one of the tiles loaded once."""
-    for j in gl.static_range(COPIES):
-        for b in gl.static_range(STAGES):
-            mbarrier.invalidate(rings[j].index(b))
+def _invalidate(ready, loaded, STAGES: gl.constexpr):
+    """Invalidate the ring's mbarriers ``ready`` and the one of the tiles loaded once."""
+    for b in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(b))
     mbarrier.invalidate(loaded)
 
 
 @gluon.jit
-def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_smem, stat_smem, rings,
+def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_smem, stat_smem, ready,
                 total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
     """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows
-    and the lse, tbar, tau, beta statistics, each signalling its own ring (``rings``: the three row
-    rings, then the four statistics' rings); nothing past the end."""
+    and the lse, tbar, tau, beta statistics; nothing past the end."""
     go = i < total
     h = kv_h * GROUP + i // n_per_head
     m0 = lo + (i % n_per_head) * BM
     slot = i % STAGES
+    bar = ready.index(slot)
+    nbytes: gl.constexpr = 3 * row_descs[0].block_type.nbytes + 4 * stat_descs[0].block_type.nbytes
+    mbarrier.expect(bar, nbytes, pred=go)
     for j in gl.static_range(3):
-        mbarrier.expect(rings[j].index(slot), row_descs[j].block_type.nbytes, pred=go)
+        _tma_load(row_descs[j], [m0, h * D], bar, row_smem[j].index(slot), pred=go)
     for j in gl.static_range(4):
-        mbarrier.expect(rings[3 + j].index(slot), stat_descs[j].block_type.nbytes, pred=go)
-    for j in gl.static_range(3):
-        _tma_load(row_descs[j], [m0, h * D], rings[j].index(slot), row_smem[j].index(slot), pred=go)
-    for j in gl.static_range(4):
-        _tma_load(stat_descs[j], [h * T + m0], rings[3 + j].index(slot), stat_smem[j].index(slot), pred=go)
+        _tma_load(stat_descs[j], [h * T + m0], bar, stat_smem[j].index(slot), pred=go)
 
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
@@ -151,16 +133,14 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
                  gl.allocate_shared_memory(gl.float32, [STAGES, BM], tbar_desc.layout),
                  gl.allocate_shared_memory(gl.float32, [STAGES, BM], tau_desc.layout),
                  gl.allocate_shared_memory(gl.float32, [STAGES, BM], beta_desc.layout))
-    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES),
-             _ring(STAGES))
-    kv_ready = _once()
+    ready, kv_ready = _barriers(STAGES)
 
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
     _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
     _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
     for b in gl.static_range(STAGES - 1):
         _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs, row_smem, stat_smem,
-                    rings, total, D, BM, STAGES)
+                    ready, total, D, BM, STAGES)
 
     offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
@@ -169,7 +149,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
     mbarrier.wait(kv_ready, 0)
     for i in range(total):
         slot = i % STAGES
-        _wait_slot(rings, slot, (i // STAGES) & 1, 7)
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         q_tile = q_smem.index(slot)
         r_tile = r_smem.index(slot)
         do_tile = do_smem.index(slot)
@@ -185,7 +165,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
         # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
         st = warpgroup_mma_wait(2, deps=(st, ))
         _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs,
-                    row_smem, stat_smem, rings, total, D, BM, STAGES)
+                    row_smem, stat_smem, ready, total, D, BM, STAGES)
         # the statistics are read where they are used: held across the loop body they spill
         pt = gl.exp2(st * qk_scale - stat_smem[0].index(slot).load(queries_layout)[None, :])
         if (m0 < d_hi) | (m0 >= f_hi):
@@ -206,24 +186,23 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
         dk, dv = _retire(dk, dv)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    _invalidate(rings, kv_ready, 7, STAGES)
+    _invalidate(ready, kv_ready, STAGES)
     _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
     _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
 
 
 # ----------------------------------------------------------------------------- row pass (dq, drho)
 @gluon.jit
-def _issue_keys(j, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D: gl.constexpr, BN: gl.constexpr,
+def _issue_keys(j, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D: gl.constexpr, BN: gl.constexpr,
                 STAGES: gl.constexpr):
-    """Start the TMA copies of key tile ``j`` (of ``n_tiles``) into its ring slot, k and v each signalling
-    its own ring (``rings``); nothing past the end."""
+    """Start the TMA copies of key tile ``j`` (of ``n_tiles``) into its ring slot; nothing past the end."""
     go = j < n_tiles
     n0 = lo + j * BN
     slot = j % STAGES
-    mbarrier.expect(rings[0].index(slot), k_desc.block_type.nbytes, pred=go)
-    mbarrier.expect(rings[1].index(slot), v_desc.block_type.nbytes, pred=go)
-    _tma_load(k_desc, [n0, kv_h * D], rings[0].index(slot), k_smem.index(slot), pred=go)
-    _tma_load(v_desc, [n0, kv_h * D], rings[1].index(slot), v_smem.index(slot), pred=go)
+    bar = ready.index(slot)
+    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes, pred=go)
+    _tma_load(k_desc, [n0, kv_h * D], bar, k_smem.index(slot), pred=go)
+    _tma_load(v_desc, [n0, kv_h * D], bar, v_smem.index(slot), pred=go)
 
 
 @gluon.jit
@@ -267,15 +246,14 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    rings = (_ring(STAGES), _ring(STAGES))
-    q_ready = _once()
+    ready, q_ready = _barriers(STAGES)
 
     mbarrier.expect(q_ready, 3 * q_desc.block_type.nbytes)
     _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
     _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
     _tma_load(do_desc, [m0, h * D], q_ready, do_smem)
     for b in gl.static_range(STAGES - 1):
-        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
 
     offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
     ok_m = offs_m < T
@@ -292,14 +270,14 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     dr = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
     for j in range(n_tiles):
         slot = j % STAGES
-        _wait_slot(rings, slot, (j // STAGES) & 1, 2)
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
         k_tile = k_smem.index(slot)
         s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         a = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
         s, dq, dr = warpgroup_mma_wait(2, deps=(s, dq, dr))
-        _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+        _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
         p = gl.exp2(s * qk_scale - lse[:, None])
         n0 = lo + j * BN
         if (n0 < a_hi) | (n0 >= diag):
@@ -315,7 +293,7 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
         dq, dr = _retire(dq, dr)
 
     dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
-    _invalidate(rings, q_ready, 2, STAGES)
+    _invalidate(ready, q_ready, STAGES)
     _store_tile(DQ, dq * scale, m0, h, T, HQ, D, BM, acc_layout)
     _store_tile(DR, dr, m0, h, T, HQ, D, BM, acc_layout)
 
