@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernels import parallax_attention
 from kernels.parallax.chunked import parallax_attention_chunked
 from kernels.parallax.naive import parallax_attention_naive, parallax_weights
-from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_mask, banded_reference
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_mask, banded_reference, cu_from_lengths
 
 
 def make_inputs(b, n, hq, hkv, d, dtype=torch.float64, rho_scale=1.0, seed=0):
@@ -134,7 +134,7 @@ def test_cu_seqlens_equals_separate_documents(lengths):
     n = sum(lengths)
     inputs = make_inputs(1, n, 4, 2, 64, seed=7)
     grad_out = torch.randn(1, n, 4, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    cu = cu_from_lengths(lengths)
 
     def per_document(q, r, k, v):
         outs = [parallax_attention_naive(*(x[:, a:b] for x in (q, r, k, v)))
@@ -246,7 +246,7 @@ def test_window_matches_fp64_banded_mask(b, n, hq, hkv, d, window, lengths, bloc
     inputs = [x.detach() for x in make_inputs(b, n, hq, hkv, d, rho_scale=2.0, seed=window)]
     do = torch.randn(b, n, hq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     ref = banded_reference(inputs, do, window, lengths)
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    cu = cu_from_lengths(lengths)
     got = output_and_grads(lambda *x: parallax_attention_chunked(*x, scale=d ** -0.5, cu_seqlens=cu, window=window,
                                                                  block=block), inputs, do)
     assert_close_all(got, ref, 1e-11)

@@ -20,7 +20,7 @@ import torch
 from kernels.parallax.naive import parallax_attention_naive
 from tests._aten_ops import recorded_ops
 from tests._interpret import rel_err, run_interpreted
-from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference, cuda_inputs
+from tests._attention_cases import BAD_CU_NAMES, SEQ, bad_cu_seqlens, banded_reference, cu_from_lengths, cuda_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"num_warps": 4, "num_stages": 1}
@@ -72,10 +72,6 @@ def make_case(shape_b, n, hq, hkv, d, dtype, rho_scale, seed):
     do = torch.randn(shape_b, n, hq, d, generator=gen)
     r = r * rho_scale / math.sqrt(d)
     return [x.to(getattr(torch, dtype)) for x in (q, r, k, v, do)]
-
-
-def cu_from_lengths(lengths):
-    return None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def _interpret_jobs():
@@ -528,8 +524,7 @@ def test_gpu_tma_configs_match_fp64(shape, lengths):
     from kernels.parallax import tuning
 
     inputs, do = cuda_inputs(*shape, torch.bfloat16, seed=12)
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                                                   dtype=torch.int32, device="cuda")
+    cu = cu_from_lengths(lengths, "cuda")
     ref = _run("reference", inputs, do, cu=cu, dtype=torch.float64)
     lists = [tuning.TMA_SWEEP[name] for name in ("fwd", "dq", "dkdv")]
     for i in range(max(map(len, lists))):  # every config of every list at least once
@@ -561,7 +556,7 @@ def test_gpu_window_matches_fp64_banded(shape, window, lengths):
     """bf16 sliding-window attention at training shapes (autotuned configs), forward and backward,
     against fp64 over the explicit banded mask."""
     inputs, do = cuda_inputs(*shape, torch.bfloat16, seed=8, rho_scale=2.0)
-    cu = None if lengths is None else cu_from_lengths(lengths).cuda()
+    cu = cu_from_lengths(lengths, "cuda")
     got = _run("triton", inputs, do, cu=cu, window=window)
     ref = banded_reference(inputs, do, window, lengths)
     _compare(got, ref, 2e-2)

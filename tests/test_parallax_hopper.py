@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels.parallax import fused, tuning
-from tests._attention_cases import cuda_inputs
+from tests._attention_cases import cu_from_lengths, cuda_inputs
 from tests._interpret import rel_err
 
 gluon_hopper = pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
@@ -176,8 +176,7 @@ def test_gpu_hopper_kernels_match_fp64_and_the_triton_kernels(name):
     and bit-identical over two runs."""
     b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
     inputs = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                                                   dtype=torch.int32, device="cuda")
+    cu = cu_from_lengths(lengths, "cuda")
     rows = [(x, x.stride(1)) for x in inputs]
     assert fused.hopper_unusable(inputs[0], b * n, rows, "dq", "dkdv") is None
     hopper, triton_kernels = _outputs(inputs, cu, window, True), _outputs(inputs, cu, window, False)
