@@ -4,8 +4,8 @@ Per head dim at B4 L4096 Hq16 Hkv8, bf16, causal: the backward (``fused.backward
 one forward's outputs) with the Triton passes, then with the Hopper kernels under each candidate of
 each pass (``tuning.HopperConfig``: tiles, warps, ring stages; the other pass at its shipped config),
 then the fastest candidate of each pass together, all in one run, beside cuDNN softmax's forward +
-backward and our forward. Then the shipped configs and that pair against
-the Triton passes at B1 L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
+backward and our forward. Then the shipped configs and that pair against the Triton passes at B1
+L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
     python -m scripts.bench.attention_hopper --out docs/bench/attention_hopper
 """
