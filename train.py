@@ -29,9 +29,11 @@ from torchtitan.tools.logging import init_logger, logger  # noqa: E402
 from parallax_titan.checkpoint_files import CheckpointError  # noqa: E402
 from parallax_titan.config import ConfigError, JobConfig, load_config  # noqa: E402
 from parallax_titan.spec import register_all  # noqa: E402
+from parallax_titan.teardown import leave_process_group  # noqa: E402
 from parallax_titan.trainer import NonFiniteStop, ParallaxTrainer  # noqa: E402
 
 EXIT_CODES = ((ConfigError, 2), (NonFiniteStop, 3), (CheckpointError, 4))
+LEAVE_WAIT_S, FAILED_LEAVE_WAIT_S = 300.0, 5.0  # ranks that finished arrive within seconds of each other
 
 
 def single_process_env() -> None:
@@ -50,13 +52,15 @@ def main(argv: list[str]) -> None:
     register_all()
     single_process_env()
     config = load_config(argv)
+    finished = False
     try:
         final_step = train(config)
         if config.eval.at_end and final_step == config.training.steps:
             evaluate_final_checkpoint(config, final_step)
+        finished = True
     finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        # a failing rank waits briefly: its peers may be blocked in a collective it will never join
+        leave_process_group(wait_s=LEAVE_WAIT_S if finished else FAILED_LEAVE_WAIT_S)
     logger.info("Training finished")
 
 

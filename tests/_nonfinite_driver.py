@@ -12,6 +12,7 @@ import torch
 
 from parallax_titan.config import load_config
 from parallax_titan.spec import register_all
+from parallax_titan.teardown import leave_process_group
 from parallax_titan.trainer import NonFiniteStop, ParallaxTrainer
 
 TARGET = "layers.1.feed_forward.w2.weight"
@@ -50,7 +51,7 @@ def main(argv):
         "finite_params": all(bool(torch.isfinite(p).all()) for p in trainer.model_parts[0].parameters()),
     }))
     trainer.close()
-    torch.distributed.destroy_process_group()
+    leave_process_group(wait_s=30)
 
 
 def report_max_norm_nan(trainer) -> None:
@@ -65,7 +66,7 @@ def report_max_norm_nan(trainer) -> None:
         "nonfinite_steps": trainer.nonfinite_steps,
     }))
     trainer.close()
-    torch.distributed.destroy_process_group()
+    leave_process_group(wait_s=30)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from parallax_titan.checkpoint_files import CheckpointError, folder_problem, ver
 from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.checksums import MANIFEST_FILE
 from parallax_titan.diagnostics.report import load_checkpoint_model
+from parallax_titan.teardown import leave_process_group
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.uptrain import load_transformer_weights
 from scripts import analyze, export_hf, generate
@@ -320,7 +321,7 @@ def _uptrain_worker(rank, world, port, args, path, out):
             f.write(result)
         dist.barrier()  # a rank left in a collective would never get here
     finally:
-        dist.destroy_process_group()
+        leave_process_group(wait_s=30)
 
 
 @pytest.mark.slow  # two torchrun ranks

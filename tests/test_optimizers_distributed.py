@@ -14,6 +14,7 @@ from parallax_titan.config import LRScheduler, Optimizer
 
 from optimizers.distributed import assign_owners, shard_rows
 from parallax_titan.optim_builder import build_lr_schedulers, build_optimizers
+from parallax_titan.teardown import leave_process_group
 from tests._optim_models import TinyParallax
 
 STEPS, RESUME_AT = 4, 2
@@ -91,7 +92,7 @@ def _worker(rank, world, port, ckpt, out):
         if rank == 0:
             torch.save({"straight": straight, "resumed": resumed}, out)
     finally:
-        dist.destroy_process_group()
+        leave_process_group(wait_s=30)
 
 
 def _free_port():
@@ -174,7 +175,7 @@ def _skip_worker(rank, world, port, out):
         if rank == 0:
             torch.save({"params": params, "unchanged": flags}, out)
     finally:
-        dist.destroy_process_group()
+        leave_process_group(wait_s=30)
 
 
 @pytest.mark.slow  # two gloo ranks; the Muon two-rank tests stay in the default selection
@@ -227,7 +228,7 @@ def _exchange_worker(rank, world, port, out):
             torch.save({"terms": [{i: torch.cat([g[k][i] for g in gathered]) for i in terms[k]} for k in (0, 1)],
                         "sent": sent}, out)
     finally:
-        dist.destroy_process_group()
+        leave_process_group(wait_s=30)
 
 
 def _exchange_case():
@@ -334,7 +335,7 @@ def _family_worker(rank, world, port, ckpt, out):
         if rank == 0:
             torch.save({"results": {a: r[:2] for a, r in results.items()}, "owned": gathered}, out)
     finally:
-        dist.destroy_process_group()
+        leave_process_group(wait_s=30)
 
 
 @pytest.mark.slow  # two gloo ranks; the Muon two-rank tests stay in the default selection
@@ -411,7 +412,7 @@ def _family_exchange_worker(rank, world, port, out):
         if rank == 0:
             torch.save({"calls": calls, "owned": all_owned}, out)
     finally:
-        dist.destroy_process_group()
+        leave_process_group(wait_s=30)
 
 
 @pytest.mark.slow  # two gloo ranks; the Muon two-rank tests stay in the default selection

@@ -22,7 +22,6 @@ from parallax_titan.launch_env import set_defaults  # imports no torch
 
 set_defaults()  # the same environment as train.py (and TorchTitan's own launcher's allocator setting)
 
-import torch.distributed as dist  # noqa: E402
 from torchtitan.config import ConfigManager  # noqa: E402
 from torchtitan.models.qwen3 import qwen3_args  # noqa: E402
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec  # noqa: E402
@@ -33,6 +32,7 @@ import parallax_titan.data  # noqa: E402,F401  (registers default_corpus in Torc
 from parallax_titan.compat import configure_for_host  # noqa: E402
 from parallax_titan.config import JobConfig  # noqa: E402
 from parallax_titan.metrics import build_metrics_processor  # noqa: E402
+from parallax_titan.teardown import leave_process_group  # noqa: E402
 
 NAME = "titan_qwen3"
 # TorchTitan's flavors, plus a small one for CPU tests (the tiny tokenizer has 4096 tokens)
@@ -64,8 +64,7 @@ def main(argv: list[str]) -> None:
         trainer.train()
     finally:
         trainer.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group(wait_s=300.0)
 
 
 if __name__ == "__main__":
