@@ -1,11 +1,11 @@
 """The end of a distributed run: every rank destroys its process groups, then waits for the others.
 
-A process that exits while a peer still holds its gloo connections (sleeping in TorchTitan's
-end-of-training wait, or inside its own ``destroy_process_group``) sometimes dies in C++ teardown
-on torch 2.13 ("terminate called without an active exception", SIGABRT): a run that trained and
-saved everything then fails with exit code -6. Waiting on the group's key-value store, which
-outlives the group, until every rank has destroyed its own groups removes that window.
-"""
+A process that exits straight after ``destroy_process_group`` sometimes dies in C++ teardown on
+torch 2.13 with gloo ("terminate called without an active exception", SIGABRT): the groups, still
+referenced by a device mesh, are freed during interpreter finalization. A run that trained and saved
+everything then fails with exit code -6. Waiting on the group's key-value store, which outlives the
+group, until every rank has destroyed its own groups removed it in every run measured
+(docs/CHANGELOG.md, 2026-12-03)."""
 
 from __future__ import annotations
 

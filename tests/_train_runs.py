@@ -16,7 +16,7 @@ def run_train(dump, *args: str, nproc: int = 1, config: str = TEST_CONFIG, **pop
     """``torchrun --standalone train.py --job.config_file config --job.dump_folder dump *args``, whatever
     its exit code (standalone: a free port, so runs of tests in parallel do not meet on one);
     ``popen``: more arguments of ``subprocess.run`` (e.g. ``preexec_fn``). The console shows rank 0;
-    every rank's output is also kept under ``<dump>.ranks`` (see :func:`rank_logs`)."""
+    every rank's output is also kept under ``<dump>.ranks`` (see :func:`other_ranks_stderr`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "--local-ranks-filter=0", "--tee=3", f"--log-dir={dump}.ranks",
            "train.py", "--job.config_file", config, "--job.dump_folder", str(dump), *args]
@@ -33,14 +33,15 @@ def run_single(dump, *args: str, config: str = TEST_CONFIG, **popen) -> subproce
 
 
 def train(dump, *args: str, nproc: int = 1, config: str = TEST_CONFIG) -> subprocess.CompletedProcess:
-    """:func:`run_train`, asserting success (the message ends with every other rank's stderr)."""
+    """:func:`run_train`, asserting success (the message ends with the other ranks' stderr)."""
     result = run_train(dump, *args, nproc=nproc, config=config)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + rank_logs(dump, skip_rank0=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + other_ranks_stderr(dump)
     return result
 
 
-def rank_logs(dump, skip_rank0: bool = False) -> str:
-    """The end of each rank's stderr from the last :func:`run_train` into ``dump``."""
+def other_ranks_stderr(dump) -> str:
+    """The end of the stderr of each rank but 0 (the console's) from the last :func:`run_train` into
+    ``dump``."""
     jobs = glob.glob(os.path.join(f"{dump}.ranks", "*"))  # one folder per run
     if not jobs:
         return ""
@@ -48,7 +49,7 @@ def rank_logs(dump, skip_rank0: bool = False) -> str:
     texts = []
     for path in paths:
         rank = os.path.basename(os.path.dirname(path))
-        if not (skip_rank0 and rank == "0"):
+        if rank != "0":
             with open(path, errors="replace") as f:
                 texts.append(f"\n--- rank {rank} stderr ---\n" + f.read()[-3000:])
     return "".join(texts)

@@ -15,12 +15,19 @@ from parallax_titan.teardown import leave_process_group
 from tests._train_runs import REPO
 
 
+DRIVER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+
+
+def driver_command(mode: str, out_dir) -> list[str]:
+    """torchrun of ``tests/_teardown_driver.py`` on two ranks."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "tests/_teardown_driver.py", mode, str(out_dir)]
+
+
 def run_driver(mode: str, out_dir) -> tuple[subprocess.CompletedProcess, dict[int, dict]]:
     """The driver's exit and, per rank that left, its times."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "tests/_teardown_driver.py", mode, str(out_dir)]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO})
+    result = subprocess.run(driver_command(mode, out_dir), cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env=DRIVER_ENV)
     by_rank = {}
     for rank in (0, 1):
         path = os.path.join(out_dir, f"rank{rank}.json")
@@ -54,12 +61,9 @@ def test_a_rank_that_never_leaves_holds_the_others_only_for_the_wait(tmp_path):
 def test_two_gloo_ranks_exit_cleanly_run_after_run():
     # Without the wait, 1 to 3 of 20 such exits (two at a time) died with SIGABRT in C++ teardown
     # ("terminate called without an active exception", torch 2.13): this test then fails 5 times in 6.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "tests/_teardown_driver.py", "titan", "unused"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
     for attempt in range(6):
-        runs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                for _ in range(2)]
+        runs = [subprocess.Popen(driver_command("titan", "unused"), cwd=REPO, env=DRIVER_ENV, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
         for run in runs:
             _, stderr = run.communicate(timeout=120)
             assert run.returncode == 0, f"attempt {attempt}: " + stderr[-3000:]
