@@ -44,6 +44,23 @@ def test_kernels_compile_for_hopper_with_wgmmas_left_in_flight(kernel_name, d, v
     assert max(waits) == 2, waits
 
 
+def _longest_copy_run(sass: str) -> int:
+    """The most TMA copies (UTMALDG) the SASS issues one after another with no CTA barrier (BAR.SYNC)
+    between them."""
+    longest = run = 0
+    for op in re.findall(r"\b(UTMALDG|BAR\.SYNC)\b", sass):
+        run = run + 1 if op == "UTMALDG" else 0
+        longest = max(longest, run)
+    return longest
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_the_column_pass_issues_a_slots_tile_copies_without_a_cta_barrier_between_them(d):
+    """Each TMA copy of a ring slot signals its own mbarrier, so the compiler issues the q, rho and dO
+    copies of a slot back to back; copies sharing an mbarrier got a bar.sync each."""
+    assert _longest_copy_run(_compile("dkdv", d, False)) >= 3
+
+
 # ----------------------------------------------------------------------------- dispatch (CPU)
 def _fake_cuda(dtype=torch.bfloat16, d=128):
     return types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=dtype, shape=(2, 64, 4, d))

@@ -560,8 +560,6 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     q, r, sqt, sqh = _same_layout(q, r)
     (k, skt, skh), (v, svt, svh) = _tokens(k), _tokens(v)
     do, o, vbar = do.contiguous(), o.contiguous(), vbar.contiguous()
-    tau = torch.empty_like(tbar)
-    beta = torch.empty_like(tbar)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -570,10 +568,12 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     if hopper and dq_config is None and dkdv_config is None and hopper_unusable(q, total, rows, "dq", "dkdv") is None:
         from kernels.parallax import hopper
 
-        hopper.backward(q, r, k, v, o, vbar, do, tbar, lse, (tau, beta, dq, dr, dk, dv), docs, doce,
+        hopper.backward(q, r, k, v, o, vbar, do, tbar, lse, (dq, dr, dk, dv), docs, doce,
                         strides={"q": sqt, "do": do.stride(1), "k": skt, "v": svt}, total=total, seq_len=n,
                         window=band, scale=scale, qk_scale=qk_scale, varlen=meta["VARLEN"])
         return dq, dr, dk, dv
+    tau = torch.empty_like(tbar)
+    beta = torch.empty_like(tbar)
     wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
     meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], rows)
     if meta["TMA_OK"]:

@@ -5,8 +5,11 @@
 
 Per program, the tiles the loop does not stream stay in shared memory as wgmma operands (q, rho, dO
 in the row pass; k, v in the column pass); the streamed tiles (k, v; or q, rho, dO and the four
-per-query statistics) come through a ring of ``STAGES`` TMA buffers, one mbarrier per slot, the next
-tiles' copies in flight while a tile is computed. A tile's three score-shaped products (s, t and
+per-query statistics) come through a ring of ``STAGES`` TMA buffers, the next tiles' copies in
+flight while a tile is computed. Each copy of a slot signals an mbarrier ring of its own (copies that
+share an mbarrier get a CTA barrier each from the compiler), and the column pass reads a query tile's
+four statistics (lse, tbar, tau, beta: the row pass writes them into one (4, Hq * T) buffer) with one
+copy: four copies and four CTA barriers per tile. A tile's three score-shaped products (s, t and
 dO v^T, or their transposes) are issued together as asynchronous wgmmas; the softmax weights are
 computed while the other two still run, and the first gradient wgmma runs while the other gradient
 tiles are computed. Every wgmma is retired by the end of its loop iteration: an accumulator in
@@ -59,14 +62,29 @@ def _store_tile(PTR, x, t0, h, T, H, D: gl.constexpr, ROWS: gl.constexpr, layout
 
 
 @gluon.jit
-def _barriers(STAGES: gl.constexpr):
-    """Initialised mbarriers: one per ring slot, and one for the tiles a program loads once."""
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+def _ring(STAGES: gl.constexpr):
+    """Initialised mbarriers, one per ring slot, for one TMA copy per slot. Each copy of a slot gets a
+    ring of its own: copies that signal one mbarrier each make the compiler put a CTA barrier (bar.sync)
+    before every copy, since each copy updates that mbarrier."""
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(STAGES):
-        mbarrier.init(ready.index(b), count=1)
-    mbarrier.init(once, count=1)
-    return ready, once
+        mbarrier.init(bars.index(b), count=1)
+    return bars
+
+
+@gluon.jit
+def _once():
+    """An initialised mbarrier for the tiles a program loads once."""
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    return bar
+
+
+@gluon.jit
+def _wait_slot(rings, slot, phase, COPIES: gl.constexpr):
+    """Wait until the ``COPIES`` copies of ring slot ``slot`` (their mbarriers ``rings[j]``) landed."""
+    for j in gl.static_range(COPIES):
+        mbarrier.wait(rings[j].index(slot), phase)
 
 
 @gluon.jit
@@ -79,34 +97,41 @@ def _retire(acc1, acc2):
 
 
 @gluon.jit
-def _invalidate(ready, loaded, STAGES: gl.constexpr):
-    """Invalidate the ring's mbarriers ``ready`` and the one of the tiles loaded once."""
-    for b in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(b))
+def _invalidate(rings, loaded, COPIES: gl.constexpr, STAGES: gl.constexpr):
+    """Invalidate the ``COPIES`` rings' mbarriers and the one of the tiles loaded once."""
+    for j in gl.static_range(COPIES):
+        for b in gl.static_range(STAGES):
+            mbarrier.invalidate(rings[j].index(b))
     mbarrier.invalidate(loaded)
 
 
 @gluon.jit
-def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stat_descs, row_smem, stat_smem, ready,
+def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stats_desc, row_smem, stat_smem, rings,
                 total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
-    """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows
-    and the lse, tbar, tau, beta statistics; nothing past the end."""
+    """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows and
+    the tile's lse, tbar, tau, beta (one copy of a (4, BM) block), each copy signalling its own ring
+    (``rings``); nothing past the end."""
     go = i < total
     h = kv_h * GROUP + i // n_per_head
     m0 = lo + (i % n_per_head) * BM
     slot = i % STAGES
-    bar = ready.index(slot)
-    nbytes: gl.constexpr = 3 * row_descs[0].block_type.nbytes + 4 * stat_descs[0].block_type.nbytes
-    mbarrier.expect(bar, nbytes, pred=go)
     for j in gl.static_range(3):
-        _tma_load(row_descs[j], [m0, h * D], bar, row_smem[j].index(slot), pred=go)
-    for j in gl.static_range(4):
-        _tma_load(stat_descs[j], [h * T + m0], bar, stat_smem[j].index(slot), pred=go)
+        mbarrier.expect(rings[j].index(slot), row_descs[j].block_type.nbytes, pred=go)
+    mbarrier.expect(rings[3].index(slot), stats_desc.block_type.nbytes, pred=go)
+    for j in gl.static_range(3):
+        _tma_load(row_descs[j], [m0, h * D], rings[j].index(slot), row_smem[j].index(slot), pred=go)
+    _tma_load(stats_desc, [0, h * T + m0], rings[3].index(slot), stat_smem.index(slot), pred=go)
+
+
+@gluon.jit
+def _statistic(stat_smem, slot, j: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr):
+    """Statistic ``j`` (0 lse, 1 tbar, 2 tau, 3 beta) of the query tile in ring slot ``slot`` of
+    ``stat_smem`` ([STAGES, 4, BM] fp32, unswizzled), as a [BM] tensor in ``layout``."""
+    return stat_smem.index(slot).reshape([4 * BM]).slice(j * BM, BM).load(layout)
 
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
-def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, tbar_desc, tau_desc, beta_desc,
-                            DK, DV, DOCS, DOCE, T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE, T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                             D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                             VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
@@ -128,19 +153,16 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
     r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
     row_smem = (q_smem, r_smem, do_smem)
-    stat_descs = (lse_desc, tbar_desc, tau_desc, beta_desc)
-    stat_smem = (gl.allocate_shared_memory(gl.float32, [STAGES, BM], lse_desc.layout),
-                 gl.allocate_shared_memory(gl.float32, [STAGES, BM], tbar_desc.layout),
-                 gl.allocate_shared_memory(gl.float32, [STAGES, BM], tau_desc.layout),
-                 gl.allocate_shared_memory(gl.float32, [STAGES, BM], beta_desc.layout))
-    ready, kv_ready = _barriers(STAGES)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
+    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES))
+    kv_ready = _once()
 
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
     _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
     _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
     for b in gl.static_range(STAGES - 1):
-        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs, row_smem, stat_smem,
-                    ready, total, D, BM, STAGES)
+        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc, row_smem, stat_smem,
+                    rings, total, D, BM, STAGES)
 
     offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
@@ -149,7 +171,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
     mbarrier.wait(kv_ready, 0)
     for i in range(total):
         slot = i % STAGES
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        _wait_slot(rings, slot, (i // STAGES) & 1, 4)
         q_tile = q_smem.index(slot)
         r_tile = r_smem.index(slot)
         do_tile = do_smem.index(slot)
@@ -164,21 +186,21 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
 
         # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
         st = warpgroup_mma_wait(2, deps=(st, ))
-        _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stat_descs,
-                    row_smem, stat_smem, ready, total, D, BM, STAGES)
+        _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc,
+                    row_smem, stat_smem, rings, total, D, BM, STAGES)
         # the statistics are read where they are used: held across the loop body they spill
-        pt = gl.exp2(st * qk_scale - stat_smem[0].index(slot).load(queries_layout)[None, :])
+        pt = gl.exp2(st * qk_scale - _statistic(stat_smem, slot, 0, BM, queries_layout)[None, :])
         if (m0 < d_hi) | (m0 >= f_hi):
             key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
             ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
             pt = gl.where(ok, pt, 0.0)
         tt = warpgroup_mma_wait(1, deps=(tt, ))
-        c = 1.0 + stat_smem[1].index(slot).load(queries_layout)[None, :] - tt
+        c = 1.0 + _statistic(stat_smem, slot, 1, BM, queries_layout)[None, :] - tt
         dv = warpgroup_mma(gl.convert_layout((pt * c).to(dtype), a_layout), do_tile, dv, is_async=True)
         at = warpgroup_mma_wait(1, deps=(at, ))
-        beta = stat_smem[3].index(slot).load(queries_layout)
+        beta = _statistic(stat_smem, slot, 3, BM, queries_layout)
         delta = at - beta[None, :]
-        bmt = beta - stat_smem[2].index(slot).load(queries_layout)
+        bmt = beta - _statistic(stat_smem, slot, 2, BM, queries_layout)
         g1 = gl.convert_layout((pt * (c * delta + bmt[None, :]) * scale).to(dtype), a_layout)
         g2 = gl.convert_layout((-pt * delta).to(dtype), a_layout)
         dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
@@ -186,29 +208,31 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, lse_desc, t
         dk, dv = _retire(dk, dv)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    _invalidate(ready, kv_ready, STAGES)
+    _invalidate(rings, kv_ready, 4, STAGES)
     _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
     _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
 
 
 # ----------------------------------------------------------------------------- row pass (dq, drho)
 @gluon.jit
-def _issue_keys(j, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D: gl.constexpr, BN: gl.constexpr,
+def _issue_keys(j, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D: gl.constexpr, BN: gl.constexpr,
                 STAGES: gl.constexpr):
-    """Start the TMA copies of key tile ``j`` (of ``n_tiles``) into its ring slot; nothing past the end."""
+    """Start the TMA copies of key tile ``j`` (of ``n_tiles``) into its ring slot, k and v each signalling
+    its own ring (``rings``); nothing past the end."""
     go = j < n_tiles
     n0 = lo + j * BN
     slot = j % STAGES
-    bar = ready.index(slot)
-    mbarrier.expect(bar, 2 * k_desc.block_type.nbytes, pred=go)
-    _tma_load(k_desc, [n0, kv_h * D], bar, k_smem.index(slot), pred=go)
-    _tma_load(v_desc, [n0, kv_h * D], bar, v_smem.index(slot), pred=go)
+    mbarrier.expect(rings[0].index(slot), k_desc.block_type.nbytes, pred=go)
+    mbarrier.expect(rings[1].index(slot), v_desc.block_type.nbytes, pred=go)
+    _tma_load(k_desc, [n0, kv_h * D], rings[0].index(slot), k_smem.index(slot), pred=go)
+    _tma_load(v_desc, [n0, kv_h * D], rings[1].index(slot), v_smem.index(slot), pred=go)
 
 
 @gluon.jit
-def _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: gl.constexpr,
+def _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: gl.constexpr,
                num_warps: gl.constexpr):
-    """tau = dO.o and beta = dO.vbar of rows [m0, m0 + BM) of head h ([BM] fp32), stored head-major."""
+    """tau = dO.o and beta = dO.vbar of rows [m0, m0 + BM) of head h ([BM] fp32), stored in STATS's
+    planes 2 and 3 ((4, Hq, T) fp32: lse, tbar, tau, beta)."""
     layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // D, D // 8],
                                             warps_per_cta=[num_warps, 1], order=[1, 0])
     rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
@@ -219,13 +243,14 @@ def _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: g
     tau = gl.sum(do * gl.load(O + at, mask=ok[:, None], other=0.0).to(gl.float32), 1)
     beta = gl.sum(do * gl.load(VBAR + at, mask=ok[:, None], other=0.0).to(gl.float32), 1)
     stat = h.to(gl.int64) * T + rows
-    gl.store(TAU + stat, tau, mask=ok)
-    gl.store(BETA + stat, beta, mask=ok)
+    plane = HQ.to(gl.int64) * T
+    gl.store(STATS + 2 * plane + stat, tau, mask=ok)
+    gl.store(STATS + 3 * plane + stat, beta, mask=ok)
     return tau, beta
 
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
-def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, TAU, BETA, DQ, DR, DOCS,
+def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, STATS, DQ, DR, DOCS,
                           T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                           VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
@@ -246,22 +271,26 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    ready, q_ready = _barriers(STAGES)
+    rings = (_ring(STAGES), _ring(STAGES))
+    q_ready = _once()
 
     mbarrier.expect(q_ready, 3 * q_desc.block_type.nbytes)
     _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
     _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
     _tma_load(do_desc, [m0, h * D], q_ready, do_smem)
     for b in gl.static_range(STAGES - 1):
-        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
+        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
 
     offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
     ok_m = offs_m < T
     stat = h.to(gl.int64) * T + offs_m
     lse = gl.load(LSE + stat, mask=ok_m, other=0.0)
     tbar = gl.load(TBAR + stat, mask=ok_m, other=0.0)
+    # the column pass reads all four statistics of a query tile with one TMA copy
+    gl.store(STATS + stat, lse, mask=ok_m)
+    gl.store(STATS + HQ.to(gl.int64) * T + stat, tbar, mask=ok_m)
     mbarrier.wait(q_ready, 0)
-    tau, beta = _row_stats(O, VBAR, TAU, BETA, do_smem, m0, h, T, HQ, D, BM, num_warps)
+    tau, beta = _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D, BM, num_warps)
     beta = gl.convert_layout(beta, rows_layout)
     bmt = beta - gl.convert_layout(tau, rows_layout)
 
@@ -270,14 +299,14 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     dr = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
     for j in range(n_tiles):
         slot = j % STAGES
-        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        _wait_slot(rings, slot, (j // STAGES) & 1, 2)
         k_tile = k_smem.index(slot)
         s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         a = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                  is_async=True)
         s, dq, dr = warpgroup_mma_wait(2, deps=(s, dq, dr))
-        _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, ready, n_tiles, D, BN, STAGES)
+        _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
         p = gl.exp2(s * qk_scale - lse[:, None])
         n0 = lo + j * BN
         if (n0 < a_hi) | (n0 >= diag):
@@ -293,7 +322,7 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
         dq, dr = _retire(dq, dr)
 
     dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
-    _invalidate(ready, q_ready, STAGES)
+    _invalidate(rings, q_ready, 2, STAGES)
     _store_tile(DQ, dq * scale, m0, h, T, HQ, D, BM, acc_layout)
     _store_tile(DR, dr, m0, h, T, HQ, D, BM, acc_layout)
 
@@ -342,22 +371,23 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
     q, r: (B, L, Hq, D) with token stride ``strides["q"]``; k, v: (B, L, Hkv, D), token strides
     ``strides["k"]``, ``strides["v"]``; o, vbar, do: (B, L, Hq, D) contiguous (``strides["do"]``);
     all bf16 or fp16, heads D apart. tbar, lse: (Hq, T) fp32 from the forward. ``outputs``: the
-    (tau, beta, dq, dr, dk, dv) buffers written (tau, beta: (Hq, T) fp32; gradients contiguous).
+    (dq, dr, dk, dv) buffers written (contiguous).
     docs, doce: per-token document start/end tables (read when ``varlen``); window: the band, at
     most T; scale: softmax scale; qk_scale: scale * log2(e).
     """
-    tau, beta, dq, dr, dk, dv = outputs
+    dq, dr, dk, dv = outputs
     d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
     sizes = (total, seq_len, hq, hkv, hq // hkv, window, scale, qk_scale)
     row, column = tuning.HOPPER_CONFIGS["dq"][d], tuning.HOPPER_CONFIGS["dkdv"][d]
+    stats = torch.empty((4, hq * total), dtype=torch.float32, device=q.device)  # lse, tbar, tau, beta
     descs = _row_descriptors(q, r, k, v, do, strides, total, row.bm, row.bn)
     _bwd_dq_hopper_kernel[(triton.cdiv(total, row.bm) * hq,)](
-        *descs, o, vbar, tbar, lse, tau, beta, dq, dr, docs, *sizes, **constexprs(d, row, varlen))
+        *descs, o, vbar, tbar, lse, stats, dq, dr, docs, *sizes, **constexprs(d, row, varlen))
     descs = _row_descriptors(q, r, k, v, do, strides, total, column.bm, column.bn)
-    stat_layout = gl.NVMMASharedLayout.get_default_for([column.bm], gl.float32)
-    stats = [TensorDescriptor(x, [x.numel()], [1], [column.bm], stat_layout) for x in (lse, tbar, tau, beta)]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], layout)
     _bwd_dkdv_hopper_kernel[(triton.cdiv(total, column.bn) * hkv,)](
-        *descs, *stats, dk, dv, docs, doce, *sizes, **constexprs(d, column, varlen))
+        *descs, stats_desc, dk, dv, docs, doce, *sizes, **constexprs(d, column, varlen))
 
 
 def constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:

@@ -36,7 +36,7 @@ from scripts.bench.results import command_line, describe, header, table, table_r
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA"}
+FP32_POINTERS = {"TBAR", "LSE", "TAU", "BETA", "STATS"}
 INT_POINTERS = {"DOCS", "DOCE"}
 BF16_POINTERS = {"Q", "R", "K", "V", "O", "VBAR", "DO", "DK", "DV", "DQ", "DR"}
 FLOATS = {"scale", "qk_scale"}
@@ -152,7 +152,8 @@ def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPE
 
     types = {n: descriptor((bm, d), "bf16", gl.bfloat16) for n in ("q_desc", "r_desc", "do_desc")}
     types.update({n: descriptor((bn, d), "bf16", gl.bfloat16) for n in ("k_desc", "v_desc")})
-    types.update({f"{n}_desc": descriptor((bm,), "fp32", gl.float32) for n in ("lse", "tbar", "tau", "beta")})
+    stats_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    types["stats_desc"] = f"tensordesc<fp32[4, {bm}],{stats_layout!r}>"
     constexprs = hopper.constexprs(d, config, varlen)
     sig = signature(kernel, constexprs, types)
     attrs = aligned(kernel, constexprs, FP32_POINTERS | INT_POINTERS | BF16_POINTERS)
