@@ -29,8 +29,8 @@ from parallax_titan.checkpoint_files import CheckpointError, folder_problem, ver
 from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.checksums import MANIFEST_FILE
 from parallax_titan.diagnostics.report import load_checkpoint_model
-from parallax_titan.teardown import leave_process_group
 from parallax_titan.model import ParallaxQwen3Model
+from parallax_titan.teardown import leave_process_group
 from parallax_titan.uptrain import load_transformer_weights
 from scripts import analyze, export_hf, generate
 from tests._train_runs import REPO

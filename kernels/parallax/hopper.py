@@ -131,7 +131,8 @@ def _statistic(stat_smem, slot, j: gl.constexpr, BM: gl.constexpr, layout: gl.co
 
 
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
-def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE, T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE,
+                            T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                             D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                             VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
@@ -350,6 +351,12 @@ def unusable(q, total: int, tma_ok: bool) -> str | None:
     return None
 
 
+def stats_layout():
+    """Shared layout of the column pass's (4, BM) fp32 statistics block: unswizzled, so that each
+    statistic is a contiguous run of BM values (``_statistic`` slices them)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
 def _rows_descriptor(x, stride_t, total, heads, d, block_rows):
     """TMA descriptor over a (T, H, D) tensor with token stride ``stride_t``, viewed as (T, H * D)."""
     layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPES[x.dtype])
@@ -384,8 +391,7 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
     _bwd_dq_hopper_kernel[(triton.cdiv(total, row.bm) * hq,)](
         *descs, o, vbar, tbar, lse, stats, dq, dr, docs, *sizes, **constexprs(d, row, varlen))
     descs = _row_descriptors(q, r, k, v, do, strides, total, column.bm, column.bn)
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], layout)
+    stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], stats_layout())
     _bwd_dkdv_hopper_kernel[(triton.cdiv(total, column.bn) * hkv,)](
         *descs, stats_desc, dk, dv, docs, doce, *sizes, **constexprs(d, column, varlen))
 

@@ -152,8 +152,7 @@ def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPE
 
     types = {n: descriptor((bm, d), "bf16", gl.bfloat16) for n in ("q_desc", "r_desc", "do_desc")}
     types.update({n: descriptor((bn, d), "bf16", gl.bfloat16) for n in ("k_desc", "v_desc")})
-    stats_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    types["stats_desc"] = f"tensordesc<fp32[4, {bm}],{stats_layout!r}>"
+    types["stats_desc"] = f"tensordesc<fp32[4, {bm}],{hopper.stats_layout()!r}>"
     constexprs = hopper.constexprs(d, config, varlen)
     sig = signature(kernel, constexprs, types)
     attrs = aligned(kernel, constexprs, FP32_POINTERS | INT_POINTERS | BF16_POINTERS)
