@@ -58,9 +58,11 @@ def both_orders(tiles, **flags) -> tuple:
 # loop), at D=64 two stages win; keys x queries at 32 x 64 keeps B1 L16384 D128 (docs/kernels.md).
 # Row tiles through TMA (``TMA``) were as fast or faster at every tile but the row pass's 128 x 32,
 # 2-30% (docs/bench/attention_loops.md); where the inputs' layout does not allow TMA, these configs
-# run the same tiles with pointer loads.
+# run the same tiles with pointer loads. The forward's 128 x 64 runs in global order only: timed
+# interleaved, head-major was 3-4% slower at every shape, but triton's autotuner, which times the
+# candidates one after another, ranked it first at B4 L4096 D128 (docs/bench/attention_autotune.md).
 SHIPPED = {
-    "fwd": both_orders([(128, 64, 8, 3), (64, 64, 4, 3)], TMA=True),
+    "fwd": (_config(128, 64, 8, 3, GLOBAL_ORDER=True, TMA=True),) + both_orders([(64, 64, 4, 3)], TMA=True),
     "dq": both_orders([(128, 32, 8, 3)]) + both_orders([(64, 64, 4, 4)], TMA=True),
     "dkdv": both_orders([(64, 64, 4, 1), (64, 64, 4, 2)], ROWS=True, TMA=True) + both_orders([(32, 64, 4, 3)], TMA=True),
 }
@@ -106,10 +108,11 @@ class HopperConfig(NamedTuple):
     stages: int
 
 
-# The backward's Hopper kernels, per kernel name and head dim: the fastest of the H200 sweep at B4
-# L4096 (docs/bench/attention_hopper.md).
+# The backward's Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4
+# L4096 (docs/bench/attention_hopper.md); the row pass at D=64 with a ring of four stages since the
+# column pass reads its statistics with one copy (2% faster than three, interleaved).
 HOPPER_CONFIGS = {
-    "dq": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 32, 4, 3)},
+    "dq": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 32, 4, 4)},
     "dkdv": {128: HopperConfig(32, 64, 4, 3), 64: HopperConfig(64, 64, 4, 3)},
 }
 _hopper = [True]
