@@ -4,9 +4,11 @@ Per shape (bf16, causal, Hq16/Hkv8): every forward config of ``CANDIDATES`` (the
 program orders) as an explicit config, timed interleaved (``interleaved_ms``: rounds that each run
 every candidate in turn), back to back and with the L2 cache flushed before each call as
 ``triton.testing.do_bench`` does; then triton's autotuner over the same list in its order and
-reversed (fresh tuners, no disk cache): what it picked and its own timings; then ``tuning.SHIPPED``'s
-autotuned choice. A candidate the autotuner prefers but the interleaved timings do not is a
-candidate to drop.
+reversed (fresh tuners, no disk cache): what it picked and its own timings; the same candidates timed
+one after another by ``triton.testing.do_bench`` outside the autotuner (``sequential_ms``: does the
+disagreement come from timing one candidate at a time, or from the autotuner's own path?); then
+``tuning.SHIPPED``'s autotuned choice. A candidate the autotuner prefers but the interleaved timings
+do not is a candidate to drop.
 
     python -m scripts.bench.attention_autotune --out docs/bench/attention_autotune
 """
@@ -77,6 +79,16 @@ def flushed(fn, iters: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
+def sequential_ms(fns: dict[str, Callable[[], object]], bench: Callable | None = None) -> dict[str, float]:
+    """{name: ``bench(fn)``}, one candidate after another, as an autotuner times them; ``bench``
+    defaults to triton.testing.do_bench's median (its default warm-up and repetitions, L2 flushed)."""
+    if bench is None:
+        import triton
+
+        bench = lambda fn: triton.testing.do_bench(fn, return_mode="median")  # noqa: E731
+    return {name: bench(fn) for name, fn in fns.items()}
+
+
 def autotuned(configs, tensors, scale) -> tuple[str, dict[str, float]]:
     """Triton's autotuner over ``configs`` (in that order, a fresh tuner, no disk cache) on the forward
     of ``tensors``: (label of its pick, {label: its timing in ms})."""
@@ -104,8 +116,9 @@ def shipped_choice(tensors, scale) -> str:
 
 
 def measure(shape, rounds: int) -> dict:
-    """One shape's row: interleaved ms of each candidate (back to back, flushed), the autotuner's picks
-    and timings in list order and reversed, and the shipped list's choice."""
+    """One shape's row: interleaved ms of each candidate (back to back, flushed), do_bench's ms of each
+    in turn, the autotuner's picks and timings in list order and reversed, and the shipped list's
+    choice."""
     tensors = make_inputs(*shape)
     scale = shape[-1] ** -0.5
     fns = {label(c): (lambda c=c: fused.forward(*tensors, scale, config=c)) for c in CANDIDATES}
@@ -114,16 +127,19 @@ def measure(shape, rounds: int) -> dict:
             fn()  # compile outside the timing
         plain = interleaved_ms(fns, rounds, 10, back_to_back)
         cold = interleaved_ms(fns, max(rounds // 2, 1), 5, flushed)
+        one_at_a_time = sequential_ms(fns)
     in_order, reversed_ = autotuned(CANDIDATES, tensors, scale), autotuned(CANDIDATES[::-1], tensors, scale)
     return {"shape": dict(zip("B L Hq Hkv D".split(), shape)), "back_to_back_ms": plain, "flushed_ms": cold,
+            "sequential_do_bench_ms": one_at_a_time,
             "autotuner": {"list order": in_order, "reversed": reversed_},
             "shipped_choice": shipped_choice(tensors, scale)}
 
 
 MEASURED = ("forward time of each candidate config as an explicit config (fused.forward(..., config=)), timed "
             "interleaved (median over rounds; back to back: 10 calls between two CUDA events; flushed: each call "
-            "alone after a 256 MiB write), beside triton's autotuner over the same candidates in list order and "
-            "reversed (its pick and its own timings, do_bench median), bf16, causal, Hq16/Hkv8")
+            "alone after a 256 MiB write) and by triton.testing.do_bench one candidate after another, beside "
+            "triton's autotuner over the same candidates in list order and reversed (its pick and its own "
+            "timings, do_bench median), bf16, causal, Hq16/Hkv8")
 
 
 def report_markdown(rows: list[dict]) -> str:
@@ -133,10 +149,11 @@ def report_markdown(rows: list[dict]) -> str:
         lines.append(f"\nB{s['B']} L{s['L']} D{s['D']}: shipped list runs **{r['shipped_choice']}**\n")
         picks = {way: pick for way, (pick, _) in r["autotuner"].items()}
         cells = [(name, f"{r['back_to_back_ms'][name]:.4f}", f"{r['flushed_ms'][name]:.4f}",
+                  f"{r['sequential_do_bench_ms'][name]:.4f}",
                   *(f"{r['autotuner'][way][1].get(name, float('nan')):.4f}" + (" (pick)" if picks[way] == name else "")
                     for way in ("list order", "reversed")))
                  for name in r["back_to_back_ms"]]
-        lines += table(["config", "interleaved, back to back ms", "interleaved, flushed ms",
+        lines += table(["config", "interleaved, back to back ms", "interleaved, flushed ms", "do_bench, in turn ms",
                         "autotuner, list order ms", "autotuner, reversed ms"], cells)
     return "\n".join(lines) + "\n"
 
