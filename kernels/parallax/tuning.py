@@ -59,8 +59,9 @@ def both_orders(tiles, **flags) -> tuple:
 # Row tiles through TMA (``TMA``) were as fast or faster at every tile but the row pass's 128 x 32,
 # 2-30% (docs/bench/attention_loops.md); where the inputs' layout does not allow TMA, these configs
 # run the same tiles with pointer loads. The forward's 128 x 64 runs in global order only: timed
-# interleaved, head-major was 3% slower at B4 L4096 D128 (1-2% faster at B1 L16384), but triton's
-# autotuner ranked it first there in either list order (docs/bench/attention_autotune.md).
+# interleaved, head-major was 3% slower at B4 L4096 D128 (1-2% faster at B1 L16384), and forward +
+# backward 0.8% slower; triton's autotuner, timing each candidate alone for ~100 ms, where the global
+# order runs slower, ranked head-major first (docs/bench/attention_autotune.md).
 SHIPPED = {
     "fwd": (_config(128, 64, 8, 3, GLOBAL_ORDER=True, TMA=True),) + both_orders([(64, 64, 4, 3)], TMA=True),
     "dq": both_orders([(128, 32, 8, 3)]) + both_orders([(64, 64, 4, 4)], TMA=True),
