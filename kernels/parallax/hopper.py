@@ -81,9 +81,9 @@ def _once():
 
 
 @gluon.jit
-def _wait_slot(rings, slot, phase, COPIES: gl.constexpr):
-    """Wait until the ``COPIES`` copies of ring slot ``slot`` (their mbarriers ``rings[j]``) landed."""
-    for j in gl.static_range(COPIES):
+def _wait_slot(rings, slot, phase):
+    """Wait until every copy of ring slot ``slot`` (one per ring of ``rings``) landed."""
+    for j in gl.static_range(len(rings)):
         mbarrier.wait(rings[j].index(slot), phase)
 
 
@@ -97,9 +97,9 @@ def _retire(acc1, acc2):
 
 
 @gluon.jit
-def _invalidate(rings, loaded, COPIES: gl.constexpr, STAGES: gl.constexpr):
-    """Invalidate the ``COPIES`` rings' mbarriers and the one of the tiles loaded once."""
-    for j in gl.static_range(COPIES):
+def _invalidate(rings, loaded, STAGES: gl.constexpr):
+    """Invalidate the mbarriers of ``rings`` and the one of the tiles loaded once."""
+    for j in gl.static_range(len(rings)):
         for b in gl.static_range(STAGES):
             mbarrier.invalidate(rings[j].index(b))
     mbarrier.invalidate(loaded)
@@ -172,7 +172,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
     mbarrier.wait(kv_ready, 0)
     for i in range(total):
         slot = i % STAGES
-        _wait_slot(rings, slot, (i // STAGES) & 1, 4)
+        _wait_slot(rings, slot, (i // STAGES) & 1)
         q_tile = q_smem.index(slot)
         r_tile = r_smem.index(slot)
         do_tile = do_smem.index(slot)
@@ -209,7 +209,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
         dk, dv = _retire(dk, dv)
 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    _invalidate(rings, kv_ready, 4, STAGES)
+    _invalidate(rings, kv_ready, STAGES)
     _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
     _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
 
@@ -300,7 +300,7 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     dr = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
     for j in range(n_tiles):
         slot = j % STAGES
-        _wait_slot(rings, slot, (j // STAGES) & 1, 2)
+        _wait_slot(rings, slot, (j // STAGES) & 1)
         k_tile = k_smem.index(slot)
         s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -323,7 +323,7 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
         dq, dr = _retire(dq, dr)
 
     dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
-    _invalidate(rings, q_ready, 2, STAGES)
+    _invalidate(rings, q_ready, STAGES)
     _store_tile(DQ, dq * scale, m0, h, T, HQ, D, BM, acc_layout)
     _store_tile(DR, dr, m0, h, T, HQ, D, BM, acc_layout)
 
