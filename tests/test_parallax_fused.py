@@ -809,6 +809,29 @@ def test_candidates_override_and_restore():
     assert tuning.active("dkdv") == tuning.SHIPPED["dkdv"]
 
 
+def test_select_keeps_one_autotuner_per_candidate_list_and_autotuner_finds_the_active_one(monkeypatch):
+    """Above SMALL_WORK ``select`` returns an autotuner over ``active(name)``, the same one on every call;
+    a ``candidates`` block gets its own; ``autotuner(name)`` is the one of the list active now."""
+    from kernels.parallax import fused, tuning
+
+    if tuning.INTERPRET:
+        pytest.skip("under TRITON_INTERPRET=1 every launch takes INTERPRET_CONFIG, no autotuner")
+    monkeypatch.setattr(tuning, "_tuners", {})
+    train = 4 * 4096 * 4096 * 16 * 128
+    assert tuning.autotuner("fwd") is None
+    tuner, launch = tuning.select("fwd", fused._fwd_kernel, train)
+    assert launch == {} and tuning.autotuner("fwd") is tuner
+    assert [str(c) for c in tuner.configs] == [str(c) for c in tuning.SHIPPED["fwd"]]
+    assert tuning.select("fwd", fused._fwd_kernel, train)[0] is tuner
+    assert tuning.autotuner("dq") is None
+    with tuning.candidates(fwd=tuning.SWEEP["fwd"]):
+        assert tuning.autotuner("fwd") is None
+        swept, _ = tuning.select("fwd", fused._fwd_kernel, train)
+        assert swept is not tuner and tuning.autotuner("fwd") is swept
+    assert tuning.autotuner("fwd") is tuner
+    assert tuning.tuner_key("fwd", tuning.SHIPPED["fwd"]) in tuning._tuners
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda t: t.candidates(bwd=t.SHIPPED["dq"]), "kernel name 'bwd'"),
     (lambda t: t.candidates(dq=[]), r"candidates\(dq=...\) must be a non-empty list"),

@@ -18,7 +18,8 @@ descriptors where the inputs allow); ``num_warps`` and ``num_stages`` as usual.
   kwargs (``launch_kwargs``); for every launch in a block, also through
   ``kernels.parallax_attention``, ``with tuning.candidates(dkdv=[...]):`` (a list of one config runs
   that config; ``with tuning.candidates(**tuning.SWEEP):`` autotunes over the sweep lists).
-* ``autotune_report()``: what the autotuners chose, and their timings, per key.
+* ``autotune_report()``: what the autotuners chose, and their timings, per key; ``autotuner(name)``:
+  the autotuner kernel ``name`` launches now.
 * The backward's Hopper kernels (``hopper.py``, Gluon) take the place of the ``"dq"`` and ``"dkdv"``
   kernels where they apply, with ``HOPPER_CONFIGS`` (a ``HopperConfig`` per kernel and head dim; ``with
   tuning.hopper_config(name, head_dim, config):`` runs another); ``with tuning.hopper_kernels(False):``
@@ -257,11 +258,23 @@ def select(name: str, kernel, work: int, config=None):
     if launch is not None:
         return kernel, launch
     configs = active(name)
-    key = (name, tuple(str(c) for c in configs))
+    key = tuner_key(name, configs)
     if key not in _tuners:
         extra = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
         _tuners[key] = triton.autotune(configs=list(configs), key=TUNE_KEY, **extra)(kernel)
     return _tuners[key], {}
+
+
+def tuner_key(name: str, configs) -> tuple:
+    """The key under which the autotuner of kernel ``name`` over the candidate list ``configs`` is
+    kept (one autotuner per list)."""
+    return (name, tuple(str(c) for c in configs))
+
+
+def autotuner(name: str):
+    """The triton autotuner kernel ``name`` launches over ``active(name)`` now, or None before its first
+    autotuned launch (its ``best_config`` is the last choice, ``cache`` every choice by key)."""
+    return _tuners.get(tuner_key(name, active(name)))
 
 
 def autotune_report() -> dict:
