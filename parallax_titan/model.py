@@ -76,7 +76,7 @@ class ParallaxModelArgs(Qwen3ModelArgs):
     probe_init: ProbeInit = "normal"
     attn_backend: Backend = "auto"
     fused_norm_rope: bool = True  # [parallax] fused_norm_rope: kernels.projection where it applies
-    hopper_backward: bool = True  # [parallax] hopper_backward: kernels/parallax/hopper.py where it applies
+    hopper_kernels: bool = True  # [parallax] hopper_kernels: kernels/parallax/hopper.py where it applies
     window: int = 0  # Parallax sliding window W; 0 = full causal
     lla_max_cost: int | None = DEFAULT_MAX_COST  # exact LLA: most multiply-adds per forward (None: no bound)
     eos_id: int = QWEN3_ENDOFTEXT_ID
@@ -105,7 +105,7 @@ class ParallaxModelArgs(Qwen3ModelArgs):
             self.window = section.window
         self.attn_backend = section.attn_backend
         self.fused_norm_rope = section.fused_norm_rope
-        self.hopper_backward = section.hopper_backward
+        self.hopper_kernels = section.hopper_kernels
         self.attn_mask_type = section.attn_mask_type
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
@@ -282,7 +282,7 @@ class ParallaxAttention(Attention):
         self.wr = nn.Linear(model_args.dim, model_args.n_heads * self.head_dim, bias=False)
         self.r_norm = nn.RMSNorm(self.head_dim, eps=model_args.norm_eps, elementwise_affine=True)
         self.fused_norm_rope = model_args.fused_norm_rope  # where it applies: _fused_norm_rope
-        self.hopper_backward = model_args.hopper_backward
+        self.hopper_kernels = model_args.hopper_kernels
         gate_out = {"none": 0, "token": 1, "head": model_args.n_heads}[model_args.gate]
         self.gate = nn.Linear(model_args.dim, gate_out, bias=False) if gate_out else None
 
@@ -351,7 +351,7 @@ class ParallaxAttention(Attention):
     def _attend(self, q, r, k, v, cu_seqlens=None):
         """``kernels.parallax_attention`` with this layer's scale, backend, window and backward switch."""
         return kernels.parallax_attention(q, r, k, v, scale=self.scaling, backend=self.backend, cu_seqlens=cu_seqlens,
-                                          window=self.window, hopper_backward=self.hopper_backward)
+                                          window=self.window, hopper_kernels=self.hopper_kernels)
 
     def forward_cached(self, x, rope_cache, layer: KVLayer, step):
         """The inference path: x (batch, seq, dim) -> (batch, seq, dim). A :class:`PrefillStep`

@@ -173,8 +173,12 @@ def test_chosen_configs_from_the_autotuner_or_the_fixed_pick():
     report = {"fwd": [{"best": {"(128, False)": "BM: 128"}}, {"best": {"(64, False)": "BM: 64"}}], "dq": [], "dkdv": []}
     configs = ap.chosen_configs(report, 1, 128)
     assert configs["fwd"] == "BM: 128; BM: 64" and configs["dq"] == str(tuning.choose("dq", 1))
-    bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dkdv"][128]
+    bm, bn, warps, stages = tuning.HOPPER_CONFIGS["dkdv"][128][:4]
     assert configs["dkdv_hopper"] == f"BM: {bm}, BN: {bn}, num_warps: {warps}, stages: {stages}"
+    capped = tuning.HOPPER_CONFIGS["fwd"][64]  # a register cap is part of the config
+    assert ap.chosen_configs(report, 1, 64)["fwd_hopper"] == (f"BM: {capped.bm}, BN: {capped.bn}, num_warps: "
+                                                              f"{capped.warps}, stages: {capped.stages}, "
+                                                              f"maxnreg: {capped.maxnreg}")
     assert "dq_hopper" not in ap.chosen_configs(report, 1, 96)  # no Hopper kernel at that head dim
     assert ap.kernel_label("_bwd_dkdv_hopper_kernel") == ("dkdv_hopper", "dkdv column pass, Hopper")
     assert ap.kernel_label("_bwd_dkdv_kernel") == ("dkdv", "dkdv column pass")

@@ -33,7 +33,7 @@ TOML_CASES = [
     ("parallax", "gate", "sigmoid", "parallax.gate: expected one of"),
     ("parallax", "rho_rope", "yes", "parallax.rho_rope: expected bool"),
     ("parallax", "fused_norm_rope", 1, "parallax.fused_norm_rope: expected bool"),
-    ("parallax", "hopper_backward", "on", "parallax.hopper_backward: expected bool"),
+    ("parallax", "hopper_kernels", "on", "parallax.hopper_kernels: expected bool"),
     ("optimizer", "lr", "fast", "optimizer.lr: expected float"),
     ("nosuchsection", "x", 1, "nosuchsection: unknown key"),
     ("parallax", "attn_backend", "cuda", "parallax.attn_backend: expected one of"),

@@ -60,10 +60,10 @@ def test_config_parses_validates_and_builds(path):
         assert model.layers["0"].attention.fused_norm_rope == cfg.parallax.fused_norm_rope
 
 
-@pytest.mark.parametrize("key", ["fused_norm_rope", "hopper_backward"])
+@pytest.mark.parametrize("key", ["fused_norm_rope", "hopper_kernels"])
 @pytest.mark.parametrize("off", [False, True])
 def test_kernel_switches_reach_every_attention_module(key, off):
-    """``[parallax] fused_norm_rope`` and ``hopper_backward`` (default true) set every Parallax layer's
+    """``[parallax] fused_norm_rope`` and ``hopper_kernels`` (default true) set every Parallax layer's
     switch of that name."""
     cfg = load_config(["--job.config_file", "configs/demo_cpu.toml", *([f"--parallax.no-{key}"] if off else [])])
     assert getattr(cfg.parallax, key) is (not off)

@@ -1,4 +1,5 @@
-"""The backward's Hopper kernels (kernels/parallax/hopper.py, Gluon): row pass and column pass.
+"""The Hopper kernels (kernels/parallax/hopper.py, Gluon): the forward, the backward's row pass and
+column pass.
 
 On CPU: each kernel compiles for sm_90 with its shipped config and keeps its wgmmas asynchronous
 (ptxas serialises every wgmma of a kernel when an accumulator is live in flight across a loop's back
@@ -33,15 +34,28 @@ def _compile(kernel_name, d, varlen):
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("d", [128, 64])
-@pytest.mark.parametrize("kernel_name", ["dq", "dkdv"])
-def test_kernels_compile_for_hopper_with_wgmmas_left_in_flight(kernel_name, d, varlen):
-    """Each pass issues its three score products before waiting for the first (a wait that leaves two
-    in flight), so ptxas did not serialise its wgmmas (it would wait for none in flight after every
-    one)."""
+@pytest.mark.parametrize("kernel_name, in_flight", [("fwd", 1), ("dq", 2), ("dkdv", 2)])
+def test_kernels_compile_for_hopper_with_wgmmas_left_in_flight(kernel_name, in_flight, d, varlen):
+    """Each kernel issues its score products (two in the forward, three in each backward pass) before
+    waiting for the first (a wait that leaves the others in flight), so ptxas did not serialise its
+    wgmmas (it would wait for none in flight after every one)."""
     sass = _compile(kernel_name, d, varlen)
     waits = [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)]
     assert sass.count("HGMMA") > 0 and waits
-    assert max(waits) == 2, waits
+    assert max(waits) == in_flight, waits
+
+
+def test_the_forwards_register_cap_reaches_ptxas():
+    """The D=64 forward compiles within its config's register cap (three programs per SM); a lower cap
+    lowers the count (the cap reaches ptxas). Spills depend on the triton version (none with 3.6,
+    docs/bench/kernel_resources_sm90.md), so they are not asserted."""
+    from scripts.bench.kernel_resources import compile_hopper, compiled_resources
+
+    config = tuning.HOPPER_CONFIGS["fwd"][64]
+    shipped = compiled_resources(compile_hopper("fwd", 64, config))
+    assert shipped["registers"] <= config.maxnreg, shipped
+    lower = compiled_resources(compile_hopper("fwd", 64, config._replace(maxnreg=128)))
+    assert lower["registers"] <= 128 < shipped["registers"], lower
 
 
 def _longest_copy_run(sass: str) -> int:
@@ -74,6 +88,8 @@ def _fake_cuda(dtype=torch.bfloat16, d=128):
     (dict(d=256), "head_dim 256 has no Hopper config"),
     (dict(total=130), "130 tokens"),
     (dict(tma_ok=False), "does not allow TMA"),
+    (dict(tma_ok=False, names=("fwd",)), "does not allow TMA"),
+    (dict(d=32, names=("fwd",)), "head_dim 32 has no Hopper config"),
 ])
 def test_unusable_names_why(monkeypatch, change, reason):
     from kernels.parallax import hopper
@@ -83,7 +99,18 @@ def test_unusable_names_why(monkeypatch, change, reason):
     assert hopper.unusable(_fake_cuda(), 128, True) is None
     arch[0] = change.get("arch", (9, 0))
     q = _fake_cuda(change.get("dtype", torch.bfloat16), change.get("d", 128))
-    assert reason in hopper.unusable(q, change.get("total", 128), change.get("tma_ok", True))
+    names = change.get("names", ("dq", "dkdv"))
+    assert reason in hopper.unusable(q, change.get("total", 128), change.get("tma_ok", True), names)
+
+
+def test_the_forward_takes_any_token_count(monkeypatch):
+    """Only the column pass copies statistics by TMA: 130 tokens keep the backward off the Hopper
+    kernels, not the forward."""
+    from kernels.parallax import hopper
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert hopper.unusable(_fake_cuda(), 130, True, ("fwd",)) is None
+    assert "130 tokens" in hopper.unusable(_fake_cuda(), 130, True, ("fwd", "dq", "dkdv"))
 
 
 def test_cpu_tensors_and_switched_off_calls_keep_the_triton_kernels(monkeypatch):
@@ -102,36 +129,43 @@ def test_cpu_tensors_and_switched_off_calls_keep_the_triton_kernels(monkeypatch)
     for name in ("dq", "dkdv"):  # a candidates list for either pass keeps both Triton passes
         with tuning.candidates(**{name: [tuning.SHIPPED[name][0]]}):
             assert fused.hopper_unusable(fake, 64, rows, "dq", "dkdv") == asked
+        assert fused.hopper_unusable(fake, 64, rows, "fwd") is None  # nor the forward's
     with tuning.candidates(fwd=[tuning.SHIPPED["fwd"][0]]):  # the forward's list does not concern the backward
         assert fused.hopper_unusable(fake, 64, rows, "dq", "dkdv") is None
-    assert fused.hopper_unusable(fake, 64, rows, "fwd") == asked  # the forward has no Hopper kernel
+        assert fused.hopper_unusable(fake, 64, rows, "fwd") == asked
+    with tuning.hopper_kernels(False):
+        assert fused.hopper_unusable(fake, 64, rows, "fwd") == asked
 
 
-@pytest.mark.parametrize("hopper_backward", [True, False])
-def test_the_switch_travels_with_the_op_to_the_backward(monkeypatch, hopper_backward):
-    """The flag given to the custom op's forward reaches ``fused.backward``'s ``hopper`` in autograd."""
+@pytest.mark.parametrize("hopper_kernels", [True, False])
+def test_the_switch_reaches_the_forward_and_travels_with_the_op_to_the_backward(monkeypatch, hopper_kernels):
+    """The flag given to the custom op's forward reaches ``fused.forward``'s and, in autograd,
+    ``fused.backward``'s ``hopper``."""
     from kernels.parallax import ops
 
     seen = []
 
+    def forward(q, r, k, v, *rest, hopper):
+        seen.append(("fwd", hopper))
+        return torch.zeros_like(q), torch.zeros_like(q), fused.stats_buffer(q), fused.stats_buffer(q)
+
     def backward(do, q, r, k, v, *rest, hopper):
-        seen.append(hopper)
+        seen.append(("bwd", hopper))
         return tuple(torch.zeros_like(x) for x in (q, r, k, v))
 
     monkeypatch.setattr(fused, "backward", backward)
-    monkeypatch.setattr(fused, "forward", lambda q, r, k, v, *rest: (torch.zeros_like(q), torch.zeros_like(q),
-                                                                       fused.stats_buffer(q), fused.stats_buffer(q)))
+    monkeypatch.setattr(fused, "forward", forward)
     leaves = [torch.randn(1, 8, 2, 16, requires_grad=True) for _ in range(4)]
-    ops.parallax_attention_triton(*leaves, scale=0.25, hopper_backward=hopper_backward).sum().backward()
-    assert seen == [hopper_backward]
+    ops.parallax_attention_triton(*leaves, scale=0.25, hopper_kernels=hopper_kernels).sum().backward()
+    assert seen == [("fwd", hopper_kernels), ("bwd", hopper_kernels)]
 
 
 def test_public_api_rejects_a_switch_that_is_not_a_bool():
     from kernels import parallax_attention
 
     x = torch.zeros(1, 4, 2, 16)
-    with pytest.raises(ValueError, match=r"hopper_backward='yes' must be a bool"):
-        parallax_attention(x, x, x, x, hopper_backward="yes")
+    with pytest.raises(ValueError, match=r"hopper_kernels='yes' must be a bool"):
+        parallax_attention(x, x, x, x, hopper_kernels="yes")
 
 
 def test_hopper_kernels_takes_a_bool():
@@ -156,7 +190,7 @@ def _inputs(b, n, hq, hkv, d, dtype, seed):
 
 
 def _outputs(inputs, cu, window, hopper):
-    """(o, dq, dr, dk, dv) of the fused kernels, the backward's Hopper ones (``hopper``) or the Triton ones."""
+    """(o, dq, dr, dk, dv) of the fused kernels, the Hopper ones (``hopper``) or the Triton ones."""
     q, r, k, v, do = inputs
     scale = q.shape[-1] ** -0.5
     with tuning.hopper_kernels(hopper):
@@ -189,13 +223,13 @@ CASES = {  # (B, L, Hq, Hkv, D, dtype, window, document lengths)
 @hopper_gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_gpu_hopper_kernels_match_fp64_and_the_triton_kernels(name):
-    """Gradients of the Hopper kernels within twice the Triton kernels' distance from fp64 (or 1e-3),
-    and bit-identical over two runs."""
+    """Output and gradients of the Hopper kernels within twice the Triton kernels' distance from fp64
+    (or 1e-3), and bit-identical over two runs."""
     b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
     inputs = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
     cu = cu_from_lengths(lengths, "cuda")
     rows = [(x, x.stride(1)) for x in inputs]
-    assert fused.hopper_unusable(inputs[0], b * n, rows, "dq", "dkdv") is None
+    assert fused.hopper_unusable(inputs[0], b * n, rows, "fwd", "dq", "dkdv") is None
     hopper, triton_kernels = _outputs(inputs, cu, window, True), _outputs(inputs, cu, window, False)
     ref = _reference(inputs, cu, window)
     for what, got, base, exact in zip(("o", "dq", "dr", "dk", "dv"), hopper, triton_kernels, ref):
@@ -205,11 +239,13 @@ def test_gpu_hopper_kernels_match_fp64_and_the_triton_kernels(name):
 
 @pytest.mark.gpu
 @hopper_gpu
-def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_kernels():
-    """777 tokens: the statistics' TMA copies would start off 16-byte boundaries; the Triton kernels run
-    and give the fp64 results."""
+def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_backward():
+    """777 tokens: the statistics' TMA copies would start off 16-byte boundaries; the Hopper forward and
+    the Triton backward passes run and give the fp64 results."""
     inputs = _inputs(1, 777, 8, 2, 64, torch.bfloat16, seed=3)
-    assert "777 tokens" in fused.hopper_unusable(inputs[0], 777, [(x, x.stride(1)) for x in inputs], "dq", "dkdv")
+    rows = [(x, x.stride(1)) for x in inputs]
+    assert "777 tokens" in fused.hopper_unusable(inputs[0], 777, rows, "dq", "dkdv")
+    assert fused.hopper_unusable(inputs[0], 777, rows[:4], "fwd") is None
     ref = _reference(inputs, None, None)
     assert all(rel_err(g, e) < 2e-2 for g, e in zip(_outputs(inputs, None, None, True), ref))
 
@@ -221,7 +257,7 @@ def test_sweep_sets_configs_for_its_block_and_renders_rows():
     shipped = dict(tuning.HOPPER_CONFIGS["dq"]), dict(tuning.HOPPER_CONFIGS["dkdv"])
     pair = {"dq": tuning.HopperConfig(128, 32, 8, 2), "dkdv": tuning.HopperConfig(32, 128, 8, 3)}
     with sweep.configs(128, pair):
-        assert tuning.HOPPER_CONFIGS["dq"][128] == (128, 32, 8, 2)
+        assert tuning.HOPPER_CONFIGS["dq"][128] == tuning.HopperConfig(128, 32, 8, 2)
         assert tuning.HOPPER_CONFIGS["dkdv"][128] == pair["dkdv"]
     assert (tuning.HOPPER_CONFIGS["dq"], tuning.HOPPER_CONFIGS["dkdv"]) == shipped
     assert sweep.pair_label(pair) == "dq 128x32 w8 s2 + dkdv 32x128 w8 s3"
@@ -277,8 +313,14 @@ def test_shipped_hopper_configs_pass_the_checks_hopper_config_makes():
     ("dkdv", 64, tuning.HopperConfig(64, 8, 4, 2), "bm and bn must be powers of two >= 16, got 64 and 8"),
     ("dq", 64, tuning.HopperConfig(64, 64, 6, 2), "warps must be a multiple of 4 \\(whole warpgroups\\), got 6"),
     ("dq", 64, tuning.HopperConfig(64, 64, 4, 1), "stages must be at least 2, got 1"),
-    ("dq", 64, tuning.HopperConfig(64, 64.0, 4, 2), "every field must be an int"),
-    ("dq", 64, tuning.HopperConfig(64, 64, True, 2), "every field must be an int"),
+    ("dq", 64, tuning.HopperConfig(64, 64.0, 4, 2), "bm, bn, warps and stages must be ints"),
+    ("dq", 64, tuning.HopperConfig(64, 64, True, 2), "bm, bn, warps and stages must be ints"),
+    ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 170), "maxnreg must be None or a multiple of 8 from 24 to 255 "
+                                                        "\\(registers per thread\\), got 170"),
+    ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 256), "got 256"),
+    ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, 16), "got 16"),
+    ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, "168"), "got '168'"),
+    ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, True), "got True"),
 ])
 def test_hopper_config_rejects_bad_kernels_head_dims_and_configs(name, d, config, error):
     shipped = {k: dict(v) for k, v in tuning.HOPPER_CONFIGS.items()}

@@ -66,7 +66,7 @@ def _resolve_backend(backend, q, causal):
 
 
 def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", cu_seqlens=None, window=None,
-                       hopper_backward=True):
+                       hopper_kernels=True):
     """Parallax attention o_i = vbar_i - sum_j p_ij (t_ij - tbar_i) v_j (SPEC section 1).
 
     q, r: (B, L, Hq, D) queries and probes (r is not scaled); k, v: (B, L, Hkv, D),
@@ -82,8 +82,8 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     window: optional sliding window W (int >= 1, causal only; SPEC 1b): query i reads keys
     i - W < j <= i (and, with cu_seqlens, only its own document's); W >= L is full causal attention.
     Both backends skip the key tiles outside the band, so the work is about L * W instead of L^2 / 2.
-    hopper_backward: the triton backend's backward as ``kernels/parallax/hopper.py``'s kernels where
-    they apply (``fused.hopper_unusable``); False keeps the Triton passes.
+    hopper_kernels: the triton backend's forward and backward as ``kernels/parallax/hopper.py``'s kernels
+    where they apply (``fused.hopper_unusable``); False keeps the Triton kernels.
     Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, r, k, v.
     """
     _check_tensors(q, r, k, v)
@@ -92,8 +92,8 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     elif not is_finite_number(scale):
         raise ValueError(f"parallax_attention: scale={scale!r} must be a finite float")
     check_window(window, causal)
-    if not isinstance(hopper_backward, bool):
-        raise ValueError(f"parallax_attention: hopper_backward={hopper_backward!r} must be a bool")
+    if not isinstance(hopper_kernels, bool):
+        raise ValueError(f"parallax_attention: hopper_kernels={hopper_kernels!r} must be a bool")
     backend = _resolve_backend(backend, q, causal)
     if cu_seqlens is not None:
         offsets.check_structure(cu_seqlens, q)
@@ -106,4 +106,4 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
 
     # the fused path checks cu_seqlens' values inside its custom op (kernels.parallax.fused)
     return parallax_attention_triton(q, r, k, v, scale=float(scale), cu_seqlens=cu_seqlens, window=window,
-                                     hopper_backward=hopper_backward)
+                                     hopper_kernels=hopper_kernels)

@@ -20,8 +20,8 @@ column pass) are read through in-kernel tensor descriptors where the host found 
 (``TMA_OK``: heads D apart, 16-byte alignment); otherwise by masked pointer loads.
 Every kernel runs on a 1-D grid of (tile, head) programs in one of two orders (``_tile_order``):
 head-major or globally heaviest-first; the autotuner picks per shape (launch configs: tuning.py).
-On sm_90 GPUs the backward's two passes give way to ``hopper.py``'s (Gluon: asynchronous wgmma, TMA
-rings) where those apply (``hopper_unusable``).
+On sm_90 GPUs the forward and the backward's two passes give way to ``hopper.py``'s (Gluon:
+asynchronous wgmma, TMA rings) where those apply (``hopper_unusable``).
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ def _tma_allocator(device: torch.device):
 
 
 def hopper_unusable(q, total, rows, *names) -> str | None:
-    """Why kernels ``names`` ("dq", "dkdv") on q over ``total`` tokens with row tensors ``rows``
+    """Why kernels ``names`` ("fwd"; "dq", "dkdv") on q over ``total`` tokens with row tensors ``rows``
     ((tensor, token stride) pairs) run as the Triton kernels instead of ``hopper``'s, or None when they
     do not: switched off (``tuning.hopper_kernels(False)``, ``candidates`` lists), this triton has no
     Gluon for Hopper, or ``hopper.unusable``'s reasons (GPU, dtype, head dim, layout)."""
@@ -483,7 +483,7 @@ def hopper_unusable(q, total, rows, *names) -> str | None:
         from kernels.parallax import hopper
     except ImportError as exc:
         return f"this triton has no Gluon for Hopper ({exc})"
-    return hopper.unusable(q, total, _tma_ok(q.shape[-1], rows))
+    return hopper.unusable(q, total, _tma_ok(q.shape[-1], rows), names)
 
 
 def check_head_dim(d):
@@ -516,7 +516,7 @@ def stats_buffer(q):
     return torch.empty((q.shape[2], q.shape[0] * q.shape[1]), dtype=torch.float32, device=q.device)
 
 
-def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
+def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None, hopper=True):
     """Fused causal forward.
 
     q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32, CUDA (or CPU under TRITON_INTERPRET=1).
@@ -525,17 +525,26 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None):
     Returns o, vbar (B, L, Hq, D) in q's dtype, tbar and lse (Hq, B * L) fp32 (lse in log2 units of
     scale * log2(e) * q.k). config: optional ``triton.Config`` or dict of launch kwargs ({"BM", "BN",
     "num_warps", "num_stages"}, optionally "GLOBAL_ORDER") run instead of ``tuning.choose``'s pick.
+    On an sm_90 GPU it runs as ``hopper``'s kernel where that applies (``hopper_unusable`` says why
+    not), unless a config is given or ``hopper`` is False.
     """
     total, n, hq, docs, _, meta, qk_scale, band, tune, work = _common(q, k, scale, cu_seqlens, window)
     q, r, sqt, sqh = _same_layout(q, r)
     (k, skt, skh), (v, svt, svh) = _tokens(k), _tokens(v)
-    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], [(q, sqt), (r, sqt), (k, skt), (v, svt)])
-    if meta["TMA_OK"]:
-        _tma_allocator(q.device)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     vbar = torch.empty_like(o)
     tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
+    rows = [(q, sqt), (r, sqt), (k, skt), (v, svt)]
+    if hopper and config is None and hopper_unusable(q, total, rows, "fwd") is None:
+        from kernels.parallax import hopper
+
+        hopper.forward(q, r, k, v, (o, vbar, tbar, lse), docs, strides={"q": sqt, "k": skt, "v": svt}, total=total,
+                       seq_len=n, window=band, qk_scale=qk_scale, varlen=meta["VARLEN"])
+        return o, vbar, tbar, lse
+    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], rows)
+    if meta["TMA_OK"]:
+        _tma_allocator(q.device)
     kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
     grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
     kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, svt, svh, qk_scale, band,

@@ -1,23 +1,23 @@
-"""Hopper (sm_90) kernels of the fused Parallax attention's backward, written in Gluon: the row pass
-(dq, drho) and the column pass (dk, dv). Same formulas, phases, program order and outputs as
-``fused.py``'s Triton passes (their tile phases, documents' bounds and program order come from
-``fused.py``'s own jit helpers), with the scheduling triton's compiler does not generate for those.
+"""Hopper (sm_90) kernels of the fused Parallax attention, written in Gluon: the forward, and the
+backward's row pass (dq, drho) and column pass (dk, dv). Same formulas, phases, program order and
+outputs as ``fused.py``'s Triton kernels (their tile phases, documents' bounds and program order come
+from ``fused.py``'s own jit helpers), with the scheduling triton's compiler does not generate for those.
 
-Per program, the tiles the loop does not stream stay in shared memory as wgmma operands (q, rho, dO
-in the row pass; k, v in the column pass); the streamed tiles (k, v; or q, rho, dO and the four
-per-query statistics) come through a ring of ``STAGES`` TMA buffers, the next tiles' copies in
-flight while a tile is computed. Each copy of a slot signals an mbarrier ring of its own (copies that
-share an mbarrier get a CTA barrier each from the compiler), and the column pass reads a query tile's
-four statistics (lse, tbar, tau, beta: the row pass writes them into one (4, Hq * T) buffer) with one
-copy: four copies and four CTA barriers per tile. A tile's three score-shaped products (s, t and
-dO v^T, or their transposes) are issued together as asynchronous wgmmas; the softmax weights are
-computed while the other two still run, and the first gradient wgmma runs while the other gradient
-tiles are computed. Every wgmma is retired by the end of its loop iteration: an accumulator in
-flight across the loop's back edge makes ptxas serialise every wgmma of the kernel. Deterministic:
-no atomics.
+Per program, the tiles the loop does not stream stay in shared memory as wgmma operands (q, rho in
+the forward; q, rho, dO in the row pass; k, v in the column pass); the streamed tiles (k, v; or q,
+rho, dO and the four per-query statistics) come through a ring of ``STAGES`` TMA buffers, the next
+tiles' copies in flight while a tile is computed. Each copy of a slot signals an mbarrier ring of its
+own (copies that share an mbarrier get a CTA barrier each from the compiler), and the column pass
+reads a query tile's four statistics (lse, tbar, tau, beta: the row pass writes them into one (4, Hq
+* T) buffer) with one copy: four copies and four CTA barriers per tile. A tile's score-shaped
+products (s and t; in the backward also dO v^T, or their transposes) are issued together as
+asynchronous wgmmas; the softmax weights are computed while the others still run, and the first
+output (or gradient) wgmma runs while the next operand is computed. Every wgmma is retired by the end
+of its loop iteration: an accumulator in flight across the loop's back edge makes ptxas serialise
+every wgmma of the kernel. Deterministic: no atomics.
 
-``unusable`` says why a call cannot take these kernels (then ``fused.backward`` runs its Triton
-passes); ``backward`` launches both with ``tuning.HOPPER_CONFIGS``.
+``unusable`` says why a call cannot take these kernels (then ``fused`` runs its Triton kernels);
+``forward`` and ``backward`` launch them with ``tuning.HOPPER_CONFIGS``.
 """
 
 from __future__ import annotations
@@ -328,13 +328,93 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     _store_tile(DR, dr, m0, h, T, HQ, D, BM, acc_layout)
 
 
+# ----------------------------------------------------------------------------- forward
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, HKV, GROUP, WINDOW,
+                       qk_scale, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                       VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+    acc_layout: gl.constexpr = _mma_layout(num_warps, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+
+    m0, h = fused._tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
+    kv_h = h // GROUP
+    lo, a_hi, diag, hi = fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
+    n_tiles = gl.cdiv(hi - lo, BN)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [BM, D], r_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    rings = (_ring(STAGES), _ring(STAGES))
+    q_ready = _once()
+
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
+    _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+
+    offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
+    zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
+    m_i = gl.full([BM], -1.0e30, gl.float32, rows_layout)  # finite: fully masked tiles keep alpha = 1, not NaN
+    d1 = gl.zeros([BM], gl.float32, rows_layout)
+    d2 = gl.zeros([BM], gl.float32, rows_layout)
+    o1 = gl.zeros([BM, D], gl.float32, acc_layout)
+    o2 = gl.zeros([BM, D], gl.float32, acc_layout)
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        _wait_slot(rings, slot, (j // STAGES) & 1)
+        k_tile = k_smem.index(slot)
+        v_tile = v_smem.index(slot)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        # s done; the previous tile's wgmmas retired at its end: its ring slot is free for tile j + STAGES - 1
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+        n0 = lo + j * BN
+        if (n0 < a_hi) | (n0 >= diag):
+            s = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), s, float("-inf"))
+        # m_i in units of qk_scale * s (qk_scale > 0): one FFMA per score instead of a multiply and a subtract
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        d1 = d1 * alpha + gl.sum(p, 1)
+        rescale = gl.convert_layout(alpha, acc_rows)[:, None]
+        o1 = warpgroup_mma(gl.convert_layout(p.to(dtype), a_layout), v_tile, o1 * rescale, is_async=True)
+        t = warpgroup_mma_wait(1, deps=(t, ))
+        pt = p * t
+        d2 = d2 * alpha + gl.sum(pt, 1)
+        o2 = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), v_tile, o2 * rescale, is_async=True)
+        o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
+        m_i = m_new
+
+    _invalidate(rings, q_ready, STAGES)
+    inv = 1.0 / d1
+    tbar = d2 * inv
+    inv_rows = gl.convert_layout(inv, acc_rows)[:, None]
+    vbar = o1 * inv_rows
+    o = (1.0 + gl.convert_layout(tbar, acc_rows))[:, None] * vbar - o2 * inv_rows
+    _store_tile(O, o, m0, h, T, HQ, D, BM, acc_layout)
+    _store_tile(VBAR, vbar, m0, h, T, HQ, D, BM, acc_layout)
+    ok_m = offs_m < T
+    stat = h.to(gl.int64) * T + offs_m
+    gl.store(TBAR + stat, tbar, mask=ok_m)
+    gl.store(LSE + stat, m_i + gl.log2(d1), mask=ok_m)
+
+
 # ----------------------------------------------------------------------------- launch
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def unusable(q, total: int, tma_ok: bool) -> str | None:
-    """Why attention on q (B, L, Hq, D) over ``total`` tokens cannot run these kernels, or None.
-    ``tma_ok``: the row tensors' layout allows TMA descriptors (``fused._tma_ok``)."""
+def unusable(q, total: int, tma_ok: bool, names=("dq", "dkdv")) -> str | None:
+    """Why attention on q (B, L, Hq, D) over ``total`` tokens cannot run kernels ``names`` ("fwd", "dq",
+    "dkdv"), or None. ``tma_ok``: the row tensors' layout allows TMA descriptors (``fused._tma_ok``)."""
     if not q.is_cuda:
         return "inputs are not CUDA tensors"
     arch = torch.cuda.get_device_capability(q.device)
@@ -342,9 +422,9 @@ def unusable(q, total: int, tma_ok: bool) -> str | None:
         return f"wgmma needs an sm_90 GPU, this one is sm_{arch[0]}{arch[1]}"
     if q.dtype not in _GL_DTYPES:
         return f"dtype {q.dtype} (bf16 or fp16 only)"
-    if any(q.shape[-1] not in configs for configs in tuning.HOPPER_CONFIGS.values()):
+    if any(q.shape[-1] not in tuning.HOPPER_CONFIGS[name] for name in names):
         return f"head_dim {q.shape[-1]} has no Hopper config (tuning.HOPPER_CONFIGS)"
-    if total % 4:
+    if "dkdv" in names and total % 4:
         return f"{total} tokens: the statistics' TMA copies start at 16-byte boundaries (a multiple of 4 tokens)"
     if not tma_ok:
         return "the row tensors' layout does not allow TMA (heads D apart, 16-byte aligned)"
@@ -369,6 +449,26 @@ def _row_descriptors(q, r, k, v, do, strides, total, bm, bn):
     return (_rows_descriptor(q, strides["q"], total, hq, d, bm), _rows_descriptor(r, strides["q"], total, hq, d, bm),
             _rows_descriptor(do, strides["do"], total, hq, d, bm), _rows_descriptor(k, strides["k"], total, hkv, d, bn),
             _rows_descriptor(v, strides["v"], total, hkv, d, bn))
+
+
+def forward(q, r, k, v, outputs, docs, *, strides, total, seq_len, window, qk_scale, varlen):
+    """The forward, as ``fused.forward`` calls it (after ``unusable`` returned None for "fwd").
+
+    q, r: (B, L, Hq, D) with token stride ``strides["q"]``; k, v: (B, L, Hkv, D), token strides
+    ``strides["k"]``, ``strides["v"]``; bf16 or fp16, heads D apart. ``outputs``: the (o, vbar, tbar,
+    lse) buffers written: o, vbar (B, L, Hq, D) contiguous, tbar, lse (Hq, T) fp32. docs: per-token
+    document starts (read when ``varlen``); window: the band, at most T; qk_scale: scale * log2(e).
+    """
+    o, vbar, tbar, lse = outputs
+    d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
+    config = tuning.HOPPER_CONFIGS["fwd"][d]
+    descs = (_rows_descriptor(q, strides["q"], total, hq, d, config.bm),
+             _rows_descriptor(r, strides["q"], total, hq, d, config.bm),
+             _rows_descriptor(k, strides["k"], total, hkv, d, config.bn),
+             _rows_descriptor(v, strides["v"], total, hkv, d, config.bn))
+    _fwd_hopper_kernel[(triton.cdiv(total, config.bm) * hq,)](
+        *descs, o, vbar, tbar, lse, docs, total, seq_len, hq, hkv, hq // hkv, window, qk_scale,
+        **constexprs(d, config, varlen))
 
 
 def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides, total, seq_len, window, scale,
@@ -397,6 +497,8 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
 
 
 def constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
-    """The constexpr arguments (and num_warps) of a Hopper kernel launched with ``config`` at head dim d."""
+    """The constexpr arguments (and num_warps; maxnreg where the config caps registers) of a Hopper
+    kernel launched with ``config`` at head dim d, in the global program order (heaviest tiles first)."""
+    cap = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     return dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
-                num_warps=config.warps)
+                num_warps=config.warps, **cap)

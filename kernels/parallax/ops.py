@@ -19,14 +19,14 @@ from kernels.parallax import fused
 
 @torch.library.custom_op("parallax_titan::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, r: Tensor, k: Tensor, v: Tensor, scale: float, cu_seqlens: Optional[Tensor],
-                  window: Optional[int], hopper_backward: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Returns o, vbar (B, L, Hq, D) in q's dtype and tbar, lse (Hq, B * L) fp32. ``hopper_backward``
-    is for the backward (``attention_bwd``)."""
-    return fused.forward(q, r, k, v, scale, cu_seqlens, window)
+                  window: Optional[int], hopper_kernels: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns o, vbar (B, L, Hq, D) in q's dtype and tbar, lse (Hq, B * L) fp32. ``hopper_kernels``:
+    the forward and the backward (``attention_bwd``) may run ``kernels/parallax/hopper.py``'s kernels."""
+    return fused.forward(q, r, k, v, scale, cu_seqlens, window, hopper=hopper_kernels)
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, r, k, v, scale, cu_seqlens, window, hopper_backward):
+def _attention_fwd_fake(q, r, k, v, scale, cu_seqlens, window, hopper_kernels):
     fused.check_head_dim(q.shape[-1])
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     stats = fused.stats_buffer(q)
@@ -47,28 +47,28 @@ def _attention_bwd_fake(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens, w
 
 
 def _setup_context(ctx, inputs, output):
-    q, r, k, v, scale, cu_seqlens, window, hopper_backward = inputs
+    q, r, k, v, scale, cu_seqlens, window, hopper_kernels = inputs
     o, vbar, tbar, lse = output
     ctx.mark_non_differentiable(vbar, tbar, lse)
     ctx.save_for_backward(q, r, k, v, o, vbar, tbar, lse, cu_seqlens)
-    ctx.scale, ctx.window, ctx.hopper_backward = scale, window, hopper_backward
+    ctx.scale, ctx.window, ctx.hopper_kernels = scale, window, hopper_kernels
 
 
 def _backward(ctx, do, _dvbar, _dtbar, _dlse):
     q, r, k, v, o, vbar, tbar, lse, cu_seqlens = ctx.saved_tensors
     dq, dr, dk, dv = attention_bwd(do, q, r, k, v, o, vbar, tbar, lse, ctx.scale, cu_seqlens, ctx.window,
-                                   ctx.hopper_backward)
+                                   ctx.hopper_kernels)
     return dq, dr, dk, dv, None, None, None, None
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def parallax_attention_triton(q, r, k, v, *, scale, cu_seqlens=None, window=None, hopper_backward=True):
+def parallax_attention_triton(q, r, k, v, *, scale, cu_seqlens=None, window=None, hopper_kernels=True):
     """Fused causal Parallax attention (validated inputs, see kernels.parallax_attention).
 
     q, r: (B, L, Hq, D); k, v: (B, L, Hkv, D); fp16/bf16/fp32 CUDA tensors; window None or int >= 1;
-    hopper_backward: the backward may take ``kernels/parallax/hopper.py``'s kernels.
+    hopper_kernels: the forward and backward may take ``kernels/parallax/hopper.py``'s kernels.
     Returns (B, L, Hq, D).
     """
-    return attention_fwd(q, r, k, v, scale, cu_seqlens, window, hopper_backward)[0]
+    return attention_fwd(q, r, k, v, scale, cu_seqlens, window, hopper_kernels)[0]

@@ -20,10 +20,11 @@ descriptors where the inputs allow); ``num_warps`` and ``num_stages`` as usual.
   that config; ``with tuning.candidates(**tuning.SWEEP):`` autotunes over the sweep lists).
 * ``autotune_report()``: what the autotuners chose, and their timings, per key; ``autotuner(name)``:
   the autotuner kernel ``name`` launches now.
-* The backward's Hopper kernels (``hopper.py``, Gluon) take the place of the ``"dq"`` and ``"dkdv"``
+* The Hopper kernels (``hopper.py``, Gluon) take the place of the ``"fwd"``, ``"dq"`` and ``"dkdv"``
   kernels where they apply, with ``HOPPER_CONFIGS`` (a ``HopperConfig`` per kernel and head dim; ``with
   tuning.hopper_config(name, head_dim, config):`` runs another); ``with tuning.hopper_kernels(False):``
-  keeps the Triton kernels (as do explicit configs and ``candidates`` lists for either pass).
+  keeps the Triton kernels (as do explicit configs, and ``candidates`` lists: the forward's for the
+  forward, either pass's for the backward).
 
 Decode is not autotuned: a table per head dim gives (block_n, num_warps, num_stages), and
 ``decode_fused.pick_num_splits`` the split count; ``decode_fused.parallax_decode_triton`` takes
@@ -101,19 +102,23 @@ SMALL_WORK = 2**30
 
 
 class HopperConfig(NamedTuple):
-    """Launch config of a backward Hopper kernel (kernels/parallax/hopper.py): tile rows ``bm`` (queries)
-    and ``bn`` (keys), ``warps``, ``stages`` of the TMA ring."""
+    """Launch config of a Hopper kernel (kernels/parallax/hopper.py): tile rows ``bm`` (queries) and
+    ``bn`` (keys), ``warps``, ``stages`` of the TMA ring, and ``maxnreg``, a cap on registers per
+    thread (ptxas's; None: no cap) that lets one more program share an SM."""
 
     bm: int
     bn: int
     warps: int
     stages: int
+    maxnreg: int | None = None
 
 
-# The backward's Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4
-# L4096 (docs/bench/attention_hopper.md); the row pass at D=64 with a ring of four stages since the
-# column pass reads its statistics with one copy (2% faster than three, interleaved).
+# The Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4 L4096
+# (docs/bench/attention_hopper.md); the row pass at D=64 with a ring of four stages since the column
+# pass reads its statistics with one copy (2% faster than three, interleaved). The forward at D=64
+# capped at 168 registers (170 uncapped, no spills either way): three programs per SM instead of two.
 HOPPER_CONFIGS = {
+    "fwd": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 64, 4, 3, 168)},
     "dq": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 32, 4, 4)},
     "dkdv": {128: HopperConfig(32, 64, 4, 3), 64: HopperConfig(64, 64, 4, 3)},
 }
@@ -189,20 +194,23 @@ def hopper_kernels(enabled: bool):
 def _hopper_config_error(config: HopperConfig) -> str | None:
     """What is wrong with ``config``'s values, or None: tiles powers of two from 16 (wgmma's and TMA's
     shapes), whole warpgroups, a ring of at least two stages (each refills the slot of the tile before)."""
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in config):
-        return "every field must be an int"
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in config[:4]):
+        return "bm, bn, warps and stages must be ints"
     if any(t < 16 or t & (t - 1) for t in (config.bm, config.bn)):
         return f"bm and bn must be powers of two >= 16, got {config.bm} and {config.bn}"
     if config.warps < 4 or config.warps % 4:
         return f"warps must be a multiple of 4 (whole warpgroups), got {config.warps}"
     if config.stages < 2:
         return f"stages must be at least 2, got {config.stages}"
+    cap = config.maxnreg
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or not 24 <= cap <= 255 or cap % 8):
+        return f"maxnreg must be None or a multiple of 8 from 24 to 255 (registers per thread), got {cap!r}"
     return None
 
 
 @contextlib.contextmanager
 def hopper_config(name: str, head_dim: int, config: HopperConfig):
-    """Within the block, Hopper kernel ``name`` ("dq" or "dkdv") runs ``config`` at ``head_dim`` (sweeps,
+    """Within the block, Hopper kernel ``name`` ("fwd", "dq" or "dkdv") runs ``config`` at ``head_dim`` (sweeps,
     tests); its values are checked first. Process-wide; nests; restores the previous config on exit."""
     if name not in HOPPER_CONFIGS or head_dim not in HOPPER_CONFIGS[name]:
         raise ValueError(f"no Hopper kernel {name!r} at head dim {head_dim}; expected a name in "

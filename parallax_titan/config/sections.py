@@ -49,10 +49,10 @@ class Parallax:
     fused attention backend, heads of 64 or more, no gate); false keeps TorchTitan's norm modules
     and RoPE, compiled by Inductor. Same math; the kernels round once after RoPE, as a compiled block does."""
 
-    hopper_backward: bool = True
-    """The attention backward as the Gluon kernels of ``kernels/parallax/hopper.py`` where they apply
-    (an sm_90 GPU, the fused backend, bf16/fp16, heads of 64 or 128); false keeps the Triton passes.
-    Same math; dk may differ in its last bits (summation order)."""
+    hopper_kernels: bool = True
+    """The attention forward and backward as the Gluon kernels of ``kernels/parallax/hopper.py`` where
+    they apply (an sm_90 GPU, the fused backend, bf16/fp16, heads of 64 or 128); false keeps the Triton
+    kernels. Same math; outputs and gradients may differ in their last bits (summation order)."""
 
     attn_mask_type: Literal["causal", "block_causal"] = "causal"
     """causal over the packed row, or block_causal: no attention across <|endoftext|>."""

@@ -40,8 +40,10 @@ OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
 
 def label(config: HopperConfig) -> str:
-    """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages)."""
-    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}"
+    """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages; " r168" with a
+    register cap)."""
+    cap = "" if config.maxnreg is None else f" r{config.maxnreg}"
+    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}"
 
 
 @contextlib.contextmanager

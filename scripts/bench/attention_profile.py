@@ -34,7 +34,7 @@ MODULE = "scripts.bench.attention_profile"
 RANGE = "profile"  # the NVTX range around the profiled calls; ncu's filter names it as "profile/"
 # Triton names a kernel's cubin entry after its function: tuning's name and the page's label.
 KERNELS = {"_fwd_kernel": ("fwd", "fwd"), "_bwd_dq_kernel": ("dq", "dq row pass"),
-           "_bwd_dkdv_kernel": ("dkdv", "dkdv column pass"),
+           "_bwd_dkdv_kernel": ("dkdv", "dkdv column pass"), "_fwd_hopper_kernel": ("fwd_hopper", "fwd, Hopper"),
            "_bwd_dq_hopper_kernel": ("dq_hopper", "dq row pass, Hopper"),
            "_bwd_dkdv_hopper_kernel": ("dkdv_hopper", "dkdv column pass, Hopper")}
 # Per quantity, metric-name patterns in order of preference: names differ between ncu versions and
@@ -80,8 +80,8 @@ def work(batch: int, length: int, hq: int, dim: int) -> int:
 
 def chosen_configs(report: dict, amount: int, dim: int) -> dict[str, str]:
     """Per kernel name, the config its launches ran: the autotuner's choices in ``report``
-    (``tuning.autotune_report()``), or where none tuned, ``tuning.choose``'s fixed pick; the backward's
-    Hopper kernels (``dq_hopper``, ``dkdv_hopper``) with ``tuning.HOPPER_CONFIGS`` at head dim ``dim``."""
+    (``tuning.autotune_report()``), or where none tuned, ``tuning.choose``'s fixed pick; the Hopper
+    kernels (``fwd_hopper``, ``dq_hopper``, ``dkdv_hopper``) with ``tuning.HOPPER_CONFIGS`` at head dim ``dim``."""
     from kernels.parallax import tuning
 
     out = {}
@@ -92,8 +92,9 @@ def chosen_configs(report: dict, amount: int, dim: int) -> dict[str, str]:
         out[name] = "; ".join(best)
     for name, by_dim in tuning.HOPPER_CONFIGS.items():
         if dim in by_dim:
-            bm, bn, warps, stages = by_dim[dim]
-            out[f"{name}_hopper"] = f"BM: {bm}, BN: {bn}, num_warps: {warps}, stages: {stages}"
+            c = by_dim[dim]
+            cap = "" if c.maxnreg is None else f", maxnreg: {c.maxnreg}"
+            out[f"{name}_hopper"] = f"BM: {c.bm}, BN: {c.bn}, num_warps: {c.warps}, stages: {c.stages}{cap}"
     return out
 
 

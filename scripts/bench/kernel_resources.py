@@ -49,8 +49,8 @@ SIZES = {"T", "L", "HQ"}
 # of its orientation
 KERNELS = {"fwd": ("fwd", {}), "dq": ("dq", {}), "dkdv": ("dkdv", {"ROWS": False}),
            "dkdv_rows": ("dkdv", {"ROWS": True})}
-# report name -> the backward pass of kernels/parallax/hopper.py (Gluon; configs in tuning.HOPPER_CONFIGS)
-HOPPER_KERNELS = {"dq_hopper": "dq", "dkdv_hopper": "dkdv"}
+# report name -> the kernel of kernels/parallax/hopper.py (Gluon; configs in tuning.HOPPER_CONFIGS)
+HOPPER_KERNELS = {"fwd_hopper": "fwd", "dq_hopper": "dq", "dkdv_hopper": "dkdv"}
 
 
 def signature(kernel, constexprs: dict, types: dict | None = None) -> dict:
@@ -136,15 +136,17 @@ def compile_kernel(kernel, constexprs: dict, num_warps: int, num_stages: int, ta
 
 
 def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPER):
-    """Pass ``name`` ("dq" or "dkdv") of ``kernels/parallax/hopper.py`` compiled for ``target`` with
-    ``config`` (a ``tuning.HopperConfig``), bf16, its pointers specialised as a launch finds them."""
+    """Kernel ``name`` ("fwd", "dq" or "dkdv") of ``kernels/parallax/hopper.py`` compiled for ``target``
+    with ``config`` (a ``tuning.HopperConfig``, its register cap included), bf16, its pointers
+    specialised as a launch finds them."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.parallax import hopper
 
     bm, bn = config.bm, config.bn
-    kernel = {"dq": hopper._bwd_dq_hopper_kernel, "dkdv": hopper._bwd_dkdv_hopper_kernel}[name]
+    kernel = {"fwd": hopper._fwd_hopper_kernel, "dq": hopper._bwd_dq_hopper_kernel,
+              "dkdv": hopper._bwd_dkdv_hopper_kernel}[name]
 
     def descriptor(shape, dtype, gl_dtype):
         layout = gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype)
@@ -154,10 +156,11 @@ def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPE
     types.update({n: descriptor((bn, d), "bf16", gl.bfloat16) for n in ("k_desc", "v_desc")})
     types["stats_desc"] = f"tensordesc<fp32[4, {bm}],{hopper.stats_layout()!r}>"
     constexprs = hopper.constexprs(d, config, varlen)
+    options = {key: constexprs.pop(key) for key in ("num_warps", "maxnreg") if key in constexprs}
+    constexprs["num_warps"] = options["num_warps"]
     sig = signature(kernel, constexprs, types)
     attrs = aligned(kernel, constexprs, FP32_POINTERS | INT_POINTERS | BF16_POINTERS)
-    return triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=target,
-                          options={"num_warps": config.warps})
+    return triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=target, options=options)
 
 
 def resources(kernel, constexprs: dict, num_warps: int, num_stages: int, types: dict | None = None,
@@ -237,7 +240,7 @@ def _hopper_rows(name: str, config, dims: list[int]):
 
 def _cells(name: str, d: int, tile: tuple, r: dict) -> tuple:
     """One report row: kernel, head dim, tile (BM, BN, num_warps, stages) and its ``compiled_resources``."""
-    bm, bn, warps, stages = tile
+    bm, bn, warps, stages = tile[:4]
     return (name, d, f"{bm} x {bn}", warps, stages, r["registers"], r["stack"],
             f"{r['spill_stores']}/{r['spill_loads']}", r["wgmma"], r["shared"], f"{r['loop'][0]} / {r['loop'][1]}")
 
