@@ -336,3 +336,36 @@ def test_sweep_refuses_without_a_hopper_gpu():
 
     with pytest.raises(SystemExit, match="needs an sm_90 GPU"):
         sweep.main(["--out", "unused"])
+
+
+def test_forward_sweep_times_each_candidate_under_its_config_beside_the_triton_forward(monkeypatch):
+    """With fake inputs, forward and timer: one row per shape for the Triton forward and one per
+    candidate, each candidate's call made with that config active and the Hopper kernels on, the
+    Triton forward's with them off; ratios against the Triton forward."""
+    from scripts.bench import attention_autotune, attention_hopper as sweep
+
+    d = 64
+    calls = []
+    shipped = tuning.HOPPER_CONFIGS["fwd"][d]
+
+    def forward(q, r, k, v, scale, hopper=True):
+        calls.append(tuning.HOPPER_CONFIGS["fwd"][d] if hopper else "triton")
+
+    monkeypatch.setattr(sweep, "make_inputs", lambda b, n, hq, hkv, dim: (torch.zeros(1, 1, 1, dim),) * 4)
+    monkeypatch.setattr(fused, "forward", forward)
+    cost = {"triton": 2.0, **{f"hopper {sweep.label(c)}": 1.0 + i for i, c in enumerate(sweep.FORWARD_CANDIDATES[d])}}
+
+    def fake_interleaved(fns, rounds, iters, timer):
+        for fn in fns.values():
+            fn()
+        return {name: cost[name] for name in fns}
+
+    monkeypatch.setattr(attention_autotune, "interleaved_ms", fake_interleaved)
+    rows = sweep.forward_sweep(d, rounds=1)
+    assert len(rows) == len(sweep.FORWARD_SHAPES) * (1 + len(sweep.FORWARD_CANDIDATES[d]))
+    assert calls[: 1 + len(sweep.FORWARD_CANDIDATES[d])] == ["triton", *sweep.FORWARD_CANDIDATES[d]]
+    first = {r["forward"]: r["vs_triton"] for r in rows if r["L"] == sweep.FORWARD_SHAPES[0][1]}
+    assert first["triton"] == 1.0 and first[f"hopper {sweep.label(sweep.FORWARD_CANDIDATES[d][0])}"] == 0.5
+    assert "| 4 | 4096 | 64 | hopper 64x64 w4 s3 r168 | 2.0000 | 1.000 |" in sweep.forward_report_markdown(rows)
+    assert tuning.HOPPER_CONFIGS["fwd"][d] is shipped  # restored
+    assert shipped in sweep.FORWARD_CANDIDATES[d]

@@ -2,8 +2,8 @@
 the published Parallax kernels, all in one run on one GPU, bf16.
 
 Methods: torch SDPA with the cuDNN and flash backends (softmax baselines), ours
-(kernels.parallax_attention: Triton, with the Gluon Hopper backward on sm_90; ``parallax_ours_triton_bwd``
-keeps the Triton backward passes), PyPI parallax-kernel 0.1.1 (``parallax.parallax_func``)
+(kernels.parallax_attention: Triton, with the Gluon Hopper kernels on sm_90; ``parallax_ours_triton``
+keeps the Triton kernels, forward and backward), PyPI parallax-kernel 0.1.1 (``parallax.parallax_func``)
 and fla-core 0.6.0 (``fla.ops.parallax.parallel_parallax``) when importable (benchmark-only
 wheels, never dependencies). Times are medians of triton.testing.do_bench, measured twice;
 ratios are against cuDNN softmax at the same shape (and, for D=64, at D=128) from this run.
@@ -50,9 +50,9 @@ def make_inputs(b, n, hq, hkv, d, seed=0):
     return q, r, k, v
 
 
-def _triton_backward(fn):
-    """``fn`` timed with the Triton backward passes instead of the Hopper kernels: ``bench_one`` enters
-    its ``context`` around the whole timed step (the backward runs after ``fn`` returns)."""
+def _triton_kernels(fn):
+    """``fn`` timed with the Triton kernels instead of the Hopper ones: ``bench_one`` enters its
+    ``context`` around the whole timed step (the backward runs after ``fn`` returns)."""
     def wrapped(*args):
         return fn(*args)
 
@@ -76,7 +76,7 @@ def methods(competitors=True):
         "softmax_cudnn": ("bhld_mha", sdpa(SDPBackend.CUDNN_ATTENTION)),
         "softmax_flash": ("bhld_mha", sdpa(SDPBackend.FLASH_ATTENTION)),
         "parallax_ours": ("blhd", lambda q, r, k, v: parallax_attention(q, r, k, v)),
-        "parallax_ours_triton_bwd": ("blhd", _triton_backward(lambda q, r, k, v: parallax_attention(q, r, k, v))),
+        "parallax_ours_triton": ("blhd", _triton_kernels(lambda q, r, k, v: parallax_attention(q, r, k, v))),
     }
     if not competitors:
         return impls
@@ -196,7 +196,7 @@ def ratios(results):
 
 MEASURED = ("forward and forward+backward time of causal attention, bf16: torch SDPA softmax (cuDNN, flash "
             "backends; KV heads expanded to Hq outside the timed region), ours (kernels.parallax_attention; "
-            "parallax_ours_triton_bwd: the same with the Triton backward passes instead of the Hopper kernels) and, "
+            "parallax_ours_triton: the same with the Triton kernels instead of the Hopper ones, forward and backward) and, "
             "when importable, parallax-kernel 0.1.1 and fla 0.6.0; triton.testing.do_bench median, 2 runs, the "
             "lower reported; fwd under no_grad; ratios against cuDNN softmax at the same shape (and at D=128)")
 

@@ -1,4 +1,4 @@
-"""Sweep the launch configs of the backward's Hopper kernels (kernels/parallax/hopper.py) on one sm_90 GPU.
+"""Sweep the launch configs of the Hopper kernels (kernels/parallax/hopper.py) on one sm_90 GPU.
 
 Per head dim at B4 L4096 Hq16 Hkv8, bf16, causal: the backward (``fused.backward`` called directly on
 one forward's outputs) with the Triton passes, then with the Hopper kernels under each candidate of
@@ -7,7 +7,12 @@ then the fastest candidate of each pass together, all in one run, beside cuDNN s
 backward and our forward. Then the shipped configs and that pair against the Triton passes at B1
 L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
+``--forward`` sweeps the forward instead: at B4 L4096 and B1 L16384, the Triton forward (autotuned)
+and the Hopper forward under each candidate of ``FORWARD_CANDIDATES``, timed interleaved (rounds
+that each run every candidate in turn, 10 calls back to back between two CUDA events; medians).
+
     python -m scripts.bench.attention_hopper --out docs/bench/attention_hopper
+    python -m scripts.bench.attention_hopper --forward --out docs/bench/attention_hopper_forward_sweep
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ CANDIDATES = {
              64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4),
                                            (64, 128, 8, 2), (32, 128, 8, 3)]]},
 }
+# (BM, BN, num_warps, stages[, register cap]) candidates of the forward per head dim
+FORWARD_CANDIDATES = {
+    128: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 4), (128, 64, 8, 2)]],
+    64: [HopperConfig(*c) for c in [(64, 64, 4, 3), (64, 64, 4, 3, 168), (64, 64, 4, 4, 168), (64, 32, 4, 3),
+                                    (64, 32, 4, 4), (128, 64, 8, 2)]],
+}
+FORWARD_SHAPES = [(4, 4096, 16, 8), (1, 16384, 16, 8)]
 SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
 OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
@@ -122,10 +134,47 @@ def elsewhere(d: int, best: dict) -> list[dict]:
     return rows
 
 
+def forward_sweep(d: int, rounds: int = 15) -> list[dict]:
+    """Rows per shape of FORWARD_SHAPES at head dim d: the Triton forward and the Hopper forward under
+    each of FORWARD_CANDIDATES[d], timed interleaved (ms per call, and against the Triton forward)."""
+    from scripts.bench.attention_autotune import back_to_back, interleaved_ms
+
+    rows = []
+    for shape in FORWARD_SHAPES:
+        q, r, k, v = make_inputs(*shape, d)
+        scale = d ** -0.5
+        fns = {"triton": lambda: fused.forward(q, r, k, v, scale, hopper=False)}
+        for config in FORWARD_CANDIDATES[d]:
+            fns[f"hopper {label(config)}"] = lambda config=config: _forward_with(config, q, r, k, v, scale)
+        with torch.no_grad():
+            for fn in fns.values():
+                fn()  # compile (and autotune the Triton forward) outside the timing
+            ms = interleaved_ms(fns, rounds, 10, back_to_back)
+        rows += [{"B": shape[0], "L": shape[1], "D": d, "forward": name, "ms": t, "vs_triton": t / ms["triton"]}
+                 for name, t in ms.items()]
+    return rows
+
+
+def _forward_with(config: HopperConfig, q, r, k, v, scale):
+    with tuning.hopper_config("fwd", q.shape[-1], config):
+        return fused.forward(q, r, k, v, scale)
+
+
+def forward_report_markdown(rows: list[dict]) -> str:
+    cells = ((r["B"], r["L"], r["D"], r["forward"], f"{r['ms']:.4f}", f"{r['vs_triton']:.3f}") for r in rows)
+    return "\n".join(table(["B", "L", "D", "forward", "ms", "/ Triton forward"], cells)) + "\n"
+
+
+FORWARD_MEASURED = ("forward time (fused.forward, bf16, causal, Hq16/Hkv8, under no_grad) of the Triton kernel "
+                    "(autotuned over tuning.SHIPPED) and of the Hopper kernel under each candidate config, timed "
+                    "interleaved: rounds that each run every candidate in turn, 10 calls back to back between two "
+                    "CUDA events, median over 15 rounds")
+
+
 MEASURED = ("backward time (fused.backward called directly after one forward, triton.testing.do_bench median, "
             "bf16, causal, Hq16/Hkv8) with the Triton passes and with the Hopper kernels under each candidate "
             "config (the other pass at its shipped config) and the fastest of each pass together; forward + "
-            "backward against cuDNN softmax's forward + backward of the same run (our forward: the Triton kernel)")
+            "backward against cuDNN softmax's forward + backward of the same run (our forward: the Hopper kernel)")
 
 
 def report_markdown(rows: list[dict]) -> str:
@@ -139,17 +188,25 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.attention_hopper", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="docs/bench/attention_hopper", help="output path without extension")
+    parser.add_argument("--out", help="output path without extension (default docs/bench/attention_hopper, with "
+                                       "--forward docs/bench/attention_hopper_forward_sweep)")
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=[128, 64], help="head dims")
+    parser.add_argument("--forward", action="store_true", help="sweep the forward's configs instead")
     args = parser.parse_args(argv)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise SystemExit("scripts.bench.attention_hopper needs an sm_90 GPU (H100, H200)")
+    if args.forward:
+        rows = [row for d in args.dims for row in forward_sweep(d)]
+        meta = describe("Forward on Hopper: launch config sweep", FORWARD_MEASURED, command_line(__spec__.name, argv))
+        print(write_results(args.out or "docs/bench/attention_hopper_forward_sweep", meta,
+                            forward_report_markdown(rows), {"rows": rows}))
+        return
     rows = []
     for d in args.dims:
         swept, best = sweep(d)
         rows += swept + elsewhere(d, best)
     meta = describe("Backward on Hopper: launch config sweep", MEASURED, command_line(__spec__.name, argv))
-    print(write_results(args.out, meta, report_markdown(rows), {"rows": rows}))
+    print(write_results(args.out or "docs/bench/attention_hopper", meta, report_markdown(rows), {"rows": rows}))
 
 
 if __name__ == "__main__":
