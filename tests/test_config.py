@@ -34,6 +34,7 @@ TOML_CASES = [
     ("parallax", "rho_rope", "yes", "parallax.rho_rope: expected bool"),
     ("parallax", "fused_norm_rope", 1, "parallax.fused_norm_rope: expected bool"),
     ("parallax", "hopper_kernels", "on", "parallax.hopper_kernels: expected bool"),
+    ("parallax", "hopper_backward", True, "parallax.hopper_backward: unknown key; valid keys here:"),  # renamed
     ("optimizer", "lr", "fast", "optimizer.lr: expected float"),
     ("nosuchsection", "x", 1, "nosuchsection: unknown key"),
     ("parallax", "attn_backend", "cuda", "parallax.attn_backend: expected one of"),
