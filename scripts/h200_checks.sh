@@ -14,8 +14,8 @@
 #   attention     scripts.bench.attention --no-competitors (our kernels vs cuDNN / flash)
 #   attention-sweep  the same, autotuning over the wider sweep lists (incl. the ROWS column-pass candidates
 #                 and the TMA configs)
-#   attention-hopper  scripts.bench.attention_hopper: the backward's Hopper kernels under each launch config
-#                 candidate beside the Triton passes
+#   attention-hopper  scripts.bench.attention_hopper: the Hopper kernels under each launch config candidate
+#                 beside the Triton ones (the backward's passes, then the forward)
 #   attention-loops  scripts.bench.attention_loops: the kernels per shipped config with warp-specialized,
 #                 per-loop-pipelined or TMA tile loads beside the shipped ones
 #   family-tests  pytest -m gpu on the Parallax family's kernels and mixers, the orthogonalisers and the
@@ -79,7 +79,9 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     attention) timeout "$t" python3 -m scripts.bench.attention --no-competitors --out "$work/attention_train" ;;
     probe-cost) timeout "$t" python3 -m scripts.bench.probe_cost --out "$work/probe_cost" \
                   && timeout "$t" python3 -m scripts.bench.probe_cost --variant parallax_dagger --out "$work/probe_cost_dagger" ;;
-    attention-hopper) timeout "$t" python3 -m scripts.bench.attention_hopper --out "$work/attention_hopper" ;;
+    attention-hopper) timeout "$t" python3 -m scripts.bench.attention_hopper --out "$work/attention_hopper" \
+                        && timeout "$t" python3 -m scripts.bench.attention_hopper --forward \
+                             --out "$work/attention_hopper_forward_sweep" ;;
     attention-sweep) timeout "$t" python3 -m scripts.bench.attention --sweep --no-competitors \
                        --out "$work/attention_sweep" ;;
     attention-loops) timeout "$t" python3 -m scripts.bench.attention_loops --out "$work/attention_loops" ;;
