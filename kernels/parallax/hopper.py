@@ -230,6 +230,28 @@ def _issue_keys(j, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D: 
 
 
 @gluon.jit
+def _query_tile(DOCS, T, L, HQ, GROUP, WINDOW, BM: gl.constexpr, BN: gl.constexpr, VARLEN: gl.constexpr,
+                GLOBAL_ORDER: gl.constexpr):
+    """This program's query tile in a pass over key tiles (the forward, the row pass): its first row
+    m0, head h and kv head, and the key tiles' phases (``fused._row_phases``: lo, a_hi, diag) and
+    count from lo."""
+    m0, h = fused._tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
+    kv_h = h // GROUP
+    lo, a_hi, diag, hi = fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
+    n_tiles = gl.cdiv(hi - lo, BN)
+    return m0, h, kv_h, lo, a_hi, diag, n_tiles
+
+
+@gluon.jit
+def _key_ring(k_desc, v_desc, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Shared memory for a ring of ``STAGES`` k and v tiles ([STAGES, BN, D] each) and the mbarrier ring
+    of each (``_issue_keys`` fills them)."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, D], v_desc.layout)
+    return k_smem, v_smem, (_ring(STAGES), _ring(STAGES))
+
+
+@gluon.jit
 def _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: gl.constexpr,
                num_warps: gl.constexpr):
     """tau = dO.o and beta = dO.vbar of rows [m0, m0 + BM) of head h ([BM] fp32), stored in STATS's
@@ -262,17 +284,12 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    m0, h = fused._tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
-    kv_h = h // GROUP
-    lo, a_hi, diag, hi = fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
-    n_tiles = gl.cdiv(hi - lo, BN)
+    m0, h, kv_h, lo, a_hi, diag, n_tiles = _query_tile(DOCS, T, L, HQ, GROUP, WINDOW, BM, BN, VARLEN, GLOBAL_ORDER)
 
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
     r_smem = gl.allocate_shared_memory(dtype, [BM, D], r_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    rings = (_ring(STAGES), _ring(STAGES))
+    k_smem, v_smem, rings = _key_ring(k_desc, v_desc, D, BN, STAGES)
     q_ready = _once()
 
     mbarrier.expect(q_ready, 3 * q_desc.block_type.nbytes)
@@ -341,16 +358,11 @@ def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS,
     rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
 
-    m0, h = fused._tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
-    kv_h = h // GROUP
-    lo, a_hi, diag, hi = fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
-    n_tiles = gl.cdiv(hi - lo, BN)
+    m0, h, kv_h, lo, a_hi, diag, n_tiles = _query_tile(DOCS, T, L, HQ, GROUP, WINDOW, BM, BN, VARLEN, GLOBAL_ORDER)
 
     q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
     r_smem = gl.allocate_shared_memory(dtype, [BM, D], r_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    rings = (_ring(STAGES), _ring(STAGES))
+    k_smem, v_smem, rings = _key_ring(k_desc, v_desc, D, BN, STAGES)
     q_ready = _once()
 
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
