@@ -298,11 +298,15 @@ def test_sweep_picks_the_fastest_config_of_each_pass_and_times_them_together(mon
                                                            "hopper, fastest pair"] * len(sweep.OTHER_SHAPES)
 
 
-def test_shipped_hopper_configs_pass_the_checks_hopper_config_makes():
+def test_shipped_and_sweep_configs_pass_the_checks_hopper_config_makes():
+    from scripts.bench import attention_hopper as sweep
+
+    candidates = {**sweep.CANDIDATES, "fwd": sweep.FORWARD_CANDIDATES}
     for name, by_dim in tuning.HOPPER_CONFIGS.items():
-        for d, config in by_dim.items():
-            with tuning.hopper_config(name, d, config):
-                assert tuning.HOPPER_CONFIGS[name][d] is config
+        for d, shipped in by_dim.items():
+            for config in [shipped, *candidates[name][d]]:
+                with tuning.hopper_config(name, d, config):
+                    assert tuning.HOPPER_CONFIGS[name][d] is config
 
 
 @pytest.mark.parametrize("name, d, config, error", [
@@ -321,6 +325,10 @@ def test_shipped_hopper_configs_pass_the_checks_hopper_config_makes():
     ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, 16), "got 16"),
     ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, "168"), "got '168'"),
     ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, True), "got True"),
+    ("fwd", 64, tuning.HopperConfig(32, 64, 4, 2), "bm must be a multiple of 64 for 'fwd' \\(the rows of its score "
+                                                   "tiles, wgmma's M\\), got 32"),
+    ("dq", 128, tuning.HopperConfig(16, 64, 4, 2), "bm must be a multiple of 64 for 'dq'"),
+    ("dkdv", 64, tuning.HopperConfig(64, 32, 4, 2), "bn must be a multiple of 64 for 'dkdv'"),
 ])
 def test_hopper_config_rejects_bad_kernels_head_dims_and_configs(name, d, config, error):
     shipped = {k: dict(v) for k, v in tuning.HOPPER_CONFIGS.items()}

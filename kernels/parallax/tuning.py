@@ -208,6 +208,16 @@ def _hopper_config_error(config: HopperConfig) -> str | None:
     return None
 
 
+def _score_rows_error(name: str, config: HopperConfig) -> str | None:
+    """Why kernel ``name`` cannot run ``config``'s score tiles, or None: their rows (bm in the forward
+    and the row pass, bn in the column pass) are wgmma's M, a multiple of 64."""
+    field = "bn" if name == "dkdv" else "bm"
+    rows = getattr(config, field)
+    if rows % 64:
+        return f"{field} must be a multiple of 64 for {name!r} (the rows of its score tiles, wgmma's M), got {rows}"
+    return None
+
+
 @contextlib.contextmanager
 def hopper_config(name: str, head_dim: int, config: HopperConfig):
     """Within the block, Hopper kernel ``name`` ("fwd", "dq" or "dkdv") runs ``config`` at ``head_dim`` (sweeps,
@@ -217,7 +227,7 @@ def hopper_config(name: str, head_dim: int, config: HopperConfig):
                          f"{sorted(HOPPER_CONFIGS)} and a head dim in {sorted(HOPPER_CONFIGS.get(name, {}))}")
     if not isinstance(config, HopperConfig):
         raise TypeError(f"config must be a tuning.HopperConfig, got {config!r}")
-    bad = _hopper_config_error(config)
+    bad = _hopper_config_error(config) or _score_rows_error(name, config)
     if bad:
         raise ValueError(f"{config!r}: {bad}")
     saved = HOPPER_CONFIGS[name][head_dim]
