@@ -103,6 +103,19 @@ def test_unusable_names_why(monkeypatch, change, reason):
     assert reason in hopper.unusable(q, change.get("total", 128), change.get("tma_ok", True), names)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan")])
+def test_the_forward_needs_a_positive_scale(monkeypatch, scale):
+    """The forward takes the max of unscaled scores and scales it: a scale of 0 or below would pick the
+    wrong max (or NaN from masked -inf x 0), so such calls run the Triton forward; the backward does
+    not fold the scale and keeps its kernels."""
+    from kernels.parallax import hopper
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert f"scale {scale}" in hopper.unusable(_fake_cuda(), 128, True, ("fwd",), scale)
+    assert hopper.unusable(_fake_cuda(), 128, True, ("dq", "dkdv"), scale) is None
+    assert hopper.unusable(_fake_cuda(), 128, True, ("fwd",), 1e-3) is None
+
+
 def test_the_forward_takes_any_token_count(monkeypatch):
     """Only the column pass copies statistics by TMA: 130 tokens keep the backward off the Hopper
     kernels, not the forward."""
@@ -248,6 +261,25 @@ def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_backward():
     assert fused.hopper_unusable(inputs[0], 777, rows[:4], "fwd") is None
     ref = _reference(inputs, None, None)
     assert all(rel_err(g, e) < 2e-2 for g, e in zip(_outputs(inputs, None, None, True), ref))
+
+
+@pytest.mark.gpu
+@hopper_gpu
+@pytest.mark.parametrize("scale", [-0.125, 0.0])
+def test_gpu_scales_of_zero_and_below_match_fp64(scale):
+    """Such scales take the Triton forward (the Hopper backward still runs): output and gradients match
+    the fp64 reference, with no NaN from masked scores."""
+    from kernels import parallax_attention
+
+    q, r, k, v, do = _inputs(1, 512, 4, 2, 64, torch.bfloat16, seed=5)
+    leaves = [x.detach().requires_grad_() for x in (q, r, k, v)]
+    out = parallax_attention(*leaves, scale=scale)
+    out.backward(do)
+    exact = [x.detach().double().requires_grad_() for x in (q, r, k, v)]
+    ref = parallax_attention(*exact, scale=scale, backend="reference")
+    ref.backward(do.double())
+    for got, want in zip([out, *[x.grad for x in leaves]], [ref, *[x.grad for x in exact]]):
+        assert rel_err(got, want) < 2e-2
 
 
 # ----------------------------------------------------------------------------- the config sweep (CPU)

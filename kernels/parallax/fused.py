@@ -470,11 +470,12 @@ def _tma_allocator(device: torch.device):
     triton.set_allocator(_scratch_allocators[device])
 
 
-def hopper_unusable(q, total, rows, *names) -> str | None:
+def hopper_unusable(q, total, rows, *names, scale=1.0) -> str | None:
     """Why kernels ``names`` ("fwd"; "dq", "dkdv") on q over ``total`` tokens with row tensors ``rows``
-    ((tensor, token stride) pairs) run as the Triton kernels instead of ``hopper``'s, or None when they
-    do not: switched off (``tuning.hopper_kernels(False)``, ``candidates`` lists), this triton has no
-    Gluon for Hopper, or ``hopper.unusable``'s reasons (GPU, dtype, head dim, layout)."""
+    ((tensor, token stride) pairs) and softmax ``scale`` run as the Triton kernels instead of
+    ``hopper``'s, or None when they do not: switched off (``tuning.hopper_kernels(False)``,
+    ``candidates`` lists), this triton has no Gluon for Hopper, or ``hopper.unusable``'s reasons (GPU,
+    dtype, head dim, layout, the forward's scale)."""
     if not tuning.hopper_wanted(*names):
         return "the Triton kernels were asked for (tuning.hopper_kernels or tuning.candidates)"
     if not q.is_cuda:
@@ -483,7 +484,7 @@ def hopper_unusable(q, total, rows, *names) -> str | None:
         from kernels.parallax import hopper
     except ImportError as exc:
         return f"this triton has no Gluon for Hopper ({exc})"
-    return hopper.unusable(q, total, _tma_ok(q.shape[-1], rows), names)
+    return hopper.unusable(q, total, _tma_ok(q.shape[-1], rows), names, scale)
 
 
 def check_head_dim(d):
@@ -536,7 +537,7 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None, hop
     tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
     rows = [(q, sqt), (r, sqt), (k, skt), (v, svt)]
-    if hopper and config is None and hopper_unusable(q, total, rows, "fwd") is None:
+    if hopper and config is None and hopper_unusable(q, total, rows, "fwd", scale=scale) is None:
         from kernels.parallax import hopper
 
         hopper.forward(q, r, k, v, (o, vbar, tbar, lse), docs, strides={"q": sqt, "k": skt, "v": svt}, total=total,

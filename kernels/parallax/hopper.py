@@ -424,9 +424,10 @@ def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS,
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def unusable(q, total: int, tma_ok: bool, names=("dq", "dkdv")) -> str | None:
-    """Why attention on q (B, L, Hq, D) over ``total`` tokens cannot run kernels ``names`` ("fwd", "dq",
-    "dkdv"), or None. ``tma_ok``: the row tensors' layout allows TMA descriptors (``fused._tma_ok``)."""
+def unusable(q, total: int, tma_ok: bool, names=("dq", "dkdv"), scale: float = 1.0) -> str | None:
+    """Why attention on q (B, L, Hq, D) over ``total`` tokens with softmax ``scale`` cannot run kernels
+    ``names`` ("fwd", "dq", "dkdv"), or None. ``tma_ok``: the row tensors' layout allows TMA descriptors
+    (``fused._tma_ok``)."""
     if not q.is_cuda:
         return "inputs are not CUDA tensors"
     arch = torch.cuda.get_device_capability(q.device)
@@ -436,6 +437,8 @@ def unusable(q, total: int, tma_ok: bool, names=("dq", "dkdv")) -> str | None:
         return f"dtype {q.dtype} (bf16 or fp16 only)"
     if any(q.shape[-1] not in tuning.HOPPER_CONFIGS[name] for name in names):
         return f"head_dim {q.shape[-1]} has no Hopper config (tuning.HOPPER_CONFIGS)"
+    if "fwd" in names and not scale > 0:
+        return f"scale {scale}: the forward keeps its running max of unscaled scores (needs scale > 0)"
     if "dkdv" in names and total % 4:
         return f"{total} tokens: the statistics' TMA copies start at 16-byte boundaries (a multiple of 4 tokens)"
     if not tma_ok:
