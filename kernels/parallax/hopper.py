@@ -458,12 +458,18 @@ def _rows_descriptor(x, stride_t, total, heads, d, block_rows):
     return TensorDescriptor(x, [total, heads * d], [stride_t, 1], [block_rows, d], layout)
 
 
-def _row_descriptors(q, r, k, v, do, strides, total, bm, bn):
-    """(q, rho, dO, k, v) TMA descriptors: blocks of ``bm`` query rows, ``bn`` key rows."""
+def _query_key_descriptors(q, r, k, v, strides, total, bm, bn):
+    """(q, rho, k, v) TMA descriptors: blocks of ``bm`` query rows, ``bn`` key rows."""
     d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
     return (_rows_descriptor(q, strides["q"], total, hq, d, bm), _rows_descriptor(r, strides["q"], total, hq, d, bm),
-            _rows_descriptor(do, strides["do"], total, hq, d, bm), _rows_descriptor(k, strides["k"], total, hkv, d, bn),
-            _rows_descriptor(v, strides["v"], total, hkv, d, bn))
+            _rows_descriptor(k, strides["k"], total, hkv, d, bn), _rows_descriptor(v, strides["v"], total, hkv, d, bn))
+
+
+def _row_descriptors(q, r, k, v, do, strides, total, bm, bn):
+    """(q, rho, dO, k, v) TMA descriptors: blocks of ``bm`` query rows, ``bn`` key rows."""
+    q_desc, r_desc, k_desc, v_desc = _query_key_descriptors(q, r, k, v, strides, total, bm, bn)
+    do_desc = _rows_descriptor(do, strides["do"], total, q.shape[2], q.shape[-1], bm)
+    return q_desc, r_desc, do_desc, k_desc, v_desc
 
 
 def forward(q, r, k, v, outputs, docs, *, strides, total, seq_len, window, qk_scale, varlen):
@@ -477,10 +483,7 @@ def forward(q, r, k, v, outputs, docs, *, strides, total, seq_len, window, qk_sc
     o, vbar, tbar, lse = outputs
     d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
     config = tuning.HOPPER_CONFIGS["fwd"][d]
-    descs = (_rows_descriptor(q, strides["q"], total, hq, d, config.bm),
-             _rows_descriptor(r, strides["q"], total, hq, d, config.bm),
-             _rows_descriptor(k, strides["k"], total, hkv, d, config.bn),
-             _rows_descriptor(v, strides["v"], total, hkv, d, config.bn))
+    descs = _query_key_descriptors(q, r, k, v, strides, total, config.bm, config.bn)
     _fwd_hopper_kernel[(triton.cdiv(total, config.bm) * hq,)](
         *descs, o, vbar, tbar, lse, docs, total, seq_len, hq, hkv, hq // hkv, window, qk_scale,
         **constexprs(d, config, varlen))

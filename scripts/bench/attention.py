@@ -196,9 +196,10 @@ def ratios(results):
 
 MEASURED = ("forward and forward+backward time of causal attention, bf16: torch SDPA softmax (cuDNN, flash "
             "backends; KV heads expanded to Hq outside the timed region), ours (kernels.parallax_attention; "
-            "parallax_ours_triton: the same with the Triton kernels instead of the Hopper ones, forward and backward) and, "
-            "when importable, parallax-kernel 0.1.1 and fla 0.6.0; triton.testing.do_bench median, 2 runs, the "
-            "lower reported; fwd under no_grad; ratios against cuDNN softmax at the same shape (and at D=128)")
+            "parallax_ours_triton: the same with the Triton kernels instead of the Hopper ones, forward and "
+            "backward) and, when importable, parallax-kernel 0.1.1 and fla 0.6.0; triton.testing.do_bench median, "
+            "2 runs, the lower reported; fwd under no_grad; ratios against cuDNN softmax at the same shape (and at "
+            "D=128)")
 
 
 def report_markdown(results: list[dict], rows: list[dict]) -> str:
