@@ -47,6 +47,10 @@ REFUSED: dict[str, str] = {
 }
 """Keys a resume refuses to change, with the reason the refusal gives."""
 
+RENAMED: dict[str, str] = {"parallax.hopper_backward": "parallax.hopper_kernels"}
+"""Keys a checkpoint may record under an earlier name -> their name now: compared (and a change
+logged or refused) as that key."""
+
 GLOBAL_POSITION = "data.global_position"
 """Settings key: the data position is one index over the whole run (pre-tokenized shards or the
 global text order), so the local batch may change with the rank count while the global batch stays."""
@@ -86,7 +90,8 @@ def write_settings(checkpoint_dir: str, step: int, settings: dict[str, Any]) -> 
 
 
 def read_settings(checkpoint_dir: str) -> dict[str, Any] | None:
-    """The settings a checkpoint recorded; None when it has no ``settings.json``.
+    """The settings a checkpoint recorded, keys renamed since under their names now (:data:`RENAMED`);
+    None when it has no ``settings.json``.
 
     Raises ValueError naming the file when it cannot be read."""
     path = os.path.join(checkpoint_dir, SETTINGS_FILE)
@@ -95,7 +100,7 @@ def read_settings(checkpoint_dir: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        return dict(data["settings"])
+        return {RENAMED.get(key, key): value for key, value in data["settings"].items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path!r} is not readable ({type(exc).__name__}: {exc})") from None
 

@@ -18,7 +18,8 @@ from parallax_titan.config import load_config
 from parallax_titan.optim_builder import build_lr_schedulers, build_optimizers
 from parallax_titan.resume import checkpoint_problems
 from parallax_titan.resume_rules import (
-    Change, applied, configured_hyperparameters, differences, reapply, refusals, run_settings)
+    Change, applied, configured_hyperparameters, differences, read_settings, reapply, refusals, run_settings,
+    write_settings)
 from parallax_titan.spec import register_all
 from tests._optim_models import TinyParallax
 from tests._train_runs import TEST_CONFIG, metric_rows, run_single, train
@@ -60,6 +61,16 @@ def test_differences_applied_and_refused():
     assert refusals([], "ck/step-6", 6, {"training.steps": 5}) == [
         "training.steps: 5 is below the step of the checkpoint 'ck/step-6' (6); set it to at least 6"]
     assert refusals([], "ck/step-6", 6, {"training.steps": 6}) == []  # rerunning a finished run is fine
+
+
+def test_a_key_recorded_under_its_earlier_name_is_compared_as_the_key_now(tmp_path):
+    """A checkpoint from before ``[parallax] hopper_backward`` became ``hopper_kernels``: its value is
+    compared with this run's ``hopper_kernels``, so a change is logged."""
+    write_settings(str(tmp_path), 6, {"parallax.hopper_backward": False, "optimizer.lr": 0.01})
+    saved = read_settings(str(tmp_path))
+    assert saved == {"parallax.hopper_kernels": False, "optimizer.lr": 0.01}
+    current = {"parallax.hopper_kernels": True, "optimizer.lr": 0.01}
+    assert applied(differences(saved, current), 6, current) == ["parallax.hopper_kernels: False -> True from step 7"]
 
 
 def test_recorded_global_batch_is_the_effective_one():
