@@ -181,6 +181,28 @@ def test_interpreted_model_projection_takes_either_branch_alike(interpreted):
     assert all(e < 1e-5 for e in errors), errors
 
 
+def test_v_and_its_gradient_take_no_copy_of_their_own(monkeypatch):
+    """k's launches move v and its gradient (the heads of both are k's): the host code around the
+    launches runs no aten copy (a strided slice's copy of v and ``dy[..., v] = dv`` were two copies per
+    layer and step)."""
+    from kernels.projection import fused
+    from tests._aten_ops import recorded_ops
+
+    copies_v = []
+
+    class Launches:  # stands in for a kernel: records each launch's COPY_V
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: copies_v.append(kwargs["COPY_V"])
+
+    monkeypatch.setattr(fused, "_forward_kernel", Launches())
+    monkeypatch.setattr(fused, "_backward_kernel", Launches())
+    y, weights, table, grads = make_case(2, 9, 2, 1, 16, "float32", 0, 5)
+    ops = recorded_ops(lambda: fused.forward(y, 2, 1, weights, 1e-6, table, True))
+    ops += recorded_ops(lambda: fused.backward(grads, y, 2, 1, weights, 1e-6, table, True))
+    assert copies_v == [False, True, False] * 2
+    assert not [op for op in ops if any(word in op for word in ("copy", "clone", "scatter", "cat"))], ops
+
+
 @pytest.mark.parametrize("change", [{}, dict(gate="token"), dict(attn_backend="reference"), dict(qk_norm=False),
                                     dict(head_dim=64), dict(head_dim=12), dict(head_dim=32), "positions", "decode rows",
                                     "switched off"])

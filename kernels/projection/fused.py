@@ -5,11 +5,13 @@ by side. ``forward`` turns it into the attention's inputs with one launch per he
 one program per (tile of BT tokens, head): it reads the head's two halves (which RoPE pairs),
 normalises them in fp32, rounds to y's dtype as the norm module does, rotates them with the table's
 cos and sin (rounded to y's dtype, as the model casts them) and stores one rounding of the result.
-v is copied out, so its gradient reaches the backward.
+The k launch also copies v out (a custom op's outputs may not alias its input), so v costs no launch
+of its own and its gradient reaches the backward.
 
-The backward writes the gradient of y, one launch per head group into its columns (v's gradient is
-copied into its own), so autograd never concatenates four gradients; the norms' weight gradients
-come from per-program partial sums reduced in a fixed order (deterministic, no atomics).
+The backward writes the gradient of y, one launch per head group into its columns (the k launch
+also copies v's gradient into its own), so autograd never concatenates four gradients; the norms'
+weight gradients come from per-program partial sums reduced in a fixed order (deterministic, no
+atomics).
 """
 
 from __future__ import annotations
@@ -41,8 +43,17 @@ def _table(TABLE, rows, L, table_stride, ok, dtype, HALF: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(Y, OUT, W, TABLE, T, L, y_stride, table_stride, col0, H, eps,
-                    HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr):
+def _copy_head(SRC, src_stride, src_col, DST, dst_stride, dst_col, rows, ok, HEAD: tl.constexpr):
+    """Columns [src_col, src_col + HEAD) of rows ``rows`` of SRC into DST's from dst_col, as they are."""
+    r = rows.to(tl.int64)[:, None]
+    cols = tl.arange(0, HEAD)[None, :]
+    x = tl.load(SRC + r * src_stride + src_col + cols, mask=ok[:, None])
+    tl.store(DST + r * dst_stride + dst_col + cols, x.to(DST.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def _forward_kernel(Y, OUT, W, TABLE, V, T, L, y_stride, table_stride, col0, v_col0, H, eps,
+                    HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr, COPY_V: tl.constexpr):
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     h = tl.program_id(1)
     ok = rows < T
@@ -59,11 +70,13 @@ def _forward_kernel(Y, OUT, W, TABLE, T, L, y_stride, table_stride, col0, H, eps
     out = OUT + rows.to(tl.int64)[:, None] * (H * 2 * HALF) + h * 2 * HALF + tl.arange(0, HALF)[None, :]
     tl.store(out, n1.to(dtype), mask=ok[:, None])
     tl.store(out + HALF, n2.to(dtype), mask=ok[:, None])
+    if COPY_V:  # v has k's heads: this program copies v's head h of its tokens
+        _copy_head(Y, y_stride, v_col0 + h * 2 * HALF, V, H * 2 * HALF, h * 2 * HALF, rows, ok, 2 * HALF)
 
 
 @triton.jit
-def _backward_kernel(DOUT, Y, DY, W, TABLE, DW_PART, T, L, y_stride, table_stride, col0, H, eps,
-                     HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr):
+def _backward_kernel(DOUT, Y, DY, W, TABLE, DW_PART, DV, T, L, y_stride, table_stride, col0, v_col0, H, eps,
+                     HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr, COPY_V: tl.constexpr):
     tb = tl.program_id(0)
     h = tl.program_id(1)
     rows = tb * BT + tl.arange(0, BT)
@@ -85,6 +98,8 @@ def _backward_kernel(DOUT, Y, DY, W, TABLE, DW_PART, T, L, y_stride, table_strid
     part = DW_PART + (tb * H + h) * 2 * HALF + tl.arange(0, HALF)  # masked rows are zero in g and x
     tl.store(part, tl.sum(g1 * xh1, 0))
     tl.store(part + HALF, tl.sum(g2 * xh2, 0))
+    if COPY_V:
+        _copy_head(DV, H * 2 * HALF, h * 2 * HALF, DY, y_stride, v_col0 + h * 2 * HALF, rows, ok, 2 * HALF)
 
 
 def head_columns(hq: int, hkv: int, d: int) -> tuple[int, int, int, int]:
@@ -101,10 +116,11 @@ def _rows(y):
 
 
 def _groups(hq, hkv, d, weights, rope_rho):
-    """(heads, first column, norm weight (contiguous: the kernels read it by offset), rotate?) of q, k, rho."""
+    """(heads, first column, norm weight (contiguous: the kernels read it by offset), rotate?, copy v?) of
+    q, k, rho: k's launch copies v (the same heads)."""
     cols = head_columns(hq, hkv, d)
     w_q, w_k, w_rho = (w.contiguous() for w in weights)
-    return ((hq, cols[0], w_q, True), (hkv, cols[1], w_k, True), (hq, cols[3], w_rho, rope_rho))
+    return ((hq, cols[0], w_q, True, False), (hkv, cols[1], w_k, True, True), (hq, cols[3], w_rho, rope_rho, False))
 
 
 def forward(y, hq, hkv, weights, eps, table, rope_rho):
@@ -114,15 +130,15 @@ def forward(y, hq, hkv, weights, eps, table, rope_rho):
     y, y_stride = _rows(y)
     table = table.contiguous()  # its rows are read by one stride
     total = b * n
+    v_col = head_columns(hq, hkv, d)[2]
+    v = torch.empty((b, n, hkv, d), dtype=y.dtype, device=y.device)
     outs = []
-    for heads, col, w, rope in _groups(hq, hkv, d, weights, rope_rho):
+    for heads, col, w, rope, copy_v in _groups(hq, hkv, d, weights, rope_rho):
         out = torch.empty((b, n, heads, d), dtype=y.dtype, device=y.device)
         _forward_kernel[(triton.cdiv(total, BT), heads)](
-            y, out, w, table, total, n, y_stride, table.stride(0), col, heads, eps,
-            HALF=d // 2, BT=BT, ROPE=rope, num_warps=NUM_WARPS)
+            y, out, w, table, v, total, n, y_stride, table.stride(0), col, v_col, heads, eps,
+            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=copy_v, num_warps=NUM_WARPS)
         outs.append(out)
-    v_col = head_columns(hq, hkv, d)[2]
-    v = y[..., v_col:v_col + hkv * d].unflatten(-1, (hkv, d)).contiguous()
     return outs[0], outs[1], v, outs[2]
 
 
@@ -137,13 +153,13 @@ def backward(grads, y, hq, hkv, weights, eps, table, rope_rho):
     tiles = triton.cdiv(total, BT)
     dy = torch.empty((b, n, width), dtype=y.dtype, device=y.device)
     dq, dk, dv, dr = grads
+    dv = dv.contiguous()
+    v_col = head_columns(hq, hkv, d)[2]
     dws = []
-    for g, (heads, col, w, rope) in zip((dq, dk, dr), _groups(hq, hkv, d, weights, rope_rho)):
+    for g, (heads, col, w, rope, copy_v) in zip((dq, dk, dr), _groups(hq, hkv, d, weights, rope_rho)):
         part = torch.empty((tiles * heads, d), dtype=torch.float32, device=y.device)
         _backward_kernel[(tiles, heads)](
-            g.contiguous(), y, dy, w, table, part, total, n, y_stride, table.stride(0), col, heads, eps,
-            HALF=d // 2, BT=BT, ROPE=rope, num_warps=NUM_WARPS)
+            g.contiguous(), y, dy, w, table, part, dv, total, n, y_stride, table.stride(0), col, v_col, heads, eps,
+            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=copy_v, num_warps=NUM_WARPS)
         dws.append(part.sum(0).to(w.dtype))
-    v_col = head_columns(hq, hkv, d)[2]
-    dy[..., v_col:v_col + hkv * d] = dv.reshape(b, n, hkv * d)
     return dy, *dws
