@@ -45,7 +45,8 @@ def _interpret_jobs():
     from functools import partial
 
     jobs = [partial(_case_results, seed, name, spec) for seed, (name, spec) in enumerate(CASES.items())]
-    return jobs + [_strided_case, lambda: {"model": _model_case()}, lambda: {"opcheck": _opcheck()}]
+    return jobs + [_strided_case, lambda: {"model": _model_case()}, lambda: {"opcheck": _opcheck()},
+                   lambda: {"odd_table": _odd_table_results()}]
 
 
 def _opcheck():
@@ -53,12 +54,15 @@ def _opcheck():
     without RoPE on rho; the errors as text (the parent fails the test on any)."""
     from kernels.projection import ops
 
+    from kernels.projection.api import rope_angles
+
     y, weights, table, grads = make_case(2, 9, 2, 1, 16, "float32", 2, 11)
+    angles = rope_angles(table, 9, y.dtype)
     errors = []
     for rope_rho in (True, False):
         fwd_args = (y.clone().requires_grad_(), 2, 1, *[w.clone().requires_grad_() for w in weights], 1e-6,
-                    table[:9], rope_rho)
-        bwd_args = (*grads, y, 2, 1, *weights, 1e-6, table[:9], rope_rho)
+                    angles, rope_rho)
+        bwd_args = (*grads, y, 2, 1, *weights, 1e-6, angles, rope_rho)
         for op, args in ((ops.split_norm_rope_op, fwd_args), (ops.split_norm_rope_bwd, bwd_args)):
             try:
                 torch.library.opcheck(op, args)
@@ -77,6 +81,22 @@ def _case_results(seed, name, spec):
     torch.autograd.backward(outs, grads)
     return {name: {"outs": [o.detach() for o in outs], "grads": [t.grad for t in leaves],
                    "contiguous": all(o.is_contiguous() for o in outs)}}
+
+
+def odd_table_case():
+    """A bf16 case whose RoPE rows are random: their second halves do not repeat the first."""
+    y, weights, _, grads = make_case(1, 11, 2, 1, 16, "bfloat16", 0, 21)
+    return y, weights, torch.randn(11, 32, generator=torch.Generator().manual_seed(3)), grads
+
+
+def _odd_table_results():
+    from kernels import split_norm_rope
+
+    y, weights, table, grads = odd_table_case()
+    leaves = [t.clone().requires_grad_() for t in (y, *weights)]
+    outs = split_norm_rope(leaves[0], 2, 1, leaves[1:], 1e-6, table)
+    torch.autograd.backward(outs, grads)
+    return [o.detach() for o in outs] + [t.grad for t in leaves]
 
 
 def _strided_case():
@@ -161,6 +181,17 @@ def test_interpreted_matches_fp64(interpreted, name):
     assert [t.dtype for t in res["grads"]] == [getattr(torch, CASES[name][5])] * 4
 
 
+def test_interpreted_reads_the_first_halves_of_the_rope_rows(interpreted):
+    """RoPE rows whose second halves do not repeat the first (not TorchTitan's): the kernels and the
+    reference both turn each pair by the first halves' angle, so they still agree."""
+    y, weights, table, grads = odd_table_case()
+    leaves = [t.double().requires_grad_() for t in (y, *weights)]
+    outs = naive.split_norm_rope(leaves[0], 2, 1, leaves[1:], 1e-6, table.double())
+    torch.autograd.backward(outs, [g.double() for g in grads])
+    errors = [rel_err(a, b) for a, b in zip(interpreted["odd_table"], [*outs, *(t.grad for t in leaves)])]
+    assert all(e < TOL["bfloat16"] for e in errors), errors
+
+
 def test_interpreted_custom_ops_pass_opcheck(interpreted):
     assert interpreted["opcheck"] == []
 
@@ -186,6 +217,7 @@ def test_v_and_its_gradient_take_no_copy_of_their_own(monkeypatch):
     launches runs no aten copy (a strided slice's copy of v and ``dy[..., v] = dv`` were two copies per
     layer and step)."""
     from kernels.projection import fused
+    from kernels.projection.api import rope_angles
     from tests._aten_ops import recorded_ops
 
     copies_v = []
@@ -197,8 +229,9 @@ def test_v_and_its_gradient_take_no_copy_of_their_own(monkeypatch):
     monkeypatch.setattr(fused, "_forward_kernel", Launches())
     monkeypatch.setattr(fused, "_backward_kernel", Launches())
     y, weights, table, grads = make_case(2, 9, 2, 1, 16, "float32", 0, 5)
-    ops = recorded_ops(lambda: fused.forward(y, 2, 1, weights, 1e-6, table, True))
-    ops += recorded_ops(lambda: fused.backward(grads, y, 2, 1, weights, 1e-6, table, True))
+    angles = rope_angles(table, 9, y.dtype)
+    ops = recorded_ops(lambda: fused.forward(y, 2, 1, weights, 1e-6, angles, True))
+    ops += recorded_ops(lambda: fused.backward(grads, y, 2, 1, weights, 1e-6, angles, True))
     assert copies_v == [False, True, False] * 2
     assert not [op for op in ops if any(word in op for word in ("copy", "clone", "scatter", "cat"))], ops
 

@@ -12,14 +12,26 @@ def split_norm_rope(y: torch.Tensor, hq: int, hkv: int, weights, eps: float, tab
     y: (B, L, (2 Hq + 2 Hkv) D), per token the q, k, v and rho heads in that order (fp16/bf16/fp32,
     CUDA, or CPU under TRITON_INTERPRET=1). weights: (w_q, w_k, w_rho), each (D,), the RMSNorm
     weights; eps: their epsilon. table: (>= L, 2D) RoPE rows (cos in [:D], sin in [D:]) of
-    positions 0, 1, ...; token t of a row sits at position t. rope_rho: rotate rho as q and k.
+    positions 0, 1, ...; token t of a row sits at position t. RoPE turns the pair (i, i + D/2) by one
+    angle, so each half of the cos (and of the sin) columns repeats the other, as TorchTitan lays
+    them out: the first halves are read. rope_rho: rotate rho as q and k.
     Returns q, rho (B, L, Hq, D) and k, v (B, L, Hkv, D), contiguous, in y's dtype; differentiable in
     y and the weights. ``naive.split_norm_rope`` is the PyTorch reference.
     """
     from kernels.projection import ops
 
     _check(y, hq, hkv, weights, eps, table)
-    return ops.split_norm_rope_op(y, hq, hkv, *weights, float(eps), table[: y.shape[1]], bool(rope_rho))
+    angles = rope_angles(table, y.shape[1], y.dtype)
+    return ops.split_norm_rope_op(y, hq, hkv, *weights, float(eps), angles, bool(rope_rho))
+
+
+def rope_angles(table: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """(n, D) cos | sin of the D/2 rotation angles of positions 0..n-1, in ``dtype`` (the rounding the
+    model gives its RoPE rows), from (>= n, 2D) RoPE rows in rotate-half form (cos in [:D], sin in
+    [D:], each half of them repeating the other, as TorchTitan lays them out): the kernels' table."""
+    d = table.shape[-1] // 2
+    return torch.cat([table[:n, : d // 2], table[:n, d: d + d // 2]], -1).to(dtype)
+
 
 
 def _check(y, hq, hkv, weights, eps, table) -> int:

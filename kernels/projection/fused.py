@@ -3,8 +3,9 @@
 The fused projection ``y = x [W_Q; W_K; W_V; W_R]^T`` holds per token the q, k, v and rho heads side
 by side. ``forward`` turns it into the attention's inputs with one launch per head group (q, k, rho),
 one program per (tile of BT tokens, head): it reads the head's two halves (which RoPE pairs),
-normalises them in fp32, rounds to y's dtype as the norm module does, rotates them with the table's
-cos and sin (rounded to y's dtype, as the model casts them) and stores one rounding of the result.
+normalises them in fp32, rounds to y's dtype as the norm module does, rotates them by the RoPE angles
+(cos and sin rounded to y's dtype, as the model casts them: ``rope_angles``, one row of D per
+position, since RoPE turns the pair (i, i + D/2) by one angle) and stores one rounding of the result.
 The k launch also copies v out (a custom op's outputs may not alias its input), so v costs no launch
 of its own and its gradient reaches the backward.
 
@@ -34,12 +35,10 @@ def _halves(PTR, rows, row_stride, col, ok, HALF: tl.constexpr):
 
 
 @triton.jit
-def _table(TABLE, rows, L, table_stride, ok, dtype, HALF: tl.constexpr):
-    """cos and sin halves [BT, HALF] of the positions rows % L, rounded to ``dtype`` (fp32 values)."""
-    c1, c2 = _halves(TABLE, rows % L, table_stride, 0, ok, HALF)
-    s1, s2 = _halves(TABLE, rows % L, table_stride, 2 * HALF, ok, HALF)
-    return (c1.to(dtype).to(tl.float32), c2.to(dtype).to(tl.float32),
-            s1.to(dtype).to(tl.float32), s2.to(dtype).to(tl.float32))
+def _angles(ANGLES, rows, L, ok, HALF: tl.constexpr):
+    """cos and sin [BT, HALF] of the rotation angles of positions rows % L (fp32 values)."""
+    c, s = _halves(ANGLES, rows % L, 2 * HALF, 0, ok, HALF)
+    return c, s
 
 
 @triton.jit
@@ -52,7 +51,7 @@ def _copy_head(SRC, src_stride, src_col, DST, dst_stride, dst_col, rows, ok, HEA
 
 
 @triton.jit
-def _forward_kernel(Y, OUT, W, TABLE, V, T, L, y_stride, table_stride, col0, v_col0, H, eps,
+def _forward_kernel(Y, OUT, W, ANGLES, V, T, L, y_stride, col0, v_col0, H, eps,
                     HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr, COPY_V: tl.constexpr):
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     h = tl.program_id(1)
@@ -65,8 +64,8 @@ def _forward_kernel(Y, OUT, W, TABLE, V, T, L, y_stride, table_stride, col0, v_c
     n1 = (x1 * rstd[:, None] * w1[None, :]).to(dtype).to(tl.float32)
     n2 = (x2 * rstd[:, None] * w2[None, :]).to(dtype).to(tl.float32)
     if ROPE:
-        c1, c2, s1, s2 = _table(TABLE, rows, L, table_stride, ok, dtype, HALF)
-        n1, n2 = n1 * c1 - n2 * s1, n2 * c2 + n1 * s2
+        c, s = _angles(ANGLES, rows, L, ok, HALF)
+        n1, n2 = n1 * c - n2 * s, n2 * c + n1 * s
     out = OUT + rows.to(tl.int64)[:, None] * (H * 2 * HALF) + h * 2 * HALF + tl.arange(0, HALF)[None, :]
     tl.store(out, n1.to(dtype), mask=ok[:, None])
     tl.store(out + HALF, n2.to(dtype), mask=ok[:, None])
@@ -75,7 +74,7 @@ def _forward_kernel(Y, OUT, W, TABLE, V, T, L, y_stride, table_stride, col0, v_c
 
 
 @triton.jit
-def _backward_kernel(DOUT, Y, DY, W, TABLE, DW_PART, DV, T, L, y_stride, table_stride, col0, v_col0, H, eps,
+def _backward_kernel(DOUT, Y, DY, W, ANGLES, DW_PART, DV, T, L, y_stride, col0, v_col0, H, eps,
                      HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr, COPY_V: tl.constexpr):
     tb = tl.program_id(0)
     h = tl.program_id(1)
@@ -86,8 +85,8 @@ def _backward_kernel(DOUT, Y, DY, W, TABLE, DW_PART, DV, T, L, y_stride, table_s
     w1 = tl.load(W + tl.arange(0, HALF)).to(tl.float32)
     w2 = tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
     if ROPE:  # the rotation's transpose
-        c1, c2, s1, s2 = _table(TABLE, rows, L, table_stride, ok, DY.dtype.element_ty, HALF)
-        g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
+        c, s = _angles(ANGLES, rows, L, ok, HALF)
+        g1, g2 = g1 * c + g2 * s, g2 * c - g1 * s
     rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
     xh1, xh2 = x1 * rstd[:, None], x2 * rstd[:, None]
     gx1, gx2 = g1 * w1[None, :], g2 * w2[None, :]
@@ -123,12 +122,13 @@ def _groups(hq, hkv, d, weights, rope_rho):
     return ((hq, cols[0], w_q, True, False), (hkv, cols[1], w_k, True, True), (hq, cols[3], w_rho, rope_rho, False))
 
 
-def forward(y, hq, hkv, weights, eps, table, rope_rho):
-    """Launches of ``split_norm_rope``'s forward; arguments as there. Returns q, k, v, rho."""
+def forward(y, hq, hkv, weights, eps, angles, rope_rho):
+    """Launches of ``split_norm_rope``'s forward; arguments as there, the RoPE rows as ``rope_angles``
+    gives them. Returns q, k, v, rho."""
     b, n, _ = y.shape
-    d = table.shape[-1] // 2
+    d = angles.shape[-1]
     y, y_stride = _rows(y)
-    table = table.contiguous()  # its rows are read by one stride
+    angles = angles.contiguous()  # its rows are read by one stride
     total = b * n
     v_col = head_columns(hq, hkv, d)[2]
     v = torch.empty((b, n, hkv, d), dtype=y.dtype, device=y.device)
@@ -136,19 +136,19 @@ def forward(y, hq, hkv, weights, eps, table, rope_rho):
     for heads, col, w, rope, copy_v in _groups(hq, hkv, d, weights, rope_rho):
         out = torch.empty((b, n, heads, d), dtype=y.dtype, device=y.device)
         _forward_kernel[(triton.cdiv(total, BT), heads)](
-            y, out, w, table, v, total, n, y_stride, table.stride(0), col, v_col, heads, eps,
+            y, out, w, angles, v, total, n, y_stride, col, v_col, heads, eps,
             HALF=d // 2, BT=BT, ROPE=rope, COPY_V=copy_v, num_warps=NUM_WARPS)
         outs.append(out)
     return outs[0], outs[1], v, outs[2]
 
 
-def backward(grads, y, hq, hkv, weights, eps, table, rope_rho):
+def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho):
     """Launches of the backward: grads (dq, dk, dv, drho) -> (dy (B, L, W) in y's dtype, the three
     weights' gradients in their dtypes)."""
     b, n, width = y.shape
-    d = table.shape[-1] // 2
+    d = angles.shape[-1]
     y, y_stride = _rows(y)
-    table = table.contiguous()
+    angles = angles.contiguous()
     total = b * n
     tiles = triton.cdiv(total, BT)
     dy = torch.empty((b, n, width), dtype=y.dtype, device=y.device)
@@ -159,7 +159,7 @@ def backward(grads, y, hq, hkv, weights, eps, table, rope_rho):
     for g, (heads, col, w, rope, copy_v) in zip((dq, dk, dr), _groups(hq, hkv, d, weights, rope_rho)):
         part = torch.empty((tiles * heads, d), dtype=torch.float32, device=y.device)
         _backward_kernel[(tiles, heads)](
-            g.contiguous(), y, dy, w, table, part, dv, total, n, y_stride, table.stride(0), col, v_col, heads, eps,
+            g.contiguous(), y, dy, w, angles, part, dv, total, n, y_stride, col, v_col, heads, eps,
             HALF=d // 2, BT=BT, ROPE=rope, COPY_V=copy_v, num_warps=NUM_WARPS)
         dws.append(part.sum(0).to(w.dtype))
     return dy, *dws

@@ -24,10 +24,12 @@ def rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 def split_norm_rope(y, hq, hkv, weights, eps, table, rope_rho=True):
     """y (B, L, (2 Hq + 2 Hkv) D): per token the q, k, v and rho heads, in that order.
     weights: (w_q, w_k, w_rho), each (D,); eps: the norms' epsilon; table: (>= L, 2D) RoPE rows of
-    positions 0, 1, ... Returns q, rho (B, L, Hq, D) and k, v (B, L, Hkv, D) in y's dtype."""
+    positions 0, 1, ..., of which the first halves of cos and sin are read (in TorchTitan's rows the
+    second halves repeat them). Returns q, rho (B, L, Hq, D) and k, v (B, L, Hkv, D) in y's dtype."""
     b, n, _ = y.shape
     d = table.shape[-1] // 2
-    table = table[:n]
+    cos, sin = table[:n, : d // 2], table[:n, d: d + d // 2]
+    table = torch.cat([cos, cos, sin, sin], dim=-1)
     q, k, v, r = y.split([hq * d, hkv * d, hkv * d, hq * d], dim=-1)
     q, k, v, r = (t.reshape(b, n, -1, d) for t in (q, k, v, r))
     q, k, r = (F.rms_norm(t, (d,), w, eps) for t, w in zip((q, k, r), weights))
