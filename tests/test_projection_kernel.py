@@ -280,6 +280,7 @@ def test_reference_is_the_models_unfused_path():
     (lambda a: {**a, "table": a["table"][:, :30]}, "power of two"),
     (lambda a: {**a, "table": a["table"][:, :24]}, "power of two"),
     (lambda a: {**a, "table": a["table"][:5]}, "positions"),
+    (lambda a: {**a, "table": a["table"].long()}, "table must hold floats"),
     (lambda a: {**a, "weights": a["weights"][:2]}, "three"),
     (lambda a: {**a, "weights": [a["weights"][0].long(), *a["weights"][1:]]}, "float tensors"),
     (lambda a: {**a, "y": a["y"].double()}, "fp16/bf16/fp32"),

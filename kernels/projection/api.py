@@ -47,6 +47,8 @@ def _check(y, hq, hkv, weights, eps, table) -> int:
     if hq < 1 or hkv < 1 or y.shape[-1] != (2 * hq + 2 * hkv) * d:
         raise ValueError(f"split_norm_rope: y's width {y.shape[-1]} is not (2 * hq + 2 * hkv) * head_dim = "
                          f"(2 * {hq} + 2 * {hkv}) * {d}")
+    if not table.is_floating_point():
+        raise ValueError(f"split_norm_rope: table must hold floats (cos and sin), got {table.dtype}")
     if table.shape[0] < y.shape[1]:
         raise ValueError(f"split_norm_rope: table has {table.shape[0]} positions, the sequence {y.shape[1]}")
     if len(weights) != 3 or any(tuple(w.shape) != (d,) or not w.is_floating_point() for w in weights):
