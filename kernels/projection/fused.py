@@ -4,7 +4,7 @@ The fused projection ``y = x [W_Q; W_K; W_V; W_R]^T`` holds per token the q, k, 
 by side. ``forward`` turns it into the attention's inputs with one launch per head group (q, k, rho),
 one program per (tile of BT tokens, head): it reads the head's two halves (which RoPE pairs),
 normalises them in fp32, rounds to y's dtype as the norm module does, rotates them by the RoPE angles
-(cos and sin rounded to y's dtype, as the model casts them: ``rope_angles``, one row of D per
+(cos and sin rounded to y's dtype, as the model casts them: ``api.rope_angles``, one row of D per
 position, since RoPE turns the pair (i, i + D/2) by one angle) and stores one rounding of the result.
 The k launch also copies v out (a custom op's outputs may not alias its input), so v costs no launch
 of its own and its gradient reaches the backward.
