@@ -332,9 +332,10 @@ def test_gpu_matches_fp64_and_is_deterministic(d):
 @pytest.mark.parametrize("d", [128, 64])
 def test_gpu_compiled_model_projection_is_as_close_to_fp64_as_the_modules(d):
     """ParallaxAttention.project compiled on CUDA in bf16, the fused path and the module path, against
-    the module path in fp64, heads of 128 and of 64 (Parallax-dagger's): outputs, the input's and every weight's gradient. The output
-    gradients follow the outputs (o + 0.01), so the norms' backward cancels most of them: the module
-    path, which rounds the RoPE backward's result to bf16 before the norm's backward, errs more there."""
+    the module path in fp64, heads of 128 and of 64 (Parallax-dagger's): outputs, the input's and every
+    weight's gradient. The output gradients follow the outputs (o + 0.01), so the norms' backward
+    cancels most of them: the module path, which rounds the RoPE backward's result to bf16 before the
+    norm's backward, errs more there."""
     import copy
 
     from parallax_titan.model import ParallaxAttention, ParallaxModelArgs, ParallaxQwen3Model
