@@ -33,7 +33,6 @@ def rope_angles(table: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor
     return torch.cat([table[:n, : d // 2], table[:n, d: d + d // 2]], -1).to(dtype)
 
 
-
 def _check(y, hq, hkv, weights, eps, table) -> int:
     """Raise ValueError naming the argument unless the shapes, dtypes and devices fit; returns D."""
     if y.dim() != 3 or y.dtype not in (torch.float16, torch.bfloat16, torch.float32):

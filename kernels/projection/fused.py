@@ -37,8 +37,7 @@ def _halves(PTR, rows, row_stride, col, ok, HALF: tl.constexpr):
 @triton.jit
 def _angles(ANGLES, rows, L, ok, HALF: tl.constexpr):
     """cos and sin [BT, HALF] of the rotation angles of positions rows % L (fp32 values)."""
-    c, s = _halves(ANGLES, rows % L, 2 * HALF, 0, ok, HALF)
-    return c, s
+    return _halves(ANGLES, rows % L, 2 * HALF, 0, ok, HALF)
 
 
 @triton.jit
@@ -115,11 +114,11 @@ def _rows(y):
 
 
 def _groups(hq, hkv, d, weights, rope_rho):
-    """(heads, first column, norm weight (contiguous: the kernels read it by offset), rotate?, copy v?) of
-    q, k, rho: k's launch copies v (the same heads)."""
+    """(heads, first column, norm weight (contiguous: the kernels read it by offset), rotate?, v's first
+    column or None) of q, k, rho: k's launch also moves v (the same heads)."""
     cols = head_columns(hq, hkv, d)
     w_q, w_k, w_rho = (w.contiguous() for w in weights)
-    return ((hq, cols[0], w_q, True, False), (hkv, cols[1], w_k, True, True), (hq, cols[3], w_rho, rope_rho, False))
+    return ((hq, cols[0], w_q, True, None), (hkv, cols[1], w_k, True, cols[2]), (hq, cols[3], w_rho, rope_rho, None))
 
 
 def forward(y, hq, hkv, weights, eps, angles, rope_rho):
@@ -130,14 +129,13 @@ def forward(y, hq, hkv, weights, eps, angles, rope_rho):
     y, y_stride = _rows(y)
     angles = angles.contiguous()  # its rows are read by one stride
     total = b * n
-    v_col = head_columns(hq, hkv, d)[2]
     v = torch.empty((b, n, hkv, d), dtype=y.dtype, device=y.device)
     outs = []
-    for heads, col, w, rope, copy_v in _groups(hq, hkv, d, weights, rope_rho):
+    for heads, col, w, rope, v_col in _groups(hq, hkv, d, weights, rope_rho):
         out = torch.empty((b, n, heads, d), dtype=y.dtype, device=y.device)
         _forward_kernel[(triton.cdiv(total, BT), heads)](
-            y, out, w, angles, v, total, n, y_stride, col, v_col, heads, eps,
-            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=copy_v, num_warps=NUM_WARPS)
+            y, out, w, angles, v, total, n, y_stride, col, v_col or 0, heads, eps,
+            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=v_col is not None, num_warps=NUM_WARPS)
         outs.append(out)
     return outs[0], outs[1], v, outs[2]
 
@@ -154,12 +152,11 @@ def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho):
     dy = torch.empty((b, n, width), dtype=y.dtype, device=y.device)
     dq, dk, dv, dr = grads
     dv = dv.contiguous()
-    v_col = head_columns(hq, hkv, d)[2]
     dws = []
-    for g, (heads, col, w, rope, copy_v) in zip((dq, dk, dr), _groups(hq, hkv, d, weights, rope_rho)):
+    for g, (heads, col, w, rope, v_col) in zip((dq, dk, dr), _groups(hq, hkv, d, weights, rope_rho)):
         part = torch.empty((tiles * heads, d), dtype=torch.float32, device=y.device)
         _backward_kernel[(tiles, heads)](
-            g.contiguous(), y, dy, w, angles, part, dv, total, n, y_stride, col, v_col, heads, eps,
-            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=copy_v, num_warps=NUM_WARPS)
+            g.contiguous(), y, dy, w, angles, part, dv, total, n, y_stride, col, v_col or 0, heads, eps,
+            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=v_col is not None, num_warps=NUM_WARPS)
         dws.append(part.sum(0).to(w.dtype))
     return dy, *dws
