@@ -75,6 +75,28 @@ def test_the_column_pass_issues_a_slots_tile_copies_without_a_cta_barrier_betwee
     assert _longest_copy_run(_compile("dkdv", d, False)) >= 3
 
 
+def _register_a_score_wgmmas(sass: str, bm: int) -> int:
+    """The column pass's score wgmmas (64 x bm x 16) whose A operand comes from registers."""
+    return len(re.findall(rf"HGMMA\.64x{bm}x16\S* R\d+, R\d+", sass))
+
+
+def test_the_column_pass_holds_k_in_registers_where_the_installed_triton_keeps_its_wgmmas_in_flight():
+    """With ``keys_in_registers`` two of the three score products read k from registers (one wgmma per
+    16 of D each), with it off none. The shipped D=128 config holds k there exactly when this triton's
+    compile of it still leaves wgmmas in flight (``tuning.KEYS_FIT_IN_REGISTERS``: ptxas serialises
+    them all, short of registers, from triton 3.9)."""
+    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper
+
+    config = tuning.HOPPER_CONFIGS["dkdv"][128]
+    sass = {}
+    for keys_in_registers, expected in ((True, 2 * 128 // 16), (False, 0)):
+        compiled = compile_hopper("dkdv", 128, config._replace(keys_in_registers=keys_in_registers))
+        sass[keys_in_registers] = _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
+        assert _register_a_score_wgmmas(sass[keys_in_registers], config.bm) == expected
+    waits = [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass[True])]
+    assert config.keys_in_registers == tuning.KEYS_FIT_IN_REGISTERS == (max(waits) == 2), waits
+
+
 # ----------------------------------------------------------------------------- dispatch (CPU)
 def _fake_cuda(dtype=torch.bfloat16, d=128):
     return types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=dtype, shape=(2, 64, 4, d))
@@ -252,6 +274,23 @@ def test_gpu_hopper_kernels_match_fp64_and_the_triton_kernels(name):
 
 @pytest.mark.gpu
 @hopper_gpu
+@pytest.mark.parametrize("name", ["d128_gqa2_ragged", "d128_documents", "d64_gqa4"])
+def test_gpu_keys_in_registers_changes_no_bit(name):
+    """The column pass with k held in registers gives the bits it gives with k read from shared memory
+    by each score wgmma (the same products, summed in the same order)."""
+    b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
+    inputs = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
+    cu = cu_from_lengths(lengths, "cuda")
+    config = tuning.HOPPER_CONFIGS["dkdv"][d]
+    got = {}
+    for keys_in_registers in (True, False):
+        with tuning.hopper_config("dkdv", d, config._replace(keys_in_registers=keys_in_registers)):
+            got[keys_in_registers] = _outputs(inputs, cu, window, True)
+    assert all(torch.equal(a, b) for a, b in zip(got[True], got[False]))
+
+
+@pytest.mark.gpu
+@hopper_gpu
 def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_backward():
     """777 tokens: the statistics' TMA copies would start off 16-byte boundaries; the Hopper forward and
     the Triton backward passes run and give the fp64 results."""
@@ -361,6 +400,11 @@ def test_shipped_and_sweep_configs_pass_the_checks_hopper_config_makes():
                                                    "tiles, wgmma's M\\), got 32"),
     ("dq", 128, tuning.HopperConfig(16, 64, 4, 2), "bm must be a multiple of 64 for 'dq'"),
     ("dkdv", 64, tuning.HopperConfig(64, 32, 4, 2), "bn must be a multiple of 64 for 'dkdv'"),
+    ("dkdv", 128, tuning.HopperConfig(32, 64, 4, 3, None, "yes"), "keys_in_registers must be a bool, got 'yes'"),
+    ("dkdv", 128, tuning.HopperConfig(32, 64, 4, 3, None, 1), "keys_in_registers must be a bool, got 1"),
+    ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, None, True), "keys_in_registers applies to the column pass "
+                                                              "'dkdv' only, not 'dq'"),
+    ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 168, True), "not 'fwd'"),
 ])
 def test_hopper_config_rejects_bad_kernels_head_dims_and_configs(name, d, config, error):
     shipped = {k: dict(v) for k, v in tuning.HOPPER_CONFIGS.items()}

@@ -4,7 +4,8 @@ outputs as ``fused.py``'s Triton kernels (their tile phases, documents' bounds a
 from ``fused.py``'s own jit helpers), with the scheduling triton's compiler does not generate for those.
 
 Per program, the tiles the loop does not stream stay in shared memory as wgmma operands (q, rho in
-the forward; q, rho, dO in the row pass; k, v in the column pass); the streamed tiles (k, v; or q,
+the forward; q, rho, dO in the row pass; k, v in the column pass, which can hold k in registers
+instead: ``tuning.HopperConfig.keys_in_registers``); the streamed tiles (k, v; or q,
 rho, dO and the four per-query statistics) come through a ring of ``STAGES`` TMA buffers, the next
 tiles' copies in flight while a tile is computed. Each copy of a slot signals an mbarrier ring of its
 own (copies that share an mbarrier get a CTA barrier each from the compiler), and the column pass
@@ -134,7 +135,8 @@ def _statistic(stat_smem, slot, j: gl.constexpr, BM: gl.constexpr, layout: gl.co
 def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE,
                             T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                             D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                            VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
+                            VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
+                            KEYS_IN_REGISTERS: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BM)
@@ -170,14 +172,20 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
     dk = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
     dv = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
     mbarrier.wait(kv_ready, 0)
+    # score wgmmas of 32 columns with both operands in shared memory ask more bytes per cycle of it than
+    # it serves: k, the A operand of two of them, can be read once into registers instead
+    if KEYS_IN_REGISTERS:
+        keys = k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    else:
+        keys = k_smem
     for i in range(total):
         slot = i % STAGES
         _wait_slot(rings, slot, (i // STAGES) & 1)
         q_tile = q_smem.index(slot)
         r_tile = r_smem.index(slot)
         do_tile = do_smem.index(slot)
-        st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        tt = warpgroup_mma(k_smem, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
 
         h = kv_h * GROUP + i // n_per_head
@@ -511,12 +519,18 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
     descs = _row_descriptors(q, r, k, v, do, strides, total, column.bm, column.bn)
     stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], stats_layout())
     _bwd_dkdv_hopper_kernel[(triton.cdiv(total, column.bn) * hkv,)](
-        *descs, stats_desc, dk, dv, docs, doce, *sizes, **constexprs(d, column, varlen))
+        *descs, stats_desc, dk, dv, docs, doce, *sizes, **column_constexprs(d, column, varlen))
 
 
 def constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
     """The constexpr arguments (and num_warps; maxnreg where the config caps registers) of a Hopper
-    kernel launched with ``config`` at head dim d, in the global program order (heaviest tiles first)."""
+    kernel launched with ``config`` at head dim d, in the global program order (heaviest tiles first);
+    the column pass takes ``config.keys_in_registers`` besides (``column_constexprs``)."""
     cap = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     return dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
                 num_warps=config.warps, **cap)
+
+
+def column_constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
+    """``constexprs`` of the column pass, with KEYS_IN_REGISTERS."""
+    return {**constexprs(d, config, varlen), "KEYS_IN_REGISTERS": config.keys_in_registers}

@@ -103,24 +103,33 @@ SMALL_WORK = 2**30
 
 class HopperConfig(NamedTuple):
     """Launch config of a Hopper kernel (kernels/parallax/hopper.py): tile rows ``bm`` (queries) and
-    ``bn`` (keys), ``warps``, ``stages`` of the TMA ring, and ``maxnreg``, a cap on registers per
-    thread (ptxas's; None: no cap) that lets one more program share an SM."""
+    ``bn`` (keys), ``warps``, ``stages`` of the TMA ring, ``maxnreg``, a cap on registers per thread
+    (ptxas's; None: no cap) that lets one more program share an SM, and ``keys_in_registers`` (the
+    column pass only): its k tile is held in registers as the A operand of the score wgmmas instead of
+    being read from shared memory by each of them."""
 
     bm: int
     bn: int
     warps: int
     stages: int
     maxnreg: int | None = None
+    keys_in_registers: bool = False
 
 
 # The Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4 L4096
 # (docs/bench/attention_hopper.md); the row pass at D=64 with a ring of four stages since the column
 # pass reads its statistics with one copy (2% faster than three, interleaved). The forward at D=64
 # capped at 168 registers (170 uncapped, no spills either way): three programs per SM instead of two.
+# The column pass at D=128 keeps k in registers (251 of 255 with triton 3.6, no spills; 5% off the
+# backward): its score wgmmas have 32 columns, where reading both operands from shared memory asks
+# more bytes per cycle than it serves. From triton 3.9 the same kernel needs more registers than
+# ptxas has to keep its wgmmas asynchronous (it serialises them all), so k stays in shared memory.
+KEYS_FIT_IN_REGISTERS = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
 HOPPER_CONFIGS = {
     "fwd": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 64, 4, 3, 168)},
     "dq": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 32, 4, 4)},
-    "dkdv": {128: HopperConfig(32, 64, 4, 3), 64: HopperConfig(64, 64, 4, 3)},
+    "dkdv": {128: HopperConfig(32, 64, 4, 3, keys_in_registers=KEYS_FIT_IN_REGISTERS),
+             64: HopperConfig(64, 64, 4, 3)},
 }
 _hopper = [True]
 
@@ -205,6 +214,8 @@ def _hopper_config_error(config: HopperConfig) -> str | None:
     cap = config.maxnreg
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or not 24 <= cap <= 255 or cap % 8):
         return f"maxnreg must be None or a multiple of 8 from 24 to 255 (registers per thread), got {cap!r}"
+    if not isinstance(config.keys_in_registers, bool):
+        return f"keys_in_registers must be a bool, got {config.keys_in_registers!r}"
     return None
 
 
@@ -215,6 +226,8 @@ def _score_rows_error(name: str, config: HopperConfig) -> str | None:
     rows = getattr(config, field)
     if rows % 64:
         return f"{field} must be a multiple of 64 for {name!r} (the rows of its score tiles, wgmma's M), got {rows}"
+    if config.keys_in_registers and name != "dkdv":
+        return f"keys_in_registers applies to the column pass 'dkdv' only, not {name!r}"
     return None
 
 

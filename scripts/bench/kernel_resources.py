@@ -155,7 +155,7 @@ def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPE
     types = {n: descriptor((bm, d), "bf16", gl.bfloat16) for n in ("q_desc", "r_desc", "do_desc")}
     types.update({n: descriptor((bn, d), "bf16", gl.bfloat16) for n in ("k_desc", "v_desc")})
     types["stats_desc"] = f"tensordesc<fp32[4, {bm}],{hopper.stats_layout()!r}>"
-    constexprs = hopper.constexprs(d, config, varlen)
+    constexprs = (hopper.column_constexprs if name == "dkdv" else hopper.constexprs)(d, config, varlen)
     options = {key: constexprs.pop(key) for key in ("num_warps", "maxnreg") if key in constexprs}
     constexprs["num_warps"] = options["num_warps"]
     sig = signature(kernel, constexprs, types)
