@@ -7,12 +7,15 @@ then the fastest candidate of each pass together, all in one run, beside cuDNN s
 backward and our forward. Then the shipped configs and that pair against the Triton passes at B1
 L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
+``--column`` times the column pass's configs in ``COLUMN_CANDIDATES`` (k in registers or in shared
+memory, ring stages) against each other at D=128, interleaved, at the three shapes.
 ``--forward`` sweeps the forward instead: at B4 L4096 and B1 L16384, the Triton forward (autotuned)
 and the Hopper forward under each candidate of ``FORWARD_CANDIDATES``, timed interleaved (rounds
 that each run every candidate in turn, 10 calls back to back between two CUDA events; medians).
 
     python -m scripts.bench.attention_hopper --out docs/bench/attention_hopper
     python -m scripts.bench.attention_hopper --forward --out docs/bench/attention_hopper_forward_sweep
+    python -m scripts.bench.attention_hopper --column --out docs/bench/attention_hopper_column
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ FORWARD_CANDIDATES = {
                                     (64, 32, 4, 4), (128, 64, 8, 2)]],
 }
 FORWARD_SHAPES = [(4, 4096, 16, 8), (1, 16384, 16, 8)]
+# Column pass configs ``--column`` times against each other (D=128): k in registers or not, ring stages
+COLUMN_CANDIDATES = [HopperConfig(32, 64, 4, 3, None, True), HopperConfig(32, 64, 4, 3),
+                     HopperConfig(32, 64, 4, 2, None, True)]
 SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
 OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
@@ -162,6 +168,52 @@ def _forward_with(config: HopperConfig, q, r, k, v, scale):
         return fused.forward(q, r, k, v, scale)
 
 
+def column_comparison(d: int = 128, rounds: int = 7) -> list[dict]:
+    """Rows per shape of SWEEP_SHAPE and OTHER_SHAPES: the backward with the column pass under each of
+    COLUMN_CANDIDATES (the row pass at its shipped config), timed interleaved (``rounds`` rounds, each a
+    do_bench median per candidate), whether its gradients are the first candidate's bits, and forward
+    + backward against cuDNN softmax's forward + backward."""
+    import triton
+
+    from scripts.bench.attention_autotune import interleaved_ms
+
+    rows = []
+    for shape in [SWEEP_SHAPE, *OTHER_SHAPES]:
+        q, r, k, v = make_inputs(*shape, d)
+        do = torch.randn_like(q)
+        scale = d ** -0.5
+        saved = fused.forward(q, r, k, v, scale)
+        forward_ms = triton.testing.do_bench(lambda: fused.forward(q, r, k, v, scale), warmup=25, rep=100)
+        cudnn = cudnn_ms(q, k, v, do)
+        fns = {label(c): lambda c=c: _backward_with(c, do, q, r, k, v, saved, scale) for c in COLUMN_CANDIDATES}
+        grads = {name: fn() for name, fn in fns.items()}  # compiles outside the timing
+        first = grads[label(COLUMN_CANDIDATES[0])]
+        ms = interleaved_ms(fns, rounds, 1, lambda fn, _: triton.testing.do_bench(fn, warmup=10, rep=60))
+        rows += [{"B": shape[0], "L": shape[1], "D": d, "column pass": name, "backward_ms": t,
+                  "fwd_bwd_vs_cudnn": (forward_ms + t) / cudnn, "forward_ms": forward_ms, "cudnn_ms": cudnn,
+                  "same_bits": all(torch.equal(a, b) for a, b in zip(grads[name], first))}
+                 for name, t in ms.items()]
+    return rows
+
+
+def _backward_with(config: HopperConfig, do, q, r, k, v, saved, scale):
+    with tuning.hopper_config("dkdv", q.shape[-1], config):
+        return fused.backward(do, q, r, k, v, *saved, scale)
+
+
+def column_report_markdown(rows: list[dict]) -> str:
+    cells = ((r["B"], r["L"], r["D"], r["column pass"], f"{r['backward_ms']:.3f}", f"{r['fwd_bwd_vs_cudnn']:.2f}",
+              "yes" if r["same_bits"] else "no") for r in rows)
+    return "\n".join(table(["B", "L", "D", "column pass", "backward ms", "fwd+bwd / cuDNN",
+                            "gradients: the first row's bits"], cells)) + "\n"
+
+
+COLUMN_MEASURED = ("backward time (fused.backward after one forward, bf16, causal, Hq16/Hkv8) with the column pass "
+                   "under each candidate config, the row pass at its shipped config, timed interleaved: 7 rounds, "
+                   "each a triton.testing.do_bench median per candidate, the median of the rounds; forward + "
+                   "backward against cuDNN softmax's forward + backward of the same run")
+
+
 def forward_report_markdown(rows: list[dict]) -> str:
     cells = ((r["B"], r["L"], r["D"], r["forward"], f"{r['ms']:.4f}", f"{r['vs_triton']:.3f}") for r in rows)
     return "\n".join(table(["B", "L", "D", "forward", "ms", "/ Triton forward"], cells)) + "\n"
@@ -193,10 +245,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="output path without extension (default docs/bench/attention_hopper, with "
                                        "--forward docs/bench/attention_hopper_forward_sweep)")
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=[128, 64], help="head dims")
-    parser.add_argument("--forward", action="store_true", help="sweep the forward's configs instead")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--forward", action="store_true", help="sweep the forward's configs instead")
+    mode.add_argument("--column", action="store_true",
+                      help="time the column pass's COLUMN_CANDIDATES against each other, interleaved (D=128)")
     args = parser.parse_args(argv)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise SystemExit("scripts.bench.attention_hopper needs an sm_90 GPU (H100, H200)")
+    if args.column:
+        rows = column_comparison()
+        meta = describe("Column pass on Hopper: k in registers", COLUMN_MEASURED, command_line(__spec__.name, argv))
+        print(write_results(args.out or "docs/bench/attention_hopper_column", meta, column_report_markdown(rows),
+                            {"rows": rows}))
+        return
     if args.forward:
         rows = [row for d in args.dims for row in forward_sweep(d)]
         meta = describe("Forward on Hopper: launch config sweep", FORWARD_MEASURED, command_line(__spec__.name, argv))
