@@ -172,8 +172,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
     dk = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
     dv = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
     mbarrier.wait(kv_ready, 0)
-    # score wgmmas of 32 columns with both operands in shared memory ask more bytes per cycle of it than
-    # it serves: k, the A operand of two of them, can be read once into registers instead
+    # k read once into registers as the A operand of two score wgmmas (why: tuning.HOPPER_CONFIGS)
     if KEYS_IN_REGISTERS:
         keys = k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     else:

@@ -226,6 +226,12 @@ def _score_rows_error(name: str, config: HopperConfig) -> str | None:
     rows = getattr(config, field)
     if rows % 64:
         return f"{field} must be a multiple of 64 for {name!r} (the rows of its score tiles, wgmma's M), got {rows}"
+    return None
+
+
+def _keys_in_registers_error(name: str, config: HopperConfig) -> str | None:
+    """Why kernel ``name`` cannot hold k in registers as ``config`` asks, or None: only the column pass
+    keeps a k tile."""
     if config.keys_in_registers and name != "dkdv":
         return f"keys_in_registers applies to the column pass 'dkdv' only, not {name!r}"
     return None
@@ -240,7 +246,7 @@ def hopper_config(name: str, head_dim: int, config: HopperConfig):
                          f"{sorted(HOPPER_CONFIGS)} and a head dim in {sorted(HOPPER_CONFIGS.get(name, {}))}")
     if not isinstance(config, HopperConfig):
         raise TypeError(f"config must be a tuning.HopperConfig, got {config!r}")
-    bad = _hopper_config_error(config) or _score_rows_error(name, config)
+    bad = _hopper_config_error(config) or _score_rows_error(name, config) or _keys_in_registers_error(name, config)
     if bad:
         raise ValueError(f"{config!r}: {bad}")
     saved = HOPPER_CONFIGS[name][head_dim]
