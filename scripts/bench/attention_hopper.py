@@ -75,27 +75,33 @@ def configs(d: int, pair: dict):
         yield
 
 
-def timer(shape: tuple, d: int):
-    """(forward ms, cuDNN softmax forward + backward ms, backward(hopper: bool) -> ms) on random bf16
-    inputs of ``shape`` (B, L, Hq, Hkv) and head dim d."""
+def backward_problem(shape: tuple, d: int):
+    """A backward to time on random bf16 inputs of ``shape`` (B, L, Hq, Hkv) and head dim d, and its
+    baselines: (run() -> (dq, dr, dk, dv), forward ms, cuDNN softmax forward + backward ms)."""
     import triton
 
     q, r, k, v = make_inputs(*shape, d)
     do = torch.randn_like(q)
     scale = q.shape[-1] ** -0.5
     saved = fused.forward(q, r, k, v, scale)
+    forward_ms = triton.testing.do_bench(lambda: fused.forward(q, r, k, v, scale), warmup=25, rep=100)
+    return lambda: fused.backward(do, q, r, k, v, *saved, scale), forward_ms, cudnn_ms(q, k, v, do)
+
+
+def timer(shape: tuple, d: int):
+    """(forward ms, cuDNN softmax forward + backward ms, backward(hopper: bool) -> ms) of
+    ``backward_problem(shape, d)``."""
+    import triton
+
+    step, forward_ms, cudnn = backward_problem(shape, d)
 
     def backward_ms(hopper: bool) -> float:
-        def step():
-            fused.backward(do, q, r, k, v, *saved, scale)
-
         with tuning.hopper_kernels(hopper):
             step()  # compile (and autotune the Triton passes) outside the timing
             torch.cuda.synchronize()
             return triton.testing.do_bench(step, warmup=25, rep=100)
 
-    forward_ms = triton.testing.do_bench(lambda: fused.forward(q, r, k, v, scale), warmup=25, rep=100)
-    return forward_ms, cudnn_ms(q, k, v, do), backward_ms
+    return forward_ms, cudnn, backward_ms
 
 
 def row(shape, d, what, ms, forward_ms, cudnn, triton_ms):
@@ -179,13 +185,8 @@ def column_comparison(d: int = 128, rounds: int = 7) -> list[dict]:
 
     rows = []
     for shape in [SWEEP_SHAPE, *OTHER_SHAPES]:
-        q, r, k, v = make_inputs(*shape, d)
-        do = torch.randn_like(q)
-        scale = d ** -0.5
-        saved = fused.forward(q, r, k, v, scale)
-        forward_ms = triton.testing.do_bench(lambda: fused.forward(q, r, k, v, scale), warmup=25, rep=100)
-        cudnn = cudnn_ms(q, k, v, do)
-        fns = {label(c): lambda c=c: _backward_with(c, do, q, r, k, v, saved, scale) for c in COLUMN_CANDIDATES}
+        step, forward_ms, cudnn = backward_problem(shape, d)
+        fns = {label(c): lambda c=c: _with_column_config(c, d, step) for c in COLUMN_CANDIDATES}
         grads = {name: fn() for name, fn in fns.items()}  # compiles outside the timing
         first = grads[label(COLUMN_CANDIDATES[0])]
         ms = interleaved_ms(fns, rounds, 1, lambda fn, _: triton.testing.do_bench(fn, warmup=10, rep=60))
@@ -196,9 +197,9 @@ def column_comparison(d: int = 128, rounds: int = 7) -> list[dict]:
     return rows
 
 
-def _backward_with(config: HopperConfig, do, q, r, k, v, saved, scale):
-    with tuning.hopper_config("dkdv", q.shape[-1], config):
-        return fused.backward(do, q, r, k, v, *saved, scale)
+def _with_column_config(config: HopperConfig, d: int, step):
+    with tuning.hopper_config("dkdv", d, config):
+        return step()
 
 
 def column_report_markdown(rows: list[dict]) -> str:
@@ -243,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.attention_hopper", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="output path without extension (default docs/bench/attention_hopper, with "
-                                       "--forward docs/bench/attention_hopper_forward_sweep)")
+                                       "--forward docs/bench/attention_hopper_forward_sweep, with --column "
+                                       "docs/bench/attention_hopper_column)")
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=[128, 64], help="head dims")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--forward", action="store_true", help="sweep the forward's configs instead")
