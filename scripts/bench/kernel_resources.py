@@ -139,27 +139,43 @@ def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPE
     """Kernel ``name`` ("fwd", "dq" or "dkdv") of ``kernels/parallax/hopper.py`` compiled for ``target``
     with ``config`` (a ``tuning.HopperConfig``, its register cap included), bf16, its pointers
     specialised as a launch finds them."""
+    from kernels.parallax import hopper
+
+    kernel = {"fwd": hopper._fwd_hopper_kernel, "dq": hopper._bwd_dq_hopper_kernel,
+              "dkdv": hopper._bwd_dkdv_hopper_kernel}[name]
+    constexprs = (hopper.column_constexprs if name == "dkdv" else hopper.constexprs)(d, config, varlen)
+    return compile_gluon(kernel, constexprs, hopper_descriptor_types(config.bm, config.bn, d), target=target)
+
+
+def hopper_descriptor_types(bm: int, bn: int, d: int) -> dict:
+    """Signature types of the Hopper kernels' TMA descriptors: q, rho, dO blocks of ``bm`` rows, k, v
+    blocks of ``bn`` rows (bf16, head dim d) and the column pass's (4, bm) fp32 statistics."""
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels.parallax import hopper
 
-    bm, bn = config.bm, config.bn
-    kernel = {"fwd": hopper._fwd_hopper_kernel, "dq": hopper._bwd_dq_hopper_kernel,
-              "dkdv": hopper._bwd_dkdv_hopper_kernel}[name]
+    def descriptor(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)
+        return f"tensordesc<bf16{[rows, d]},{layout!r}>"
 
-    def descriptor(shape, dtype, gl_dtype):
-        layout = gl.NVMMASharedLayout.get_default_for(list(shape), gl_dtype)
-        return f"tensordesc<{dtype}{list(shape)},{layout!r}>"
-
-    types = {n: descriptor((bm, d), "bf16", gl.bfloat16) for n in ("q_desc", "r_desc", "do_desc")}
-    types.update({n: descriptor((bn, d), "bf16", gl.bfloat16) for n in ("k_desc", "v_desc")})
+    types = {n: descriptor(bm) for n in ("q_desc", "r_desc", "do_desc")}
+    types.update({n: descriptor(bn) for n in ("k_desc", "v_desc")})
     types["stats_desc"] = f"tensordesc<fp32[4, {bm}],{hopper.stats_layout()!r}>"
-    constexprs = (hopper.column_constexprs if name == "dkdv" else hopper.constexprs)(d, config, varlen)
+    return types
+
+
+def compile_gluon(kernel, constexprs: dict, types: dict, target=HOPPER, pointers: set = frozenset()):
+    """Gluon ``kernel`` compiled for ``target`` with ``constexprs`` (num_warps and maxnreg among them
+    become compile options) and argument ``types`` (name -> triton type, for names outside the
+    attention's naming); its pointers (the attention's names and ``pointers``) specialised as 16-byte
+    aligned, as a launch finds them."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    constexprs = dict(constexprs)
     options = {key: constexprs.pop(key) for key in ("num_warps", "maxnreg") if key in constexprs}
     constexprs["num_warps"] = options["num_warps"]
     sig = signature(kernel, constexprs, types)
-    attrs = aligned(kernel, constexprs, FP32_POINTERS | INT_POINTERS | BF16_POINTERS)
+    attrs = aligned(kernel, constexprs, FP32_POINTERS | INT_POINTERS | BF16_POINTERS | set(pointers))
     return triton.compile(GluonASTSource(kernel, sig, constexprs, attrs), target=target, options=options)
 
 
