@@ -131,6 +131,84 @@ def _statistic(stat_smem, slot, j: gl.constexpr, BM: gl.constexpr, layout: gl.co
     return stat_smem.index(slot).reshape([4 * BM]).slice(j * BM, BM).load(layout)
 
 
+@gluon.jit
+def _column_start(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T,
+                  D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Shared memory of a column-pass program over key tile [n0, n0 + BN) of kv head ``kv_h``, with the
+    copies of its k and v tiles and of its first STAGES - 1 query tiles started: (k_smem, v_smem,
+    row_smem (q, rho, dO rings of [STAGES, BM, D]), stat_smem ([STAGES, 4, BM] fp32), rings (the
+    mbarrier rings of the row and statistics copies), kv_ready (k and v's mbarrier))."""
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    row_smem = (q_smem, r_smem, do_smem)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
+    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES))
+    kv_ready = _once()
+
+    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
+    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc, row_smem, stat_smem,
+                    rings, GROUP * n_per_head, D, BM, STAGES)
+    return k_smem, v_smem, row_smem, stat_smem, rings, kv_ready
+
+
+@gluon.jit
+def _column_tile(i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM: gl.constexpr,
+                 STAGES: gl.constexpr, layout: gl.constexpr):
+    """Query tile ``i`` of a column-pass program (``keys``: its k tile in shared memory or registers):
+    waits for the tile's copies and issues s^T = k q^T, t^T = k rho^T and a^T = v dO^T as asynchronous
+    wgmmas. Returns (ring slot, q, rho, dO tiles, the three wgmmas in flight, head, first query row,
+    the rows ([BM] in ``layout``) and which of them are < T)."""
+    slot = i % STAGES
+    _wait_slot(rings, slot, (i // STAGES) & 1)
+    q_tile = row_smem[0].index(slot)
+    r_tile = row_smem[1].index(slot)
+    do_tile = row_smem[2].index(slot)
+    st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    h = kv_h * GROUP + i // n_per_head
+    m0 = lo + (i % n_per_head) * BM
+    offs_m = m0 + gl.arange(0, BM, layout=layout)
+    return slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, offs_m < T
+
+
+@gluon.jit
+def _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m0, d_hi, f_hi, DOCS, T, L, WINDOW,
+                          BM: gl.constexpr, VARLEN: gl.constexpr, layout: gl.constexpr):
+    """p^T ([BN, BM] fp32) from s^T: exp2(qk_scale s - lse) of keys ``offs_n`` and queries ``offs_m``,
+    zero outside each query's keys on the masked phases (``fused._column_phases``)."""
+    # the statistics are read where they are used: held across the loop body they spill
+    pt = gl.exp2(st * qk_scale - _statistic(stat_smem, slot, 0, BM, layout)[None, :])
+    if (m0 < d_hi) | (m0 >= f_hi):
+        key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+        ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
+        pt = gl.where(ok, pt, 0.0)
+    return pt
+
+
+@gluon.jit
+def _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM: gl.constexpr, layout: gl.constexpr,
+                      a_layout: gl.constexpr):
+    """From p^T and the wgmmas t^T, a^T = (dO v^T)^T in flight: waits for t^T, issues
+    dv += (p^T (1 + tbar - t^T)) dO, waits for a^T. Returns dv (in flight) and g1^T (scaled by
+    ``scale``), g2^T ([BN, BM] fp32); the query tile's tbar, tau, beta from ``stat_smem``."""
+    tt = warpgroup_mma_wait(1, deps=(tt, ))
+    c = 1.0 + _statistic(stat_smem, slot, 1, BM, layout)[None, :] - tt
+    dv = warpgroup_mma(gl.convert_layout((pt * c).to(do_tile.dtype), a_layout), do_tile, dv, is_async=True)
+    at = warpgroup_mma_wait(1, deps=(at, ))
+    beta = _statistic(stat_smem, slot, 3, BM, layout)
+    delta = at - beta[None, :]
+    bmt = beta - _statistic(stat_smem, slot, 2, BM, layout)
+    return dv, pt * (c * delta + bmt[None, :]) * scale, -pt * delta
+
+
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
 def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE,
                             T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
@@ -150,22 +228,8 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
     n_per_head = gl.cdiv(hi - lo, BM)
     total = GROUP * n_per_head
 
-    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
-    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
-    row_smem = (q_smem, r_smem, do_smem)
-    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
-    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES))
-    kv_ready = _once()
-
-    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
-    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
-    for b in gl.static_range(STAGES - 1):
-        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc, row_smem, stat_smem,
-                    rings, total, D, BM, STAGES)
+    k_smem, v_smem, row_smem, stat_smem, rings, kv_ready = _column_start(
+        q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T, D, BM, BN, STAGES)
 
     offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
@@ -178,39 +242,17 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
     else:
         keys = k_smem
     for i in range(total):
-        slot = i % STAGES
-        _wait_slot(rings, slot, (i // STAGES) & 1)
-        q_tile = q_smem.index(slot)
-        r_tile = r_smem.index(slot)
-        do_tile = do_smem.index(slot)
-        st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-
-        h = kv_h * GROUP + i // n_per_head
-        m0 = lo + (i % n_per_head) * BM
-        offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
-        ok_m = offs_m < T
-
+        slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, ok_m = _column_tile(
+            i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM, STAGES, queries_layout)
         # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
         st = warpgroup_mma_wait(2, deps=(st, ))
         _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc,
                     row_smem, stat_smem, rings, total, D, BM, STAGES)
-        # the statistics are read where they are used: held across the loop body they spill
-        pt = gl.exp2(st * qk_scale - _statistic(stat_smem, slot, 0, BM, queries_layout)[None, :])
-        if (m0 < d_hi) | (m0 >= f_hi):
-            key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
-            ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
-            pt = gl.where(ok, pt, 0.0)
-        tt = warpgroup_mma_wait(1, deps=(tt, ))
-        c = 1.0 + _statistic(stat_smem, slot, 1, BM, queries_layout)[None, :] - tt
-        dv = warpgroup_mma(gl.convert_layout((pt * c).to(dtype), a_layout), do_tile, dv, is_async=True)
-        at = warpgroup_mma_wait(1, deps=(at, ))
-        beta = _statistic(stat_smem, slot, 3, BM, queries_layout)
-        delta = at - beta[None, :]
-        bmt = beta - _statistic(stat_smem, slot, 2, BM, queries_layout)
-        g1 = gl.convert_layout((pt * (c * delta + bmt[None, :]) * scale).to(dtype), a_layout)
-        g2 = gl.convert_layout((-pt * delta).to(dtype), a_layout)
+        pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m0, d_hi, f_hi, DOCS, T, L,
+                                   WINDOW, BM, VARLEN, queries_layout)
+        dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM, queries_layout, a_layout)
+        g1 = gl.convert_layout(g1.to(dtype), a_layout)
+        g2 = gl.convert_layout(g2.to(dtype), a_layout)
         dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
         dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
         dk, dv = _retire(dk, dv)

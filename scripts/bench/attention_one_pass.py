@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.parallax import fused, hopper, naive
-from kernels.parallax.hopper import (_NO_SPECIALIZE, _invalidate, _issue_rows, _mma_layout, _once, _ring, _statistic,
-                                     _tma_load, _wait_slot)
+from kernels.parallax.hopper import (_NO_SPECIALIZE, _column_gradients, _column_probabilities, _column_start,
+                                     _column_tile, _invalidate, _issue_rows, _mma_layout)
 
 # The CTA barrier's name: thread_barrier in triton 3.6 (torch 2.11), barrier from 3.9.
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -115,25 +115,11 @@ def _bwd_one_pass_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK
     total = GROUP * n_per_head
     n_query_tiles = gl.cdiv(T, BM)
 
-    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
-    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    k_smem, v_smem, row_smem, stat_smem, rings, kv_ready = _column_start(
+        q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T, D, BM, BN, STAGES)
     # g1^T, g2^T of two query tiles: a warpgroup may store tile i + 1's while the other still reads tile i's
     g1_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], g_layout)
     g2_smem = gl.allocate_shared_memory(dtype, [2, BN, BM], g_layout)
-    row_smem = (q_smem, r_smem, do_smem)
-    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
-    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES))
-    kv_ready = _once()
-
-    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
-    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
-    for b in gl.static_range(STAGES - 1):
-        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc, row_smem, stat_smem,
-                    rings, total, D, BM, STAGES)
 
     offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
@@ -144,19 +130,8 @@ def _bwd_one_pass_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK
     holding = n0 < 0
     mbarrier.wait(kv_ready, 0)
     for i in range(total):
-        slot = i % STAGES
-        _wait_slot(rings, slot, (i // STAGES) & 1)
-        q_tile = q_smem.index(slot)
-        r_tile = r_smem.index(slot)
-        do_tile = do_smem.index(slot)
-        st = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        tt = warpgroup_mma(k_smem, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-
-        h = kv_h * GROUP + i // n_per_head
-        m0 = lo + (i % n_per_head) * BM
-        offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
-        ok_m = offs_m < T
+        slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, ok_m = _column_tile(
+            i, k_smem, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM, STAGES, queries_layout)
         # this key tile's place among the key tiles of query tile (h, m0); its counter read early
         rank = (n0 - fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)[0]) // BN
         last = n0 == (m0 // BN) * BN
@@ -164,20 +139,11 @@ def _bwd_one_pass_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK
         turn = _relaxed_load(turn_ptr)
 
         st = warpgroup_mma_wait(2, deps=(st, ))
-        pt = gl.exp2(st * qk_scale - _statistic(stat_smem, slot, 0, BM, queries_layout)[None, :])
-        if (m0 < d_hi) | (m0 >= f_hi):
-            key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
-            ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
-            pt = gl.where(ok, pt, 0.0)
-        tt = warpgroup_mma_wait(1, deps=(tt, ))
-        c = 1.0 + _statistic(stat_smem, slot, 1, BM, queries_layout)[None, :] - tt
-        dv = warpgroup_mma(gl.convert_layout((pt * c).to(dtype), a_layout), do_tile, dv, is_async=True)
-        at = warpgroup_mma_wait(1, deps=(at, ))
-        beta = _statistic(stat_smem, slot, 3, BM, queries_layout)
-        delta = at - beta[None, :]
-        bmt = beta - _statistic(stat_smem, slot, 2, BM, queries_layout)
-        g1 = (pt * (c * delta + bmt[None, :]) * scale).to(dtype)
-        g2 = (-pt * delta).to(dtype)
+        pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m0, d_hi, f_hi, DOCS, T, L,
+                                   WINDOW, BM, VARLEN, queries_layout)
+        dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM, queries_layout, a_layout)
+        g1 = g1.to(dtype)
+        g2 = g2.to(dtype)
         g1_tile = g1_smem.index(i % 2)
         g2_tile = g2_smem.index(i % 2)
         g1_tile.store(g1)
