@@ -91,7 +91,8 @@ def _add_partial(ACC, OUT, x, h, m0, T, HQ, first, last, D: gl.constexpr, BM: gl
     elif first:
         gl.store(ACC + at, x, mask=mask)
     else:
-        # masked rows add 0.0 to ACC[0] (inline asm takes no mask): no value changes
+        # masked rows (past T) add 0.0 to ACC[0] (inline asm takes no mask): query tile 0's, whose one key
+        # tile writes its result without reading ACC
         _red_add((ACC + gl.where(mask, at, 0)).to(gl.int64, bitcast=True), gl.where(mask, x, 0.0))
 
 
