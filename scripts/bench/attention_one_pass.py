@@ -290,7 +290,7 @@ def timings(shape, rounds: int = 5) -> dict:
 
 
 MEASURED = ("backward time (bf16, causal, D=128) of the shipped two-pass backward (fused.backward) and of a "
-            "one-pass backward (this module's kernel) with dq and drho summed over key tiles in order "
+            "one-pass backward (scripts/bench/attention_one_pass.py) with dq and drho summed over key tiles in order "
             "(deterministic), unordered, or not at all, on one forward's outputs, timed interleaved (5 rounds, "
             "each a triton.testing.do_bench median per candidate; the median of the rounds); and the one pass's "
             "gradients against the two passes' and fp64")
@@ -305,7 +305,7 @@ def report_markdown(checks: list[dict], rows: list[dict]) -> str:
                      f"{r['ms']['one pass, ordered'] / r['ms'][names[0]]:.2f}") for r in rows))
     fmt = lambda d: ", ".join(f"{k} {v:.1e}" for k, v in d.items()) if d else "-"  # noqa: E731
     agree = table(["B", "L", "Hq/Hkv", "vs two passes (max rel.)", "one pass vs fp64", "two passes vs fp64",
-                   "rerun: same bits", "unordered: same bits"],
+                   "rerun: same bits", "unordered: the ordered bits"],
                   ((c["B"], c["L"], f"{c['Hq']}/{c['Hkv']}", fmt(c["vs_two_pass"]), fmt(c.get("one_pass_vs_fp64")),
                     fmt(c.get("two_pass_vs_fp64")), "yes" if c["rerun_same_bits"] else "no",
                     "yes" if c["unordered_same_bits"] else "no") for c in checks))
