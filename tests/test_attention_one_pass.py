@@ -2,6 +2,7 @@
 Hopper without a GPU, keeps its wgmmas asynchronous and adds partials without reading them back; on an
 sm_90 GPU its gradients match fp64 and its ordered sums give the same bits on a rerun."""
 
+import functools
 import re
 
 import pytest
@@ -13,14 +14,16 @@ from scripts.bench import attention_one_pass as one_pass  # noqa: E402
 from scripts.bench import kernel_resources  # noqa: E402
 
 
+@functools.cache
 def _sass(mode):
+    """The one-pass kernel's SASS in ``mode``, compiled once per test session."""
     return kernel_resources._cuobjdump(one_pass.compiled(mode).asm["cubin"], ["-sass"])[0]
 
 
 @pytest.mark.parametrize("mode", sorted(one_pass.MODES))
 def test_compiles_for_hopper_with_wgmmas_in_flight(mode):
     sass = _sass(mode)
-    waits = [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)]
+    waits = kernel_resources.wgmma_waits(sass)
     assert waits and max(waits) == 2, waits  # the three score products in flight together
     adds = re.findall(r"\b(REDG|ATOMG)\.\S*ADD\.F32", sass)
     if mode == "no partials":

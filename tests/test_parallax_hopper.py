@@ -22,6 +22,8 @@ from tests._interpret import rel_err
 
 gluon_hopper = pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
+from scripts.bench.kernel_resources import wgmma_waits  # noqa: E402
+
 
 # ----------------------------------------------------------------------------- sm_90 compiles (CPU)
 def _compile(kernel_name, d, varlen):
@@ -32,11 +34,6 @@ def _compile(kernel_name, d, varlen):
     return _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
 
 
-def _wgmma_waits(sass: str) -> list[int]:
-    """How many wgmmas each wgmma wait of the SASS leaves in flight."""
-    return [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)]
-
-
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("kernel_name, in_flight", [("fwd", 1), ("dq", 2), ("dkdv", 2)])
@@ -45,7 +42,7 @@ def test_kernels_compile_for_hopper_with_wgmmas_left_in_flight(kernel_name, in_f
     waiting for the first (a wait that leaves the others in flight), so ptxas did not serialise its
     wgmmas (it would wait for none in flight after every one)."""
     sass = _compile(kernel_name, d, varlen)
-    waits = _wgmma_waits(sass)
+    waits = wgmma_waits(sass)
     assert sass.count("HGMMA") > 0 and waits
     assert max(waits) == in_flight, waits
 
@@ -98,7 +95,7 @@ def test_the_column_pass_holds_k_in_registers_where_the_installed_triton_keeps_i
         compiled = compile_hopper("dkdv", 128, config._replace(keys_in_registers=keys_in_registers))
         sass[keys_in_registers] = _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
         assert _register_a_score_wgmmas(sass[keys_in_registers], config.bm) == expected
-    waits = _wgmma_waits(sass[True])
+    waits = wgmma_waits(sass[True])
     assert config.keys_in_registers == tuning.KEYS_FIT_IN_REGISTERS == (max(waits) == 2), waits
 
 

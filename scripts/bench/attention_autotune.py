@@ -63,6 +63,14 @@ def back_to_back(fn, iters: int) -> float:
 _flush_buffer: list = []  # one per process, allocated at the first flushed timing
 
 
+def do_bench_ms(fn, iters: int) -> float:
+    """triton.testing.do_bench's median ms per call of ``fn`` (10 ms of warm-up, 60 ms of calls: it
+    picks the count, so ``iters`` is unused), as an ``interleaved_ms`` timer."""
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=60)
+
+
 def flushed(fn, iters: int) -> float:
     """Median ms of ``iters`` calls of ``fn``, each timed alone after the L2 cache is overwritten."""
     if not _flush_buffer:

@@ -179,17 +179,15 @@ def column_comparison(d: int = 128, rounds: int = 7) -> list[dict]:
     COLUMN_CANDIDATES (the row pass at its shipped config), timed interleaved (``rounds`` rounds, each a
     do_bench median per candidate), whether its gradients are the first candidate's bits, and forward
     + backward against cuDNN softmax's forward + backward."""
-    import triton
-
-    from scripts.bench.attention_autotune import interleaved_ms
+    from scripts.bench.attention_autotune import do_bench_ms, interleaved_ms
 
     rows = []
     for shape in [SWEEP_SHAPE, *OTHER_SHAPES]:
         step, forward_ms, cudnn = backward_problem(shape, d)
-        fns = {label(c): lambda c=c: _with_column_config(c, d, step) for c in COLUMN_CANDIDATES}
+        fns = {label(c): lambda c=c: _under(d, {"dkdv": c}, step) for c in COLUMN_CANDIDATES}
         grads = {name: fn() for name, fn in fns.items()}  # compiles outside the timing
         first = grads[label(COLUMN_CANDIDATES[0])]
-        ms = interleaved_ms(fns, rounds, 1, lambda fn, _: triton.testing.do_bench(fn, warmup=10, rep=60))
+        ms = interleaved_ms(fns, rounds, 1, do_bench_ms)
         rows += [{"B": shape[0], "L": shape[1], "D": d, "column pass": name, "backward_ms": t,
                   "fwd_bwd_vs_cudnn": (forward_ms + t) / cudnn, "forward_ms": forward_ms, "cudnn_ms": cudnn,
                   "same_bits": all(torch.equal(a, b) for a, b in zip(grads[name], first))}
@@ -197,8 +195,9 @@ def column_comparison(d: int = 128, rounds: int = 7) -> list[dict]:
     return rows
 
 
-def _with_column_config(config: HopperConfig, d: int, step):
-    with tuning.hopper_config("dkdv", d, config):
+def _under(d: int, pair: dict, step):
+    """step() with the Hopper passes at ``pair``'s configs (``configs``)."""
+    with configs(d, pair):
         return step()
 
 

@@ -277,7 +277,7 @@ def check(shape) -> dict:
 def timings(shape, rounds: int = 5) -> dict:
     """ms of the two-pass backward and of the one pass in each mode at ``shape``, interleaved: ``rounds``
     rounds, each a triton.testing.do_bench median per candidate; the median of the rounds."""
-    from scripts.bench.attention_autotune import interleaved_ms
+    from scripts.bench.attention_autotune import do_bench_ms, interleaved_ms
 
     args, scale = _problem(shape)
     fns = {"two passes (shipped)": lambda: fused.backward(*args, scale),
@@ -285,7 +285,7 @@ def timings(shape, rounds: int = 5) -> dict:
               ("ordered", "unordered", "no partials")}}
     for fn in fns.values():
         fn()  # compiles outside the timing
-    ms = interleaved_ms(fns, rounds, 1, lambda fn, _: triton.testing.do_bench(fn, warmup=10, rep=60))
+    ms = interleaved_ms(fns, rounds, 1, do_bench_ms)
     return {"B": shape[0], "L": shape[1], "Hq": shape[2], "Hkv": shape[3], "ms": ms}
 
 

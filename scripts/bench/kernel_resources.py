@@ -101,6 +101,12 @@ def aligned(kernel, constexprs: dict, divisible: set | None = None) -> dict:
             if n in divisible and n not in constexprs}
 
 
+def wgmma_waits(sass: str) -> list[int]:
+    """How many wgmmas each wgmma wait of a cuobjdump -sass listing leaves in flight (a kernel whose
+    waits all leave 0 had its wgmmas serialised by ptxas)."""
+    return [int(n, 16) for n in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)]
+
+
 def inner_loops(sass: str, compute: bool = False) -> list[tuple[int, int]]:
     """(instructions, wgmma) of every innermost loop of a cuobjdump -sass listing, smallest first.
 
