@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eval.checkpoint import load_job_config, load_model
+from eval.checkpoint import load_job_config, load_model, model_args_of
 from parallax_titan.checkpoint_files import CheckpointError
 from parallax_titan.config import ConfigError
 from parallax_titan.generation import Generator, SamplingParams, StopCriteria
@@ -56,16 +56,18 @@ def run(args, overrides: list[str], out=sys.stdout) -> list[str]:
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     job_config = load_job_config(args.config, overrides)
     tokenizer = build_tokenizer(job_config)
-    model, model_args = load_model(job_config, args.checkpoint, device=args.device, dtype=args.dtype,
-                                   max_length=args.max_length, verify=args.verify, who="--checkpoint",
-                                   off_switch="--no-verify")
+    # every argument is checked before the checkpoint is verified and loaded (minutes for a large model)
     stopping = StopCriteria(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
                             stop_token_ids=() if args.ignore_eos else (tokenizer.eos_id,))
     prompts = [tokenizer.encode(p, add_bos=False, add_eos=False) or [tokenizer.eos_id] for p in args.prompt]
     longest = max(len(p) for p in prompts) + args.max_new_tokens
-    if longest > model_args.max_seq_len:
+    positions = model_args_of(job_config, args.max_length).max_seq_len
+    if longest > positions:
         raise ValueError(f"max_length: a prompt plus --max-new-tokens needs {longest} positions, the model has "
-                         f"{model_args.max_seq_len}; pass --max-length {longest} (or fewer new tokens)")
+                         f"{positions}; pass --max-length {longest} (or fewer new tokens)")
+    model, model_args = load_model(job_config, args.checkpoint, device=args.device, dtype=args.dtype,
+                                   max_length=args.max_length, verify=args.verify, who="--checkpoint",
+                                   off_switch="--no-verify")
     device = next(model.parameters()).device
     graph = not args.no_graph and device.type == "cuda" and model_args.mixer in ATTENTION_MIXERS
     generator = Generator(model, batch_size=1, capacity=longest, graph=graph, document_end=tokenizer.eos_id)

@@ -151,6 +151,19 @@ def _check_budgets(job_config, sources: list[SequenceSource], dp_world_size: int
                            f"{source.num_sequences * source.seq_len:,}: {epochs:.2f} epochs")
 
 
+def _check_validation_round(section, source: SequenceSource, dp_world_size: int) -> None:
+    """Validation reads whole rounds of ranks x local batch sequences: a split without one would
+    give no batch, and TorchTitan's validator fails on an empty pass (mid-run, at the first
+    ``validation.freq`` step). ValueError naming the key and the sizes."""
+    round_size = dp_world_size * section.local_batch_size
+    if source.num_sequences < round_size:
+        raise ValueError(f"validation.dataset_path = {section.dataset_path!r}: validation split has "
+                         f"{source.num_sequences} sequences of seq_len + 1 tokens, fewer than one round of "
+                         f"{dp_world_size} data-parallel ranks x validation.local_batch_size "
+                         f"{section.local_batch_size}; lower validation.local_batch_size or validation.seq_len, or "
+                         "pre-tokenize with a larger --validation-fraction")
+
+
 def build_pretokenized_loader(job_config, section_name: str, dp_world_size: int, dp_rank: int) -> PretokenizedLoader:
     """The ``pretokenized`` loader of ``[training]`` or ``[validation]``, after verifying this rank's share
     of the shard checksums (``training.verify_shards = "checksum"``)."""
@@ -161,6 +174,8 @@ def build_pretokenized_loader(job_config, section_name: str, dp_world_size: int,
     training = section_name == "training"
     if training:
         _check_budgets(job_config, sources, dp_world_size)
+    else:
+        _check_validation_round(section, sources[0], dp_world_size)
     return PretokenizedLoader(
         sources, weights, local_batch_size=section.local_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size,
         global_batch_size=global_batch_size(job_config, dp_world_size), seed=job_config.training.data_seed,

@@ -243,6 +243,19 @@ def dataset_manifest(plan: dict, units: list[dict]) -> dict:
             "splits": splits, "bad_records": bad}
 
 
+def _check_options(options: Options) -> None:
+    """ValueError naming the flag of the first out-of-range option, before anything is written:
+    a negative ``docs_per_shard`` planned no unit (a manifest of 0 tokens), a ``batch_size`` < 1
+    never filled a batch (a whole unit in one tokenizer call)."""
+    if not 0 <= options.validation_fraction < 1:
+        raise ValueError(f"--validation-fraction: expected a number in [0, 1), got {options.validation_fraction}")
+    if options.docs_per_shard < 0:
+        raise ValueError(f"--docs-per-shard: expected an integer >= 0 (0: one shard per file), got "
+                         f"{options.docs_per_shard}")
+    if options.batch_size < 1:
+        raise ValueError(f"--batch-size: expected a positive integer, got {options.batch_size}")
+
+
 def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Options = Options(), num_proc: int = 1,
                 progress: bool = True) -> dict:
     """Pre-tokenize ``spec`` into the folder ``root`` (module docstring); returns the manifest.
@@ -254,8 +267,7 @@ def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Optio
 
     if spec.kind not in SOURCE_KINDS:
         raise ValueError(f"--source: {spec.kind!r}; expected one of {SOURCE_KINDS}")
-    if not 0 <= options.validation_fraction < 1:
-        raise ValueError(f"--validation-fraction: expected a number in [0, 1), got {options.validation_fraction}")
+    _check_options(options)
     tokenizer = load_tokenizer_json(tokenizer_path)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     if eos_id is None:

@@ -41,8 +41,11 @@ class StopCriteria:
     def __post_init__(self):
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected a positive integer, got {self.max_new_tokens!r}")
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        # a bare string is one stop string (tuple("###") would stop at any "#"), a bare int one id
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        ids = (self.stop_token_ids,) if isinstance(self.stop_token_ids, int) else self.stop_token_ids
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
 
 @dataclass
@@ -129,6 +132,7 @@ class Generator:
                              "pass the end-of-document token id")
         self.session = DecodeSession(model, batch_size, capacity, graph=graph)
         self.batch_size, self.capacity = batch_size, capacity
+        self.vocab_size = model.model_args.vocab_size
         self.document_end = document_end if model.model_args.needs_document_masks else None
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
@@ -147,11 +151,10 @@ class Generator:
             raise ValueError(f"overflow: expected 'stop' or 'slide', got {overflow!r}")
         rows = []
         for i, (prompt, crit) in enumerate(zip(prompts, stoppings)):
-            if not prompt:
-                raise ValueError(f"prompts[{i}]: empty; expected at least one token")
+            tokens = _prompt_tokens(i, prompt, self.vocab_size)
             if crit.stop and decode is None:
                 raise ValueError("stop: stop strings need decode (token ids -> text)")
-            rows.append(_Row(i, list(prompt), crit, decode, self.capacity, overflow, self.document_end))
+            rows.append(_Row(i, tokens, crit, decode, self.capacity, overflow, self.document_end))
             if len(rows[-1].context()) > self.capacity:
                 raise ValueError(f"prompts[{i}]: {len(rows[-1].context())} tokens exceed the capacity of "
                                  f"{self.capacity}")
@@ -189,6 +192,20 @@ class Generator:
                     rows[i].start = rows[i].context_start()
 
 
+def _prompt_tokens(index: int, prompt: Sequence[int], vocab_size: int) -> list[int]:
+    """Prompt ``index`` as a list of ints, each a row of the embedding: an id outside
+    ``[0, vocab_size)`` (a prompt from another tokenizer) would otherwise be an IndexError in the
+    embedding on CPU and a device-side assert, which ends the process, on CUDA."""
+    tokens = [int(t) for t in prompt]
+    if not tokens:
+        raise ValueError(f"prompts[{index}]: empty; expected at least one token")
+    if not 0 <= min(tokens) <= max(tokens) < vocab_size:  # cheap on long prompts; find the culprit only then
+        position, token = next((p, t) for p, t in enumerate(tokens) if not 0 <= t < vocab_size)
+        raise ValueError(f"prompts[{index}]: token id {token} at position {position} is outside the model's "
+                         f"vocabulary of {vocab_size} (expected 0 to {vocab_size - 1})")
+    return tokens
+
+
 def _per_prompt(stopping, count: int) -> list[StopCriteria]:
     if isinstance(stopping, StopCriteria):
         return [stopping] * count
@@ -205,6 +222,8 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling:
     """One-off generation: a :class:`Generator` sized for these prompts (batch: all of them, or
     ``batch_size``; capacity: the longest prompt plus its max_new_tokens, or ``capacity``)."""
     stoppings = _per_prompt(stopping, len(prompts))
+    if not stoppings:
+        return []  # no prompts: nothing to size a generator for
     if capacity is None:
         capacity = max(len(p) + s.max_new_tokens for p, s in zip(prompts, stoppings))
     generator = Generator(model, batch_size=batch_size or len(prompts), capacity=capacity, graph=graph,

@@ -96,8 +96,19 @@ def token_probabilities(logits: torch.Tensor, params: SamplingParams, seen: torc
     if params.greedy:
         raise ValueError("token_probabilities: temperature = 0 is greedy (argmax), not a distribution")
     logits = _penalized(logits, params, seen)
-    logits = filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
+    logits = filter_top_k_top_p(_tempered(logits, params.temperature), params.top_k, params.top_p)
     return torch.softmax(logits, dim=-1)
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature, shifted so that each row's largest is 0 (the softmax is the same).
+
+    With a tiny temperature, unshifted fp32 logits overflow to inf and the softmax gives NaN;
+    shifted, the others go to -inf and the draw is the argmax (ties shared). A temperature below
+    the dtype's smallest normal number would round to 0 (0 / 0 at the maximum): it is that number.
+    """
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    return shifted / max(temperature, torch.finfo(logits.dtype).tiny)
 
 
 def _penalized(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:

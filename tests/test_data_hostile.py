@@ -1,0 +1,58 @@
+"""Data fed what a careless or hostile user hands it: pre-tokenizer options that silently wrote an
+empty dataset or read a whole file into one tokenizer batch, and a pre-tokenized validation split
+too small for one round of ranks x batch, which crashed the first validation mid-run."""
+
+from __future__ import annotations
+
+import pytest
+
+from parallax_titan.data import build_validation_dataloader
+from parallax_titan.data import pretokenize as pt
+from parallax_titan.tokenizer import TINY_TOKENIZER_PATH
+from scripts.pretokenize import main as cli
+from tests.test_pretokenize import corpus_docs, write_jsonl
+from tests.test_pretokenized import job
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return pt.SourceSpec("local", write_jsonl(tmp_path_factory.mktemp("docs") / "docs.jsonl", corpus_docs(12)))
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("docs_per_shard", -5, "--docs-per-shard"),  # range(0, n, -5) planned no unit: a manifest of 0 tokens
+    ("batch_size", 0, "--batch-size"),  # a batch never filled: the whole unit in one tokenizer call
+    ("batch_size", -3, "--batch-size"),
+])
+def test_bad_pretokenize_options_are_refused_before_any_work(tmp_path, source, field, value, flag):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=rf"{flag}: expected .*, got {value}"):
+        pt.pretokenize(source, str(out), TINY_TOKENIZER_PATH, pt.Options(**{field: value}), progress=False)
+    assert not out.exists()  # no plan.json that a corrected rerun would be refused against
+
+
+def test_bad_pretokenize_option_on_the_command_line(tmp_path, source, capsys):
+    argv = ["--source", "local", "--path", source.path, "--tokenizer", TINY_TOKENIZER_PATH,
+            "--out", str(tmp_path / "out"), "--docs-per-shard", "-1", "--no-progress"]
+    assert cli(argv) == 1
+    assert "--docs-per-shard: expected an integer >= 0 (0: one shard per file), got -1" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, source):
+    """12 documents, a quarter of them held out: a validation split of a few hundred tokens."""
+    out = tmp_path_factory.mktemp("small") / "data"
+    pt.pretokenize(source, str(out), TINY_TOKENIZER_PATH, pt.Options(validation_fraction=0.25), progress=False)
+    return str(out)
+
+
+def test_validation_split_smaller_than_one_round_is_refused_at_build(small):
+    """No whole round: the loader yielded nothing and TorchTitan's validator failed at its first
+    pass (torch.stack of no losses), after training up to validation.freq."""
+    sequences = build_validation_dataloader(1, 0, None, job(small, batch=1)).sources[0].num_sequences
+    assert sequences >= 2
+    build_validation_dataloader(2, 1, None, job(small, batch=sequences // 2))  # one round fits
+    with pytest.raises(ValueError, match=rf"validation\.dataset_path = .*: validation split has {sequences} sequences "
+                                         rf"of seq_len \+ 1 tokens, fewer than one round of 2 data-parallel ranks x "
+                                         rf"validation\.local_batch_size {sequences}"):
+        build_validation_dataloader(2, 0, None, job(small, batch=sequences))
