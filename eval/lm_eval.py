@@ -25,9 +25,10 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable
 from tqdm import tqdm
 
-from eval.model import ParallaxLM
+from eval.checkpoint import DTYPES
+from eval.model import ParallaxLM, positive_int
 from eval.table import markdown_table
-from eval.tasks import parse_tasks, task_specs
+from eval.tasks import data_file, parse_tasks, task_specs
 from parallax_titan.checkpoint_files import CheckpointError, verify_before_load
 
 SUITES = ("paper",)
@@ -63,11 +64,17 @@ def row_name(checkpoint_dir: str) -> str:
     return "/".join(parts[-2:])
 
 
+def json_name(row: str) -> str:
+    """The file of a row's lm-eval JSON: its name with every run of other characters than
+    letters, digits, ``.``, ``_`` and ``-`` replaced by ``_`` (``run/step-2`` -> ``run_step-2.json``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", row) + ".json"
+
+
 def write_outputs(output_dir: str, rows: list[tuple[str, dict]]) -> str:
     """Write ``results.md`` and one lm-eval JSON per row into ``output_dir``; returns the table's path."""
     os.makedirs(output_dir, exist_ok=True)
     for name, results in rows:
-        path = os.path.join(output_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", name) + ".json")
+        path = os.path.join(output_dir, json_name(name))
         with open(path, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2, default=handle_non_serializable)
     table_path = os.path.join(output_dir, "results.md")
@@ -76,12 +83,50 @@ def write_outputs(output_dir: str, rows: list[tuple[str, dict]]) -> str:
     return table_path
 
 
+def check_settings(*, limit: int, batch_size: int, max_length: int, bootstrap_iters: int, dtype: str) -> None:
+    """The scoring settings, checked before any checkpoint is read (ValueError naming the key)."""
+    if limit < 0:
+        raise ValueError(f"limit: got {limit}; expected 0 (all documents) or a positive count")
+    positive_int("batch_size", batch_size)
+    if max_length < 0:
+        raise ValueError(f"max_length: got {max_length}; expected 0 (training seq_len) or a positive length")
+    if bootstrap_iters < 0:  # lm-eval would take it as 0 and silently compute no standard errors
+        raise ValueError(f"bootstrap_iters: got {bootstrap_iters}; expected 0 (no standard errors) or a positive count")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype: got {dtype!r}; expected 'auto' or one of {sorted(DTYPES)}")
+
+
+def check_outputs(output: str, names: list[str]) -> None:
+    """Create ``output`` and check that every row gets a JSON file of its own, before hours of scoring.
+
+    Two rows of one name (runs of the same name in different folders), or names that differ only in
+    the characters a file name replaces, would write one JSON file, the last overwriting the others."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise ValueError(f"output: {output!r} is a file; expected a folder for results.md and the lm-eval JSON files")
+    try:
+        os.makedirs(output, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"output: cannot create {output!r} ({exc.strerror}); expected a writable folder") from None
+    if not os.access(output, os.W_OK):
+        raise ValueError(f"output: {output!r} is not writable; expected a writable folder")
+    files: dict[str, list[str]] = {}
+    for name in names:
+        files.setdefault(json_name(name), []).append(name)
+    shared = {f: rows for f, rows in files.items() if len(rows) > 1}
+    if shared:
+        clashes = "; ".join(f"{rows} -> {f}" for f, rows in shared.items())
+        raise ValueError(f"names: rows {clashes} would share one JSON file in {output!r}; "
+                         "expected distinct row names (give them with --names)")
+
+
 def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: list[str], output: str,
                          data_dir: str | None = None, limit: int = 0, batch_size: int = 8, device=None,
                          dtype: str = "auto", max_length: int = 0, names: list[str] | None = None,
                          bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, verify: bool = True) -> str:
     """Score each checkpoint (with its config: one for all, or one each); returns the table's path.
 
+    The settings, the task files of ``data_dir`` and ``output`` (:func:`check_settings`,
+    :func:`check_outputs`) are checked first: ValueError naming the key, before any checkpoint is read.
     verify: check every checkpoint's files against its checksum manifest before scoring any
     (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``)."""
     if len(configs) not in (1, len(checkpoints)):
@@ -92,6 +137,11 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
     if len(names) != len(checkpoints):
         raise ValueError(f"names: got {len(names)} names for {len(checkpoints)} checkpoints")
     configs = configs * len(checkpoints) if len(configs) == 1 else configs
+    check_settings(limit=limit, batch_size=batch_size, max_length=max_length, bootstrap_iters=bootstrap_iters,
+                   dtype=dtype)
+    for task in tasks if data_dir else ():  # the task files too, before any checkpoint is read
+        data_file(data_dir, task)
+    check_outputs(output, names)
     for checkpoint in checkpoints:  # all of them before hours of scoring
         verify_before_load(checkpoint, "--checkpoint", "--no-verify", verify)
     rows = []

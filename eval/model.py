@@ -25,12 +25,17 @@ from parallax_titan.tokenizer import build_tokenizer
 
 MODEL_NAME = "parallax_titan"
 DEFAULT_MAX_GEN_TOKS = 256
+# lm-eval's model_args keys (config and checkpoint required); the rest are from_checkpoint's arguments.
+MODEL_ARGS = ("config", "checkpoint", "device", "dtype", "batch_size", "max_length", "max_gen_toks", "verify")
+# What lm-eval hands every model besides model_args; the adapter takes these two when set.
+ADDITIONAL_CONFIG = ("device", "batch_size")
 
 # (the (context, continuation) strings or None for rolling windows, context ids, continuation ids)
 Request = tuple[tuple[str, str] | None, list[int], list[int]]
 
 
-def _positive_int(name: str, value) -> int:
+def positive_int(name: str, value) -> int:
+    """``value`` as a positive integer (an int or its digits); ValueError naming ``name`` otherwise."""
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -75,14 +80,14 @@ class ParallaxLM(TemplateLM):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self._max_length = _positive_int("max_length", max_length or model.model_args.max_seq_len)
+        self.batch_size = positive_int("batch_size", batch_size)
+        self._max_length = positive_int("max_length", max_length or model.model_args.max_seq_len)
         if self._max_length > model.model_args.max_seq_len:
             raise ValueError(
                 f"max_length: got {self._max_length}; the model's RoPE table holds "
                 f"{model.model_args.max_seq_len} positions"
             )
-        self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
+        self.max_gen_toks = positive_int("max_gen_toks", max_gen_toks)
         self._device = next(model.parameters()).device
         self.graph, self.seed = graph, seed
         self._generator: Generator | None = None
@@ -97,7 +102,10 @@ class ParallaxLM(TemplateLM):
 
         verify: check the folder's files against its checksum manifest first (a corrupt or truncated
         file, or no manifest, raises CheckpointError naming ``who``, the file and ``off_switch``);
-        see :func:`eval.checkpoint.load_checkpoint`."""
+        see :func:`eval.checkpoint.load_checkpoint`. ``batch_size`` and ``max_gen_toks`` are checked
+        before anything is read."""
+        positive_int("batch_size", batch_size)
+        positive_int("max_gen_toks", max_gen_toks)
         model, _ = load_model(job_config, checkpoint_dir, device=device, dtype=dtype, max_length=max_length,
                               verify=verify, who=who, off_switch=off_switch)
         return cls(model, build_tokenizer(job_config), batch_size=batch_size, max_length=max_length,
@@ -127,11 +135,25 @@ class ParallaxLM(TemplateLM):
         The checkpoint's checksums are checked first; ``verify=false`` loads it unchecked."""
         from lm_eval.utils import simple_parse_args_string
 
-        args = simple_parse_args_string(arg_string)
-        extra = {k: v for k, v in (additional_config or {}).items() if k in ("device", "batch_size") and v}
+        return cls._from_model_args(simple_parse_args_string(arg_string), additional_config, repr(arg_string))
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's ``simple_evaluate(model="parallax_titan", model_args={"config": ..., "checkpoint": ...})``:
+        the same keys as :meth:`create_from_arg_string`."""
+        return cls._from_model_args(dict(arg_dict), additional_config, repr(arg_dict))
+
+    @classmethod
+    def _from_model_args(cls, args: dict, additional_config: dict | None, shown: str):
+        """model_args (keys of :data:`MODEL_ARGS`) plus lm-eval's ``device`` and ``batch_size`` when set
+        -> :meth:`from_checkpoint`. ValueError naming ``model_args`` for a missing or unknown key."""
         for key in ("config", "checkpoint"):
             if key not in args:
-                raise ValueError(f"model_args: {key}= is missing in {arg_string!r}; expected config=X.toml,checkpoint=DIR")
+                raise ValueError(f"model_args: {key}= is missing in {shown}; expected config=X.toml,checkpoint=DIR")
+        unknown = sorted(set(args) - set(MODEL_ARGS))
+        if unknown:
+            raise ValueError(f"model_args: unknown {unknown} in {shown}; expected keys from {list(MODEL_ARGS)}")
+        extra = {k: v for k, v in (additional_config or {}).items() if k in ADDITIONAL_CONFIG and v}
         config, checkpoint = args.pop("config"), args.pop("checkpoint")
         verify = _flag("verify", args.pop("verify", True))
         return cls.from_checkpoint(config, checkpoint, **{**args, **extra}, verify=verify,
@@ -264,7 +286,7 @@ class ParallaxLM(TemplateLM):
         kwargs = dict(gen_kwargs)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
-        max_new = _positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
+        max_new = positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
         do_sample = kwargs.pop("do_sample", None)
         temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
         top_k, top_p = int(kwargs.pop("top_k", 0) or 0), float(kwargs.pop("top_p", 1.0) or 1.0)

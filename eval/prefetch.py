@@ -46,7 +46,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jsonl-dir", default=None, help="also write <dir>/<task>.jsonl (the evaluated split)")
     parser.add_argument("--list", action="store_true", help="only print each task's dataset and split")
     args = parser.parse_args(argv)
-    tasks = parse_tasks(args.tasks)
+    try:
+        tasks = parse_tasks(args.tasks)
+    except ValueError as exc:
+        parser.error(str(exc))  # exit code 2, the usage and the message; no traceback
     if args.list:
         for task in tasks:
             s = hub_source(task)

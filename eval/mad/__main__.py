@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 
-from eval.mad.grid import SWEEPS, RunConfig, check_checkpoint_seconds, check_mixers, load_config
+from eval.mad.grid import SWEEPS, RunConfig, check_checkpoint_seconds, check_mixers, check_value, load_config
 from eval.mad.models import MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
@@ -63,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lrs", default=None, help="override [train] lrs, comma list")
     p.add_argument("--wds", default=None, help="override [train] weight_decays, comma list")
     p.add_argument("--precision", choices=("bf16", "fp32"), default=None, help="override [train] precision")
-    p.add_argument("--num-train-examples", type=int, default=None, help="cap every setting's train set")
+    p.add_argument("--num-train-examples", type=int, default=None,
+                   help="replace every setting's train set size (MAD's training-size changes and MEM's 256 too)")
     p.add_argument("--num-test-examples", type=int, default=None, help="override every setting's test set size")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each block (override [train] compile; runs count in the same grid)")
@@ -84,33 +86,43 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _floats(text: str, flag: str) -> list[float]:
+    """A comma list of numbers (each once, in order); ValueError naming ``flag`` for another entry."""
+    try:
+        return list(dict.fromkeys(float(x) for x in text.split(",")))
+    except ValueError:
+        raise ValueError(f"{flag} = {text!r}: expected a comma list of numbers, e.g. 5e-3,1e-3") from None
+
+
 def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
+    """The command's options over the config; a given value is checked (0 is a value, not "unset")."""
     if args.tasks:
         cfg.tasks = _parse_tasks(args.tasks)
     if args.mixers:
-        cfg.mixers = [m.strip() for m in args.mixers.split(",")]
+        cfg.mixers = list(dict.fromkeys(m.strip() for m in args.mixers.split(",")))
     if args.sweep:
         cfg.sweep = args.sweep
     if args.settings:
         cfg.only_settings = split_fragments(args.settings)
-    if args.epochs:
-        cfg.train.epochs = args.epochs
+    overrides = [("train", "epochs", args.epochs, "--epochs"),
+                 ("train", "lrs", args.lrs and _floats(args.lrs, "--lrs"), "--lrs"),
+                 ("train", "weight_decays", args.wds and _floats(args.wds, "--wds"), "--wds"),
+                 ("data", "num_train_examples", args.num_train_examples, "--num-train-examples"),
+                 ("data", "num_test_examples", args.num_test_examples, "--num-test-examples"),
+                 ("train", "max_seconds", args.max_run_seconds, "--max-run-seconds")]
+    for section, key, value, flag in overrides:
+        if value is not None:  # given: checked (grid.RANGES), then set
+            check_value(section, key, value, flag)
+            if section == "data":
+                cfg.data[key] = value
+            else:
+                setattr(cfg.train, key, value)
     if args.optimizer:
         cfg.train.optimizer = args.optimizer
     if args.schedule:
         cfg.train.schedule = args.schedule
-    if args.lrs:
-        cfg.train.lrs = [float(x) for x in args.lrs.split(",")]
-    if args.wds:
-        cfg.train.weight_decays = [float(x) for x in args.wds.split(",")]
     if args.precision:
         cfg.train.precision = args.precision
-    if args.num_train_examples:
-        cfg.data["num_train_examples"] = args.num_train_examples
-    if args.num_test_examples:
-        cfg.data["num_test_examples"] = args.num_test_examples
-    if args.max_run_seconds:
-        cfg.train.max_seconds = args.max_run_seconds
     if args.checkpoint_seconds is not None:
         check_checkpoint_seconds(args.checkpoint_seconds, "--checkpoint-seconds")
         cfg.train.checkpoint_seconds = args.checkpoint_seconds
@@ -121,10 +133,21 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
     return cfg
 
 
+def _check_running(args) -> None:
+    """--workers, --threads and --deadline, before any run (ValueError naming the option)."""
+    if args.workers < 0:
+        raise ValueError(f"--workers = {args.workers}: expected 0 (inline) or a number of processes")
+    if args.threads < 1:
+        raise ValueError(f"--threads = {args.threads}: expected an integer >= 1")
+    if args.deadline is not None and not (math.isfinite(args.deadline) and args.deadline > 0):
+        raise ValueError(f"--deadline = {args.deadline}: expected a number of seconds > 0")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:  # a bad config or option stops here, before any run, with the key named
         cfg = _apply_overrides(load_config(args.config), args)
+        _check_running(args)
         check_mixers(cfg.mixers, "--mixers" if args.mixers else f"{args.config}: [grid] mixers",
                      installed=not args.report_only)  # rebuilding tables needs no fla
         cfg.settings()  # an --settings fragment that matches nothing

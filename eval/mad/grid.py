@@ -135,11 +135,14 @@ class RunConfig:
     only_settings: list[str] = field(default_factory=list)  # label fragments, e.g. "seq_len=512"
 
     def settings(self) -> list[TaskSetting]:
-        """Every task setting of the grid, task by task; with ``only_settings``, those whose label
+        """Every distinct task setting of the grid, task by task; with ``only_settings``, those whose label
         (``TaskSetting.label()``) contains one of its fragments. A fragment that matches no setting
         of the grid raises ValueError."""
         every = [s for t in self.tasks
                  for s in task_settings(t, self.sweep, self.seed, self.selective_copy, **self.data)]
+        # Once each: a num_train_examples override makes MAD's training-size changes equal to the
+        # baseline, and a task may be listed twice; a repeat would be planned but never run.
+        every = list(dict.fromkeys(every))
         if not self.only_settings:
             return every
         labels = [s.label() for s in every]
@@ -162,6 +165,55 @@ def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
     missing = [m for m in mixers if installed and fla_missing(MIXERS[m][0])]
     if missing:
         raise ValueError(f"{where} = {mixers!r}: {missing} need flash-linear-attention ({FLA_INSTALL}) and CUDA")
+
+
+def _finite_at_least(low: float, strict: bool = False):
+    """A test of a number: finite and >= ``low`` (> ``low`` when ``strict``)."""
+    return lambda v: math.isfinite(v) and (v > low if strict else v >= low)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _rates(test):
+    """A test of a sweep list: not empty, every value passing ``test``."""
+    return lambda v: len(v) > 0 and all(test(x) for x in v)
+
+
+# Values that type-check but cannot make a run (a zero lr divides by zero, zero epochs would record
+# an untrained model's accuracy as a finished run): (test, what is expected) per section and key.
+RANGES = {
+    "train": {
+        "epochs": (_count, "an integer >= 1"),
+        "batch_size": (_count, "an integer >= 1"),
+        "lrs": (_rates(_finite_at_least(0, strict=True)), "a non-empty list of finite learning rates > 0"),
+        "weight_decays": (_rates(_finite_at_least(0)), "a non-empty list of finite weight decays >= 0"),
+        "decay_frac": (lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
+        "grad_clip": (_finite_at_least(0), "a finite number >= 0 (0: no clipping)"),
+        "min_lr": (_finite_at_least(0), "a finite number >= 0"),
+        "max_seconds": (_finite_at_least(0), "a finite number of seconds >= 0 (0: off)"),
+    },
+    "data": {
+        "num_train_examples": (_count, "an integer >= 1"),
+        "num_test_examples": (_count, "an integer >= 1"),
+    },
+    "model": {key: (_count, "an integer >= 1") for key in ("dim", "n_heads", "hidden_dim")},
+}
+
+
+def check_value(section: str, key: str, value, where: str) -> None:
+    """Rejects a value of ``[section] key`` outside :data:`RANGES`, naming ``where`` (the TOML key
+    or the CLI option)."""
+    rule = RANGES[section].get(key)
+    if rule is not None and not rule[0](value):
+        raise ValueError(f"{where} = {value!r}: expected {rule[1]}")
+
+
+def check_section(section: str, values: dict, where: str) -> None:
+    """:func:`check_value` for every key of a section; ``where``: e.g. ``"c.toml: [train]"``."""
+    for key, value in values.items():
+        check_value(section, key, value, f"{where} {key}")
 
 
 def check_checkpoint_seconds(value, where: str) -> None:
@@ -199,7 +251,10 @@ def load_config(path: str) -> RunConfig:
     unknown = set(cfg.data) - fields
     if unknown:
         raise ValueError(f"{path}: [data] unknown keys {sorted(unknown)}; expected some of {sorted(fields)}")
+    check_section("data", cfg.data, f"{path}: [data]")
     cfg.train = _fill(TrainConfig, raw.get("train", {}), "train")
     check_checkpoint_seconds(cfg.train.checkpoint_seconds, f"{path}: [train] checkpoint_seconds")
+    check_section("train", dataclasses.asdict(cfg.train), f"{path}: [train]")
     cfg.model = _fill(ModelConfig, raw.get("model", {}), "model")
+    check_section("model", dataclasses.asdict(cfg.model), f"{path}: [model]")
     return cfg

@@ -1,0 +1,210 @@
+"""Hostile arguments to the evaluation commands: each is refused by name before any checkpoint is
+checked or loaded, or changes what the outputs say (fast: no model is built)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import eval.lm_eval as cli
+from eval.mad.__main__ import main as mad_main
+from eval.mad.grid import RunConfig, load_config
+from eval.model import ParallaxLM
+from eval.table import markdown_table
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """eval.lm_eval with checksum checks and model loads that fail the test when reached; the
+    calls of the (fake) scoring are recorded in the returned list."""
+    calls = []
+
+    def verify(*args, **kwargs):
+        calls.append("verify")
+
+    def load(cls, *args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(cli, "verify_before_load", verify)
+    monkeypatch.setattr(ParallaxLM, "from_checkpoint", classmethod(load))
+    return calls
+
+
+def cli_args(tmp_path, *extra):
+    return ["--config", "X.toml", "--checkpoint", str(tmp_path / "run" / "checkpoint" / "step-1"),
+            "--output", str(tmp_path / "out"), "--device", "cpu", *extra]
+
+
+@pytest.mark.parametrize("flag, value, name", [
+    ("--limit", "-1", "limit"), ("--batch-size", "0", "batch_size"), ("--max-length", "-4", "max_length"),
+    ("--bootstrap-iters", "-1", "bootstrap_iters"), ("--dtype", "fp8", "dtype"),
+])
+def test_cli_numbers_are_checked_before_any_checkpoint(tmp_path, capsys, no_loading, flag, value, name):
+    assert cli.main(cli_args(tmp_path, flag, value)) == 2
+    err = capsys.readouterr().err
+    assert f"{name}:" in err and value in err
+    assert no_loading == []  # not even the checksums were read
+
+
+def test_cli_output_that_is_a_file_is_refused_before_scoring(tmp_path, capsys, no_loading):
+    (tmp_path / "out").write_text("not a folder")
+    assert cli.main(cli_args(tmp_path)) == 2
+    assert "output:" in capsys.readouterr().err and no_loading == []
+
+
+def test_cli_missing_task_file_is_refused_before_scoring(tmp_path, capsys, no_loading):
+    (tmp_path / "data").mkdir()
+    assert cli.main(cli_args(tmp_path, "--tasks", "boolq", "--data-dir", str(tmp_path / "data"))) == 2
+    assert "data_dir:" in capsys.readouterr().err and no_loading == []
+
+
+def test_cli_rows_that_would_share_a_json_file_are_refused(tmp_path, capsys, no_loading):
+    """Two runs called "run" in different folders: both rows "run/step-1", one JSON file."""
+    checkpoints = [str(tmp_path / d / "run" / "checkpoint" / "step-1") for d in ("a", "b")]
+    args = ["--config", "X.toml", "--checkpoint", *checkpoints, "--output", str(tmp_path / "out")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "names:" in err and "run/step-1" in err and "--names" in err and no_loading == []
+    assert cli.main([*args, "--names", "a/x", "a_x"]) == 2  # distinct names, one file name
+    assert "a_x.json" in capsys.readouterr().err
+
+
+def test_table_says_when_a_limit_cut_the_documents():
+    full = {"results": {"boolq": {"acc,none": 0.5}}, "n-samples": {"boolq": {"original": 20, "effective": 20}},
+            "config": {"limit": None}}
+    cut = {"results": {"boolq": {"acc,none": 0.5}}, "n-samples": {"boolq": {"original": 20, "effective": 5}},
+           "config": {"limit": 5}}
+    assert "limit" not in markdown_table([("full", full)])
+    table = markdown_table([("full", full), ("cut", cut)])
+    rows = [line for line in table.splitlines() if line.startswith("| cut")]
+    assert rows and rows[0].startswith("| cut†")
+    assert "† scored on part of each task's documents" in table and "boolq 5 of 20" in table
+
+
+def test_from_job_config_checks_sizes_before_loading(monkeypatch):
+    import eval.model
+
+    def load(*args, **kwargs):
+        raise AssertionError("loaded before batch_size was checked")
+
+    monkeypatch.setattr(eval.model, "load_model", load)
+    with pytest.raises(ValueError, match="batch_size: got 'auto'"):
+        ParallaxLM.from_job_config(None, "DIR", batch_size="auto")
+    with pytest.raises(ValueError, match="max_gen_toks: got 0"):
+        ParallaxLM.from_job_config(None, "DIR", max_gen_toks=0)
+
+
+@pytest.fixture
+def fake_checkpoint(monkeypatch):
+    calls = []
+
+    def from_checkpoint(cls, config, checkpoint, **kwargs):
+        calls.append((config, checkpoint, kwargs))
+        return "lm"
+
+    monkeypatch.setattr(ParallaxLM, "from_checkpoint", classmethod(from_checkpoint))
+    return calls
+
+
+def test_model_args_as_a_dict_build_the_adapter(fake_checkpoint):
+    """lm_eval.simple_evaluate(model="parallax_titan", model_args={...}) goes through create_from_arg_obj."""
+    assert ParallaxLM.create_from_arg_obj({"config": "X.toml", "checkpoint": "D", "verify": False},
+                                          {"batch_size": 2, "max_batch_size": None, "device": None}) == "lm"
+    config, checkpoint, kwargs = fake_checkpoint[0]
+    assert (config, checkpoint, kwargs["batch_size"], kwargs["verify"]) == ("X.toml", "D", 2, False)
+
+
+def test_unknown_model_args_are_named(fake_checkpoint):
+    with pytest.raises(ValueError, match=r"model_args: unknown \['batchsize'\].*batch_size"):
+        ParallaxLM.create_from_arg_string("config=X.toml,checkpoint=D,batchsize=4")
+    with pytest.raises(ValueError, match="model_args: config= is missing"):
+        ParallaxLM.create_from_arg_obj({"checkpoint": "D"})
+    assert fake_checkpoint == []
+
+
+# ---------------------------------------------------------------------------------------- MAD
+MAD_SECTIONS = {
+    "grid": {"tasks": '["in-context-recall"]', "sweep": '"baseline"'},
+    "train": {"epochs": "1", "batch_size": "16", "lrs": "[1e-3]", "weight_decays": "[0.0]"},
+}
+
+
+def mad_toml(**changes: str) -> str:
+    """A tiny MAD config; ``changes``: ``section__key="TOML value"``."""
+    sections = {name: dict(keys) for name, keys in MAD_SECTIONS.items()}
+    for name, value in changes.items():
+        section, key = name.split("__")
+        sections.setdefault(section, {})[key] = value
+    return "".join(f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()) for name, keys in sections.items())
+
+
+MAD_TOML = mad_toml()
+
+
+def test_mad_training_size_override_plans_each_setting_once():
+    """A num_train_examples override makes MAD's training-size changes equal to the baseline:
+    one setting (and one planned run), not five."""
+    settings = RunConfig(tasks=["in-context-recall"], sweep="mad", data={"num_train_examples": 100}).settings()
+    assert len(settings) == len(set(settings)) == 7
+    assert len(RunConfig(tasks=["in-context-recall", "in-context-recall"], sweep="baseline").settings()) == 1
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"train__epochs": "0"}, "[train] epochs"), ({"train__batch_size": "0"}, "[train] batch_size"),
+    ({"train__lrs": "[0.0]"}, "[train] lrs"), ({"train__lrs": "[]"}, "[train] lrs"),
+    ({"train__weight_decays": "[-0.1]"}, "[train] weight_decays"), ({"train__decay_frac": "1.5"}, "[train] decay_frac"),
+    ({"data__num_train_examples": "0"}, "[data] num_train_examples"), ({"model__dim": "0"}, "[model] dim"),
+])
+def test_mad_config_values_that_cannot_make_a_run_are_refused(tmp_path, change, key):
+    path = tmp_path / "c.toml"
+    path.write_text(mad_toml(**change))
+    with pytest.raises(ValueError, match=re.escape(f"{path}: {key} = ")):
+        load_config(str(path))
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--epochs", "0"), ("--epochs", "-2"), ("--num-train-examples", "0"), ("--num-test-examples", "0"),
+    ("--lrs", "1e-3,abc"), ("--lrs", "0"), ("--wds", "x"), ("--max-run-seconds", "-1"),
+    ("--workers", "-1"), ("--threads", "0"), ("--deadline", "0"),
+])
+def test_mad_cli_values_are_checked_not_ignored(tmp_path, flag, value):
+    config = tmp_path / "c.toml"
+    config.write_text(MAD_TOML)
+    with pytest.raises(SystemExit, match=flag):
+        mad_main(["--config", str(config), "--out", str(tmp_path / "out"), "--report-only", flag, value])
+
+
+def test_mad_cli_zero_run_seconds_turns_the_configs_budget_off(tmp_path):
+    from eval.mad import __main__ as mad_cli
+
+    config = tmp_path / "c.toml"
+    config.write_text(mad_toml(train__max_seconds="60.0"))
+    args = mad_cli._parser().parse_args(["--config", str(config), "--out", "o", "--max-run-seconds", "0"])
+    assert mad_cli._apply_overrides(load_config(str(config)), args).train.max_seconds == 0
+
+
+# ---------------------------------------------------------------------------------------- hand-off
+def test_downstream_data_dir_is_checked_when_training_starts(tmp_path):
+    """[eval] every_n_steps with a data_dir lacking a task's file: refused when the evaluator is built
+    (before the first training step), not at the first evaluation step."""
+    import os
+
+    from eval.downstream import DownstreamEvaluator
+    from parallax_titan.config import load_config as load_job
+    from tests._train_runs import REPO
+
+    config = load_job(["--job.config_file", os.path.join(REPO, "configs", "test_cpu_2rank.toml"),
+                       "--eval.every_n_steps", "10", "--eval.tasks", "boolq", "--eval.data_dir", str(tmp_path)],
+                      check_data=False)
+    with pytest.raises(ValueError, match="data_dir: .* no file for task 'boolq'"):
+        DownstreamEvaluator(config)
+
+
+def test_prefetch_unknown_task_is_an_error_not_a_traceback(capsys):
+    from eval import prefetch
+
+    with pytest.raises(SystemExit) as exit_info:
+        prefetch.main(["--tasks", "boolq,mmlu", "--list"])
+    assert exit_info.value.code == 2
+    assert "tasks: got 'boolq,mmlu'" in capsys.readouterr().err
