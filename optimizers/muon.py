@@ -19,6 +19,7 @@ on that owner. ``step(skip=flag)`` skips a step on the device (``skip_step.SkipS
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -26,11 +27,13 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
-from .directions import GRAM_MODES, MATRIX_ALGOS, ORTHO_DTYPES, ORTHO_KERNELS, MatrixSpec, apply_terms, update_scale
+from .directions import (GRAM_MODES, MATRIX_ALGOS, ORTHO_DTYPES, ORTHO_KERNELS, UPDATE_SCALES, MatrixSpec,
+                         apply_terms, update_scale)
 from .distributed import full_matrix_terms
 from .momentum import momentum_updates
-from .orthogonalize import default_compute_dtype
+from .orthogonalize import ORTHOGONALIZERS, default_compute_dtype
 from .skip_step import SkipStep
+from .spectral import BANDS
 
 __all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS", "ALGO_OPTIONS"]
 
@@ -78,44 +81,100 @@ ALGO_OPTIONS = {
     "aurora": {"iterations": "aurora_iterations", "beta": "aurora_beta", "eps": "aurora_eps"},
     "soap": {"beta1": "soap_beta1", "beta2": "soap_beta2", "shampoo_beta": "soap_shampoo_beta", "eps": "soap_eps"},
 }
-_UNIT = ("normuon_beta2", "soap_beta1", "soap_beta2", "soap_shampoo_beta")  # decays in [0, 1)
-_POSITIVE = ("normuon_eps", "aurora_eps", "soap_eps")
-_COUNTS = ("aurora_iterations", "soap_precondition_frequency")  # ints >= 1
+_UNIT = ("momentum", "normuon_beta2", "soap_beta1", "soap_beta2", "soap_shampoo_beta")  # decays in [0, 1)
+_POSITIVE = ("eps", "normuon_eps", "aurora_eps", "soap_eps")
+_COUNTS = ("aurora_iterations", "soap_precondition_frequency", "msign_steps")  # ints >= 1
+_NATURALS = ("ortho_steps", "head_dim", "sp_power")  # ints >= 0 (ortho_steps 0: the method's default)
+_BOOLS = ("nesterov", "compile_momentum")
+_CHOICES = {"algo": ALGOS, "decay_coupling": ("lr", "independent"), "orthogonalizer": sorted(ORTHOGONALIZERS),
+            "ortho_dtype": list(ORTHO_DTYPES), "ortho_gram": sorted(GRAM_MODES), "ortho_kernel": sorted(ORTHO_KERNELS),
+            "update_scale": UPDATE_SCALES, "sp_band": BANDS}
+# keys a group holds besides GROUP_DEFAULTS: its parameters and lr, the lr its schedule starts from
+# (ours and LambdaLR's), the host's count of SOAP calls, torch's parameter names
+_GROUP_EXTRAS = ("params", "lr", "base_lr", "initial_lr", "soap_calls", "param_names")
+
+
+def _real(value) -> float | None:
+    """``value`` as a float (a Python number or a 0-dim tensor), None for a bool or a non-number."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _is_count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _finite_at_least(value, least: float) -> bool:
+    x = _real(value)
+    return x is not None and math.isfinite(x) and x >= least
 
 
 def _check_group(group: dict) -> None:
-    """Raise a ValueError naming the group, the key and the value of the first bad option."""
-    name, algo = group["name"], group["algo"]
+    """Raise a ValueError naming the group, the key and the value of the first bad option (a bad value
+    would otherwise be ignored, e.g. a misspelled ``decay_coupling`` meaning "independent", or fail
+    inside the first step with an error that does not name it)."""
+    name = group["name"]
 
     def bad(key, expected):
         raise ValueError(f"MuonAdamW: group {name!r} {key}={group[key]!r}; expected {expected}")
 
-    if algo not in ALGOS:
-        bad("algo", f"one of {ALGOS}")
-    if algo in MATRIX_ALGOS and any(p.ndim != 2 for p in group["params"]):
-        raise ValueError(f"MuonAdamW: group {name!r} is {algo} but holds non-2-D parameters")
-    if not isinstance(group["compile_momentum"], bool):
-        bad("compile_momentum", "a bool")
-    if group["ortho_gram"] not in GRAM_MODES:
-        bad("ortho_gram", f"one of {sorted(GRAM_MODES)}")
-    if group["ortho_kernel"] not in ORTHO_KERNELS:
-        bad("ortho_kernel", f"one of {sorted(ORTHO_KERNELS)}")
-    if algo == "soap" and group["head_dim"]:
-        bad("head_dim", "0 for algo 'soap' (head-wise updates are for muon, normuon and aurora)")
+    unknown = sorted(set(group) - set(GROUP_DEFAULTS) - set(_GROUP_EXTRAS))
+    if unknown:  # torch keeps unknown group keys: a misspelled option would be ignored
+        raise ValueError(f"MuonAdamW: group {name!r} has unknown options {unknown}; expected keys of GROUP_DEFAULTS")
+    for key, choices in _CHOICES.items():
+        if not isinstance(group[key], str) or group[key] not in choices:
+            bad(key, f"one of {choices}")
+    _check_numbers(group, bad)
+    _check_matrices(group, bad)
+
+
+def _check_numbers(group: dict, bad) -> None:
+    """The numeric and boolean options of ``group`` (``bad(key, expected)`` raises)."""
+    for key in _BOOLS:
+        if not isinstance(group[key], bool):
+            bad(key, "a bool")
     for key in ("lr", "weight_decay", "sp_coeff"):  # SkipStep relies on non-positive delta coefficients
-        if not group[key] >= 0:
-            bad(key, ">= 0")
+        if not _finite_at_least(group[key], 0):
+            bad(key, "a finite float >= 0")
     for key in _UNIT:
-        if not 0 <= group[key] < 1:
+        if not (_finite_at_least(group[key], 0) and _real(group[key]) < 1):
             bad(key, "a float in [0, 1)")
+    betas = group["betas"]
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+            and all(_finite_at_least(b, 0) and _real(b) < 1 for b in betas)):
+        bad("betas", "two floats in [0, 1)")
     for key in _POSITIVE:
-        if not group[key] > 0:
+        if not (_real(group[key]) or 0) > 0:
             bad(key, "a float > 0")
     for key in _COUNTS:
-        if isinstance(group[key], bool) or not isinstance(group[key], int) or group[key] < 1:
+        if not _is_count(group[key], 1):
             bad(key, "an int >= 1")
-    if not 0 < group["aurora_beta"] <= 1:
+    for key in _NATURALS:
+        if not _is_count(group[key], 0):
+            bad(key, "an int >= 0")
+    if not (_finite_at_least(group["aurora_beta"], 0) and 0 < _real(group["aurora_beta"]) <= 1):
         bad("aurora_beta", "a float in (0, 1]")
+    if not _finite_at_least(group["sp_band_tau"], 0):
+        bad("sp_band_tau", "a finite float >= 0")
+    if group["sp_band"] != "none" and not group["sp_band_tau"] > 0:
+        bad("sp_band_tau", f"a finite float > 0 with sp_band={group['sp_band']!r}")
+
+
+def _check_matrices(group: dict, bad) -> None:
+    """The options that depend on the algorithm and on the parameters' shapes."""
+    algo = group["algo"]
+    if algo in MATRIX_ALGOS and any(p.ndim != 2 for p in group["params"]):
+        raise ValueError(f"MuonAdamW: group {group['name']!r} is {algo} but holds non-2-D parameters")
+    if algo == "soap" and group["head_dim"]:
+        bad("head_dim", "0 for algo 'soap' (head-wise updates are for muon, normuon and aurora)")
+    if algo in MATRIX_ALGOS and group["head_dim"]:
+        rows = sorted({p.shape[0] for p in group["params"]})
+        if any(r % group["head_dim"] for r in rows):
+            bad("head_dim", f"a divisor of the rows of every parameter (rows {rows})")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 import torch.nn as nn
 
 __all__ = ["DEFAULT_PARAM_RULES", "RoutingConfig", "parse_rules", "categorize", "build_param_groups",
-           "parse_headwise", "ATTN_CATEGORIES", "MODULE_OF"]
+           "parse_headwise", "check_categories", "ATTN_CATEGORIES", "MODULE_OF"]
 
 DEFAULT_PARAM_RULES: tuple[str, ...] = (
     r"embed=(^|\.)tok_embeddings\.",
@@ -94,6 +94,31 @@ class RoutingConfig:
     decay: dict = field(default_factory=dict)  # decay_coupling, sp_band, sp_band_tau, msign_steps
 
 
+def check_categories(cfg: RoutingConfig) -> None:
+    """Raise a ValueError naming the option and the category when a category option of ``cfg``
+    names a category that no rule produces (a typo such as ``"norms"`` would otherwise be ignored
+    without a word: the norms decayed, the embedding at the full lr, V without its S_p term).
+
+    Known categories: those of ``cfg.rules``, of ``DEFAULT_PARAM_RULES`` (the default category
+    lists name them, also when custom rules no longer produce them) and ``other``. S_p powers exist
+    per module only, so ``spectral_categories`` must be categories of ``MODULE_OF``.
+    """
+    known = {cat for cat, _ in parse_rules([*cfg.rules, *DEFAULT_PARAM_RULES])} | {"other"}
+    for key, names in (("lr_multipliers", cfg.lr_multipliers), ("no_decay_categories", cfg.no_decay_categories),
+                       ("muon_categories", cfg.muon_categories), ("spectral_categories", cfg.spectral_categories)):
+        for name in names:
+            if name not in known:
+                raise ValueError(f"{key}: category {name!r} is produced by no param_rules rule; expected one of "
+                                 f"{sorted(known)}")
+    for name in cfg.spectral_categories:
+        if name not in MODULE_OF:
+            raise ValueError(f"spectral_categories: category {name!r} has no S_p power (powers are set per "
+                             f"module); expected categories of {sorted(MODULE_OF)}")
+    for module in cfg.spectral:
+        if module not in ("attn", "mlp"):
+            raise ValueError(f"spectral: module {module!r}; expected 'attn' or 'mlp'")
+
+
 def _group_options(cat: str, is_matrix: bool, cfg: RoutingConfig) -> dict[str, Any]:
     base = cat.split(":")[0]
     muon = cfg.use_muon and is_matrix and base in cfg.muon_categories
@@ -117,7 +142,9 @@ def build_param_groups(model: nn.Module, cfg: RoutingConfig) -> list[dict[str, A
 
     Shared (tied) parameters appear once: ``named_parameters`` de-duplicates them and
     they take the category of their first name (``tok_embeddings`` before ``output``).
+    Raises ValueError for an unknown category in ``cfg`` (``check_categories``).
     """
+    check_categories(cfg)
     rules = parse_rules(cfg.rules)
     groups: dict[str, dict[str, Any]] = {}
     for fqn, p in model.named_parameters():
