@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eval import hf_modeling
+from parallax_titan.checkpoint_files import check_output_folder, replaced_folder
 from parallax_titan.hf_adapter import PARALLAX_HF_NAMES, ParallaxStateDictAdapter, abstract_name
 from parallax_titan.model import ParallaxModelArgs
 from parallax_titan.tokenizer import write_tokenizer_config
@@ -36,6 +37,12 @@ SHAPE_FIELDS = {
     "num_key_value_heads": "n_kv_heads", "head_dim": "head_dim",
     "tie_word_embeddings": "enable_weight_tying", "rope_theta": "rope_theta", "rms_norm_eps": "norm_eps",
 }
+# config.json keys whose other values the model does not compute (checked where present).
+FIXED_FIELDS = {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False}
+MODEL_TYPES = ("qwen3", "parallax_qwen3")
+PARALLAX_FIELDS = ("rho_rope", "gate", "attn_mask_type")  # a Parallax export's ``parallax`` block
+# Files an export writes: an --output holding anything else is refused (never replaced).
+EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json", *hf_modeling.REMOTE_CODE_FILES)
 
 
 def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = None) -> dict:
@@ -68,59 +75,168 @@ def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = 
 
 @torch.no_grad()
 def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | None = None,
-              tokenizer_dir: str | None = None, eos_id: int | None = None) -> str:
+              tokenizer_dir: str | None = None, eos_id: int | None = None, key: str = "output") -> str:
     """Write ``model`` as ``model.safetensors`` + ``config.json`` (+ the tokenizer) into ``output_dir``;
     for Parallax variants also the modeling code (``configuration_parallax.py``, ``modeling_parallax.py``).
 
     dtype: storage dtype (default: the parameters'). eos_id: the tokenizer's end-of-document id
     (default: Qwen3's). Returns ``output_dir``.
+
+    Atomic: the files go into a folder beside ``output_dir`` that then replaces it whole, so a failed
+    export leaves an earlier one there as it was, and no file of an earlier export stays behind.
+    ``output_dir`` must be new, empty or an earlier export (:func:`check_export_folder`; ValueError
+    naming ``key``, the option that named it, before anything is written).
     """
     args = model.model_args
     dtype = dtype or next(model.parameters()).dtype
     config = hf_config(args, dtype, eos_id)  # before anything is written: it refuses what HF cannot hold
     hf_state = ParallaxStateDictAdapter(args).to_hf(model.state_dict())
     tensors = {k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in hf_state.items()}
-    os.makedirs(output_dir, exist_ok=True)
-    save_file(tensors, os.path.join(output_dir, WEIGHTS_FILE), metadata={"format": "pt"})
-    with open(os.path.join(output_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
-        f.write("\n")
-    if args.mixer == "parallax":
-        for name in hf_modeling.REMOTE_CODE_FILES:
-            shutil.copyfile(os.path.join(hf_modeling.FOLDER, name), os.path.join(output_dir, name))
-    if tokenizer_dir:
-        shutil.copyfile(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(output_dir, "tokenizer.json"))
-        write_tokenizer_config(output_dir)
+    with replaced_folder(output_dir, key, _export_owned, "a Hugging Face export") as stage:
+        save_file(tensors, os.path.join(stage, WEIGHTS_FILE), metadata={"format": "pt"})
+        with open(os.path.join(stage, CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+        if args.mixer == "parallax":
+            for name in hf_modeling.REMOTE_CODE_FILES:
+                shutil.copyfile(os.path.join(hf_modeling.FOLDER, name), os.path.join(stage, name))
+        if tokenizer_dir:
+            shutil.copyfile(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(stage, "tokenizer.json"))
+            write_tokenizer_config(stage)
     return output_dir
 
 
-def read_hf(hf_dir: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``config.json`` and every tensor of the ``*.safetensors`` files (sharded or not) in ``hf_dir``."""
+def _export_owned(name: str) -> bool:
+    return name in EXPORT_FILES
+
+
+def check_export_folder(output_dir: str, key: str = "output") -> None:
+    """ValueError (naming ``key``) unless ``output_dir`` is new, empty or an earlier export, which
+    :func:`export_hf` replaces whole; call it before the work whose result goes there."""
+    check_output_folder(output_dir, key, _export_owned, "a Hugging Face export")
+
+
+def read_hf_config(hf_dir: str) -> dict:
+    """``config.json`` of the Hugging Face folder ``hf_dir``; ValueError naming the file when the
+    folder lacks it or its weights, or it is not a JSON object."""
     config_path = os.path.join(hf_dir, CONFIG_FILE)
     files = sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
     if not os.path.isfile(config_path) or not files:
         raise ValueError(f"hf: {hf_dir!r} needs config.json and *.safetensors files (found config: "
                          f"{os.path.isfile(config_path)}, weights: {len(files)} files)")
-    with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"hf: {config_path!r} is not readable JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"hf: {config_path!r} holds a {type(config).__name__}; expected a JSON object")
+    return config
+
+
+def read_hf_state(hf_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files (sharded or not) in ``hf_dir``.
+
+    Raises ValueError naming the file that cannot be read (a truncated or foreign file), and a tensor
+    that two files hold (a stale shard beside the weights: which copy won would depend on the names)."""
     state: dict[str, torch.Tensor] = {}
-    for path in files:
-        state.update(load_file(path))
-    return config, state
+    source: dict[str, str] = {}
+    for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
+        try:
+            tensors = load_file(path)
+        except Exception as exc:  # safetensors raises its own SafetensorError (no ValueError) for a bad header
+            raise ValueError(f"hf: {path!r} is not a readable safetensors file ({type(exc).__name__}: {exc}); "
+                             "a truncated or interrupted copy?") from None
+        twice = sorted(set(tensors) & set(state))
+        if twice:
+            raise ValueError(f"hf: {twice[0]} is in both {source[twice[0]]!r} and {path!r} ({len(twice)} tensors in "
+                             "two files); keep one set of weights in the folder")
+        state.update(tensors)
+        source.update(dict.fromkeys(tensors, path))
+    return state
+
+
+def read_hf(hf_dir: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``config.json`` and every tensor of the ``*.safetensors`` files (sharded or not) in ``hf_dir``
+    (:func:`read_hf_config`, :func:`read_hf_state`)."""
+    return read_hf_config(hf_dir), read_hf_state(hf_dir)
+
+
+def _rope(config: dict) -> tuple[object, object]:
+    """(theta, rope type) of a config.json: ``rope_theta`` and ``rope_scaling`` (transformers 4), or
+    ``rope_parameters`` (transformers 5 writes it instead). None where absent."""
+    parameters = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or {}
+    theta = config.get("rope_theta", parameters.get("rope_theta") if isinstance(parameters, dict) else None)
+    kinds = [part.get("rope_type", part.get("type")) if isinstance(part, dict) else part
+             for part in (scaling, parameters) if part]
+    return theta, next((kind for kind in kinds if kind not in (None, "default")), "default")
+
+
+def _parallax_problem(config: dict, args: ParallaxModelArgs) -> str | None:
+    """What disagrees between a config.json's ``model_type`` and ``parallax`` block and ``args``."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        return f"model_type = {model_type!r}; expected one of {MODEL_TYPES} (Qwen3 or a Parallax export)"
+    if model_type == "qwen3":
+        return None  # a Transformer: loads into any variant (Parallax starts at zero probes)
+    if args.mixer != "parallax":
+        return (f"model_type = 'parallax_qwen3' (a Parallax export), but the config builds mixer {args.mixer!r}; "
+                "import it with a parallax* config")
+    block = config.get("parallax")
+    for key in PARALLAX_FIELDS:
+        value = block.get(key) if isinstance(block, dict) else None
+        if value != getattr(args, key):
+            return (f"parallax.{key} = {value!r}, but the model has {key} = {getattr(args, key)!r}; set "
+                    f"[parallax] {key} to the export's value (the weights are the same, the function not)")
+    return None
 
 
 def check_hf_config(config: dict, args: ParallaxModelArgs) -> None:
-    """ValueError naming the first config.json field that disagrees with the model's ``args``."""
+    """ValueError naming the first config.json field that disagrees with the model's ``args``, or that
+    is missing (then the model would silently take the config's value, e.g. another RoPE theta): the
+    shape keys (:data:`SHAPE_FIELDS`), RoPE theta and type, the keys that must keep Qwen3's values
+    (:data:`FIXED_FIELDS`), ``model_type`` and a Parallax export's ``parallax`` block."""
+    theta, rope_type = _rope(config)
+    values = {**config, "rope_theta": theta}
     for hf_key, field_name in SHAPE_FIELDS.items():
-        if hf_key in config and config[hf_key] != getattr(args, field_name):
+        if values.get(hf_key) is None:
+            raise ValueError(f"hf config.json: {hf_key} is missing; expected {getattr(args, field_name)!r} "
+                             f"(the model's {field_name}), as every Qwen3 config.json has it")
+        if values[hf_key] != getattr(args, field_name):
             raise ValueError(
-                f"hf config.json: {hf_key} = {config[hf_key]!r}, but the model has {field_name} = "
+                f"hf config.json: {hf_key} = {values[hf_key]!r}, but the model has {field_name} = "
                 f"{getattr(args, field_name)!r}; pick the matching [model] flavor or shape overrides"
             )
+    if rope_type != "default":
+        raise ValueError(f"hf config.json: rope_scaling / rope_parameters has rope_type = {rope_type!r}; the model "
+                         "has plain RoPE (expected none or 'default')")
+    for hf_key, expected in FIXED_FIELDS.items():
+        if config.get(hf_key, expected) != expected:
+            raise ValueError(f"hf config.json: {hf_key} = {config[hf_key]!r}; the model computes with {expected!r}")
+    problem = _parallax_problem(config, args)
+    if problem:
+        raise ValueError(f"hf config.json: {problem}")
 
 
 def _is_parallax_key(key: str) -> bool:
     return any(name.split("{}")[1] in key for name in PARALLAX_HF_NAMES.values())
+
+
+def _check_tied_head(hf_state: dict[str, torch.Tensor], tied: bool) -> None:
+    """A tied model's output weight is its embedding: ValueError when the embedding is missing
+    (TorchTitan's adapter would fail on a bare assert) or an ``lm_head.weight`` differs from it (it
+    would silently overwrite the embedding, both being one tensor in the model)."""
+    if not tied:
+        return
+    embedding, head = hf_state.get("model.embed_tokens.weight"), hf_state.get("lm_head.weight")
+    if embedding is None:
+        raise ValueError("hf: missing weights ['tok_embeddings.weight'] (model.embed_tokens.weight); the model ties "
+                         "its output to the embedding, so it is needed")
+    if head is not None and not torch.equal(head, embedding):
+        raise ValueError("hf: lm_head.weight differs from model.embed_tokens.weight, but the model ties them "
+                         "(tie_word_embeddings = true): which one is meant? Leave lm_head.weight out, or import "
+                         "into a config with untied embeddings")
 
 
 @torch.no_grad()
@@ -136,6 +252,7 @@ def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> 
     unknown = sorted(k for k in hf_state if abstract_name(k) not in adapter.from_hf_map)
     if unknown:
         raise ValueError(f"hf: {len(unknown)} weights have no place in this model (e.g. {unknown[:3]})")
+    _check_tied_head(hf_state, model.model_args.enable_weight_tying)
     # Entries mapped to None (RoPE inverse frequencies) are recomputed by the model.
     ours = adapter.from_hf({k: v for k, v in hf_state.items() if adapter.from_hf_map[abstract_name(k)] is not None})
     target = model.state_dict()

@@ -97,18 +97,19 @@ def check_settings(*, limit: int, batch_size: int, max_length: int, bootstrap_it
 
 
 def check_outputs(output: str, names: list[str]) -> None:
-    """Create ``output`` and check that every row gets a JSON file of its own, before hours of scoring.
+    """Check that ``output`` can be the results folder and that every row gets a JSON file of its own,
+    before hours of scoring; nothing is created (a run that fails later leaves no empty folder).
 
     Two rows of one name (runs of the same name in different folders), or names that differ only in
     the characters a file name replaces, would write one JSON file, the last overwriting the others."""
     if os.path.exists(output) and not os.path.isdir(output):
         raise ValueError(f"output: {output!r} is a file; expected a folder for results.md and the lm-eval JSON files")
-    try:
-        os.makedirs(output, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"output: cannot create {output!r} ({exc.strerror}); expected a writable folder") from None
-    if not os.access(output, os.W_OK):
-        raise ValueError(f"output: {output!r} is not writable; expected a writable folder")
+    existing = os.path.abspath(output)
+    while not os.path.exists(existing):  # the folder that makedirs would create the rest in
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"output: cannot create or write {output!r} ({existing!r} is not a writable folder); "
+                         "expected a writable folder")
     files: dict[str, list[str]] = {}
     for name in names:
         files.setdefault(json_name(name), []).append(name)

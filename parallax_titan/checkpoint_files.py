@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, NamedTuple
+import shutil
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -182,6 +185,88 @@ def choose_step(folder: str, load_step: int, problem_of, stop_on_corrupt: bool) 
         passed.append((step, problem))
     found = "; ".join(f"step {s}: {p}" for s, p in passed)
     raise CheckpointError(f"no valid checkpoint in {folder!r}: {found}; move the folder away to start from step 0")
+
+
+DCP_OUTPUT = "a checkpoint of save_checksummed (DCP files and manifest.json only)"
+"""What :func:`dcp_owned` accepts, for :func:`check_output_folder`'s message."""
+
+
+def dcp_owned(name: str) -> bool:
+    """Whether ``name`` is a file :func:`parallax_titan.checkpointing.save_checksummed` writes (DCP's
+    ``.metadata`` and ``*.distcp`` files and the manifest; a trainer's step also holds ``settings.json``)."""
+    return name in (METADATA_FILE, MANIFEST_FILE) or name.endswith(".distcp")
+
+
+def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], what: str) -> None:
+    """Refuse to replace ``folder`` unless it does not exist, is empty, or holds only files that
+    ``owned`` accepts (an earlier ``what`` written by the same command), so that an output path
+    mistyped as a run's folder, a checkpoint or a home folder is never deleted.
+
+    Raises ValueError naming ``key`` (the option that named the folder), the folder and the entries
+    it holds besides ``what``. Cheap: call it before the work whose result goes there."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"{key}: {folder!r} is a file; expected a new or empty folder, or an earlier {what}")
+    foreign = sorted(name for name in (os.listdir(folder) if os.path.isdir(folder) else []) if not owned(name))
+    if foreign:
+        shown = ", ".join(map(repr, foreign[:5])) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ValueError(f"{key}: {folder!r} holds {shown}, which are not part of {what}; nothing was written "
+                         f"(expected a new or empty folder, or an earlier {what}, which is replaced whole)")
+
+
+def _fsync_path(path: str) -> None:
+    """fsync the file or folder ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: str) -> None:
+    """fsync every file under ``folder`` and the folders themselves, so a rename publishes data on disk."""
+    for root, _, files in os.walk(folder):
+        for path in [os.path.join(root, name) for name in files] + [root]:
+            _fsync_path(path)
+
+
+def _swap_in(stage: str, final: str, old: str) -> None:
+    """Rename ``stage`` to ``final``, moving an existing ``final`` to ``old`` first (and back if that fails)."""
+    moved = os.path.exists(final)
+    if moved:
+        os.rename(final, old)
+    try:
+        os.rename(stage, final)
+    except BaseException:
+        if moved:
+            os.rename(old, final)
+        raise
+    _fsync_path(os.path.dirname(final) or ".")
+
+
+@contextmanager
+def replaced_folder(folder: str, key: str, owned: Callable[[str], bool], what: str) -> Iterator[str]:
+    """Write ``folder`` whole: yields a new empty folder beside it (``.<name>.partial-<unique>``) to
+    write into. When the block ends without error, the new folder replaces ``folder`` by two renames
+    (the old one, if any, first moves to ``.<name>.partial-<unique>.old`` and is then deleted), so
+    ``folder`` only ever holds the old files or all new ones; on an error the new folder is deleted
+    and ``folder`` stays as it was. ``folder`` must pass :func:`check_output_folder` (``key``,
+    ``owned``, ``what``) before and after. A process killed in between leaves its hidden folders."""
+    check_output_folder(folder, key, owned, what)
+    final = os.path.normpath(folder)
+    parent, name = os.path.dirname(final) or ".", os.path.basename(final)
+    os.makedirs(parent, exist_ok=True)
+    stage = os.path.join(parent, f".{name}.partial-{os.getpid()}-{time.time_ns()}")  # unique: never another's
+    old = f"{stage}.old"
+    os.mkdir(stage)
+    try:
+        yield stage
+        _fsync_tree(stage)
+        check_output_folder(final, key, owned, what)
+        _swap_in(stage, final, old)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def saved_shapes(checkpoint_dir: str) -> Shapes:

@@ -16,8 +16,8 @@ renamed ``corrupt-N``) or stops (``"stop"``). A file DCP cannot read (``checkpoi
 stops the run naming the step folder. The check is :func:`parallax_titan.checkpoint_files.folder_problem`,
 the one every other loader of a checkpoint runs too, here with the ranks' shares.
 
-:func:`save_checksummed` writes a DCP folder with a manifest from one process (a folder made for
-``checkpoint.initial_load_path``, such as ``scripts/export_hf.py import`` writes).
+:func:`save_checksummed` writes a DCP folder with a manifest from one process, atomically too (a
+folder made for ``checkpoint.initial_load_path``, such as ``scripts/export_hf.py import`` writes).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
 from parallax_titan.checkpoint_files import (
-    METADATA_FILE, SETTINGS_FILE, CheckpointError, checksum_threads, choose_step, complete_steps, folder_problem,
-    step_dir, verify_before_load)
+    DCP_OUTPUT, METADATA_FILE, SETTINGS_FILE, CheckpointError, checksum_threads, choose_step, complete_steps, dcp_owned,
+    folder_problem, replaced_folder, step_dir, verify_before_load)
 from parallax_titan.checksums import MANIFEST_FILE, FileEntry, default_algorithm, digest_files, write_manifest
 from parallax_titan.resume_rules import read_settings, write_settings
 
@@ -95,13 +95,21 @@ def _write_manifest(folder: str, written: list[dict[str, FileEntry]], algorithm:
     return write_manifest(folder, files, algorithm)
 
 
-def save_checksummed(state_dict: dict, folder: str, threads: int | None = None) -> str:
+def save_checksummed(state_dict: dict, folder: str, threads: int | None = None, key: str = "folder") -> str:
     """``dcp.save`` of ``state_dict`` into ``folder`` by this process alone, with a manifest of the
     files it wrote, as the trainer's saves carry: the folder verifies wherever it is loaded (the
-    trainer's ``checkpoint.initial_load_path``, the evaluation loaders). Returns the manifest's path."""
-    writer = ChecksumWriter(folder, checksum_threads() if threads is None else threads, default_algorithm())
-    dcp.save(state_dict, storage_writer=writer, no_dist=True)
-    return _write_manifest(folder, [writer.digests], writer.algorithm)
+    trainer's ``checkpoint.initial_load_path``, the evaluation loaders). Returns the manifest's path.
+
+    Atomic, as the trainer's saves: written into a folder beside ``folder`` that then replaces it
+    whole (:func:`replaced_folder`), so a failed save leaves an earlier checkpoint there as it was.
+    ``folder`` must be new, empty or such a folder (DCP files and a manifest only); anything else,
+    a trainer's step with its ``settings.json`` included, raises ValueError naming ``key`` before
+    anything is written."""
+    with replaced_folder(folder, key, dcp_owned, DCP_OUTPUT) as stage:
+        writer = ChecksumWriter(stage, checksum_threads() if threads is None else threads, default_algorithm())
+        dcp.save(state_dict, storage_writer=writer, no_dist=True)
+        _write_manifest(stage, [writer.digests], writer.algorithm)
+    return os.path.join(folder, MANIFEST_FILE)
 
 
 def _rank() -> int:

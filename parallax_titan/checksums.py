@@ -150,7 +150,20 @@ def read_manifest(folder: str) -> Manifest:
         raise ValueError(f"{path!r} is not a readable manifest ({type(exc).__name__}: {exc})") from None
     if data.get("format") != FORMAT:
         raise ValueError(f"{path!r} has format {data.get('format')!r}; this version reads format {FORMAT}")
+    _check_chunks(path, manifest)
     return manifest
+
+
+def _check_chunks(path: str, manifest: Manifest) -> None:
+    """ValueError naming the manifest ``path`` unless every file has one digest per chunk (with
+    fewer, :func:`content_problems` would leave the rest of the file unchecked)."""
+    if manifest.chunk_bytes <= 0:
+        raise ValueError(f"{path!r} has chunk_bytes = {manifest.chunk_bytes}; expected a positive size")
+    for name, entry in sorted(manifest.files.items()):
+        expected = _chunk_count(entry.size, manifest.chunk_bytes)
+        if entry.size < 0 or len(entry.digests) != expected:
+            raise ValueError(f"{path!r} lists {len(entry.digests)} digests for {name} ({entry.size} bytes); expected "
+                             f"{expected}, one per {manifest.chunk_bytes}-byte chunk")
 
 
 def _size_problem(folder: str, name: str, expected: int) -> str | None:

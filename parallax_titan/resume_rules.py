@@ -101,7 +101,7 @@ def read_settings(checkpoint_dir: str) -> dict[str, Any] | None:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         return {RENAMED.get(key, key): value for key, value in data["settings"].items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # AttributeError: not an object
         raise ValueError(f"{path!r} is not readable ({type(exc).__name__}: {exc})") from None
 
 
@@ -111,6 +111,23 @@ class Change(NamedTuple):
     key: str
     saved: Any
     current: Any
+
+
+MODEL_SETTINGS: dict[str, str] = {"parallax.rho_rope": "rho_rope", "parallax.gate": "gate",
+                                  "parallax.window": "window", "parallax.attn_mask_type": "attn_mask_type"}
+"""Recorded keys -> the model argument they set, where the same weights compute another function
+with another value (a resume applies them; a loader for evaluation refuses them: :func:`model_changes`)."""
+
+
+def model_changes(saved: dict[str, Any] | None, args) -> list[Change]:
+    """The :data:`MODEL_SETTINGS` that the checkpoint's ``saved`` settings (None: none recorded) hold
+    with other values than the model arguments ``args``, for the keys ``args`` takes from the config
+    (``rho_rope``, ``gate``, ``window``: the parallax mixer; ``attn_mask_type``: every mixer but softmax)."""
+    def used(field: str) -> bool:
+        return args.mixer == "parallax" if field != "attn_mask_type" else args.mixer != "softmax"
+
+    return [Change(key, saved[key], getattr(args, field)) for key, field in MODEL_SETTINGS.items()
+            if saved and key in saved and used(field) and saved[key] != getattr(args, field)]
 
 
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[Change]:

@@ -14,20 +14,21 @@ Extra ``--section.key value`` arguments override the config (e.g. ``--model.name
 ``export`` checks the checkpoint's files against its checksum manifest before reading it (a corrupt
 or truncated file, or a folder without a manifest: exit code 4; ``--no-verify`` loads it unchecked).
 ``import`` writes a manifest beside the DCP files, as the trainer does, so that folder verifies too.
+Both write ``--output`` whole (a failed run leaves an earlier output as it was) and refuse, before
+reading anything, an ``--output`` that holds files other than such an output (exit code 2).
 The format is described in eval/hf_format.py and docs/eval.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
 from eval.checkpoint import DTYPES, build_model, load_job_config, load_model, model_args_of
-from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
-from parallax_titan.checkpoint_files import CheckpointError
+from eval.hf_format import check_export_folder, check_hf_config, export_hf, load_hf_state, read_hf_config, read_hf_state
+from parallax_titan.checkpoint_files import DCP_OUTPUT, CheckpointError, check_output_folder, dcp_owned
 from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.tokenizer import build_tokenizer
 
@@ -35,23 +36,25 @@ from parallax_titan.tokenizer import build_tokenizer
 def export_command(args, overrides: list[str]) -> str:
     """DCP checkpoint -> Hugging Face folder; returns the folder."""
     job_config = load_job_config(args.config, overrides)
+    # the cheap checks first: loading (and hashing) the checkpoint is the expensive part
+    eos_id = build_tokenizer(job_config).eos_id
+    check_export_folder(args.output, "--output")
     model, _ = load_model(job_config, args.checkpoint, device="cpu", dtype=args.dtype, verify=args.verify,
                           who="--checkpoint", off_switch="--no-verify")
     tokenizer_dir = None if args.no_tokenizer else job_config.model.hf_assets_path
-    eos_id = build_tokenizer(job_config).eos_id
-    return export_hf(model, args.output, tokenizer_dir=tokenizer_dir, eos_id=eos_id)
+    return export_hf(model, args.output, tokenizer_dir=tokenizer_dir, eos_id=eos_id, key="--output")
 
 
 def import_command(args, overrides: list[str]) -> str:
     """Hugging Face folder -> DCP folder with the config's model weights and a checksum manifest;
     returns the folder."""
     job_config = load_job_config(args.config, overrides)
-    model = build_model(model_args_of(job_config), torch.device("cpu"))
-    hf_config, hf_state = read_hf(args.hf)
-    check_hf_config(hf_config, model.model_args)
-    load_hf_state(model, hf_state)
-    os.makedirs(args.output, exist_ok=True)
-    save_checksummed(model.state_dict(), args.output)
+    check_output_folder(args.output, "--output", dcp_owned, DCP_OUTPUT)
+    model_args = model_args_of(job_config)
+    check_hf_config(read_hf_config(args.hf), model_args)  # before its weights are read
+    model = build_model(model_args, torch.device("cpu"))
+    load_hf_state(model, read_hf_state(args.hf))
+    save_checksummed(model.state_dict(), args.output, key="--output")
     return args.output
 
 

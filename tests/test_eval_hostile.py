@@ -53,6 +53,15 @@ def test_cli_output_that_is_a_file_is_refused_before_scoring(tmp_path, capsys, n
     assert "output:" in capsys.readouterr().err and no_loading == []
 
 
+def test_cli_output_under_a_file_is_refused_and_nothing_is_created(tmp_path, capsys, no_loading):
+    (tmp_path / "blocker").write_text("a file where a folder would go")
+    args = cli_args(tmp_path)
+    args[args.index("--output") + 1] = str(tmp_path / "blocker" / "out")
+    assert cli.main(args) == 2
+    assert "output:" in capsys.readouterr().err and no_loading == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]
+
+
 def test_cli_missing_task_file_is_refused_before_scoring(tmp_path, capsys, no_loading):
     (tmp_path / "data").mkdir()
     assert cli.main(cli_args(tmp_path, "--tasks", "boolq", "--data-dir", str(tmp_path / "data"))) == 2
