@@ -60,6 +60,9 @@ class Diagnostics:
 
     def validate(self) -> list[str]:
         """Every bad key of the section; ``seq_len`` against ``training.seq_len`` is checked by the job."""
+        problems = value_problems(self, "diagnostics")
+        if problems:  # a value of the wrong type (set in code) cannot be compared below
+            return problems
         checks = [
             ("freq", self.freq >= 1, ">= 1"),
             ("batch_size", self.batch_size >= 1, ">= 1"),
@@ -71,8 +74,5 @@ class Diagnostics:
             ("top_k", self.top_k >= 1, ">= 1"),
             ("cka_tokens", self.cka_tokens >= 2, ">= 2"),
         ]
-        problems = value_problems(self, "diagnostics")
-        if problems:
-            return problems
         return [f"diagnostics.{key}: expected {expected}, got {getattr(self, key)!r}"
                 for key, ok, expected in checks if not ok]

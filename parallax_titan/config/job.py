@@ -92,6 +92,10 @@ class JobConfig(titan.JobConfig):
         if ckpt.enable and ckpt.last_save_in_hf and mixer not in HF_MIXERS:
             problems.append(f"checkpoint.last_save_in_hf: model.name = {self.model.name!r} has no Hugging Face "
                             "weight names; only the transformer and parallax variants have them")
+        if ckpt.enable and ckpt.last_save_in_hf and self.eval.at_end:
+            problems.append("checkpoint.last_save_in_hf: true writes the final step as Hugging Face safetensors, "
+                            "which eval.at_end = true cannot score (it reads a DCP checkpoint); turn one off, and "
+                            "convert afterwards with scripts/export_hf.py export")
         return problems
 
     def _float8_problems(self) -> list[str]:
@@ -130,13 +134,34 @@ class JobConfig(titan.JobConfig):
         return problems
 
     def _job_problems(self) -> list[str]:
-        """The final evaluation, the diagnostics window and the global batch."""
+        """The final evaluation, the validation and diagnostics windows and the global batch."""
         problems = self._batch_problems()
         if self.eval.at_end and not self.checkpoint.enable:
             problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
-        if self.diagnostics.seq_len > self.training.seq_len:
+        if _int_above(self.reliability.stop_at_step, 0) and not self.checkpoint.enable:
+            problems.append(f"reliability.stop_at_step: {self.reliability.stop_at_step} saves a checkpoint to resume "
+                            "from, which needs checkpoint.enable = true (without it the run would stop and lose "
+                            "its state)")
+        # the model's RoPE table holds training.seq_len positions: a longer row fails at its first forward
+        if _int_above(self.diagnostics.seq_len, self.training.seq_len):
             problems.append(f"diagnostics.seq_len: expected at most training.seq_len = {self.training.seq_len}, "
                             f"got {self.diagnostics.seq_len!r}")
+        if self.validation.enable and _int_above(self.validation.seq_len, self.training.seq_len):
+            problems.append(f"validation.seq_len: expected at most training.seq_len = {self.training.seq_len} (the "
+                            f"model's RoPE table), got {self.validation.seq_len!r}")
+        return problems + self._diagnostics_dataset_problems()
+
+    def _diagnostics_dataset_problems(self) -> list[str]:
+        """The held-out batch's dataset must be a text dataset: the trainer reads it only after the
+        model is built."""
+        if not self.diagnostics.enable:
+            return []
+        from parallax_titan.diagnostics.batch import resolve_dataset
+
+        problems = _problems_of(lambda: resolve_dataset(self, self.diagnostics))
+        if problems and not self.diagnostics.dataset:
+            problems = [f"{problems[0]} (taken from validation.dataset; set diagnostics.dataset to a text "
+                        "dataset such as 'default_corpus_validation')"]
         return problems
 
     def _batch_problems(self) -> list[str]:
@@ -155,6 +180,11 @@ class JobConfig(titan.JobConfig):
         return [f"training.global_batch_size: {wanted} is not a positive multiple of training.local_batch_size x "
                 f"data-parallel degree = {training.local_batch_size} x {degree} = {per_step} (on {world} "
                 f"rank{'s' if world != 1 else ''}); use a multiple of {per_step}, or -1 for {per_step}"]
+
+
+def _int_above(value, limit) -> bool:
+    """Whether ``value`` and ``limit`` are ints (a wrong type is reported by its section) and value > limit."""
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in (value, limit)) and value > limit
 
 
 def world_size() -> int:
@@ -177,13 +207,19 @@ def global_batch_size(config: "JobConfig", world: int) -> int:
     return wanted if wanted > 0 else config.training.local_batch_size * data_parallel_degree(config, world)
 
 
+# TorchTitan (and tyro) take the key in either spelling; the file must be checked in both
+CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+
+
 def config_file_from_argv(argv: list[str]) -> str | None:
-    """The value of ``--job.config_file`` in ``argv`` (either ``--k v`` or ``--k=v``), if any."""
+    """The value of ``--job.config_file`` (or ``--job.config-file``) in ``argv`` (either ``--k v`` or
+    ``--k=v``), if any: the first one, as TorchTitan's loader reads it."""
     for i, arg in enumerate(argv):
-        if arg == "--job.config_file" and i + 1 < len(argv):
+        key, sep, value = arg.partition("=")
+        if sep and key in CONFIG_FILE_FLAGS:
+            return value
+        if arg in CONFIG_FILE_FLAGS and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--job.config_file="):
-            return arg.split("=", 1)[1]
     return None
 
 
@@ -194,7 +230,9 @@ def read_toml(path: str) -> dict:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"job.config_file: {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
+    except OSError as exc:  # a folder, no permission, ...
+        raise ConfigError(f"job.config_file: {path!r} cannot be read as a TOML file: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # TOML is UTF-8; tomllib raises the latter
         raise ConfigError(f"job.config_file: {path!r} is not valid TOML: {exc}") from None
     problems = toml_problems(data, JobConfig)
     if problems:

@@ -16,7 +16,9 @@ from torchtitan.config import job_config as titan
 
 from optimizers.directions import ORTHO_DTYPES, UPDATE_SCALES
 from optimizers.orthogonalize import ORTHOGONALIZERS
-from optimizers.routing import ATTN_CATEGORIES, DEFAULT_PARAM_RULES, parse_headwise, parse_rules
+from optimizers.routing import (
+    ATTN_CATEGORIES, DEFAULT_PARAM_RULES, RoutingConfig, check_categories, parse_headwise, parse_rules,
+)
 from optimizers.spectral import BANDS
 from parallax_titan.config.schema import value_problems
 from parallax_titan.config.sections import finite_at_least
@@ -194,14 +196,30 @@ class Optimizer(titan.Optimizer):
         need(self.name != "SOAP" or "H" not in str(self.muon_headwise), "muon_headwise",
              "only F letters with name = 'SOAP' (head-wise updates are for Muon, NorMuon and Aurora)")
         need(not self.early_step_in_backward, "early_step_in_backward", "false (not supported by MuonAdamW)")
-        for check in (lambda: parse_headwise(self.muon_headwise), lambda: parse_rules(self.param_rules),
-                      self.multipliers):
-            try:
-                check()
-            except ValueError as exc:
-                message = str(exc)
-                problems.append(message if message.startswith("optimizer.") else f"optimizer.{message}")
+        parsed = [_problem_of(check) for check in (lambda: parse_headwise(self.muon_headwise),
+                                                    lambda: parse_rules(self.param_rules), self.multipliers)]
+        problems += [p for p in parsed if p]
+        if not any(parsed[1:]):  # the category names, once the rules and multipliers parse
+            problems += [p for p in [_problem_of(self._check_categories)] if p]
         return problems
+
+    def _check_categories(self) -> None:
+        """ValueError naming the key when a category list names a category no rule produces (the
+        optimizer build refuses it too, but only after the model is built)."""
+        check_categories(RoutingConfig(
+            rules=list(self.param_rules), muon_categories=tuple(self.muon_categories),
+            lr_multipliers=self.multipliers(), no_decay_categories=tuple(self.no_decay_categories),
+            spectral_categories=tuple(self.spectral_categories)))
+
+
+def _problem_of(check) -> str | None:
+    """Run ``check``; its ValueError's message as an ``optimizer.<key>: ...`` problem, or None."""
+    try:
+        check()
+    except ValueError as exc:
+        message = str(exc)
+        return message if message.startswith("optimizer.") else f"optimizer.{message}"
+    return None
 
 
 @dataclass

@@ -114,8 +114,9 @@ class Model(titan.Model):
         # stops on Hopper with triton < 3.7.1 unless tilelang is there (after minutes of compiling)
         blocker = fla_missing(self.name) or fla_hopper_blocker(self.name)
         problems = [blocker] if blocker else []
+        problems += value_problems(self, "model")  # a wrong type set in code; TOML and CLI are checked earlier
         problems += [f"model.{k}: expected a positive integer, got {getattr(self, k)!r}"
-                     for k in SHAPE_KEYS if getattr(self, k) < 0]
+                     for k in SHAPE_KEYS if isinstance(getattr(self, k), int) and getattr(self, k) < 0]
         problems += _problems_of(lambda: check_tokenizer_path(self.hf_assets_path))
         return problems + self._converter_problems()
 
@@ -144,9 +145,24 @@ def mixer_problems(job, args) -> list[str]:
     if isinstance(parallax.window, int) and parallax.window > 0 and args.mixer != "parallax":
         problems.append(f"parallax.window: a sliding window needs Parallax attention (model.name parallax or "
                         f"parallax_dagger); got window = {parallax.window} with model.name {name!r}")
+    if args.mixer != "parallax":
+        problems += _probe_switch_problems(parallax, name)
     if args.mixer == "exact_lla" and args.lla_max_cost is not None:
         problems += _exact_lla_cost_problems(job, args)
     return problems
+
+
+# the [parallax] keys that shape the probe rho; other mixers have no probe and would ignore them
+PROBE_SWITCHES = ("rho_rope", "gate", "probe_init")
+
+
+def _probe_switch_problems(parallax: Parallax, name: str) -> list[str]:
+    """A probe switch changed from its default on a model without a probe: refused, not ignored."""
+    default = Parallax()
+    return [f"parallax.{key}: {getattr(parallax, key)!r} configures the probe rho of Parallax attention, but "
+            f"model.name {name!r} has none (it would be ignored); use a Parallax model or keep the default "
+            f"{getattr(default, key)!r}"
+            for key in PROBE_SWITCHES if getattr(parallax, key) != getattr(default, key)]
 
 
 def _exact_lla_cost_problems(job, args) -> list[str]:
@@ -316,12 +332,18 @@ class Validation(titan.Validation):
     """``[validation]``: TorchTitan's keys; ``dataset = "pretokenized"`` reads the ``validation``
     split of the folder ``dataset_path``."""
 
+    def __post_init__(self):
+        """Not TorchTitan's assert on ``steps`` (a raw AssertionError from inside the parser):
+        :meth:`validate` names the key with the section's other problems."""
+
     def validate(self) -> list[str]:
-        problems = []
-        if self.enable and not positive_int(self.freq):
-            problems.append(f"validation.freq: expected a positive integer, got {self.freq!r}")
-        if self.enable and not positive_int(self.local_batch_size):
-            problems.append(f"validation.local_batch_size: expected a positive integer, got {self.local_batch_size!r}")
+        problems = value_problems(self, "validation")
+        if not (isinstance(self.steps, int) and (self.steps >= 1 or self.steps == -1)):
+            problems.append(f"validation.steps: expected a positive integer or -1 (the whole validation set), "
+                            f"got {self.steps!r}")
+        for key in ("freq", "local_batch_size", "seq_len"):
+            if self.enable and not positive_int(getattr(self, key)):
+                problems.append(f"validation.{key}: expected a positive integer, got {getattr(self, key)!r}")
         return problems
 
 
@@ -330,9 +352,18 @@ class Parallelism(titan.Parallelism):
     """``[parallelism]``: TorchTitan's keys; FSDP2 / HSDP / DDP are supported."""
 
     def validate(self) -> list[str]:
-        return [f"parallelism.{key}: {getattr(self, key)} is not supported yet; use FSDP (data_parallel_*)"
-                for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
-                if getattr(self, key) != 1]
+        problems = [f"parallelism.{key}: {getattr(self, key)} is not supported yet; use FSDP (data_parallel_*)"
+                    for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
+                    if getattr(self, key) != 1]
+        # TorchTitan asserts these only when the trainer sets up its device mesh
+        if not positive_int(self.data_parallel_replicate_degree):
+            problems.append(f"parallelism.data_parallel_replicate_degree: expected a positive integer, got "
+                            f"{self.data_parallel_replicate_degree!r}")
+        shard = self.data_parallel_shard_degree
+        if not (positive_int(shard) or (isinstance(shard, int) and shard == -1)):
+            problems.append(f"parallelism.data_parallel_shard_degree: expected -1 (the ranks left) or a positive "
+                            f"integer, got {shard!r}")
+        return problems
 
 
 @dataclass
@@ -409,11 +440,27 @@ class Eval:
             problems.append(f"eval.tasks: unknown {unknown}; expected names from {list(PAPER_SUITE)}")
         if self.dtype not in EVAL_DTYPES:
             problems.append(f"eval.dtype: expected one of {EVAL_DTYPES}, got {self.dtype!r}")
+        if isinstance(self.device, str) and self.device not in ("", "auto"):
+            problems += _problems_of(lambda: check_eval_device(self.device))
         for key, low in (("limit", 0), ("batch_size", 1), ("max_length", 0), ("bootstrap_iters", 0),
                          ("every_n_steps", 0)):
             if isinstance(getattr(self, key), int) and getattr(self, key) < low:
                 problems.append(f"eval.{key}: expected an integer >= {low}, got {getattr(self, key)!r}")
         return problems
+
+
+def check_eval_device(device: str) -> None:
+    """ValueError naming ``eval.device`` unless it is a CPU or CUDA device name (the final
+    evaluation would otherwise fail on it only after training)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"eval.device: expected empty (CUDA when available), 'cpu', 'cuda' or 'cuda:N', "
+                         f"got {device!r}")
 
 
 def _problems_of(check) -> list[str]:
