@@ -235,7 +235,34 @@ def test_resume_after_reloop(tok, docs, tmp_path):
 def test_validation_loader_finite(tok):
     loader = build_validation_dataloader(1, 0, tok, make_job("default_corpus_validation", seq_len=512, batch=8))
     n_tokens = sum(len(tok.encode(d)) + 1 for d in read_contents(os.path.join(CORPUS_DIR, "validation.jsonl.gz")))
-    assert sum(x["input"].shape[0] for x, _ in loader) == n_tokens // 513
+    assert sum(x["input"].shape[0] for x, _ in loader) == n_tokens // 513 // 8 * 8  # whole rounds only
+
+
+def test_text_validation_gives_every_rank_the_same_batches_of_one_stream(tok):
+    """Every rank runs the same number of validation batches (each is a collective: a rank with one
+    more would wait forever), and the ranks' batches are the one-rank stream's, whatever the count."""
+    job = make_job("default_corpus_validation", seq_len=64, batch=2)
+    ranks = [[x["input"] for x, _ in build_validation_dataloader(2, r, tok, job)] for r in range(2)]
+    job.validation.local_batch_size = 4
+    one = [x["input"] for x, _ in build_validation_dataloader(1, 0, tok, job)]
+    n_tokens = sum(len(tok.encode(d)) + 1 for d in read_contents(os.path.join(CORPUS_DIR, "validation.jsonl.gz")))
+    assert len(ranks[0]) == len(ranks[1]) == len(one) == n_tokens // 65 // 4
+    for a, b, both in zip(*ranks, one):
+        assert torch.equal(torch.cat([a, b]), both)
+
+
+def test_text_validation_pass_without_a_batch_is_named(tok, tmp_path):
+    """A validation set shorter than one round gives no batch: a ValueError naming the keys, not
+    TorchTitan's validator failing on an empty list."""
+    from parallax_titan.data.build import NonEmptyPasses
+
+    write_jsonl(tmp_path / "short.jsonl", ["a few words " * 3])  # 11 tokens with its end: one sequence of 9
+    job = make_job("local", str(tmp_path / "short.jsonl"), seq_len=8, batch=4)
+    with pytest.raises(ValueError, match=r"validation\.dataset = 'local'.*2 data-parallel ranks x "
+                                         r"validation\.local_batch_size 4"):
+        list(NonEmptyPasses(build_validation_dataloader(2, 0, tok, job), job.validation, 2))
+    job.validation.local_batch_size = 1
+    assert len(list(NonEmptyPasses(build_validation_dataloader(1, 0, tok, job), job.validation, 1))) >= 1
 
 
 # --- errors ---

@@ -247,12 +247,17 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
 
 
 def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = False):
-    """The loader of ``[validation]`` (same batch format as :func:`build_dataloader`)."""
+    """The loader of ``[validation]`` (same batch format as :func:`build_dataloader`).
+
+    Text datasets are read in the global order, whole rounds of ranks x local batch only: every
+    rank gets the same number of batches (each batch is a collective, so a rank with one more
+    would wait forever, as split documents of unequal lengths give), and the batches do not depend
+    on the number of ranks, as the pre-tokenized validation split's do not."""
     validation = job_config.validation
     check_dataset_config(validation, "validation", _skip_bad(job_config), max_bytes=_max_bytes(job_config))
     if validation.dataset.lower() == PRETOKENIZED:
         return build_pretokenized_loader(job_config, "validation", dp_world_size, dp_rank)
-    return build_text_loader(validation, dp_world_size, dp_rank, tokenizer, data_order="sharded", infinite=infinite,
+    return build_text_loader(validation, dp_world_size, dp_rank, tokenizer, data_order="global", infinite=infinite,
                              skip_bad=_skip_bad(job_config), max_bytes=_max_bytes(job_config))
 
 
@@ -268,6 +273,30 @@ def document_boundaries_from_starts(starts: torch.Tensor):
     return DocumentBoundaries(torch.cat([positions, end]).to(torch.int32))
 
 
+class NonEmptyPasses:
+    """A finite validation loader whose every complete pass gives at least one batch.
+
+    A text validation set shorter than one round (ranks x ``validation.local_batch_size`` sequences
+    of ``validation.seq_len + 1`` tokens) gives none, which only a pass can tell; TorchTitan's
+    validator would then fail on an empty list. Raises ValueError naming the keys instead.
+    """
+
+    def __init__(self, loader, section, dp_world_size: int):
+        self.loader, self.section, self.dp_world_size = loader, section, dp_world_size
+
+    def __iter__(self):
+        empty = True
+        for batch in self.loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError(f"validation.dataset = {self.section.dataset!r}: a validation pass gave no batch, its "
+                             f"documents fill fewer than one round of {self.dp_world_size} data-parallel ranks x "
+                             f"validation.local_batch_size {self.section.local_batch_size} sequences of "
+                             f"validation.seq_len + 1 = {self.section.seq_len + 1} tokens; lower either, or use a "
+                             "larger validation set")
+
+
 class DataValidator(Validator):
     """TorchTitan's validator over :func:`build_validation_dataloader`; the batches' document starts
     (pre-tokenized data) become the model's block-causal masks."""
@@ -276,8 +305,10 @@ class DataValidator(Validator):
                  maybe_enable_amp, metrics_processor, pp_schedule=None, pp_has_first_stage=None,
                  pp_has_last_stage=None):
         self.job_config, self.tokenizer, self.parallel_dims, self.loss_fn = job_config, tokenizer, parallel_dims, loss_fn
-        self.validation_dataloader = build_validation_dataloader(
-            dp_world_size, dp_rank, tokenizer, job_config, infinite=job_config.validation.steps != -1)
+        finite = job_config.validation.steps == -1
+        loader = build_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=not finite)
+        self.validation_dataloader = (NonEmptyPasses(loader, job_config.validation, dp_world_size) if finite
+                                      else loader)
         self.validation_context, self.maybe_enable_amp = validation_context, maybe_enable_amp
         self.metrics_processor = metrics_processor
         self.pp_schedule, self.pp_has_first_stage, self.pp_has_last_stage = pp_schedule, pp_has_first_stage, pp_has_last_stage
