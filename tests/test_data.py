@@ -251,18 +251,40 @@ def test_text_validation_gives_every_rank_the_same_batches_of_one_stream(tok):
         assert torch.equal(torch.cat([a, b]), both)
 
 
+@pytest.mark.parametrize("infinite", [False, True])
+def test_every_validation_pass_starts_from_the_start(tok, infinite):
+    """validation.steps = -1 (finite) or N (infinite): a second pass scores the first pass's batches
+    (the loader alone continues where the last pass stopped: nothing, or the next N batches)."""
+    from parallax_titan.data.build import ValidationPasses
+
+    job = make_job("default_corpus_validation", seq_len=64, batch=4)
+    passes = ValidationPasses(build_validation_dataloader(1, 0, tok, job, infinite=infinite), job.validation, 1)
+
+    def first(n):
+        batches = []
+        for x, _ in passes:
+            batches.append(x["input"])
+            if len(batches) == n:
+                break
+        return batches
+
+    n = 5 if infinite else 10**6
+    a, b = first(n), first(n)
+    assert len(a) == len(b) > 3 and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_text_validation_pass_without_a_batch_is_named(tok, tmp_path):
     """A validation set shorter than one round gives no batch: a ValueError naming the keys, not
     TorchTitan's validator failing on an empty list."""
-    from parallax_titan.data.build import NonEmptyPasses
+    from parallax_titan.data.build import ValidationPasses
 
     write_jsonl(tmp_path / "short.jsonl", ["a few words " * 3])  # 11 tokens with its end: one sequence of 9
     job = make_job("local", str(tmp_path / "short.jsonl"), seq_len=8, batch=4)
     with pytest.raises(ValueError, match=r"validation\.dataset = 'local'.*2 data-parallel ranks x "
                                          r"validation\.local_batch_size 4"):
-        list(NonEmptyPasses(build_validation_dataloader(2, 0, tok, job), job.validation, 2))
+        list(ValidationPasses(build_validation_dataloader(2, 0, tok, job), job.validation, 2))
     job.validation.local_batch_size = 1
-    assert len(list(NonEmptyPasses(build_validation_dataloader(1, 0, tok, job), job.validation, 1))) >= 1
+    assert len(list(ValidationPasses(build_validation_dataloader(1, 0, tok, job), job.validation, 1))) >= 1
 
 
 # --- errors ---

@@ -194,6 +194,10 @@ def test_validation_reads_whole_rounds_in_order(data):
     expected = np.stack([tokens[i * SEQ:i * SEQ + SEQ] for i in range(4 * (n // 4))]).astype(np.int64)
     assert torch.equal(rows, torch.from_numpy(expected))
     assert [len(list(loaders[0]))] == [n // 4]  # a second pass starts again
+    from parallax_titan.data.build import ValidationPasses  # as the trainer's validator reads it
+
+    passes = ValidationPasses(loaders[0], job(data["a"], batch=2).validation, 2)
+    assert [len(list(passes)), len(list(passes))] == [n // 4, n // 4]
 
 
 def test_mixture_metrics_report_realised_shares(data):

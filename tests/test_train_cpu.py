@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests._train_runs import losses, train
+from tests._train_runs import losses, metric_rows, train
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
 
 SEQ_LEN = 32
@@ -86,6 +86,23 @@ def test_global_data_order_two_ranks_match_one_rank(tmp_path, seed_start):
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == [1, 2, 3]
     assert two == pytest.approx(one, rel=1e-5), (one, two)
+
+
+@pytest.mark.slow  # two torchrun jobs: about 40 s
+def test_text_validation_on_two_ranks_is_the_one_rank_pass(tmp_path, seed_start):
+    """Whole-set validation passes over a text dataset on 2 ranks end (every rank runs the same
+    batches), the second pass included (each starts from the start), and give the 1-rank losses:
+    the validation batches do not depend on the rank count."""
+    args = ("--training.dataset", "default_corpus", "--training.steps", "2", "--checkpoint.interval", "100",
+            "--validation.enable", "--validation.dataset", "default_corpus_validation", "--validation.freq", "1",
+            "--validation.steps", "-1", "--validation.seq_len", "32", *seed_start)
+    train(tmp_path / "one", *args, "--training.local_batch_size", "4", "--validation.local_batch_size", "4")
+    train(tmp_path / "two", *args, "--training.local_batch_size", "2", "--validation.local_batch_size", "2",
+          "--training.data_order", "global", nproc=2)
+    key = "validation_metrics/loss"
+    one, two = ([r[key] for r in metric_rows(tmp_path / name) if key in r] for name in ("one", "two"))
+    assert len(one) == len(two) == 2
+    assert two == pytest.approx(one, rel=1e-5)
 
 
 FLOAT8 = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",

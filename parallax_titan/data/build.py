@@ -9,6 +9,7 @@ builds the loader. ``build_validator`` is TorchTitan's validator reading our val
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -273,18 +274,23 @@ def document_boundaries_from_starts(starts: torch.Tensor):
     return DocumentBoundaries(torch.cat([positions, end]).to(torch.int32))
 
 
-class NonEmptyPasses:
-    """A finite validation loader whose every complete pass gives at least one batch.
+class ValidationPasses:
+    """The validation loader, each pass from the start of the validation set.
 
-    A text validation set shorter than one round (ranks x ``validation.local_batch_size`` sequences
-    of ``validation.seq_len + 1`` tokens) gives none, which only a pass can tell; TorchTitan's
-    validator would then fail on an empty list. Raises ValueError naming the keys instead.
+    A text loader keeps its stream position between iterations: without the restart, a second
+    whole-set pass (``validation.steps = -1``) would give no batch and TorchTitan's validator would
+    fail on an empty list, and with ``validation.steps = N`` each pass would score the next N
+    batches, so the losses of two steps would come from different data. A pass that gives no batch
+    (a set shorter than one round of ranks x ``validation.local_batch_size``) raises ValueError
+    naming the keys.
     """
 
     def __init__(self, loader, section, dp_world_size: int):
         self.loader, self.section, self.dp_world_size = loader, section, dp_world_size
+        self.start = copy.deepcopy(loader.state_dict())
 
     def __iter__(self):
+        self.loader.load_state_dict(copy.deepcopy(self.start))
         empty = True
         for batch in self.loader:
             empty = False
@@ -305,10 +311,9 @@ class DataValidator(Validator):
                  maybe_enable_amp, metrics_processor, pp_schedule=None, pp_has_first_stage=None,
                  pp_has_last_stage=None):
         self.job_config, self.tokenizer, self.parallel_dims, self.loss_fn = job_config, tokenizer, parallel_dims, loss_fn
-        finite = job_config.validation.steps == -1
-        loader = build_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=not finite)
-        self.validation_dataloader = (NonEmptyPasses(loader, job_config.validation, dp_world_size) if finite
-                                      else loader)
+        loader = build_validation_dataloader(dp_world_size, dp_rank, tokenizer, job_config,
+                                             infinite=job_config.validation.steps != -1)
+        self.validation_dataloader = ValidationPasses(loader, job_config.validation, dp_world_size)
         self.validation_context, self.maybe_enable_amp = validation_context, maybe_enable_amp
         self.metrics_processor = metrics_processor
         self.pp_schedule, self.pp_has_first_stage, self.pp_has_last_stage = pp_schedule, pp_has_first_stage, pp_has_last_stage
