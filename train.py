@@ -8,9 +8,10 @@ SIGTERM handled as a stop; plain ``torchrun`` works too.) Without a launcher, ``
 runs as one process. Any TOML key can be overridden on the command line (``--training.steps 100``).
 The config is checked (unknown keys, types, meaning) before any model is built or data is read.
 
-Exit codes: 0 done (or stopped by SIGTERM / ``reliability.stop_at_step`` with a checkpoint saved),
-2 invalid config or a refused resume, 3 stopped on a non-finite step (``reliability.nonfinite =
-"stop"``), 4 a checkpoint could not be saved or loaded.
+Exit codes: 0 done (or stopped by SIGTERM / ``reliability.stop_at_step`` with a checkpoint saved;
+SIGTERM with ``checkpoint.enable = false`` stops without one and logs so), 2 invalid config (also
+an ``[eval] at_end`` data_dir without a task's file) or a refused resume, 3 stopped on a non-finite
+step (``reliability.nonfinite = "stop"``), 4 a checkpoint could not be saved or loaded.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def main(argv: list[str]) -> None:
     register_all()
     single_process_env()
     config = load_config(argv)
+    if config.eval.at_end:
+        from eval.at_end import check_at_end
+
+        check_at_end(config)  # before training, not after the last step
     finished = False
     try:
         final_step = train(config)

@@ -1,17 +1,31 @@
 """``[eval] at_end``: score the final checkpoint on the downstream suite when training ends.
 
-``train.py`` calls :func:`run_at_end` on rank 0 after the last checkpoint is saved; the section's
+``train.py`` calls :func:`check_at_end` on every rank before training (the task files of
+``data_dir``) and :func:`run_at_end` on rank 0 after the last checkpoint is saved; the section's
 keys are :class:`parallax_titan.config.Eval`.
 """
 
 import os
 
-from parallax_titan.config import JobConfig
+from parallax_titan.config import ConfigError, JobConfig
 
 
 def output_dir(job_config: JobConfig) -> str:
     """``<job.dump_folder>/eval``: where :func:`run_at_end` writes."""
     return os.path.join(job_config.job.dump_folder, "eval")
+
+
+def check_at_end(job_config: JobConfig) -> None:
+    """ConfigError naming ``eval.data_dir`` when it lacks the file of a task the final evaluation
+    scores. ``train.py`` calls it before training: :func:`run_at_end` would find out only after
+    the last step. (The config's own validation cannot look: ``parallax_titan`` does not import
+    ``eval``, which knows the task files.)"""
+    from eval.tasks import check_data_dir
+
+    try:
+        check_data_dir(job_config.eval)
+    except ValueError as exc:
+        raise ConfigError(f"invalid config:\n  {exc}") from None
 
 
 def run_at_end(job_config: JobConfig, checkpoint_dir: str) -> str:

@@ -5,12 +5,11 @@ model weights sit at the top level under the model's own names (``layers.0.atten
 optimizer, lr-schedule and data-loader entries may sit beside them and are ignored here. Before
 reading any weight, the folder's files are checked against its checksum manifest
 (:func:`parallax_titan.checkpoint_files.verify_before_load`), unless ``verify`` is false, and the
-[parallax] switches its ``settings.json`` records are compared with the config's.
+[parallax] switches and model arguments its ``settings.json`` records are compared with the config's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 
@@ -18,10 +17,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from parallax_titan.checkpoint_files import (
-    SETTINGS_FILE, describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
+    describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
 from parallax_titan.config import JobConfig, load_config
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
-from parallax_titan.resume_rules import model_changes, read_settings
+from parallax_titan.resume_rules import check_model_settings
 from parallax_titan.spec import model_args_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,23 +83,6 @@ def model_keys(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def _check_model_settings(checkpoint_dir: str, args: ParallaxModelArgs) -> None:
-    """ValueError when the checkpoint's ``settings.json`` (the trainer writes one into every step)
-    records a [parallax] switch that changes the model's function with another value than the config
-    (``parallax_titan.resume_rules.MODEL_SETTINGS``): same shapes, so the weights would load and
-    compute something else (a ``parallax_norope`` run evaluated with the base config). A checkpoint
-    without the file is not compared."""
-    try:
-        changes = model_changes(read_settings(checkpoint_dir), args)
-    except ValueError as exc:
-        raise ValueError(f"checkpoint: {exc}") from None
-    if changes:
-        key, saved, current = changes[0]
-        raise ValueError(f"checkpoint: {key}: {checkpoint_dir!r} was trained with {saved!r} (its {SETTINGS_FILE}) "
-                         f"and the config sets {current!r}; the weights would compute another function: use the "
-                         f"run's config (or set {key.split('.')[1]} = {json.dumps(saved)} under [parallax])")
-
-
 @torch.no_grad()
 def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = True, *, who: str = "checkpoint",
                     off_switch: str = "verify=False") -> None:
@@ -113,8 +95,9 @@ def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = 
     option that named the folder), the file and ``off_switch`` (how the caller loads it unchecked),
     before any weight is read. Raises ValueError naming ``checkpoint`` for a missing or unreadable
     folder, for a checkpoint of another model: the first weight the model or the checkpoint
-    lacks, or holds in another shape, with both shapes; and for a [parallax] switch that the
-    checkpoint's ``settings.json`` records with another value (:func:`_check_model_settings`).
+    lacks, or holds in another shape, with both shapes; and for a [parallax] switch or model argument
+    that the checkpoint's ``settings.json`` records with another value
+    (:func:`parallax_titan.resume_rules.check_model_settings`).
     """
     verify_before_load(checkpoint_dir, who, off_switch, verify)
     try:
@@ -125,7 +108,7 @@ def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = 
     if mismatches:
         raise ValueError(f"checkpoint: {checkpoint_dir!r} holds another model than the config's "
                          f"({describe(mismatches)}); was it written for another [model] name, flavor or shape?")
-    _check_model_settings(checkpoint_dir, model.model_args)
+    check_model_settings(checkpoint_dir, model.model_args)
     state = model_keys(model)
     # no_dist: load on this process only, also when called inside a torchrun job.
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from eval.checkpoint import build_model, model_args_of, resolve_dtype
 from eval.lm_eval import evaluate
 from eval.model import ParallaxLM
-from eval.tasks import data_file, parse_tasks
+from eval.tasks import check_data_dir, parse_tasks
 from parallax_titan.tokenizer import build_tokenizer
 
 PREFIX = "eval/downstream"
@@ -74,15 +74,14 @@ class DownstreamEvaluator:
 
     job_config: the run's (its ``[eval]`` section: ``every_n_steps``, ``tasks``, ``limit``,
     ``batch_size``, ``dtype``, ``max_length``, ``data_dir``). A ``data_dir`` without a task's file
-    raises ValueError naming ``data_dir`` here, before training starts.
+    raises ValueError naming ``eval.data_dir`` here, before training starts.
     """
 
     def __init__(self, job_config):
         section = job_config.eval
         self.job_config, self.every = job_config, section.every_n_steps
         self.tasks = parse_tasks(section.tasks)
-        for task in self.tasks if section.data_dir else ():  # now, not at the first evaluation step
-            data_file(section.data_dir, task)
+        check_data_dir(section)  # now, not at the first evaluation step
         self.tokenizer = build_tokenizer(job_config)
         self.replica: torch.nn.Module | None = None
         self.task_manager = None

@@ -75,7 +75,8 @@ def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = 
 
 @torch.no_grad()
 def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | None = None,
-              tokenizer_dir: str | None = None, eos_id: int | None = None, key: str = "output") -> str:
+              tokenizer_dir: str | None = None, eos_id: int | None = None, key: str = "output",
+              dtype_key: str = "dtype") -> str:
     """Write ``model`` as ``model.safetensors`` + ``config.json`` (+ the tokenizer) into ``output_dir``;
     for Parallax variants also the modeling code (``configuration_parallax.py``, ``modeling_parallax.py``).
 
@@ -85,13 +86,15 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     Atomic: the files go into a folder beside ``output_dir`` that then replaces it whole, so a failed
     export leaves an earlier one there as it was, and no file of an earlier export stays behind.
     ``output_dir`` must be new, empty or an earlier export (:func:`check_export_folder`; ValueError
-    naming ``key``, the option that named it, before anything is written).
+    naming ``key``, the option that named it, before anything is written). A weight that is not
+    finite in ``dtype`` (float16 overflows above 65504) raises ValueError naming ``dtype_key``, the
+    weight and its largest magnitude, also before anything is written (:func:`_stored_tensors`).
     """
     args = model.model_args
     dtype = dtype or next(model.parameters()).dtype
     config = hf_config(args, dtype, eos_id)  # before anything is written: it refuses what HF cannot hold
     hf_state = ParallaxStateDictAdapter(args).to_hf(model.state_dict())
-    tensors = {k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in hf_state.items()}
+    tensors = _stored_tensors(hf_state, dtype, dtype_key)
     with replaced_folder(output_dir, key, _export_owned, "a Hugging Face export") as stage:
         save_file(tensors, os.path.join(stage, WEIGHTS_FILE), metadata={"format": "pt"})
         with open(os.path.join(stage, CONFIG_FILE), "w", encoding="utf-8") as f:
@@ -104,6 +107,31 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
             shutil.copyfile(os.path.join(tokenizer_dir, "tokenizer.json"), os.path.join(stage, "tokenizer.json"))
             write_tokenizer_config(stage)
     return output_dir
+
+
+def _stored_tensors(hf_state: dict[str, torch.Tensor], dtype: torch.dtype, dtype_key: str) -> dict[str, torch.Tensor]:
+    """``hf_state`` on the CPU in ``dtype``; ValueError naming the first weight with a value that is
+    not finite once cast (:func:`_nonfinite_problem`). An export holding inf or NaN loads without
+    complaint and computes garbage, so none is written."""
+    tensors = {}
+    for name, value in hf_state.items():
+        stored = value.detach().to("cpu", dtype).contiguous().clone()
+        if stored.is_floating_point() and not bool(torch.isfinite(stored).all()):
+            raise ValueError(f"{_nonfinite_problem(name, value, dtype, dtype_key)}; nothing was written")
+        tensors[name] = stored
+    return tensors
+
+
+def _nonfinite_problem(name: str, value: torch.Tensor, dtype: torch.dtype, dtype_key: str) -> str:
+    """Why weight ``name`` is not finite in ``dtype``: inf/NaN of its own (a diverged checkpoint), or
+    a magnitude above ``dtype``'s range (float16: 65504), which the cast turned into inf."""
+    source = value.detach().float()
+    bad = int((~torch.isfinite(source)).sum())
+    if bad:
+        return f"hf: {name} holds {bad} non-finite values (of {source.numel()}) in the model itself"
+    short = str(dtype).removeprefix("torch.")
+    return (f"{dtype_key}: {short} cannot hold {name}: its largest magnitude is {float(source.abs().max()):.6g}, "
+            f"above {short}'s largest finite value {torch.finfo(dtype).max:.6g}; use {dtype_key} bfloat16 or float32")
 
 
 def _export_owned(name: str) -> bool:

@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        tasks = parse_tasks(args.tasks or args.suite)
+        # --tasks "" is a selection of nothing, refused by name; only a missing --tasks means the suite
+        tasks = parse_tasks(args.suite if args.tasks is None else args.tasks, key="--tasks")
         path = evaluate_checkpoints(
             args.config, args.checkpoint, tasks=tasks, output=args.output, data_dir=args.data_dir,
             limit=args.limit, batch_size=args.batch_size, device=args.device, dtype=args.dtype,

@@ -8,6 +8,7 @@ computed in float32 from the model's logits.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -52,6 +53,32 @@ def _flag(name: str, value) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     raise ValueError(f"model_args: {name}={value} is not a boolean; expected {name}=true or {name}=false")
+
+
+def _gen_number(key: str, value, default: float, integer: bool = False) -> float:
+    """A ``gen_kwargs`` number (a number or its text; None: ``default``); ValueError naming ``key``
+    and the value otherwise, or, with ``integer``, for one with a fractional part."""
+    if value is None:
+        return default
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if math.isnan(number) or (integer and (not math.isfinite(number) or number != int(number))):
+        expected = "an integer" if integer else "a number"
+        raise ValueError(f"generate_until: gen_kwargs {key}={value!r} is not {expected}; expected e.g. "
+                         f"{key}={default!r} (the default)")
+    return number
+
+
+def _gen_flag(key: str, value) -> bool | None:
+    """A ``gen_kwargs`` boolean (True/False or "true"/"false"; None: unset); ValueError naming ``key``
+    and the value otherwise (a truthy string such as "no" must not switch sampling on)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"generate_until: gen_kwargs {key}={value!r} is not a boolean; expected true or false")
 
 
 def _chunks(items: Sequence[int], size: int) -> Iterator[list[int]]:
@@ -279,23 +306,30 @@ class ParallaxLM(TemplateLM):
     def _request_settings(self, gen_kwargs: dict) -> tuple[SamplingParams, StopCriteria]:
         """lm-eval's generation arguments -> how to sample and when to stop.
 
-        ``until`` (stop strings; ``<|endoftext|>`` is always one), ``max_gen_toks``, and sampling
-        when ``do_sample`` is true, or unset with ``temperature`` > 0: ``temperature`` (1.0 if
-        unset), ``top_k``, ``top_p``, seeded with the adapter's ``seed``. Otherwise greedy.
+        ``until`` (stop strings; ``<|endoftext|>`` is always one), ``max_gen_toks``, ``do_sample``,
+        ``temperature``, ``top_k``, ``top_p``, read as lm-eval's ``normalize_gen_kwargs`` reads them:
+        ``temperature`` is 0 unless given, and sampling (seeded with the adapter's ``seed``) needs
+        ``temperature`` > 0 and ``do_sample`` not false; otherwise greedy, so ``do_sample=False`` and
+        ``temperature=0`` are both greedy whatever the other says. A value that is not a number
+        (``top_k`` an integer, ``do_sample`` a boolean) or out of range raises ValueError naming the
+        key and the value, also when decoding is greedy.
         """
         kwargs = dict(gen_kwargs)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         max_new = positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
-        do_sample = kwargs.pop("do_sample", None)
-        temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
-        top_k, top_p = int(kwargs.pop("top_k", 0) or 0), float(kwargs.pop("top_p", 1.0) or 1.0)
+        do_sample = _gen_flag("do_sample", kwargs.pop("do_sample", None))
+        temperature = _gen_number("temperature", kwargs.pop("temperature", None), 0.0)
+        top_k = int(_gen_number("top_k", kwargs.pop("top_k", None), 0, integer=True))
+        top_p = _gen_number("top_p", kwargs.pop("top_p", None), 1.0)
         if kwargs:
             raise ValueError(f"generate_until: unsupported generation arguments {sorted(kwargs)} in {gen_kwargs!r}; "
                              "expected until, max_gen_toks, do_sample, temperature, top_k, top_p")
-        sample = do_sample if do_sample is not None else temperature > 0
-        sampling = (SamplingParams(temperature=temperature or 1.0, top_k=top_k, top_p=top_p, seed=self.seed)
-                    if sample else SamplingParams())
+        try:  # checks the ranges (temperature >= 0, top_k >= 0, 0 < top_p <= 1) even when greedy
+            requested = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=self.seed)
+        except ValueError as exc:
+            raise ValueError(f"generate_until: gen_kwargs {exc}") from None
+        sampling = requested if do_sample is not False and temperature > 0 else SamplingParams()
         stops = tuple(until) + (self.tok_decode([self.eot_token_id]),)
         return sampling, StopCriteria(max_new_tokens=max_new, stop=stops, stop_token_ids=(self.eot_token_id,))
 

@@ -32,18 +32,24 @@ TASK_YAMLS = {
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-def parse_tasks(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
+def parse_tasks(spec: str | list[str] | tuple[str, ...] | None, key: str = "tasks") -> list[str]:
     """``"paper"``, a comma-separated string or a list of suite task names -> task names.
 
-    Raises ValueError naming ``tasks`` for an unknown name or an empty selection.
+    None (not given) means the whole suite. An explicit selection naming no task (``""``, blanks or
+    commas only, ``[]``) is refused rather than read as "all": it is more likely a mistake (an unset
+    shell variable) than a request for the whole suite. Raises ValueError naming ``key`` (the
+    option or config key that gave ``spec``) for an unknown name or an empty selection.
     """
     if spec is None or spec == "paper":
         return list(PAPER_SUITE)
     names = [t.strip() for t in spec.split(",")] if isinstance(spec, str) else [str(t).strip() for t in spec]
     names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"{key}: got {spec!r}, which names no task; expected 'paper' or a comma-separated "
+                         f"subset of {list(PAPER_SUITE)} (leave {key} out for the whole suite)")
     unknown = [n for n in names if n not in PAPER_SUITE]
-    if unknown or not names:
-        raise ValueError(f"tasks: got {spec!r}; expected 'paper' or names from {list(PAPER_SUITE)}")
+    if unknown:
+        raise ValueError(f"{key}: got {spec!r}; expected 'paper' or names from {list(PAPER_SUITE)}")
     return list(dict.fromkeys(names))
 
 
@@ -59,16 +65,25 @@ def eval_split(config: dict) -> str:
     return config.get("test_split") or config["validation_split"]
 
 
-def data_file(data_dir: str, task: str) -> str:
-    """``<data_dir>/<task>.jsonl`` (or .json/.parquet); ValueError naming ``data_dir`` if none exists."""
+def data_file(data_dir: str, task: str, key: str = "data_dir") -> str:
+    """``<data_dir>/<task>.jsonl`` (or .json/.parquet); ValueError naming ``key`` (the option or
+    config key that gave ``data_dir``) if none exists."""
     for suffix in DATA_SUFFIXES:
         path = os.path.join(data_dir, task + suffix)
         if os.path.isfile(path):
             return os.path.abspath(path)
     raise ValueError(
-        f"data_dir: {data_dir!r} has no file for task {task!r}; expected {task}.jsonl (or "
+        f"{key}: {data_dir!r} has no file for task {task!r}; expected {task}.jsonl (or "
         f".json/.parquet) holding its {eval_split(task_config(task))!r} split in the Hugging Face schema"
     )
+
+
+def check_data_dir(section) -> None:
+    """ValueError naming ``eval.data_dir`` and the first task of ``section.tasks`` without its file
+    there (``section``: a config's ``[eval]``). Without a data_dir the tasks come from the Hugging Face
+    hub or cache: nothing to check."""
+    for task in parse_tasks(section.tasks, key="eval.tasks") if section.data_dir else ():
+        data_file(section.data_dir, task, key="eval.data_dir")
 
 
 def local_task_config(task: str, data_dir: str) -> dict:

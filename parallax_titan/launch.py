@@ -5,7 +5,8 @@
 It runs ``torch.distributed.run`` (torchrun) as a child process and adds two things:
 
 * SIGTERM sent to this process (what a scheduler sends before it kills a job) goes to the
-  training processes only. They finish the step, save a full checkpoint and exit 0; torchrun then
+  training processes only. They finish the step, save a full checkpoint (unless
+  ``checkpoint.enable = false``: then they say none was written) and exit 0; torchrun then
   exits 0, and so does this launcher, without a traceback. (torchrun, when it gets SIGTERM
   itself, forwards it the same way, but then exits 1 with a ``SignalException`` traceback,
   whatever its workers did.)

@@ -25,7 +25,7 @@ from parallax_titan.config.optim import MATRIX_ALGO_OF
 from parallax_titan.step_flags import StepFlags
 
 __all__ = ["ParallaxOptimizersContainer", "WDALRSchedulersContainer", "build_optimizers", "build_lr_schedulers",
-           "routing_config", "matrix_options", "model_head_dim"]
+           "routing_config", "matrix_options", "model_head_dim", "head_dim_of"]
 
 # [optimizer] keys that are MuonAdamW group options of the same name (optimizers.muon.GROUP_DEFAULTS)
 FAMILY_OPTIONS = ("normuon_beta2", "normuon_eps", "aurora_iterations", "aurora_beta", "aurora_eps", "soap_beta1",
@@ -37,8 +37,18 @@ def model_head_dim(model: nn.Module) -> int:
     dims = {m.head_dim for m in model.modules() if isinstance(getattr(m, "head_dim", None), int)}
     if len(dims) > 1:
         raise ValueError(f"model has attention modules with different head_dim {sorted(dims)}; "
-                         "set optimizer.muon_head_dim or use one head_dim")
+                         "head-wise Muon (optimizer.muon_head_dim) needs one head_dim")
     return dims.pop() if dims else 0
+
+
+def head_dim_of(config: Optimizer, model: nn.Module) -> int:
+    """Rows per head of the head-wise Muon groups: the model's ``head_dim``. ``muon_head_dim`` may only
+    restate it (config validation checks it against the model args; this checks the built model)."""
+    found = model_head_dim(model)
+    if config.muon_head_dim and found and config.muon_head_dim != found:
+        raise ValueError(f"optimizer.muon_head_dim: {config.muon_head_dim} is not the model's head_dim {found}; "
+                         f"expected 0 (the model's) or {found}")
+    return config.muon_head_dim or found
 
 
 def matrix_options(config: Optimizer) -> dict[str, Any]:
@@ -68,7 +78,7 @@ def routing_config(config: Optimizer, model: nn.Module) -> RoutingConfig:
         muon=matrix_options(config),
         adam={"betas": (config.beta1, config.beta2), "eps": config.eps},
         headwise=config.muon_headwise,
-        head_dim=config.muon_head_dim or model_head_dim(model),
+        head_dim=head_dim_of(config, model),
         spectral={"attn": (config.spectral_power_attn, config.spectral_coeff_attn),
                   "mlp": (config.spectral_power_mlp, config.spectral_coeff_mlp)},
         spectral_categories=tuple(config.spectral_categories),
@@ -204,7 +214,16 @@ class WDALRSchedulersContainer(LRSchedulersContainer):
 
 def build_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: LRScheduler, training_steps: int
                         ) -> WDALRSchedulersContainer:
-    """TorchTitan TrainSpec ``build_lr_schedulers_fn``: TorchTitan's WSD/cosine lr plus WDA."""
+    """TorchTitan TrainSpec ``build_lr_schedulers_fn``: TorchTitan's WSD/cosine lr plus WDA.
+
+    Raises ValueError for WDA on a schedule without a decay stage (it would never anneal)."""
     base = titan_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
     phases = SchedulePhases(*schedule_phases(base))
+    gamma = lr_scheduler_config.wd_anneal_gamma
+    if gamma > 0 and phases.decay_steps == 0:  # load_config refuses it too; callers may skip it
+        total = phases.warmup_steps + phases.stable_steps - 1  # TorchTitan's virtual last step
+        raise ValueError(f"lr_scheduler.wd_anneal_gamma: {gamma!r} anneals over the lr decay stage, which has 0 of "
+                         f"{total} steps (lr_scheduler.warmup_steps = {lr_scheduler_config.warmup_steps}, "
+                         f"lr_scheduler.decay_ratio = {lr_scheduler_config.decay_ratio!r}); expected 0, or a decay "
+                         "stage")
     return WDALRSchedulersContainer(base.schedulers, optimizers, phases, lr_scheduler_config.wd_anneal_gamma)

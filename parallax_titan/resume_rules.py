@@ -1,9 +1,9 @@
 """What a resumed run does with a setting that differs from its checkpoint's: apply it or refuse.
 
 Every checkpoint holds ``settings.json``: the run's effective settings (every ``[optimizer]``,
-``[lr_scheduler]`` and ``[parallax]`` key, ``training.steps``, ``max_norm``, ``seq_len``, ``local_batch_size`` and the
-global batch in sequences per step). On resume each key that differs follows one rule
-(the table in docs/resume.md):
+``[lr_scheduler]`` and ``[parallax]`` key, ``training.steps``, ``max_norm``, ``seq_len``, ``local_batch_size``, the
+global batch in sequences per step, and the model arguments of :data:`MODEL_ARGS` as ``model.<name>``). On resume
+each key that differs follows one rule (the table in docs/resume.md):
 
 * refused before anything is built, naming the key (:data:`REFUSED`), where applying it would
   change which data a step trains on, the meaning of the step count, or make the saved optimizer
@@ -30,6 +30,7 @@ from optimizers.muon import GROUP_DEFAULTS
 from parallax_titan.checkpoint_files import SETTINGS_FILE
 from parallax_titan.checksums import write_json_atomic
 from parallax_titan.config.job import global_batch_size
+from parallax_titan.spec import model_args_for
 
 SETTINGS_FORMAT = 1
 
@@ -80,6 +81,8 @@ def run_settings(cfg, world: int) -> dict[str, Any]:
                      "training.seq_len": training.seq_len, "training.local_batch_size": training.local_batch_size,
                      "training.global_batch_size": global_batch_size(cfg, world),
                      GLOBAL_POSITION: training.dataset == "pretokenized" or training.data_order == "global"})
+    args = model_args_for(cfg)
+    settings.update({f"model.{name}": getattr(args, name) for name in MODEL_ARGS})
     return json.loads(json.dumps(settings))  # tuples as lists, as they read back
 
 
@@ -113,21 +116,65 @@ class Change(NamedTuple):
     current: Any
 
 
+MODEL_ARGS = ("rope_theta", "norm_eps", "enable_weight_tying")
+"""Model arguments that change the function without changing a weight's shape, and that no config
+key sets (``model.flavor`` fixes them, so they change only with the code): recorded as
+``model.<name>``. A tied checkpoint loads into an untied model and back, its output weight being
+its embedding."""
+
 MODEL_SETTINGS: dict[str, str] = {"parallax.rho_rope": "rho_rope", "parallax.gate": "gate",
-                                  "parallax.window": "window", "parallax.attn_mask_type": "attn_mask_type"}
+                                  "parallax.window": "window", "parallax.attn_mask_type": "attn_mask_type",
+                                  **{f"model.{name}": name for name in MODEL_ARGS}}
 """Recorded keys -> the model argument they set, where the same weights compute another function
 with another value (a resume applies them; a loader for evaluation refuses them: :func:`model_changes`)."""
+
+ROPE_MIXERS = ("softmax", "parallax", "exact_lla")
+"""Mixers that rotate queries and keys (``rope_theta``); the fla mixers and the uniform-weight family
+members take no positions."""
+
+
+def _used(field: str, mixer: str) -> bool:
+    """Whether a model with ``mixer`` computes with the model argument ``field`` (the config sets the
+    probe's switches on the parallax mixer only, and every mixer but softmax takes the mask type)."""
+    if field in ("rho_rope", "gate", "window"):
+        return mixer == "parallax"
+    if field == "attn_mask_type":
+        return mixer != "softmax"
+    if field == "rope_theta":
+        return mixer in ROPE_MIXERS
+    return True
 
 
 def model_changes(saved: dict[str, Any] | None, args) -> list[Change]:
     """The :data:`MODEL_SETTINGS` that the checkpoint's ``saved`` settings (None: none recorded) hold
-    with other values than the model arguments ``args``, for the keys ``args`` takes from the config
-    (``rho_rope``, ``gate``, ``window``: the parallax mixer; ``attn_mask_type``: every mixer but softmax)."""
-    def used(field: str) -> bool:
-        return args.mixer == "parallax" if field != "attn_mask_type" else args.mixer != "softmax"
-
+    with other values than the model arguments ``args``, for the arguments ``args.mixer`` computes
+    with. A key the checkpoint does not record (saved before it was recorded) is not compared."""
     return [Change(key, saved[key], getattr(args, field)) for key, field in MODEL_SETTINGS.items()
-            if saved and key in saved and used(field) and saved[key] != getattr(args, field)]
+            if saved and key in saved and _used(field, args.mixer) and saved[key] != getattr(args, field)]
+
+
+def check_model_settings(checkpoint_dir: str, args, who: str = "checkpoint") -> None:
+    """ValueError naming ``who`` (the option that named the folder), the key and both values when
+    the checkpoint's ``settings.json`` records a :data:`MODEL_SETTINGS` key with another value than
+    the model arguments ``args``: the weights have the same shapes, so they would load and compute
+    another function (a ``parallax_norope`` run evaluated with the base config). Every loader of a
+    checkpoint for evaluation or analysis calls it; the trainer's resume applies such a change
+    instead (:func:`differences`). A checkpoint without the file is not compared."""
+    try:
+        changes = model_changes(read_settings(checkpoint_dir), args)
+    except ValueError as exc:
+        raise ValueError(f"{who}: {exc}") from None
+    if not changes:
+        return
+    key, saved, current = changes[0]
+    section, name = key.split(".")
+    if section == "parallax":
+        this, fix = "the config sets", f"use the run's config (or set {name} = {json.dumps(saved)} under [parallax])"
+    else:  # no config key: model.flavor fixes it
+        this, fix = "the config's model has", (f"no config key sets {name} (model.name and model.flavor fix it): "
+                                               "evaluate it with the version of the code that trained it")
+    raise ValueError(f"{who}: {key}: {checkpoint_dir!r} was trained with {saved!r} (its {SETTINGS_FILE}) and {this} "
+                     f"{current!r}; the weights would compute another function: {fix}")
 
 
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[Change]:

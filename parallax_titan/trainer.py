@@ -6,7 +6,7 @@ checkpoint of another model before anything is built, runs the up-training conve
 progress bar and diagnostics, and handles interruptions (SIGTERM, ``reliability.stop_at_step``) and
 non-finite steps (``reliability.nonfinite``; the skip itself is decided by the optimizers
 container) by saving a full checkpoint and leaving the loop, so that rerunning the command resumes
-exactly. Checkpoints go through :class:`parallax_titan.checkpointing.ParallaxCheckpointManager`
+exactly (with ``checkpoint.enable = false`` it leaves the loop and says that nothing was saved). Checkpoints go through :class:`parallax_titan.checkpointing.ParallaxCheckpointManager`
 (atomic saves, checksums); after a resume, settings changed since the checkpoint follow
 :mod:`parallax_titan.resume_rules`. It expects a config from
 :func:`parallax_titan.config.load_config` (validated there). ``step_callbacks`` are called as
@@ -38,7 +38,8 @@ from parallax_titan.step_flags import StepFlags
 
 
 class NonFiniteStop(RuntimeError):
-    """``reliability.nonfinite = "stop"`` ended the run after saving; the message names the step."""
+    """``reliability.nonfinite = "stop"`` ended the run; the message names the step and its checkpoint,
+    or says that none was written (``checkpoint.enable = false``)."""
 
 
 def dump_folder_problems(folder: str) -> list[str]:
@@ -53,6 +54,20 @@ def dump_folder_problems(folder: str) -> list[str]:
         return [f"job.dump_folder: {folder!r} is not writable ({type(exc).__name__}: {exc}); checkpoints, metrics "
                 "and logs are written there"]
     return []
+
+
+NO_CHECKPOINT = "no checkpoint written because checkpoint.enable = false (a rerun starts over)"
+"""What a stop says instead of naming its checkpoint when checkpoints are off (SIGTERM and
+``reliability.nonfinite = "stop"`` are allowed then: ``save_on_sigterm`` is on by default)."""
+
+
+def save_for_stop(checkpointer, step: int) -> bool:
+    """Save the full checkpoint of ``step`` before a stop; whether there is one (False with
+    ``checkpoint.enable = false``, where nothing is written)."""
+    if not checkpointer.enable:
+        return False
+    save_checkpoint_now(checkpointer, step)
+    return True
 
 
 class ParallaxTrainer(Trainer):
@@ -140,7 +155,8 @@ class ParallaxTrainer(Trainer):
             f"non-finite loss or gradient at step {self.step}: first non-finite gradient (rank "
             f"{dist.get_rank() if dist.is_initialized() else 0}): {self.optimizers.first_nonfinite_gradient()}; "
             f"reliability.nonfinite = {policy!r}: "
-            + ("update skipped" if policy == "skip" else "update skipped, saving and stopping")
+            + ("update skipped" if policy == "skip" else
+               "update skipped, saving and stopping" if self.checkpointer.enable else "update skipped, stopping")
         )
         if policy == "stop":
             self._stop_reason = self._nonfinite_stop = f"non-finite loss or gradient at step {self.step}"
@@ -169,10 +185,11 @@ class ParallaxTrainer(Trainer):
     def should_continue_training(self) -> bool:
         if self._stop_reason is None:
             return super().should_continue_training()
-        save_checkpoint_now(self.checkpointer, self.step)
+        saved = save_for_stop(self.checkpointer, self.step)
         if self._nonfinite_stop:
-            raise NonFiniteStop(f"{self._nonfinite_stop} (reliability.nonfinite = 'stop'); checkpoint step-{self.step} "
-                                "saved")
-        logger.info(f"Stopping after step {self.step} ({self._stop_reason}); checkpoint saved, rerun to resume")
+            raise NonFiniteStop(f"{self._nonfinite_stop} (reliability.nonfinite = 'stop'); "
+                                + (f"checkpoint step-{self.step} saved" if saved else NO_CHECKPOINT))
+        logger.info(f"Stopping after step {self.step} ({self._stop_reason}); "
+                    + ("checkpoint saved, rerun to resume" if saved else NO_CHECKPOINT))
         return False
 

@@ -80,14 +80,16 @@ def main(argv) -> str:
     seq_len = config.seq_len or job.training.seq_len
     tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
     compare_configs = args.compare_config * len(args.compare) if len(args.compare_config) == 1 else args.compare_config
-    checkpoints = [(args.checkpoint, job)] + [
-        (ckpt, load_job_config(compare_configs[i]) if compare_configs else job) for i, ckpt in enumerate(args.compare)
+    checkpoints = [(args.checkpoint, job, "--checkpoint")] + [
+        (ckpt, load_job_config(compare_configs[i]) if compare_configs else job, "--compare")
+        for i, ckpt in enumerate(args.compare)
     ]
-    labels = args.labels or [default_label(c) for c, _ in checkpoints]
+    labels = args.labels or [default_label(c) for c, _, _ in checkpoints]
     runs, sources = {}, {}
     torch.manual_seed(0)
-    for label, (checkpoint, job_config) in zip(labels, checkpoints):
-        model = load_checkpoint_model(job_config, checkpoint, verify=False)
+    for label, (checkpoint, job_config, option) in zip(labels, checkpoints):
+        # verified above; the settings check names the option too
+        model = load_checkpoint_model(job_config, checkpoint, verify=False, who=option)
         print(f"[analyze] {label}: {type(model).__name__} ({model.model_args.mixer}) from {checkpoint}")
         runs[label] = collect(model, tokens, tokenizer, config)
         sources[label] = (checkpoint, f"{model.model_args.mixer}, {job_config.model.flavor}, "

@@ -14,6 +14,8 @@ Extra ``--section.key value`` arguments override the config (e.g. ``--model.name
 ``export`` checks the checkpoint's files against its checksum manifest before reading it (a corrupt
 or truncated file, or a folder without a manifest: exit code 4; ``--no-verify`` loads it unchecked).
 ``import`` writes a manifest beside the DCP files, as the trainer does, so that folder verifies too.
+``export`` refuses a weight that ``--dtype`` cannot hold (float16 overflows above 65504) or that is
+not finite, naming it, before anything is written (exit code 2).
 Both write ``--output`` whole (a failed run leaves an earlier output as it was) and refuse, before
 reading anything, an ``--output`` that holds files other than such an output (exit code 2).
 The format is described in eval/hf_format.py and docs/eval.md.
@@ -39,10 +41,13 @@ def export_command(args, overrides: list[str]) -> str:
     # the cheap checks first: loading (and hashing) the checkpoint is the expensive part
     eos_id = build_tokenizer(job_config).eos_id
     check_export_folder(args.output, "--output")
-    model, _ = load_model(job_config, args.checkpoint, device="cpu", dtype=args.dtype, verify=args.verify,
+    # read in float32 and cast at the export, which sees the values before the cast: a weight that
+    # --dtype float16 cannot hold is refused, naming its magnitude, instead of written as inf
+    model, _ = load_model(job_config, args.checkpoint, device="cpu", dtype="float32", verify=args.verify,
                           who="--checkpoint", off_switch="--no-verify")
     tokenizer_dir = None if args.no_tokenizer else job_config.model.hf_assets_path
-    return export_hf(model, args.output, tokenizer_dir=tokenizer_dir, eos_id=eos_id, key="--output")
+    return export_hf(model, args.output, dtype=DTYPES[args.dtype], tokenizer_dir=tokenizer_dir, eos_id=eos_id,
+                     key="--output", dtype_key="--dtype")
 
 
 def import_command(args, overrides: list[str]) -> str:

@@ -17,6 +17,7 @@ from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
 from parallax_titan.checkpoint_files import folder_problem
 from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.checksums import MANIFEST_FILE, read_manifest
+from parallax_titan.diagnostics.report import load_checkpoint_model
 from parallax_titan.resume_rules import read_settings, run_settings, write_settings
 from test_eval_hf import CONFIG, REPO, logits, tiny_model
 
@@ -215,6 +216,67 @@ def test_evaluating_with_other_parallax_switches_is_refused(tmp_path):
     other = build_model(model_args_of(load_job_config(CONFIG)), torch.device("cpu"))
     with pytest.raises(ValueError, match=r"parallax.rho_rope: .* was trained with False .*config sets True.*rho_rope = false under \[parallax\]"):
         load_checkpoint(other, folder, verify=False)
+
+
+SMALL = ["--model.dim", "64", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.head_dim", "16",
+         "--model.hidden_dim", "96"]  # keeps each load fast
+
+
+def _saved_with_settings(tmp_path, job, **changed) -> str:
+    """A checkpoint of ``job``'s model whose settings.json records ``job``'s settings with ``changed``
+    (key -> value; None drops the key, as a checkpoint from before it was recorded)."""
+    model = build_model(model_args_of(job), torch.device("cpu"))
+    folder = str(tmp_path / "step-3")
+    save_checksummed(model.state_dict(), folder)
+    settings = {**run_settings(job, 1), **changed}
+    write_settings(folder, 3, {k: v for k, v in settings.items() if v is not None})
+    return folder
+
+
+def _load_for_eval(job, folder):
+    load_checkpoint(build_model(model_args_of(job), torch.device("cpu")), folder, verify=False)
+
+
+def _load_for_analysis(job, folder):
+    load_checkpoint_model(job, folder, verify=False)
+
+
+LOADERS = {"eval.checkpoint": ("checkpoint", _load_for_eval),
+           "diagnostics load_checkpoint_model": ("--checkpoint", _load_for_analysis)}
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+@pytest.mark.parametrize("key,saved", [("model.rope_theta", 10000), ("model.norm_eps", 1e-5),
+                                       ("model.enable_weight_tying", False)])
+def test_evaluating_with_other_model_arguments_is_refused(tmp_path, loader, key, saved):
+    """RoPE theta, the norms' eps and weight tying change the function without changing a shape:
+    a checkpoint trained with other values (another version of the flavor) loaded silently."""
+    who, load = LOADERS[loader]
+    job = load_job_config(CONFIG, SMALL)
+    current = run_settings(job, 1)[key]
+    folder = _saved_with_settings(tmp_path, job, **{key: saved})
+    with pytest.raises(ValueError, match=rf"^{who}: {key}: .* was trained with {saved!r} .*the config's model has "
+                                         rf"{current!r}; the weights would compute another function: no config key"):
+        load(job, folder)
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_a_checkpoint_without_the_model_arguments_loads(tmp_path, loader):
+    """settings.json written before the model arguments were recorded: nothing to compare."""
+    job = load_job_config(CONFIG, SMALL)
+    keys = [k for k in run_settings(job, 1) if k.startswith("model.")]
+    assert keys == ["model.rope_theta", "model.norm_eps", "model.enable_weight_tying"]
+    LOADERS[loader][1](job, _saved_with_settings(tmp_path, job, **dict.fromkeys(keys)))
+
+
+def test_analysis_with_other_parallax_switches_is_refused(tmp_path):
+    """scripts/analyze.py's loader ran no settings check: a parallax_norope run analysed with the
+    base config loaded as another function."""
+    folder = _saved_with_settings(tmp_path, load_job_config(CONFIG, [*SMALL, "--parallax.no-rho-rope"]))
+    _load_for_analysis(load_job_config(CONFIG, [*SMALL, "--parallax.no-rho-rope"]), folder)
+    with pytest.raises(ValueError, match=r"^--checkpoint: parallax.rho_rope: .* was trained with False .*config sets "
+                                         r"True.*rho_rope = false under \[parallax\]"):
+        _load_for_analysis(load_job_config(CONFIG, SMALL), folder)
 
 
 # ---- hand-edited manifest and settings ------------------------------------------------------------

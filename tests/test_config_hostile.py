@@ -75,6 +75,10 @@ CASES = [
     # stopped "with a checkpoint saved" that was never written
     (["--reliability.stop_at_step", "5", "--checkpoint.no-enable"],
      "reliability.stop_at_step: 5 saves a checkpoint to resume from, which needs checkpoint.enable = true"),
+    # a stop after the last step never came: the run ended without the interruption it was meant to test
+    (["--reliability.stop_at_step", "201"],
+     "reliability.stop_at_step: expected at most training.steps = 200 (the run ends there, so the stop would never "
+     "come), got 201"),
 ]
 
 
@@ -93,6 +97,7 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--optimizer.no_decay_categories", "norm,bias,other"],
     ["--diagnostics.dataset", "default_corpus"],
     ["--reliability.stop_at_step", "5"],
+    ["--reliability.stop_at_step", "200"],  # the last step: stops there with its checkpoint, as the run would end
 ])
 def test_sound_values_next_to_the_refused_ones_pass(overrides):
     load_config(["--job.config_file", DEMO, *overrides], check_data=False)

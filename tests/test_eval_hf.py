@@ -141,6 +141,48 @@ def test_script_export_and_import_through_dcp(tmp_path):
                         "--model.n_layers", "3"]) == 2
 
 
+def test_float16_export_that_would_overflow_is_refused_before_writing(tmp_path):
+    """A weight above float16's 65504 would be stored as inf: refused naming the weight and its largest
+    magnitude, and nothing is written; an earlier export stays as it was."""
+    model = tiny_model("parallax", seed=0)
+    with torch.no_grad():
+        model.layers["1"].feed_forward.w2.weight[3, 5] = -1.0e5
+    earlier = export_hf(model, str(tmp_path / "earlier"))  # float32 holds it
+    before = load_file(os.path.join(earlier, "model.safetensors"))
+    for folder in (earlier, str(tmp_path / "new")):
+        with pytest.raises(ValueError, match=r"dtype: float16 cannot hold model\.layers\.1\.mlp\.down_proj\.weight: "
+                                             r"its largest magnitude is 100000, above float16's largest finite "
+                                             r"value 65504; .* nothing was written"):
+            export_hf(model, folder, dtype=torch.float16)
+    assert not os.path.exists(tmp_path / "new")
+    after = load_file(os.path.join(earlier, "model.safetensors"))
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert json.loads((tmp_path / "earlier" / "config.json").read_text())["torch_dtype"] == "float32"
+
+
+def test_non_finite_weights_are_not_exported(tmp_path):
+    model = tiny_model("transformer", seed=0)
+    with torch.no_grad():
+        model.norm.weight[0] = float("nan")
+    with pytest.raises(ValueError, match=r"hf: model\.norm\.weight holds 1 non-finite values .* nothing was written"):
+        export_hf(model, str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_script_float16_overflow_is_refused_naming_the_flag(tmp_path, capsys):
+    """scripts/export_hf.py reads the checkpoint in float32 and casts at the export, so the refusal names
+    --dtype, the weight and its magnitude (exit code 2), and writes nothing."""
+    model = build_model(model_args_of(load_job_config(CONFIG)), torch.device("cpu"))
+    with torch.no_grad():
+        model.tok_embeddings.weight[7, 0] = 7.0e4
+    save_checksummed(model.state_dict(), str(tmp_path / "step-5"))
+    export = ["export", "--config", CONFIG, "--checkpoint", str(tmp_path / "step-5"), "--output", str(tmp_path / "hf")]
+    assert load_script().main([*export, "--dtype", "float16"]) == 2
+    err = capsys.readouterr().err
+    assert "--dtype: float16 cannot hold model.embed_tokens.weight: its largest magnitude is 70000" in err
+    assert not os.path.exists(tmp_path / "hf")
+
+
 def test_model_only_bf16_checkpoint_loads(tmp_path):
     """TorchTitan's last_save_model_only + export_dtype: a bf16 model-only folder loads into fp32."""
     args = model_args_of(load_job_config(CONFIG))

@@ -68,6 +68,15 @@ def test_cli_missing_task_file_is_refused_before_scoring(tmp_path, capsys, no_lo
     assert "data_dir:" in capsys.readouterr().err and no_loading == []
 
 
+@pytest.mark.parametrize("value", ["", "  ", " , "])
+def test_cli_empty_tasks_are_refused_not_read_as_the_suite(tmp_path, capsys, no_loading, value):
+    """An explicit --tasks naming no task (e.g. an unset shell variable) is refused by name; only a
+    missing --tasks means the whole suite."""
+    assert cli.main(cli_args(tmp_path, "--tasks", value)) == 2
+    err = capsys.readouterr().err
+    assert f"--tasks: got {value!r}, which names no task" in err and no_loading == []
+
+
 def test_cli_rows_that_would_share_a_json_file_are_refused(tmp_path, capsys, no_loading):
     """Two runs called "run" in different folders: both rows "run/step-1", one JSON file."""
     checkpoints = [str(tmp_path / d / "run" / "checkpoint" / "step-1") for d in ("a", "b")]
@@ -208,6 +217,27 @@ def test_downstream_data_dir_is_checked_when_training_starts(tmp_path):
                       check_data=False)
     with pytest.raises(ValueError, match="data_dir: .* no file for task 'boolq'"):
         DownstreamEvaluator(config)
+
+
+def test_at_end_data_dir_is_checked_before_training(tmp_path):
+    """[eval] at_end with a data_dir lacking a task's file failed only when the final evaluation
+    started, after the last training step; train.py now calls check_at_end first (exit code 2)."""
+    import os
+
+    from eval.at_end import check_at_end
+    from parallax_titan.config import ConfigError
+    from parallax_titan.config import load_config as load_job
+    from tests._train_runs import REPO
+
+    def config(*overrides):
+        return load_job(["--job.config_file", os.path.join(REPO, "configs", "test_cpu_2rank.toml"), "--eval.at_end",
+                         "--eval.tasks", "boolq,piqa", *overrides], check_data=False)
+
+    (tmp_path / "boolq.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match=r"eval.data_dir: .* has no file for task 'piqa'; expected piqa.jsonl"):
+        check_at_end(config("--eval.data_dir", str(tmp_path)))
+    check_at_end(config("--eval.data_dir", os.path.join(REPO, "tests", "fixtures", "lm_eval")))
+    check_at_end(config())  # no data_dir: the hub or its cache, read when the evaluation runs
 
 
 def test_prefetch_unknown_task_is_an_error_not_a_traceback(capsys):

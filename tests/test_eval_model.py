@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 
 from eval.model import ParallaxLM
+from parallax_titan.generation import SamplingParams
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
@@ -208,6 +210,44 @@ def test_generate_until_samples_with_a_seed(tokenizer):
                                                                                add_eos=False), 8))
     with pytest.raises(ValueError, match="unsupported generation arguments \\['num_beams'\\]"):
         make_lm(model, tokenizer).generate_until(requests("generate_until", [("x", {"num_beams": 2})]), disable_tqdm=True)
+
+
+@pytest.fixture(scope="module")
+def settings_lm(tokenizer) -> ParallaxLM:
+    """One adapter for the tests that only read gen_kwargs (no generation)."""
+    return make_lm(tiny_model("transformer"), tokenizer)
+
+
+@pytest.mark.parametrize("gen_kwargs", [
+    {"do_sample": True, "temperature": 0}, {"do_sample": True, "temperature": 0.0}, {"do_sample": True},
+    {"do_sample": False, "temperature": 0.7}, {"do_sample": "false", "temperature": 0.7}, {"temperature": "0"}, {},
+])
+def test_generate_until_is_greedy_as_lm_eval_reads_gen_kwargs(settings_lm, gen_kwargs):
+    """lm-eval's contract (normalize_gen_kwargs): temperature is 0 unless given, and do_sample=False or
+    temperature 0 is greedy, not sampling at temperature 1."""
+    sampling, _ = settings_lm._request_settings({**gen_kwargs, "max_gen_toks": 4})
+    assert sampling == SamplingParams() and sampling.greedy
+
+
+def test_generate_until_samples_with_the_given_settings(settings_lm):
+    lm = settings_lm
+    for gen_kwargs in ({"temperature": 0.7, "top_k": "5", "top_p": "0.9"}, {"do_sample": "true", "temperature": "0.7",
+                                                                              "top_k": 5.0, "top_p": 0.9}):
+        sampling, _ = lm._request_settings(gen_kwargs)
+        assert sampling == SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=lm.seed)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("temperature", "hot"), ("top_k", "many"), ("top_k", 2.5), ("top_k", "5.5"), ("top_p", "most"),
+    ("top_p", [0.9]), ("temperature", -1.0), ("top_p", 0.0), ("top_k", -3), ("do_sample", "yes"),
+])
+def test_generate_until_bad_gen_kwargs_are_named(settings_lm, key, value):
+    """A value that is not a number (or boolean), or out of range, names the key and the value; also
+    when decoding would be greedy (do_sample=False), since the request is wrong either way."""
+    lm = settings_lm
+    for base in ({"do_sample": True, "temperature": 0.5}, {"do_sample": False}):
+        with pytest.raises(ValueError, match=f"gen_kwargs {key}[=:].*{re.escape(str(value))}"):
+            lm._request_settings({**base, key: value})
 
 
 @pytest.mark.parametrize("kwargs, name", [({"batch_size": 0}, "batch_size"), ({"max_length": 65}, "max_length")])

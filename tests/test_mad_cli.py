@@ -120,6 +120,23 @@ def test_report_best_and_mean(tmp_path):
     assert os.path.getsize(tmp_path / "hard_sweep.png") > 10_000
 
 
+def test_config_repeats_are_planned_once_as_on_the_command_line(tmp_path):
+    """Repeated lrs, weight_decays and mixers in a TOML are kept once, as --lrs, --wds and --mixers
+    keep them: the report's planned count is lrs x wds x mixers x settings of distinct runs."""
+    from eval.mad import __main__ as mad_cli
+
+    cfg_path = tmp_path / "repeats.toml"
+    cfg_path.write_text(TINY.replace("lrs = [5e-3, 1e-3]", "lrs = [5e-3, 1e-3, 0.005, 1e-3]")
+                        .replace("weight_decays = [0.1]", "weight_decays = [0.1, 0.0, 0.1]")
+                        .replace('sweep = "baseline"', 'sweep = "baseline"\nmixers = ["parallax", "attention", "parallax"]'))
+    cfg = load_config(str(cfg_path))
+    assert (cfg.train.lrs, cfg.train.weight_decays, cfg.mixers) == ([5e-3, 1e-3], [0.1, 0.0], ["parallax", "attention"])
+    args = mad_cli._parser().parse_args(["--config", str(cfg_path), "--out", "o", "--lrs", "5e-3,1e-3,0.005,1e-3",
+                                         "--wds", "0.1,0.0,0.1", "--mixers", "parallax,attention,parallax"])
+    cli = mad_cli._apply_overrides(load_config(str(cfg_path)), args)
+    assert (cli.train.lrs, cli.train.weight_decays, cli.mixers) == (cfg.train.lrs, cfg.train.weight_decays, cfg.mixers)
+
+
 def test_config_errors(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\nepoch = 3\n")

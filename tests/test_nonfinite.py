@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -50,6 +51,37 @@ def test_stop_policy_exits_non_zero_naming_the_step(tmp_path):
     assert result.stderr.rstrip().endswith("error: non-finite loss or gradient at step 2 (reliability.nonfinite = "
                                            "'stop'); checkpoint step-2 saved")
     assert "Training completed" not in result.stdout + result.stderr
+
+
+class _StoppingTrainer:
+    """What ``ParallaxTrainer.should_continue_training`` reads of a trainer that was told to stop."""
+
+    def __init__(self, enable: bool, reason: str, nonfinite: str | None = None):
+        # a step this run already saved: save_checkpoint_now has nothing to write
+        self.checkpointer = types.SimpleNamespace(enable=enable, saved_steps={2})
+        self.step, self._stop_reason, self._nonfinite_stop = 2, reason, nonfinite
+
+
+@pytest.mark.parametrize("enable", [True, False])
+def test_a_stop_says_whether_a_checkpoint_was_written(enable, monkeypatch):
+    """With checkpoint.enable = false, SIGTERM (save_on_sigterm is on by default) and nonfinite =
+    "stop" said "checkpoint step-N saved" and "rerun to resume", and nothing had been written."""
+    from parallax_titan import trainer
+
+    lines = []
+    monkeypatch.setattr(trainer.logger, "info", lines.append)
+    assert trainer.ParallaxTrainer.should_continue_training(_StoppingTrainer(enable, "SIGTERM")) is False
+    nonfinite = _StoppingTrainer(enable, "non-finite", "non-finite loss or gradient at step 2")
+    with pytest.raises(trainer.NonFiniteStop) as info:
+        trainer.ParallaxTrainer.should_continue_training(nonfinite)
+    prefix = "non-finite loss or gradient at step 2 (reliability.nonfinite = 'stop'); "
+    if enable:
+        assert lines == ["Stopping after step 2 (SIGTERM); checkpoint saved, rerun to resume"]
+        assert str(info.value) == prefix + "checkpoint step-2 saved"
+    else:
+        none = "no checkpoint written because checkpoint.enable = false (a rerun starts over)"
+        assert lines == [f"Stopping after step 2 (SIGTERM); {none}"]
+        assert str(info.value) == prefix + none
 
 
 def test_nan_max_norm_set_in_code_never_applies_an_update(tmp_path):

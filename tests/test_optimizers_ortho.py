@@ -190,7 +190,7 @@ def test_the_default_is_the_standard_iteration(fn):
             assert torch.equal(fn(W, dtype=dtype), fn(W, dtype=dtype, gram=False))
     from optimizers.muon import MuonAdamW
 
-    opt = MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(4, 8))], "use_muon": True}], lr=0.1)
+    opt = MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(4, 8))], "algo": "muon"}], lr=0.1)
     assert opt.param_groups[0]["ortho_gram"] == "off"
 
 

@@ -80,6 +80,18 @@ def test_recorded_global_batch_is_the_effective_one():
     json.dumps(run_settings(cfg, 1))  # what settings.json holds
 
 
+def test_model_arguments_are_recorded_and_a_change_is_logged_on_resume():
+    """RoPE theta, the norms' eps and weight tying (fixed by the flavor, no config key) change the
+    function without changing a shape: recorded, so that a resume under other values says so."""
+    cfg = load_config(["--job.config_file", TEST_CONFIG, *ARGS], check_data=False)
+    current = run_settings(cfg, 1)
+    assert {k: v for k, v in current.items() if k.startswith("model.")} == {
+        "model.rope_theta": 1000000, "model.norm_eps": 1e-6, "model.enable_weight_tying": True}
+    changes = differences({**current, "model.rope_theta": 10000}, current)
+    assert refusals(changes, "ck/step-6", 6, current) == []
+    assert applied(changes, 6, current) == ["model.rope_theta: 10000 -> 1000000 from step 7"]
+
+
 def _trained(cfg, steps_done: int, schedule_steps: int):
     """Optimizer and schedule of a TinyParallax trained ``steps_done`` steps (with real gradients)."""
     torch.manual_seed(0)

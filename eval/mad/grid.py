@@ -235,8 +235,16 @@ def _fill(cls, values: dict, section: str):
     return cls(**values)
 
 
+def _once(values: list) -> list:
+    """``values`` with each value once, in order, as the CLI's --mixers, --lrs and --wds: a repeat
+    would be one run planned (and counted in the report) twice but run once."""
+    return list(dict.fromkeys(values))
+
+
 def load_config(path: str) -> RunConfig:
-    """Read a TOML run config (sections [grid], [data], [train], [model]; see configs/mad/)."""
+    """Read a TOML run config (sections [grid], [data], [train], [model]; see configs/mad/).
+
+    Repeated values of ``mixers``, ``lrs`` and ``weight_decays`` are kept once (:func:`_once`)."""
     with open(path, "rb") as f:
         raw = tomllib.load(f)
     unknown = set(raw) - {"grid", "data", "train", "model"}
@@ -246,6 +254,7 @@ def load_config(path: str) -> RunConfig:
     if grid.get("tasks") == "all":
         grid["tasks"] = list(TASKS)
     cfg = _fill(RunConfig, {**grid, "data": dict(raw.get("data", {}))}, "grid")
+    cfg.mixers = _once(cfg.mixers)
     check_mixers(cfg.mixers, f"{path}: [grid] mixers", installed=False)  # --mixers may replace them
     fields = {f.name for f in dataclasses.fields(TaskSetting)} - {"task", "seed"}
     unknown = set(cfg.data) - fields
@@ -255,6 +264,7 @@ def load_config(path: str) -> RunConfig:
     cfg.train = _fill(TrainConfig, raw.get("train", {}), "train")
     check_checkpoint_seconds(cfg.train.checkpoint_seconds, f"{path}: [train] checkpoint_seconds")
     check_section("train", dataclasses.asdict(cfg.train), f"{path}: [train]")
+    cfg.train.lrs, cfg.train.weight_decays = _once(cfg.train.lrs), _once(cfg.train.weight_decays)
     cfg.model = _fill(ModelConfig, raw.get("model", {}), "model")
     check_section("model", dataclasses.asdict(cfg.model), f"{path}: [model]")
     return cfg

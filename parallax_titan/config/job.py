@@ -72,6 +72,7 @@ class JobConfig(titan.JobConfig):
             problems.append(f"model.n_heads: {args.n_heads} query heads is not a multiple of model.n_kv_heads = "
                             f"{args.n_kv_heads} (model {name!r}, flavor {flavor!r})")
         problems += mixer_problems(self, args)
+        problems += self.optimizer.head_dim_problems(args.head_dim)
         problems += _problems_of(lambda: check_tokenizer_vocab(self.model.hf_assets_path, args.vocab_size))
         if self.parallax.init_from_transformer and args.mixer != "parallax":
             problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
@@ -134,14 +135,18 @@ class JobConfig(titan.JobConfig):
         return problems
 
     def _job_problems(self) -> list[str]:
-        """The final evaluation, the validation and diagnostics windows and the global batch."""
-        problems = self._batch_problems()
+        """The final evaluation, the validation and diagnostics windows, the global batch and WDA."""
+        problems = self._batch_problems() + self.lr_scheduler.anneal_problems(self.training.steps, self.optimizer)
         if self.eval.at_end and not self.checkpoint.enable:
             problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
         if _int_above(self.reliability.stop_at_step, 0) and not self.checkpoint.enable:
             problems.append(f"reliability.stop_at_step: {self.reliability.stop_at_step} saves a checkpoint to resume "
                             "from, which needs checkpoint.enable = true (without it the run would stop and lose "
                             "its state)")
+        # each run's training.steps is its last step (a resume continues the count): a later stop never comes
+        if _int_above(self.reliability.stop_at_step, self.training.steps):
+            problems.append(f"reliability.stop_at_step: expected at most training.steps = {self.training.steps} (the "
+                            f"run ends there, so the stop would never come), got {self.reliability.stop_at_step!r}")
         # the model's RoPE table holds training.seq_len positions: a longer row fails at its first forward
         if _int_above(self.diagnostics.seq_len, self.training.seq_len):
             problems.append(f"diagnostics.seq_len: expected at most training.seq_len = {self.training.seq_len}, "

@@ -17,7 +17,7 @@ from torchtitan.config import job_config as titan
 from optimizers.directions import ORTHO_DTYPES, UPDATE_SCALES
 from optimizers.orthogonalize import ORTHOGONALIZERS
 from optimizers.routing import (
-    ATTN_CATEGORIES, DEFAULT_PARAM_RULES, RoutingConfig, check_categories, parse_headwise, parse_rules,
+    ATTN_CATEGORIES, DEFAULT_PARAM_RULES, MODULE_OF, RoutingConfig, check_categories, parse_headwise, parse_rules,
 )
 from optimizers.spectral import BANDS
 from parallax_titan.config.schema import value_problems
@@ -26,6 +26,19 @@ from parallax_titan.config.sections import finite_at_least
 # optimizer.name -> MuonAdamW algorithm of the hidden matrices (optimizers.muon); AdamW: every group Adam
 MATRIX_ALGO_OF = {"Muon": "muon", "NorMuon": "normuon", "Aurora": "aurora", "SOAP": "soap"}
 OPTIMIZER_NAMES = (*MATRIX_ALGO_OF, "AdamW")
+# the names whose update reads each key (docs/optimizers.md, "The Muon family"): under any other name
+# the key is ignored, so a value other than its default is refused. SOAP preconditions the gradient
+# itself (no momentum, orthogonaliser or update scale); AdamW reads none of them.
+ORTHOGONALISING = ("Muon", "NorMuon", "Aurora")
+NAMES_OF_KEY = {
+    **{key: ORTHOGONALISING for key in ("muon_momentum", "muon_nesterov", "orthogonalizer", "ortho_steps",
+                                        "ortho_dtype", "muon_update_scale", "muon_head_dim", "ortho_gram",
+                                        "ortho_kernel", "muon_compile_momentum")},
+    **{key: ("NorMuon",) for key in ("normuon_beta2", "normuon_eps")},
+    **{key: ("Aurora",) for key in ("aurora_iterations", "aurora_beta", "aurora_eps")},
+    **{key: ("SOAP",) for key in ("soap_beta1", "soap_beta2", "soap_shampoo_beta", "soap_eps",
+                                  "soap_precondition_frequency")},
+}
 
 
 def _is_int(value) -> bool:
@@ -33,8 +46,9 @@ def _is_int(value) -> bool:
 
 
 def parse_multipliers(entries: list[str]) -> dict[str, float]:
-    """['cat=0.3', ...] -> {'cat': 0.3}; ValueError naming the entry."""
-    out = {}
+    """['cat=0.3', ...] -> {'cat': 0.3}; ValueError naming the entry, or a category given twice (a
+    dict would keep the last value without a word)."""
+    out, seen = {}, {}
     for entry in entries:
         category, sep, value = str(entry).partition("=")
         try:
@@ -43,7 +57,11 @@ def parse_multipliers(entries: list[str]) -> dict[str, float]:
             number = math.nan
         if not sep or not finite_at_least(number, 0):
             raise ValueError(f"optimizer.lr_multipliers: entry {entry!r}; expected 'category=float >= 0'")
-        out[category.strip()] = number
+        category = category.strip()
+        if category in seen:
+            raise ValueError(f"optimizer.lr_multipliers: category {category!r} given twice ({seen[category]!r} and "
+                             f"{entry!r}); expected each category once")
+        out[category], seen[category] = number, entry
     return out
 
 
@@ -74,7 +92,8 @@ class Optimizer(titan.Optimizer):
     """Per projection Q,K,V(,R): H = orthogonalise per head, F = full matrix; R follows Q if omitted."""
 
     muon_head_dim: int = 0
-    """Head dim for head-wise Muon; 0 = read `head_dim` from the model's attention modules."""
+    """Head dim for head-wise Muon; 0 = read `head_dim` from the model's attention modules. Any other
+    value must be the model's head_dim (a different one would split or merge heads)."""
 
     param_rules: list[str] = field(default_factory=lambda: list(DEFAULT_PARAM_RULES))
     """Ordered 'category=regex' rules on parameter FQNs (first match; unmatched = 'other')."""
@@ -193,15 +212,50 @@ class Optimizer(titan.Optimizer):
         need(self.spectral_band == "none" or self.spectral_band_tau > 0, "spectral_band_tau",
              "> 0 when spectral_band is set")
         need(isinstance(self.msign_steps, int) and self.msign_steps >= 1, "msign_steps", "an int >= 1")
-        need(self.name != "SOAP" or "H" not in str(self.muon_headwise), "muon_headwise",
-             "only F letters with name = 'SOAP' (head-wise updates are for Muon, NorMuon and Aurora)")
+        need(self.name not in OPTIMIZER_NAMES or self.name in ORTHOGONALISING or "H" not in str(self.muon_headwise),
+             "muon_headwise", f"only F letters with name = {self.name!r} (head-wise updates are for Muon, NorMuon "
+             "and Aurora)")
         need(not self.early_step_in_backward, "early_step_in_backward", "false (not supported by MuonAdamW)")
         parsed = [_problem_of(check) for check in (lambda: parse_headwise(self.muon_headwise),
                                                     lambda: parse_rules(self.param_rules), self.multipliers)]
         problems += [p for p in parsed if p]
         if not any(parsed[1:]):  # the category names, once the rules and multipliers parse
             problems += [p for p in [_problem_of(self._check_categories)] if p]
+        return problems + self._other_name_problems() + self._unused_coeff_problems()
+
+    def _other_name_problems(self) -> list[str]:
+        """Keys set (away from their defaults) that ``name`` does not read: e.g. ``normuon_beta2`` with
+        ``name = "Muon"`` would train plain Muon, ``muon_momentum`` with SOAP or AdamW nothing."""
+        if self.name not in OPTIMIZER_NAMES:
+            return []  # reported by validate
+        defaults = type(self)()
+        return [f"optimizer.{key}: {getattr(self, key)!r} is read with name = {' or '.join(map(repr, names))} only, "
+                f"not with name = {self.name!r}; expected the default {getattr(defaults, key)!r} or no key"
+                for key, names in NAMES_OF_KEY.items()
+                if self.name not in names and getattr(self, key) != getattr(defaults, key)]
+
+    def _unused_coeff_problems(self) -> list[str]:
+        """An S_p coefficient of a module none of whose categories is in ``spectral_categories``
+        reaches no parameter (routing gives the S_p term to those categories only)."""
+        problems = []
+        for module in ("attn", "mlp"):
+            key, coeff = f"spectral_coeff_{module}", getattr(self, f"spectral_coeff_{module}")
+            mine = [c for c, m in MODULE_OF.items() if m == module]
+            if finite_at_least(coeff, 0) and coeff > 0 and not set(mine) & set(self.spectral_categories):
+                problems.append(f"optimizer.{key}: {coeff!r} reaches no parameter: spectral_categories = "
+                                f"{list(self.spectral_categories)} has none of {mine}; expected 0, or one of "
+                                f"them in spectral_categories")
         return problems
+
+    def head_dim_problems(self, model_head_dim: int) -> list[str]:
+        """``muon_head_dim`` must be 0 or the model's ``head_dim`` (from its model args): head-wise Muon
+        orthogonalises the rows of one attention head at a time (SPEC.md 3), and any other divisor of
+        the rows would split every head into pieces (or merge heads) without a word."""
+        dim = self.muon_head_dim
+        if not _is_int(dim) or dim in (0, model_head_dim):
+            return []
+        return [f"optimizer.muon_head_dim: {dim} is not the model's head_dim {model_head_dim} (per-head updates "
+                f"would orthogonalise blocks of {dim} rows, not heads); expected 0 (the model's) or {model_head_dim}"]
 
     def _check_categories(self) -> None:
         """ValueError naming the key when a category list names a category no rule produces (the
@@ -241,3 +295,33 @@ class LRScheduler(titan.LRScheduler):
         if not (finite_at_least(self.min_lr_factor, 0) and self.min_lr_factor <= 1):
             problems.append(f"lr_scheduler.min_lr_factor: expected a float in [0, 1], got {self.min_lr_factor!r}")
         return problems
+
+    def anneal_problems(self, training_steps: int, optimizer: Optimizer) -> list[str]:
+        """WDA (``wd_anneal_gamma`` > 0) that would never change a coefficient: the lr schedule of
+        ``training_steps`` steps has no decay stage (WDA runs over that stage only), or ``optimizer``
+        has no decay to anneal. A section that is not valid on its own is reported by ``validate``."""
+        gamma = self.wd_anneal_gamma
+        if not (finite_at_least(gamma, 0) and gamma > 0) or self.validate():
+            return []
+        total = self.total_steps if self.total_steps is not None else training_steps
+        if not _is_int(total) or total < 1:
+            return []  # reported by [training] (or TorchTitan's lr_scheduler.total_steps)
+        if titan_decay_steps(total, self.warmup_steps, self.decay_ratio) == 0:
+            return [f"lr_scheduler.wd_anneal_gamma: {gamma!r} anneals the decay over the lr decay stage, which has "
+                    f"0 of {total} steps (lr_scheduler.warmup_steps = {self.warmup_steps}, lr_scheduler.decay_ratio = "
+                    f"{self.decay_ratio!r}); expected 0, or a decay stage (decay_ratio > 0 and warmup_steps below the "
+                    f"{total} steps)"]
+        if optimizer.weight_decay == 0 and optimizer.spectral_coeff_attn == 0 and optimizer.spectral_coeff_mlp == 0:
+            return [f"lr_scheduler.wd_anneal_gamma: {gamma!r} anneals the weight decay, but optimizer.weight_decay, "
+                    "spectral_coeff_attn and spectral_coeff_mlp are all 0; expected 0, or a decay coefficient > 0"]
+        return []
+
+
+def titan_decay_steps(total: int, warmup: int, ratio: float | None) -> int:
+    """Steps of the lr decay stage as TorchTitan 0.2.2's ``build_lr_schedulers`` clamps them:
+    warmup to the run, then decay to what the warmup leaves (``round(total * ratio)``; all of it
+    when ``ratio`` is unset). ``optim_builder`` reads the built schedule's counts back and checks
+    them again."""
+    warmup = min(warmup, total)
+    decay = round(total * ratio) if ratio is not None else total - warmup
+    return min(decay, total - warmup)

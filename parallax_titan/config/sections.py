@@ -372,10 +372,12 @@ class Reliability:
 
     save_on_sigterm: bool = True
     """On SIGTERM (as sent by schedulers before preemption), finish the step, save a full checkpoint
-    and exit with code 0; rerunning the same command resumes from it."""
+    and exit with code 0; rerunning the same command resumes from it. With ``checkpoint.enable =
+    false`` it stops without one and says so."""
 
     stop_at_step: int = 0
-    """Save a full checkpoint and exit after this step (0: never); simulates an interruption."""
+    """Save a full checkpoint and exit after this step (0: never); simulates an interruption. At most
+    ``training.steps``, and needs ``checkpoint.enable`` (both checked with the other sections)."""
 
     bad_data: Literal["error", "skip"] = "error"
     """Malformed local data (an empty file, a file or record without a string ``content``, invalid
@@ -383,8 +385,9 @@ class Reliability:
     records each file lost."""
 
     nonfinite: Literal["skip", "stop", "off"] = "skip"
-    """Non-finite loss or gradient: skip the optimizer step, or save and stop; the report names
-    the step and the first parameter whose gradient is not finite. "off" does not check."""
+    """Non-finite loss or gradient: skip the optimizer step, or save and stop (without checkpoints:
+    stop, saying none was written); the report names the step and the first parameter whose
+    gradient is not finite. "off" does not check."""
 
     def validate(self) -> list[str]:
         problems = value_problems(self, "reliability")

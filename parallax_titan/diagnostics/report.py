@@ -2,7 +2,8 @@
 
 :func:`load_checkpoint_model` rebuilds a model from a TOML config and a DCP checkpoint folder
 written by the trainer (flattened model keys, as :mod:`parallax_titan.uptrain` reads them), its
-files checked against its checksum manifest first;
+files checked against its checksum manifest first and the model settings its ``settings.json``
+records compared with the config's;
 :func:`write_report` writes ``report.md`` with its figures beside it.
 """
 
@@ -21,6 +22,7 @@ from parallax_titan.checkpoint_files import (
     describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
 from parallax_titan.diagnostics import plots
 from parallax_titan.diagnostics.runner import DiagnosticsResult
+from parallax_titan.resume_rules import check_model_settings
 
 TABLE_COLUMNS = ("W_Q_h", "W_K_h", "W_V_h", "W_O_h", "W_R_h", "W_QK", "W_OV", "W_RK")
 FULL_COLUMNS = ("W_Q", "W_K", "W_V", "W_O", "W_R", "W_1", "W_2", "W_3")
@@ -46,7 +48,9 @@ def load_checkpoint_model(job_config, checkpoint_dir: str, verify: bool = True, 
     the checkpoint's weights. ``verify``: first check the folder's files against its checksum
     manifest (:func:`parallax_titan.checkpoint_files.verify_before_load`: CheckpointError naming
     ``who``, the file and ``off_switch``). Raises ValueError naming the checkpoint when it holds
-    another model."""
+    another model, and naming ``who`` and the key when its ``settings.json`` records a [parallax]
+    switch or model argument with another value than the config
+    (:func:`parallax_titan.resume_rules.check_model_settings`, as the evaluation loaders)."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     from parallax_titan.spec import register_all
@@ -70,6 +74,7 @@ def load_checkpoint_model(job_config, checkpoint_dir: str, verify: bool = True, 
     if mismatches:
         raise ValueError(f"--checkpoint {checkpoint_dir!r} holds another model than "
                          f"{job_config.model.name}/{job_config.model.flavor}: {describe(mismatches)}; wrong config?")
+    check_model_settings(checkpoint_dir, args, who)
     dcp.load(state, checkpoint_id=checkpoint_dir)
     set_model_state_dict(model, state)
     model.eval()
