@@ -213,8 +213,8 @@ def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], wha
                          f"(expected a new or empty folder, or an earlier {what}, which is replaced whole)")
 
 
-def _fsync_path(path: str) -> None:
-    """fsync the file or folder ``path``."""
+def fsync_path(path: str) -> None:
+    """fsync the file or folder ``path`` (a folder: so that a rename in it is on disk)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -226,7 +226,7 @@ def _fsync_tree(folder: str) -> None:
     """fsync every file under ``folder`` and the folders themselves, so a rename publishes data on disk."""
     for root, _, files in os.walk(folder):
         for path in [os.path.join(root, name) for name in files] + [root]:
-            _fsync_path(path)
+            fsync_path(path)
 
 
 def _swap_in(stage: str, final: str, old: str) -> None:
@@ -240,7 +240,7 @@ def _swap_in(stage: str, final: str, old: str) -> None:
         if moved:
             os.rename(old, final)
         raise
-    _fsync_path(os.path.dirname(final) or ".")
+    fsync_path(os.path.dirname(final) or ".")
 
 
 @contextmanager

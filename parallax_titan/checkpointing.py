@@ -41,7 +41,7 @@ from torchtitan.tools.utils import GarbageCollection
 
 from parallax_titan.checkpoint_files import (
     DCP_OUTPUT, METADATA_FILE, SETTINGS_FILE, CheckpointError, checksum_threads, choose_step, complete_steps, dcp_owned,
-    folder_problem, replaced_folder, step_dir, verify_before_load)
+    folder_problem, fsync_path, replaced_folder, step_dir, verify_before_load)
 from parallax_titan.checksums import MANIFEST_FILE, FileEntry, default_algorithm, digest_files, write_manifest
 from parallax_titan.resume_rules import read_settings, write_settings
 
@@ -181,14 +181,6 @@ def _set_aside(path: str, prefix: str) -> str:
     return target
 
 
-def _fsync_folder(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ParallaxCheckpointManager(CheckpointManager):
     """TorchTitan's CheckpointManager (same arguments) with the save and load described above.
 
@@ -259,7 +251,7 @@ class ParallaxCheckpointManager(CheckpointManager):
                 if os.path.exists(final):
                     logger.warning(f"{final!r} exists; moved to {_set_aside(final, 'superseded')!r}")
                 os.rename(partial, final)
-                _fsync_folder(os.path.dirname(final))
+                fsync_path(os.path.dirname(final))
             except Exception as exc:  # every rank must reach the broadcast below
                 failure = f"{type(exc).__name__}: {exc}"
         failure = _from_rank0(failure)
