@@ -46,13 +46,15 @@ def positive_int(name: str, value) -> int:
     return number
 
 
-def _flag(name: str, value) -> bool:
-    """``model_args`` ``name=true``/``name=false`` (lm-eval passes a bool; a quoted value stays a string)."""
+def _flag(name: str, value, where: str = "model_args:") -> bool:
+    """A boolean given as True/False or its text ``true``/``false`` (lm-eval passes ``model_args``
+    bools, a quoted value stays a string); ValueError naming ``where`` and ``name`` otherwise: a truthy
+    string such as "no" must not switch anything on."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise ValueError(f"model_args: {name}={value} is not a boolean; expected {name}=true or {name}=false")
+    raise ValueError(f"{where} {name}={value} is not a boolean; expected {name}=true or {name}=false")
 
 
 def _gen_number(key: str, value, default: float, integer: bool = False) -> float:
@@ -69,16 +71,6 @@ def _gen_number(key: str, value, default: float, integer: bool = False) -> float
         raise ValueError(f"generate_until: gen_kwargs {key}={value!r} is not {expected}; expected e.g. "
                          f"{key}={default!r} (the default)")
     return number
-
-
-def _gen_flag(key: str, value) -> bool | None:
-    """A ``gen_kwargs`` boolean (True/False or "true"/"false"; None: unset); ValueError naming ``key``
-    and the value otherwise (a truthy string such as "no" must not switch sampling on)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f"generate_until: gen_kwargs {key}={value!r} is not a boolean; expected true or false")
 
 
 def _chunks(items: Sequence[int], size: int) -> Iterator[list[int]]:
@@ -318,7 +310,8 @@ class ParallaxLM(TemplateLM):
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         max_new = positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
-        do_sample = _gen_flag("do_sample", kwargs.pop("do_sample", None))
+        do_sample = kwargs.pop("do_sample", None)
+        do_sample = None if do_sample is None else _flag("do_sample", do_sample, "generate_until: gen_kwargs")
         temperature = _gen_number("temperature", kwargs.pop("temperature", None), 0.0)
         top_k = int(_gen_number("top_k", kwargs.pop("top_k", None), 0, integer=True))
         top_p = _gen_number("top_p", kwargs.pop("top_p", None), 1.0)
