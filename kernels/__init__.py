@@ -17,8 +17,8 @@ Public API (imported lazily so that `import kernels` never pulls in Triton):
   ``scale_b * (alpha * P @ P^T + beta * Y + gamma * I)`` per matrix b, from the tiles on and above the
   diagonal (Muon's Polar Express steps).
 * ``split_norm_rope(y, hq, hkv, weights, eps, table, rope_rho=True)`` (``kernels.projection``): the
-  attention's q, k, v, rho from the fused input projection, per-head RMSNorm and RoPE, one launch per
-  head group (Triton, forward and backward); ``ParallaxAttention.project`` runs it on CUDA.
+  attention's q, k, v, rho from the fused input projection, per-head RMSNorm and RoPE, one launch over
+  every head (Triton, forward and backward); ``ParallaxAttention.project`` runs it on CUDA.
 """
 
 _EXPORTS = {

@@ -302,7 +302,7 @@ class ParallaxAttention(Attention):
         """x (batch, seq, dim) -> q, r (batch, seq, Hq, D) and k, v (batch, seq, Hkv, D), after RoPE.
 
         On CUDA with the fused attention (backend "auto" or "triton"), no gate, heads of 64 or more and
-        positions 0..seq-1, the norms and RoPE of q, k and rho run as one Triton launch per head group over the fused
+        positions 0..seq-1, the norms and RoPE of q, k and rho run as one Triton launch over the fused
         projection (``kernels.projection``); otherwise, or with ``fused_norm_rope`` off (``[parallax]
         fused_norm_rope = false``; the benchmarks' baseline), as TorchTitan's modules."""
         bs, seqlen, _ = x.shape

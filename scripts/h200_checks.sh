@@ -22,6 +22,7 @@
 #                 fused projection (-rA: every test's outcome in the log)
 #   competitors   scripts.bench.attention on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
 #   decode        scripts.bench.decode --check (KV-cache decode vs cuDNN, and the published kernels if installed)
+#   projection    scripts.bench.projection (the fused norm + RoPE kernels per launch config vs a copy and Inductor)
 #   probe-cost    scripts.bench.probe_cost (0.6B Parallax and Parallax-dagger: the probe's cost outside the kernel)
 #   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of TorchTitan's MFU reference)
@@ -77,6 +78,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                     tests/test_parallax_hopper.py tests/test_parallax_decode.py tests/test_projection_kernel.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
     attention) timeout "$t" python3 -m scripts.bench.attention --no-competitors --out "$work/attention_train" ;;
+    projection) timeout "$t" python3 -m scripts.bench.projection --out "$work/projection" ;;
     probe-cost) timeout "$t" python3 -m scripts.bench.probe_cost --out "$work/probe_cost" \
                   && timeout "$t" python3 -m scripts.bench.probe_cost --variant parallax_dagger --out "$work/probe_cost_dagger" ;;
     attention-hopper) timeout "$t" python3 -m scripts.bench.attention_hopper --out "$work/attention_hopper" \
@@ -147,7 +149,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" gpu-tests kernel-tests probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
+known=" gpu-tests kernel-tests projection probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

@@ -18,6 +18,7 @@ CASES = {
     "no_rho_rope_longer_table": (1, 70, 2, 1, 32, "float32", False, 9),
     "mha_d64": (1, 5, 2, 2, 64, "float32", True, 3),
     "bf16": (2, 33, 4, 2, 32, "bfloat16", True, 0),
+    "partials_beyond_one_block": (1, 4100, 4, 2, 16, "float32", True, 0),  # 65 tiles x 4 heads of q and rho
 }
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
@@ -45,7 +46,8 @@ def _interpret_jobs():
     from functools import partial
 
     jobs = [partial(_case_results, seed, name, spec) for seed, (name, spec) in enumerate(CASES.items())]
-    return jobs + [_strided_case, lambda: {"model": _model_case()}, lambda: {"opcheck": _opcheck()},
+    return jobs + [_strided_case, lambda: {"mixed_weights": _mixed_weights_case()}, _launch_cases,
+                   lambda: {"model": _model_case()}, lambda: {"opcheck": _opcheck()},
                    lambda: {"odd_table": _odd_table_results()}]
 
 
@@ -81,6 +83,40 @@ def _case_results(seed, name, spec):
     torch.autograd.backward(outs, grads)
     return {name: {"outs": [o.detach() for o in outs], "grads": [t.grad for t in leaves],
                    "contiguous": all(o.is_contiguous() for o in outs)}}
+
+
+def mixed_weights_case():
+    """fp32 y with norm weights of two dtypes (bf16, fp32, fp16)."""
+    y, weights, table, grads = make_case(1, 13, 2, 1, 16, "float32", 0, 31)
+    return y, [w.to(dt) for w, dt in zip(weights, (torch.bfloat16, torch.float32, torch.float16))], table, grads
+
+
+def _mixed_weights_case():
+    from kernels import split_norm_rope
+
+    y, weights, table, grads = mixed_weights_case()
+    leaves = [t.clone().requires_grad_() for t in (y, *weights)]
+    torch.autograd.backward(split_norm_rope(leaves[0], 2, 1, leaves[1:], 1e-6, table), grads)
+    outs = split_norm_rope(y, 2, 1, weights, 1e-6, table)
+    return [o.detach() for o in outs] + [t.grad for t in leaves]
+
+
+LAUNCHES = [(16, 4, 3), (32, 2, 1), (8, 1, 2)]  # tiles per program beyond the tokens' end, one warp
+
+
+def _launch_cases():
+    """fused.forward and fused.backward called with explicit launch configs on a 53-token case."""
+    from kernels.projection import fused
+    from kernels.projection.api import rope_angles
+
+    y, weights, table, grads = make_case(1, 53, 4, 2, 16, "float32", 0, 41)
+    angles = rope_angles(table, 53, y.dtype)
+    runs = {}
+    for bt, warps, tiles in LAUNCHES:
+        launch = fused.Launch(bt, warps, tiles)
+        runs[(bt, warps, tiles)] = [*fused.forward(y, 4, 2, weights, 1e-6, angles, True, launch),
+                                    *fused.backward(grads, y, 4, 2, weights, 1e-6, angles, True, launch)]
+    return {"launches": runs}
 
 
 def odd_table_case():
@@ -192,6 +228,32 @@ def test_interpreted_reads_the_first_halves_of_the_rope_rows(interpreted):
     assert all(e < TOL["bfloat16"] for e in errors), errors
 
 
+def test_interpreted_takes_norm_weights_of_several_dtypes(interpreted):
+    """Weights of three dtypes: each gradient comes back in its weight's dtype, the values as fp64's."""
+    y, weights, table, grads = mixed_weights_case()
+    leaves = [t.double().requires_grad_() for t in (y, *weights)]
+    outs = naive.split_norm_rope(leaves[0], 2, 1, leaves[1:], 1e-6, table.double())
+    torch.autograd.backward(outs, [g.double() for g in grads])
+    got = interpreted["mixed_weights"]
+    assert [t.dtype for t in got[4:]] == [torch.float32, torch.bfloat16, torch.float32, torch.float16]
+    errors = [rel_err(a, b) for a, b in zip(got, [*outs, *(t.grad for t in leaves)])]
+    assert all(e < 1e-5 for e in errors[:5]) and all(e < 1e-2 for e in errors[5:]), errors
+
+
+def test_interpreted_launch_configs_agree_with_fp64(interpreted):
+    """Tiles of 8 to 32 tokens, 1 to 3 tiles per program (the last program's tiles past the end), 1 to 4
+    warps: outputs, dy and the weights' gradients as fp64's."""
+    y, weights, table, grads = make_case(1, 53, 4, 2, 16, "float32", 0, 41)
+    leaves = [t.double().requires_grad_() for t in (y, *weights)]
+    outs = naive.split_norm_rope(leaves[0], 4, 2, leaves[1:], 1e-6, table.double())
+    torch.autograd.backward(outs, [g.double() for g in grads])
+    expected = [*outs, *(t.grad for t in leaves)]
+    assert sorted(interpreted["launches"]) == sorted(LAUNCHES)
+    for launch, got in interpreted["launches"].items():
+        errors = [rel_err(a, b) for a, b in zip(got, expected)]
+        assert len(errors) == 8 and all(e < 1e-5 for e in errors), (launch, errors)
+
+
 def test_interpreted_custom_ops_pass_opcheck(interpreted):
     assert interpreted["opcheck"] == []
 
@@ -212,28 +274,33 @@ def test_interpreted_model_projection_takes_either_branch_alike(interpreted):
     assert all(e < 1e-5 for e in errors), errors
 
 
-def test_v_and_its_gradient_take_no_copy_of_their_own(monkeypatch):
-    """k's launches move v and its gradient (the heads of both are k's): the host code around the
-    launches runs no aten copy (a strided slice's copy of v and ``dy[..., v] = dv`` were two copies per
-    layer and step)."""
+def test_one_launch_each_way_and_no_copy_of_v(monkeypatch):
+    """The forward is one launch, the backward one launch and the weight gradients' reduction; k's
+    programs move v and its gradient: the host code around the launches runs no aten copy (a strided
+    slice's copy of v and ``dy[..., v] = dv`` were two copies per layer and step)."""
     from kernels.projection import fused
     from kernels.projection.api import rope_angles
     from tests._aten_ops import recorded_ops
 
-    copies_v = []
+    launches = []
 
-    class Launches:  # stands in for a kernel: records each launch's COPY_V
+    class Launches:  # stands in for a kernel: records each launch's grid
+        def __init__(self, name):
+            self.name = name
+
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: copies_v.append(kwargs["COPY_V"])
+            return lambda *args, **kwargs: launches.append((self.name, grid))
 
-    monkeypatch.setattr(fused, "_forward_kernel", Launches())
-    monkeypatch.setattr(fused, "_backward_kernel", Launches())
+    for name in ("_forward_kernel", "_backward_kernel", "_weight_grads_kernel"):
+        monkeypatch.setattr(fused, name, Launches(name))
     y, weights, table, grads = make_case(2, 9, 2, 1, 16, "float32", 0, 5)
     angles = rope_angles(table, 9, y.dtype)
     ops = recorded_ops(lambda: fused.forward(y, 2, 1, weights, 1e-6, angles, True))
     ops += recorded_ops(lambda: fused.backward(grads, y, 2, 1, weights, 1e-6, angles, True))
-    assert copies_v == [False, True, False] * 2
-    assert not [op for op in ops if any(word in op for word in ("copy", "clone", "scatter", "cat"))], ops
+    spans = [-(-18 // (launch.bt * launch.tiles)) for launch in (fused.FORWARD, fused.BACKWARD)]
+    assert launches == [("_forward_kernel", (spans[0] * 5,)), ("_backward_kernel", (spans[1] * 5,)),
+                        ("_weight_grads_kernel", (3, 1))]
+    assert not [op for op in ops if any(word in op for word in ("copy", "clone", "scatter", "cat", "stack"))], ops
 
 
 @pytest.mark.parametrize("change", [{}, dict(gate="token"), dict(attn_backend="reference"), dict(qk_norm=False),

@@ -74,6 +74,8 @@ def test_timeline_idle_and_exposed_communication():
     times = trace_summary.timeline(events)
     assert times == {"span": 250, "busy": 220, "idle": 30, "communication": 70, "exposed_communication": 20}
     text = trace_summary.summarize(events, top=1)
+    assert trace_summary.idle_by_tenth(events) == [0, 0, 0, 0, 5, 25, 0, 0, 0, 0]  # 120-150 in tenths of 25 us
+    assert "|  | 0.00 | 0.00 | 0.00 | 0.00 | 0.01 | 0.03 | 0.00 | 0.00 | 0.00 | 0.00 |" in text
     assert "| exposed communication | 0.02 | 8.0% |" in text
     assert "| idle | 0.03 | 12.0% |" in text
 

@@ -23,6 +23,8 @@ every wgmma of the kernel. Deterministic: no atomics.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -495,16 +497,23 @@ def unusable(q, total: int, tma_ok: bool, names=("dq", "dkdv"), scale: float = 1
     return None
 
 
+@functools.cache
 def stats_layout():
     """Shared layout of the column pass's (4, BM) fp32 statistics block: unswizzled, so that each
     statistic is a contiguous run of BM values (``_statistic`` slices them)."""
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
+@functools.cache
+def _rows_layout(block_rows: int, d: int, dtype: torch.dtype):
+    """Shared layout of a (block_rows, d) tile of ``dtype`` rows. Cached: building it is a sizeable
+    part of a launch's host time, and the launches of a training step ask for a handful of them."""
+    return gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPES[dtype])
+
+
 def _rows_descriptor(x, stride_t, total, heads, d, block_rows):
     """TMA descriptor over a (T, H, D) tensor with token stride ``stride_t``, viewed as (T, H * D)."""
-    layout = gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPES[x.dtype])
-    return TensorDescriptor(x, [total, heads * d], [stride_t, 1], [block_rows, d], layout)
+    return TensorDescriptor(x, [total, heads * d], [stride_t, 1], [block_rows, d], _rows_layout(block_rows, d, x.dtype))
 
 
 def _query_key_descriptors(q, r, k, v, strides, total, bm, bn):

@@ -7,7 +7,7 @@ import torch
 
 def split_norm_rope(y: torch.Tensor, hq: int, hkv: int, weights, eps: float, table: torch.Tensor,
                     rope_rho: bool = True):
-    """The attention's inputs from the fused projection, one launch per head group.
+    """The attention's inputs from the fused projection, one launch (forward and backward each).
 
     y: (B, L, (2 Hq + 2 Hkv) D), per token the q, k, v and rho heads in that order (fp16/bf16/fp32,
     CUDA, or CPU under TRITON_INTERPRET=1). weights: (w_q, w_k, w_rho), each (D,), the RMSNorm

@@ -1,28 +1,44 @@
 """Fused per-head RMSNorm + RoPE of the attention's input projection (Triton, forward and backward).
 
 The fused projection ``y = x [W_Q; W_K; W_V; W_R]^T`` holds per token the q, k, v and rho heads side
-by side. ``forward`` turns it into the attention's inputs with one launch per head group (q, k, rho),
-one program per (tile of BT tokens, head): it reads the head's two halves (which RoPE pairs),
-normalises them in fp32, rounds to y's dtype as the norm module does, rotates them by the RoPE angles
-(cos and sin rounded to y's dtype, as the model casts them: ``api.rope_angles``, one row of D per
-position, since RoPE turns the pair (i, i + D/2) by one angle) and stores one rounding of the result.
-The k launch also copies v out (a custom op's outputs may not alias its input), so v costs no launch
-of its own and its gradient reaches the backward.
+by side. ``forward`` turns it into the attention's inputs in one launch: one program per (token tile,
+head slot), the slots being the q heads, then the k heads, then the rho heads, and the programs of one
+tile of BT tokens numbered consecutively, so that those running together read whole rows of y (a
+head's 2 D bytes of a row alone would leave DRAM pages half read). A program reads its head's two
+halves (which RoPE pairs), normalises them in fp32, rounds to y's dtype as the norm module does,
+rotates them by the RoPE angles (cos and sin rounded to y's dtype, as the model casts them:
+``api.rope_angles``, one row of D per position, since RoPE turns the pair (i, i + D/2) by one angle)
+and stores one rounding of the result. A k program also copies its head of v out (a custom op's
+outputs may not alias its input), so v costs no launch of its own and its gradient reaches the
+backward.
 
-The backward writes the gradient of y, one launch per head group into its columns (the k launch
-also copies v's gradient into its own), so autograd never concatenates four gradients; the norms'
-weight gradients come from per-program partial sums reduced in a fixed order (deterministic, no
-atomics).
+The backward writes the whole gradient of y in one launch of the same programs (a k program also
+copies its head of v's gradient), so autograd never concatenates four gradients; the norms' weight
+gradients come from per-program partial sums that a second, small launch reduces in a fixed order
+(deterministic, no atomics).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-BT = 64  # tokens per program
-NUM_WARPS = 8  # 64 x 128 fp32 tiles: 8 warps keep the backward at 123 registers, no spills (sm_90)
+
+class Launch(NamedTuple):
+    """Tokens per tile, warps per program and tiles per program of both kernels (the backward writes
+    one partial sum of the weight gradients per program)."""
+
+    bt: int
+    warps: int
+    tiles: int
+
+
+# measured at the 0.6B shapes (heads of 128 and 64) on an H200: docs/bench/projection.md
+FORWARD = Launch(bt=64, warps=8, tiles=1)
+BACKWARD = Launch(bt=64, warps=4, tiles=2)  # half the partial sums of one tile per program
 
 
 @triton.jit
@@ -50,59 +66,127 @@ def _copy_head(SRC, src_stride, src_col, DST, dst_stride, dst_col, rows, ok, HEA
 
 
 @triton.jit
-def _forward_kernel(Y, OUT, W, ANGLES, V, T, L, y_stride, col0, v_col0, H, eps,
-                    HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr, COPY_V: tl.constexpr):
-    rows = tl.program_id(0) * BT + tl.arange(0, BT)
-    h = tl.program_id(1)
-    ok = rows < T
-    dtype = OUT.dtype.element_ty
-    x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
-    w1 = tl.load(W + tl.arange(0, HALF)).to(tl.float32)
-    w2 = tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
-    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
-    n1 = (x1 * rstd[:, None] * w1[None, :]).to(dtype).to(tl.float32)
-    n2 = (x2 * rstd[:, None] * w2[None, :]).to(dtype).to(tl.float32)
-    if ROPE:
-        c, s = _angles(ANGLES, rows, L, ok, HALF)
-        n1, n2 = n1 * c - n2 * s, n2 * c + n1 * s
-    out = OUT + rows.to(tl.int64)[:, None] * (H * 2 * HALF) + h * 2 * HALF + tl.arange(0, HALF)[None, :]
-    tl.store(out, n1.to(dtype), mask=ok[:, None])
-    tl.store(out + HALF, n2.to(dtype), mask=ok[:, None])
-    if COPY_V:  # v has k's heads: this program copies v's head h of its tokens
-        _copy_head(Y, y_stride, v_col0 + h * 2 * HALF, V, H * 2 * HALF, h * 2 * HALF, rows, ok, 2 * HALF)
+def _program(HQ, HKV):
+    """(span of TILES token tiles, head slot) of this program: the 2 HQ + HKV slots of a span are
+    consecutive programs."""
+    slots = 2 * HQ + HKV
+    pid = tl.program_id(0)
+    return pid // slots, pid % slots
 
 
 @triton.jit
-def _backward_kernel(DOUT, Y, DY, W, ANGLES, DW_PART, DV, T, L, y_stride, col0, v_col0, H, eps,
-                     HALF: tl.constexpr, BT: tl.constexpr, ROPE: tl.constexpr, COPY_V: tl.constexpr):
-    tb = tl.program_id(0)
-    h = tl.program_id(1)
-    rows = tb * BT + tl.arange(0, BT)
-    ok = rows < T
-    g1, g2 = _halves(DOUT, rows, H * 2 * HALF, h * 2 * HALF, ok, HALF)
-    x1, x2 = _halves(Y, rows, y_stride, col0 + h * 2 * HALF, ok, HALF)
-    w1 = tl.load(W + tl.arange(0, HALF)).to(tl.float32)
-    w2 = tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
-    if ROPE:  # the rotation's transpose
-        c, s = _angles(ANGLES, rows, L, ok, HALF)
-        g1, g2 = g1 * c + g2 * s, g2 * c - g1 * s
-    rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)
-    xh1, xh2 = x1 * rstd[:, None], x2 * rstd[:, None]
-    gx1, gx2 = g1 * w1[None, :], g2 * w2[None, :]
-    mean = (tl.sum(gx1 * xh1, 1) + tl.sum(gx2 * xh2, 1)) / (2 * HALF)
-    dy = DY + rows.to(tl.int64)[:, None] * y_stride + col0 + h * 2 * HALF + tl.arange(0, HALF)[None, :]
-    tl.store(dy, (rstd[:, None] * (gx1 - xh1 * mean[:, None])).to(DY.dtype.element_ty), mask=ok[:, None])
-    tl.store(dy + HALF, (rstd[:, None] * (gx2 - xh2 * mean[:, None])).to(DY.dtype.element_ty), mask=ok[:, None])
-    part = DW_PART + (tb * H + h) * 2 * HALF + tl.arange(0, HALF)  # masked rows are zero in g and x
-    tl.store(part, tl.sum(g1 * xh1, 0))
-    tl.store(part + HALF, tl.sum(g2 * xh2, 0))
-    if COPY_V:
-        _copy_head(DV, H * 2 * HALF, h * 2 * HALF, DY, y_stride, v_col0 + h * 2 * HALF, rows, ok, 2 * HALF)
+def _tile_rows(span, t, T, BT: tl.constexpr, TILES: tl.constexpr):
+    """Rows [BT] of tile t of the span, and which of them are tokens (< T)."""
+    rows = (span * TILES + t) * BT + tl.arange(0, BT)
+    return rows, rows < T
 
 
-def head_columns(hq: int, hkv: int, d: int) -> tuple[int, int, int, int]:
-    """First column of the q, k, v and rho heads in a row of the fused projection."""
-    return 0, hq * d, (hq + hkv) * d, (hq + 2 * hkv) * d
+@triton.jit
+def _slot(slot, HQ, HKV, ROPE_SLOTS, D: tl.constexpr):
+    """(group: 0 q, 1 k, 2 rho; head within the group; heads of the group; the head's first column in
+    a row of y; rotate?) of a head slot. The slots below ROPE_SLOTS rotate."""
+    is_k = (slot >= HQ) & (slot < HQ + HKV)
+    is_rho = slot >= HQ + HKV
+    group = is_k.to(tl.int32) + 2 * is_rho.to(tl.int32)
+    h = tl.where(is_rho, slot - HQ - HKV, tl.where(is_k, slot - HQ, slot))
+    col = tl.where(is_rho, slot + HKV, slot) * D  # rho's columns follow v's
+    return group, h, tl.where(is_k, HKV, HQ), col, slot < ROPE_SLOTS
+
+
+@triton.jit
+def _pick(group, A, B, C):
+    """A, B or C for group 0, 1 or 2 (pointers of one element type)."""
+    if group == 0:
+        P = A
+    elif group == 1:
+        P = B
+    else:
+        P = C
+    return P
+
+
+@triton.jit
+def _weight_halves(WQ, WK, WR, group, HALF: tl.constexpr):
+    """The two halves [HALF] of the group's norm weight, fp32."""
+    W = _pick(group, WQ, WK, WR)
+    return tl.load(W + tl.arange(0, HALF)).to(tl.float32), tl.load(W + HALF + tl.arange(0, HALF)).to(tl.float32)
+
+
+@triton.jit
+def _forward_kernel(Y, Q, K, R, V, WQ, WK, WR, ANGLES, T, L, y_stride, HQ, HKV, ROPE_SLOTS, eps,
+                    HALF: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr):
+    span, slot = _program(HQ, HKV)
+    D: tl.constexpr = 2 * HALF
+    group, h, heads, col, rope = _slot(slot, HQ, HKV, ROPE_SLOTS, D)
+    OUT = _pick(group, Q, K, R)
+    dtype = Q.dtype.element_ty
+    w1, w2 = _weight_halves(WQ, WK, WR, group, HALF)
+    for t in range(TILES):
+        rows, ok = _tile_rows(span, t, T, BT, TILES)
+        x1, x2 = _halves(Y, rows, y_stride, col, ok, HALF)
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)
+        n1 = (x1 * rstd[:, None] * w1[None, :]).to(dtype).to(tl.float32)
+        n2 = (x2 * rstd[:, None] * w2[None, :]).to(dtype).to(tl.float32)
+        if rope:
+            c, s = _angles(ANGLES, rows, L, ok, HALF)
+            n1, n2 = n1 * c - n2 * s, n2 * c + n1 * s
+        out = OUT + rows.to(tl.int64)[:, None] * (heads * D) + h * D + tl.arange(0, HALF)[None, :]
+        tl.store(out, n1.to(dtype), mask=ok[:, None])
+        tl.store(out + HALF, n2.to(dtype), mask=ok[:, None])
+        if group == 1:  # v has k's heads: this program copies v's head h of its tokens
+            _copy_head(Y, y_stride, (HQ + HKV + h) * D, V, HKV * D, h * D, rows, ok, D)
+
+
+@triton.jit
+def _backward_kernel(DQ, DK, DR, Y, DY, WQ, WK, WR, ANGLES, DW_PART, DV, T, L, y_stride, HQ, HKV, ROPE_SLOTS, eps,
+                     HALF: tl.constexpr, BT: tl.constexpr, TILES: tl.constexpr):
+    span, slot = _program(HQ, HKV)
+    D: tl.constexpr = 2 * HALF
+    group, h, heads, col, rope = _slot(slot, HQ, HKV, ROPE_SLOTS, D)
+    DOUT = _pick(group, DQ, DK, DR)
+    w1, w2 = _weight_halves(WQ, WK, WR, group, HALF)
+    dw1 = tl.zeros((HALF,), dtype=tl.float32)
+    dw2 = tl.zeros((HALF,), dtype=tl.float32)
+    for t in range(TILES):
+        rows, ok = _tile_rows(span, t, T, BT, TILES)
+        g1, g2 = _halves(DOUT, rows, heads * D, h * D, ok, HALF)
+        x1, x2 = _halves(Y, rows, y_stride, col, ok, HALF)
+        if rope:  # the rotation's transpose
+            c, s = _angles(ANGLES, rows, L, ok, HALF)
+            g1, g2 = g1 * c + g2 * s, g2 * c - g1 * s
+        rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)
+        xh1, xh2 = x1 * rstd[:, None], x2 * rstd[:, None]
+        gx1, gx2 = g1 * w1[None, :], g2 * w2[None, :]
+        mean = (tl.sum(gx1 * xh1, 1) + tl.sum(gx2 * xh2, 1)) / D
+        dy = DY + rows.to(tl.int64)[:, None] * y_stride + col + tl.arange(0, HALF)[None, :]
+        tl.store(dy, (rstd[:, None] * (gx1 - xh1 * mean[:, None])).to(DY.dtype.element_ty), mask=ok[:, None])
+        tl.store(dy + HALF, (rstd[:, None] * (gx2 - xh2 * mean[:, None])).to(DY.dtype.element_ty), mask=ok[:, None])
+        dw1 += tl.sum(g1 * xh1, 0)  # masked rows are zero in g and x
+        dw2 += tl.sum(g2 * xh2, 0)
+        if group == 1:
+            _copy_head(DV, HKV * D, h * D, DY, y_stride, (HQ + HKV + h) * D, rows, ok, D)
+    part = DW_PART + (span * (2 * HQ + HKV) + slot) * D + tl.arange(0, HALF)
+    tl.store(part, dw1)
+    tl.store(part + HALF, dw2)
+
+
+@triton.jit
+def _weight_grads_kernel(DW_PART, DWQ, DWK, DWR, spans, HQ, HKV, D: tl.constexpr, COLS: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """The norm weights' gradients: per group (program axis 0) and run of COLS columns (axis 1) the
+    sum of the group's partial rows over every span of tiles and head, in a fixed order."""
+    group = tl.program_id(0)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    first = tl.where(group == 0, 0, tl.where(group == 1, HQ, HQ + HKV))
+    heads = tl.where(group == 1, HKV, HQ)
+    acc = tl.zeros((BLOCK, COLS), dtype=tl.float32)
+    n = spans * heads
+    for start in range(0, n, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        row = (i // heads) * (2 * HQ + HKV) + first + i % heads
+        acc += tl.load(DW_PART + row.to(tl.int64)[:, None] * D + cols[None, :], mask=(i < n)[:, None], other=0.0)
+    DW = _pick(group, DWQ, DWK, DWR)
+    tl.store(DW + cols, tl.sum(acc, 0).to(DW.dtype.element_ty))
 
 
 def _rows(y):
@@ -113,50 +197,57 @@ def _rows(y):
     return y, y.stride(1)
 
 
-def _groups(hq, hkv, d, weights, rope_rho):
-    """(heads, first column, norm weight (contiguous: the kernels read it by offset), rotate?, v's first
-    column or None) of q, k, rho: k's launch also moves v (the same heads)."""
-    cols = head_columns(hq, hkv, d)
-    w_q, w_k, w_rho = (w.contiguous() for w in weights)
-    return ((hq, cols[0], w_q, True, None), (hkv, cols[1], w_k, True, cols[2]), (hq, cols[3], w_rho, rope_rho, None))
+def _rope_slots(hq: int, hkv: int, rope_rho: bool) -> int:
+    """The head slots that rotate: q's and k's, and rho's when ``rope_rho``."""
+    return 2 * hq + hkv if rope_rho else hq + hkv
 
 
-def forward(y, hq, hkv, weights, eps, angles, rope_rho):
-    """Launches of ``split_norm_rope``'s forward; arguments as there, the RoPE rows as ``rope_angles``
-    gives them. Returns q, k, v, rho."""
+def _spans(total: int, launch: Launch) -> int:
+    """Programs per head slot: spans of ``launch.tiles`` tiles of ``launch.bt`` tokens."""
+    return triton.cdiv(total, launch.bt * launch.tiles)
+
+
+def _weights(weights):
+    """The norm weights as the kernels read them: contiguous, of one dtype (fp32 where they differ)."""
+    weights = [w.contiguous() for w in weights]
+    if len({w.dtype for w in weights}) > 1:
+        weights = [w.float() for w in weights]
+    return weights
+
+
+def forward(y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch = FORWARD):
+    """The launch of ``split_norm_rope``'s forward; arguments as there, ``weights`` the (w_q, w_k,
+    w_rho) norm weights, the RoPE rows as ``rope_angles`` gives them. Returns q, k, v, rho."""
     b, n, _ = y.shape
     d = angles.shape[-1]
     y, y_stride = _rows(y)
     angles = angles.contiguous()  # its rows are read by one stride
     total = b * n
-    v = torch.empty((b, n, hkv, d), dtype=y.dtype, device=y.device)
-    outs = []
-    for heads, col, w, rope, v_col in _groups(hq, hkv, d, weights, rope_rho):
-        out = torch.empty((b, n, heads, d), dtype=y.dtype, device=y.device)
-        _forward_kernel[(triton.cdiv(total, BT), heads)](
-            y, out, w, angles, v, total, n, y_stride, col, v_col or 0, heads, eps,
-            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=v_col is not None, num_warps=NUM_WARPS)
-        outs.append(out)
-    return outs[0], outs[1], v, outs[2]
+    q, r = (torch.empty((b, n, hq, d), dtype=y.dtype, device=y.device) for _ in range(2))
+    k, v = (torch.empty((b, n, hkv, d), dtype=y.dtype, device=y.device) for _ in range(2))
+    _forward_kernel[(_spans(total, launch) * (2 * hq + hkv),)](
+        y, q, k, r, v, *_weights(weights), angles, total, n, y_stride, hq, hkv, _rope_slots(hq, hkv, rope_rho), eps,
+        HALF=d // 2, BT=launch.bt, TILES=launch.tiles, num_warps=launch.warps)
+    return q, k, v, r
 
 
-def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho):
-    """Launches of the backward: grads (dq, dk, dv, drho) -> (dy (B, L, W) in y's dtype, the three
+def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch = BACKWARD):
+    """The launches of the backward: grads (dq, dk, dv, drho) -> (dy (B, L, W) in y's dtype, the three
     weights' gradients in their dtypes)."""
     b, n, width = y.shape
     d = angles.shape[-1]
     y, y_stride = _rows(y)
     angles = angles.contiguous()
     total = b * n
-    tiles = triton.cdiv(total, BT)
+    spans = _spans(total, launch)
     dy = torch.empty((b, n, width), dtype=y.dtype, device=y.device)
-    dq, dk, dv, dr = grads
-    dv = dv.contiguous()
-    dws = []
-    for g, (heads, col, w, rope, v_col) in zip((dq, dk, dr), _groups(hq, hkv, d, weights, rope_rho)):
-        part = torch.empty((tiles * heads, d), dtype=torch.float32, device=y.device)
-        _backward_kernel[(tiles, heads)](
-            g.contiguous(), y, dy, w, angles, part, dv, total, n, y_stride, col, v_col or 0, heads, eps,
-            HALF=d // 2, BT=BT, ROPE=rope, COPY_V=v_col is not None, num_warps=NUM_WARPS)
-        dws.append(part.sum(0).to(w.dtype))
-    return dy, *dws
+    dq, dk, dv, dr = (g.contiguous() for g in grads)
+    read = _weights(weights)
+    part = torch.empty((spans * (2 * hq + hkv), d), dtype=torch.float32, device=y.device)
+    _backward_kernel[(spans * (2 * hq + hkv),)](
+        dq, dk, dr, y, dy, *read, angles, part, dv, total, n, y_stride, hq, hkv, _rope_slots(hq, hkv, rope_rho), eps,
+        HALF=d // 2, BT=launch.bt, TILES=launch.tiles, num_warps=launch.warps)
+    dws = [torch.empty((d,), dtype=w.dtype, device=y.device) for w in read]
+    cols = min(d, 16)  # 3 D / 16 programs: the partials (a few MiB) are read at a fair share of the bandwidth
+    _weight_grads_kernel[(3, d // cols)](part, *dws, spans, hq, hkv, D=d, COLS=cols, BLOCK=256, num_warps=4)
+    return dy, *(g.to(w.dtype) for g, w in zip(dws, weights))

@@ -8,7 +8,7 @@ through the trace's "External id") and the timeline: the span from the first ker
 last kernel's end, the time no kernel runs (GPU idle: host-bound or waiting), and the communication
 time no other kernel overlaps (exposed communication), and what the host was inside while the GPU
 idled (the outermost and innermost host events, on the thread that launches the kernels, at the
-middle of each idle gap), as markdown (after the results header), optionally written to OUT.md.
+middle of each idle gap) and the idle time per tenth of the span, as markdown (after the results header), optionally written to OUT.md.
 
     python -m scripts.bench.trace_summary outputs/run/profile_traces/iteration_20/rank0_trace.json \
         [--top 25] [--out summary]
@@ -97,6 +97,21 @@ def _busy_gaps(events: list[dict], min_gap: float) -> list[tuple[float, float]]:
     return [(a[1], b[0]) for a, b in zip(busy, busy[1:]) if b[0] - a[1] >= min_gap]
 
 
+def idle_by_tenth(events: list[dict]) -> list[float]:
+    """GPU idle microseconds in each tenth of the span, in order: where in the step the GPU waited (a
+    training step runs forward, backward, optimizer)."""
+    busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in events])
+    if not busy:
+        return [0.0] * 10
+    first, width = busy[0][0], (busy[-1][1] - busy[0][0]) / 10
+    out = [0.0] * 10
+    for start, end in ((a[1], b[0]) for a, b in zip(busy, busy[1:])):
+        for i in range(10):
+            lo, hi = first + i * width, first + (i + 1) * width
+            out[i] += max(0.0, min(end, hi) - max(start, lo))
+    return out
+
+
 def idle_causes(trace: dict, events: list[dict], min_gap: float = 10.0) -> dict[str, float]:
     """GPU idle microseconds per "outermost > innermost" host event running at the middle of each
     idle gap of at least ``min_gap`` us, on the thread that launched the most kernels. A
@@ -165,6 +180,8 @@ def summarize(events: list[dict], top: int, ops: dict[int, str] | None = None,
     lines += ["", *table(["timeline", "ms", "share of span"],
                          ((key.replace("_", " "), *_ms_share(times[key], times["span"] or 1.0))
                           for key in ("span", "busy", "idle", "communication", "exposed_communication")))]
+    lines += ["", *table(["idle ms per tenth of the span", *(f"{i + 1}" for i in range(10))],
+                         [["", *(f"{us / 1e3:.2f}" for us in idle_by_tenth(events))]])]
     kernels = ((f"`{name[:160]}`", count[name], *_ms_share(us, total)) for name, us in _largest(by_name, top))
     lines += ["", *table(["kernel", "calls", "ms", "share"], kernels)]
     if ops:
