@@ -53,10 +53,10 @@ def main(argv: list[str]) -> None:
     register_all()
     single_process_env()
     config = load_config(argv)
-    if config.eval.at_end:
-        from eval.at_end import check_at_end
+    if config.eval.at_end or config.eval.every_n_steps:
+        from eval.at_end import check_task_files
 
-        check_at_end(config)  # before training, not after the last step
+        check_task_files(config)  # before training, not after the last step
     finished = False
     try:
         final_step = train(config)

@@ -221,10 +221,10 @@ def test_downstream_data_dir_is_checked_when_training_starts(tmp_path):
 
 def test_at_end_data_dir_is_checked_before_training(tmp_path):
     """[eval] at_end with a data_dir lacking a task's file failed only when the final evaluation
-    started, after the last training step; train.py now calls check_at_end first (exit code 2)."""
+    started, after the last training step; train.py now calls check_task_files first (exit code 2)."""
     import os
 
-    from eval.at_end import check_at_end
+    from eval.at_end import check_task_files
     from parallax_titan.config import ConfigError
     from parallax_titan.config import load_config as load_job
     from tests._train_runs import REPO
@@ -235,9 +235,56 @@ def test_at_end_data_dir_is_checked_before_training(tmp_path):
 
     (tmp_path / "boolq.jsonl").write_text("{}\n")
     with pytest.raises(ConfigError, match=r"eval.data_dir: .* has no file for task 'piqa'; expected piqa.jsonl"):
-        check_at_end(config("--eval.data_dir", str(tmp_path)))
-    check_at_end(config("--eval.data_dir", os.path.join(REPO, "tests", "fixtures", "lm_eval")))
-    check_at_end(config())  # no data_dir: the hub or its cache, read when the evaluation runs
+        check_task_files(config("--eval.data_dir", str(tmp_path)))
+    check_task_files(config("--eval.data_dir", os.path.join(REPO, "tests", "fixtures", "lm_eval")))
+    check_task_files(config())  # no data_dir: the hub or its cache, read when the evaluation runs
+
+
+def test_train_refuses_a_downstream_data_dir_without_the_task_files_with_exit_code_2(tmp_path):
+    """train.py with [eval] every_n_steps and a data_dir lacking a task's file: exit code 2 and the key
+    named, before training (the evaluator's ValueError used to end the run with a traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests._train_runs import REPO
+
+    result = subprocess.run([sys.executable, "train.py", "--job.config_file", os.path.join(REPO, "configs",
+                             "demo_cpu.toml"), "--job.dump_folder", str(tmp_path / "run"), "--eval.every_n_steps",
+                             "10", "--eval.tasks", "boolq", "--eval.data_dir", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "eval.data_dir:" in result.stderr and "no file for task 'boolq'" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def _config_with_eval(tmp_path, eval_table: str):
+    """test_cpu_2rank.toml with ``eval_table`` as its [eval] section, loaded without the data checks."""
+    import os
+
+    from parallax_titan.config import load_config as load_job
+    from tests._train_runs import REPO
+
+    path = tmp_path / "eval.toml"
+    path.write_text(open(os.path.join(REPO, "configs", "test_cpu_2rank.toml")).read() + "\n[eval]\n" + eval_table)
+    return load_job(["--job.config_file", str(path)], check_data=False)
+
+
+@pytest.mark.parametrize("eval_table, message", [
+    ("at_end = true\ntasks = []\n", "eval.tasks: empty with eval.at_end = True and eval.every_n_steps = 0"),
+    ("every_n_steps = 5\ntasks = []\n", "eval.every_n_steps = 5; expected at least one task"),
+    ('tasks = ["boolq", "piqa", "boolq"]\n', r"eval.tasks: \['boolq'\] given more than once"),
+])
+def test_eval_tasks_empty_while_evaluating_or_repeated_are_refused(tmp_path, eval_table, message):
+    from parallax_titan.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _config_with_eval(tmp_path, eval_table)
+
+
+def test_eval_tasks_empty_without_evaluation_is_accepted(tmp_path):
+    config = _config_with_eval(tmp_path, "tasks = []\n")
+    assert config.eval.tasks == [] and not config.eval.at_end and config.eval.every_n_steps == 0
 
 
 def test_prefetch_unknown_task_is_an_error_not_a_traceback(capsys):

@@ -441,6 +441,12 @@ class Eval:
         unknown = [t for t in self.tasks if t not in PAPER_SUITE]
         if unknown:
             problems.append(f"eval.tasks: unknown {unknown}; expected names from {list(PAPER_SUITE)}")
+        repeated = sorted({t for t in self.tasks if self.tasks.count(t) > 1})
+        if repeated:
+            problems.append(f"eval.tasks: {repeated} given more than once; expected each task once")
+        if not self.tasks and (self.at_end or self.every_n_steps):
+            problems.append(f"eval.tasks: empty with eval.at_end = {self.at_end} and eval.every_n_steps = "
+                            f"{self.every_n_steps}; expected at least one task from {list(PAPER_SUITE)}")
         if self.dtype not in EVAL_DTYPES:
             problems.append(f"eval.dtype: expected one of {EVAL_DTYPES}, got {self.dtype!r}")
         if isinstance(self.device, str) and self.device not in ("", "auto"):
