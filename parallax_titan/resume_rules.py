@@ -130,7 +130,8 @@ with another value (a resume applies them; a loader for evaluation refuses them:
 
 ROPE_MIXERS = ("softmax", "parallax", "exact_lla")
 """Mixers that rotate queries and keys (``rope_theta``); the fla mixers and the uniform-weight family
-members take no positions."""
+members take no positions. Kept by hand; a test builds every non-fla mixer with two ``rope_theta``
+values and checks that exactly these compute another output."""
 
 
 def _used(field: str, mixer: str) -> bool:

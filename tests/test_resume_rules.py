@@ -234,3 +234,30 @@ def test_optimizer_change_exits_2_without_a_low_level_error(dump):
     result = run_single(dump, *ARGS, "--optimizer.name", "AdamW")
     assert result.returncode == 2
     assert "optimizer.name: the checkpoint" in result.stderr and "Missing key" not in result.stderr
+
+
+def _mixers_without_fla():
+    from parallax_titan import mixers
+
+    return ["softmax", "parallax", *mixers.FAMILY_MIXERS]
+
+
+@pytest.mark.parametrize("mixer", _mixers_without_fla())
+def test_rope_mixers_are_the_mixers_whose_output_rope_theta_changes(mixer):
+    """ROPE_MIXERS is kept by hand: a tiny model of each mixer, same weights, rope_theta 10000 and 500.
+    The outputs differ exactly for the mixers the list names (a new mixer that rotates must be added,
+    or a changed rope_theta between checkpoint and evaluation would go unnoticed)."""
+    from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
+    from parallax_titan.resume_rules import ROPE_MIXERS
+
+    tokens = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    outputs = []
+    for theta in (10000.0, 500.0):
+        args = ParallaxModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=64,
+                                 hidden_dim=128, max_seq_len=16, mixer=mixer, rope_theta=theta)
+        torch.manual_seed(0)
+        model = ParallaxQwen3Model(args)
+        with torch.no_grad():
+            model.init_weights()
+            outputs.append(model(tokens))
+    assert (not torch.equal(*outputs)) == (mixer in ROPE_MIXERS)
