@@ -360,6 +360,20 @@ def test_ultrafineweb_registered_and_mirror(tok, docs, tmp_path):
     assert torch.equal(x, reference_windows(tok, docs, 2 * BATCH)[0])
 
 
+def test_ultrafineweb_unreachable_names_the_key_and_the_ways_round(monkeypatch):
+    """No network and no mirror: datasets' ConnectionError comes back naming training.dataset, the hub
+    id and what runs without the hub (a clone in dataset_path, local parquet files, shards)."""
+    from parallax_titan.data import text
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'openbmb/Ultra-FineWeb' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(text, "load_dataset", unreachable)
+    with pytest.raises(ConnectionError, match=r'training.dataset = "ultrafineweb": \'openbmb/Ultra-FineWeb\' could '
+                       r"not be reached \(Couldn't reach .*\); expected network access .* training.dataset_path"):
+        load_ultrafineweb("openbmb/Ultra-FineWeb")
+
+
 def test_global_order_state_is_one_for_all_ranks_and_moves_between_rank_counts(tok):
     """Between steps the ranks of the global order hold one state (saved once); 2 ranks x batch 2
     stopped after 3 steps continue on 1 rank x batch 4 with the straight run's sequences."""

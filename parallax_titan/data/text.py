@@ -65,8 +65,15 @@ def load_embedded(path: str) -> Dataset:
 
 
 def load_ultrafineweb(path: str) -> IterableDataset:
-    """Stream Ultra-FineWeb's English split (``path`` = hub id or a local mirror)."""
-    return load_dataset(path, name="default", split="en", streaming=True)
+    """Stream Ultra-FineWeb's English split (``path`` = hub id or a local mirror). Unreachable (no
+    network, no mirror): ConnectionError naming the keys and the ways to run without the hub."""
+    try:
+        return load_dataset(path, name="default", split="en", streaming=True)
+    except ConnectionError as exc:
+        raise ConnectionError(
+            f'training.dataset = "ultrafineweb": {path!r} could not be reached ({exc}); expected network access '
+            f"to the Hugging Face hub, or a local clone of {ULTRAFINEWEB} in training.dataset_path (docs/data.md), "
+            'or its parquet files through dataset = "local", or pre-tokenized shards') from exc
 
 
 TEXT_DATASETS = {
