@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from scripts.bench.results import command_line, describe, positive_int, table, write_result_page
+from scripts.bench.results import (add_batch_arguments, command_line, describe, positive_int, require_cuda, table,
+                                   write_result_page)
 
 SLEEP_CYCLES = 4_000_000_000  # about 2 s of GPU time: the timed calls only queue their kernels
 
@@ -80,7 +81,8 @@ def calls_to_time(batch: int, seq_len: int) -> dict:
         "      4 TMA descriptors": lambda: hopper._query_key_descriptors(q, r, k, v, strides, total, 128, 128),
         "    4 output allocations": lambda: (torch.empty_like(q), torch.empty_like(q), fused.stats_buffer(q),
                                              fused.stats_buffer(q)),
-        "attention_bwd (custom op)": lambda: attention_ops.attention_bwd(do, q, r, k, v, *saved, scale, None, None, True),
+        "attention_bwd (custom op)": lambda: attention_ops.attention_bwd(do, q, r, k, v, *saved, scale, None, None,
+                                                                         True),
         "  fused.backward": lambda: fused.backward(do, q, r, k, v, *saved, scale),
         "split_norm_rope (custom op)": lambda: projection_ops.split_norm_rope_op(*proj),
         "  projection fused.forward": lambda: projection_fused.forward(y, hq, hkv, (w_q, w_k, w_rho), eps, angles,
@@ -111,8 +113,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.op_host_cost", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="docs/bench/op_host_cost", help="output path without extension")
     ap.add_argument("--calls", type=positive_int, default=40, help="timed calls per path (default 40)")
-    ap.add_argument("--batch", type=positive_int, default=4, help="local batch (default 4, bench_train's)")
-    ap.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+    add_batch_arguments(ap)
     return ap
 
 
@@ -120,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     """Time every path, profile the attention forward op, write OUT.md and OUT.json."""
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts.bench.op_host_cost needs a CUDA GPU")
+    require_cuda(__spec__.name)
     fns = calls_to_time(args.batch, args.seq_len)
     rows = {label: host_us(fn, args.calls) for label, fn in fns.items()}
     profile = profile_text(fns["attention_fwd (custom op)"], args.calls)

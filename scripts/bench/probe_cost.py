@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from scripts.bench.results import command_line, describe, positive_int, table, write_result_page
+from scripts.bench.results import add_batch_arguments, command_line, describe, require_cuda, table, write_result_page
 from scripts.bench.trace_summary import group_of
 
 PEAK_BF16_TFLOPS = 790.0  # H200 dense bf16 (the figure the other pages' floors use)
@@ -153,8 +153,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="docs/bench/probe_cost", help="output path without extension")
     ap.add_argument("--flavor", choices=list(BASE_FLAVORS), default="0.6B")
     ap.add_argument("--variant", choices=("parallax", "parallax_dagger"), default="parallax")
-    ap.add_argument("--batch", type=positive_int, default=4, help="local batch (default 4, bench_train's)")
-    ap.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+    add_batch_arguments(ap)
     return ap
 
 
@@ -162,8 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     """Time both projections and write OUT.md and OUT.json."""
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts.bench.probe_cost needs a CUDA GPU")
+    require_cuda(__spec__.name)
     meta = describe("The probe's cost outside the attention kernel",
                     "compiled forward + backward of the attention's input projection with rho (Parallax) and "
                     "without it, one layer, bf16: GPU kernel time under the PyTorch profiler (mean of "

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from scripts.bench.results import command_line, describe, positive_int, table, write_result_page
+from scripts.bench.results import add_batch_arguments, command_line, describe, require_cuda, table, write_result_page
 
 SHAPES = {"0.6B parallax": ("0.6B", "parallax"), "0.6B parallax_dagger": ("0.6B", "parallax_dagger")}
 LAUNCHES = [(bt, warps, tiles) for bt, warps in ((64, 4), (64, 8), (128, 8)) for tiles in (1, 2, 4, 8)]
@@ -120,8 +120,9 @@ def markdown(result: dict) -> list[str]:
     lines = []
     for name, row in result["rows"].items():
         hq, hkv, d = row["heads"]
+        mib = {part: row["bytes"][part] / 2**20 for part in ("forward", "backward")}
         lines += [f"**{name}** (Hq {hq}, Hkv {hkv}, D {d}, {row['tokens']} tokens; bytes per pass: forward "
-                  f"{row['bytes']['forward'] / 2**20:.0f} MiB, backward {row['bytes']['backward'] / 2**20:.0f} MiB)", ""]
+                  f"{mib['forward']:.0f} MiB, backward {mib['backward']:.0f} MiB)", ""]
         columns = ["kernels", "forward ms", "x copy", "x Inductor", "backward ms", "x copy", "x Inductor"]
         rows = []
         for row_name, ms in [*(("ours " + key + shipped_mark(row["shipped"], key), ms)
@@ -140,8 +141,7 @@ def markdown(result: dict) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.projection", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="docs/bench/projection", help="output path without extension")
-    ap.add_argument("--batch", type=positive_int, default=4, help="local batch (default 4, bench_train's)")
-    ap.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+    add_batch_arguments(ap)
     return ap
 
 
@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     """Time every shape and write OUT.md and OUT.json."""
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("scripts.bench.projection needs a CUDA GPU")
+    require_cuda(__spec__.name)
     measured = ("median time (triton.testing.do_bench) of the fused norm + RoPE kernels' forward and backward per "
                 "launch config, beside Inductor's compiled PyTorch reference and a copy of the same bytes, bf16")
     result = {"meta": describe("The fused projection's norm + RoPE kernels", measured,

@@ -4,7 +4,8 @@ A page opens with a header: what was measured, the hardware and software it ran 
 triton, CUDA, Python), the command that reproduces it from the repository root, and the date.
 ``describe`` gathers that once into a ``meta`` dict; ``header`` renders it as markdown;
 ``write_results`` writes ``PREFIX.md`` (header + body) and ``PREFIX.json`` (``{"meta": ..., **data}``).
-``positive_int`` is the benchmarks' argparse type for counts and sizes.
+``positive_int`` is the benchmarks' argparse type for counts and sizes; ``add_batch_arguments`` and
+``require_cuda`` are the shape options and the GPU check of the per-layer kernel benchmarks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= 1")
     return int(text)
+
+
+def add_batch_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--batch`` (local batch, default 4) and ``--seq-len`` (tokens per sequence, default 4096): the
+    0.6B training step's shapes, as ``scripts.bench.train`` runs them."""
+    ap.add_argument("--batch", type=positive_int, default=4, help="local batch (default 4, bench_train's)")
+    ap.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+
+
+def require_cuda(module: str) -> None:
+    """SystemExit naming ``module`` unless a CUDA GPU is visible (the benchmark times kernels on it)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{module} needs a CUDA GPU")
 
 
 def command_line(module: str, argv: Sequence[str]) -> str:

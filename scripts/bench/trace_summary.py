@@ -8,7 +8,8 @@ through the trace's "External id") and the timeline: the span from the first ker
 last kernel's end, the time no kernel runs (GPU idle: host-bound or waiting), and the communication
 time no other kernel overlaps (exposed communication), and what the host was inside while the GPU
 idled (the outermost and innermost host events, on the thread that launches the kernels, at the
-middle of each idle gap) and the idle time per tenth of the span, as markdown (after the results header), optionally written to OUT.md.
+middle of each idle gap) and the idle time per tenth of the span, as markdown (after the results
+header), optionally written to OUT.md.
 
     python -m scripts.bench.trace_summary outputs/run/profile_traces/iteration_20/rank0_trace.json \
         [--top 25] [--out summary]
