@@ -3,8 +3,8 @@
 The fused projection ``y = x [W_Q; W_K; W_V; W_R]^T`` holds per token the q, k, v and rho heads side
 by side. ``forward`` turns it into the attention's inputs in one launch: one program per (token tile,
 head slot), the slots being the q heads, then the k heads, then the rho heads, and the programs of one
-tile of BT tokens numbered consecutively, so that those running together read whole rows of y (a
-head's 2 D bytes of a row alone would leave DRAM pages half read). A program reads its head's two
+tile of BT tokens numbered consecutively, so that those running together read whole rows of y (one
+head's D elements of each row alone would leave DRAM pages partly read). A program reads its head's two
 halves (which RoPE pairs), normalises them in fp32, rounds to y's dtype as the norm module does,
 rotates them by the RoPE angles (cos and sin rounded to y's dtype, as the model casts them:
 ``api.rope_angles``, one row of D per position, since RoPE turns the pair (i, i + D/2) by one angle)
