@@ -179,13 +179,41 @@ def test_state_errors_are_named():
 
 
 @pytest.mark.parametrize("call, match", [
+    (lambda s, t: s.value_average(3), r"AffineState.value_average: q_heads=3 must be a positive multiple of the kv "
+                                      r"heads \(2\)"),
+    (lambda s, t: s.value_average(4.0), "q_heads=4.0 must be a positive multiple"),
+    (lambda s, t: s.value_average(0), "q_heads=0 must be a positive multiple"),
+    (lambda s, t: value_averaging_step(s, t, t, q_heads=3), "q_heads=3 must be a positive multiple"),
+    # None would read as False: the raw-moment form, silently
+    (lambda s, t: s.affine_la(torch.zeros(1, 1, 2, 4), intercept=None), "intercept=None must be a bool"),
+    (lambda s, t: s.affine_mesanet(torch.zeros(1, 1, 2, 4), lam=1.0, intercept=None), "intercept=None must be a bool"),
+    (lambda s, t: s.update(t.to("meta"), t.to("meta")), "AffineState.update: k is on meta, the state on cpu"),
+    (lambda s, t: s.affine_la(torch.zeros(1, 1, 2, 4, device="meta")), "AffineState.affine_la: r is on meta"),
+    (lambda s, t: AffineState.zeros(-1, 2, 4), r"AffineState.zeros: batch=-1, kv_heads=2, head_dim=4 must be ints >= 1"),
+    (lambda s, t: AffineState.zeros(1, 2.0, 4), "kv_heads=2.0"),
+])
+def test_state_arguments_are_named(call, match):
+    token = torch.zeros(1, 1, 2, 4)
+    state = AffineState.zeros(1, 2, 4, with_kk=True).update(token, token)
+    with pytest.raises(ValueError, match=match):
+        call(state, token)
+
+
+@pytest.mark.parametrize("call, match", [
     (lambda r, k, v: affine_linear_attention(r, k, v, intercept=1), "intercept=1 must be a bool"),
     (lambda r, k, v: affine_linear_attention(r, k, v, backend="cuda"), "backend='cuda', expected one of"),
     (lambda r, k, v: affine_linear_attention(r, k, v, backend="triton"),
      r"backend='triton' needs dtype in .* and head_dim in \(16, 32, 64, 128\), got torch.float64 and 4"),
     (lambda r, k, v: affine_linear_attention(r.float(), k.float(), v.float(), backend="triton"),
      r"head_dim in \(16, 32, 64, 128\), got torch.float32 and 4"),
-    (lambda r, k, v: affine_linear_attention(r, k, v, chunk=0), "chunk=0 must be a finite positive number"),
+    (lambda r, k, v: affine_linear_attention(r, k, v, chunk=0), "chunk=0 must be an int >= 1"),
+    (lambda r, k, v: affine_linear_attention(r, k, v, chunk=0.5), "chunk=0.5 must be an int >= 1"),
+    (lambda r, k, v: affine_mesanet(r, k, v, lam=1.0, chunk=2.5), "chunk=2.5 must be an int >= 1"),
+    (lambda r, k, v: affine_linear_attention(r[:0], k[:0], v[:0]),
+     r"affine_linear_attention: r has an empty dimension, shape \(0, 4, 2, 4\)"),
+    (lambda r, k, v: affine_mesanet(r[:, :0], k[:, :0], v[:, :0], lam=1.0), "affine_mesanet: q has an empty dimension"),
+    (lambda r, k, v: affine_mesanet(r[..., :0], k[..., :0], v[..., :0], lam=1.0), "q has an empty dimension"),
+    (lambda r, k, v: value_averaging(v[:, :, :0]), r"value_averaging: v has an empty dimension, shape \(1, 4, 0, 4\)"),
     (lambda r, k, v: affine_mesanet(r, k, v, lam=-1.0), "lam=-1.0 must be a finite positive number"),
     (lambda r, k, v: affine_mesanet(r, k, v, lam=torch.ones(2, 2)), r"lam tensor must be .* shape \(2,\)"),
     (lambda r, k, v: value_averaging(torch.cat([v, v], 2), q_heads=3),

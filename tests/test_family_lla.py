@@ -154,7 +154,12 @@ def test_cost_formula_and_guard():
     ({"lam": 1.0, "cg_steps": 3}, r"cg_steps=3 is only meaningful with solver='cg'"),
     ({"lam": 1.0, "solver": "cg", "cg_steps": 0}, r"cg_steps=0 must be a positive int"),
     ({"lam": 1.0, "scale": float("inf")}, r"scale=inf must be a finite number"),
-    ({"lam": 1.0, "block": 0}, r"block=0 must be a finite positive number"),
+    ({"lam": 1.0, "block": 0}, r"block=0 must be an int >= 1"),
+    ({"lam": 1.0, "block": 0.5}, r"block=0.5 must be an int >= 1"),
+    ({"lam": 1.0, "block": 2.7}, r"block=2.7 must be an int >= 1"),
+    ({"lam": 1.0, "max_cost": "1e9"}, r"max_cost='1e9' must be None or a positive number"),
+    ({"lam": 1.0, "max_cost": float("nan")}, r"max_cost=nan must be None or a positive number"),
+    ({"lam": 1.0, "max_cost": -1}, r"max_cost=-1 must be None or a positive number"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     q, k, v, _ = make(1, 4, 2, 1, 4)
@@ -174,6 +179,13 @@ def test_bad_shapes_are_named():
         exact_lla([1.0], k, v, lam=1.0)
     with pytest.raises(ValueError, match=r"q must be 4-D .* has shape \(4, 3, 4\)"):
         exact_lla(q[0], k, v, lam=1.0)
+    with pytest.raises(ValueError, match=r"q has an empty dimension, shape \(1, 0, 2, 4\); batch, seq, heads and "
+                                         r"head_dim must be >= 1"):
+        exact_lla(q[:, :0, :2], k[:, :0], v[:, :0], lam=1.0)
+    with pytest.raises(ValueError, match=r"q has an empty dimension, shape \(1, 4, 2, 0\)"):
+        exact_lla(q[:, :, :2, :0], k[..., :0], v[..., :0], lam=1.0)
+    with pytest.raises(ValueError, match=r"exact_lla_cost: solver='lu', expected one of"):
+        exact_lla_cost(1, 4, 2, 4, "lu")
     assert math.isfinite(exact_lla(q[:, :, :2], k, v, lam=1.0).sum().item())
 
 

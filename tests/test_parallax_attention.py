@@ -275,6 +275,22 @@ def test_bad_window_raises(window, match):
         parallax_attention(q, r, k, v, window=window)
 
 
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(q=a["q"][..., :0], r=a["r"][..., :0], k=a["k"][..., :0], v=a["v"][..., :0]),
+     r"head_dim must be >= 1.*q=\(1, 8, 4, 0\)"),
+    (lambda a: a.update(causal="no"), "causal='no' must be a bool"),
+    (lambda a: a.update(causal=None), "causal=None must be a bool"),
+    (lambda a: a.update(window=2 ** 40), r"window=1099511627776 .*at most 2147483647"),
+])
+def test_bad_arguments_are_named(change, match):
+    """Hostile values of the other arguments: a ValueError naming them, before any work."""
+    q, r, k, v = (x.detach() for x in make_inputs(1, 8, 4, 2, 16, dtype=torch.float32))
+    args = dict(q=q, r=r, k=k, v=v)
+    change(args)
+    with pytest.raises(ValueError, match=match):
+        parallax_attention(**args)
+
+
 def test_window_needs_causal():
     q, r, k, v = (x.detach() for x in make_inputs(1, 8, 2, 1, 16, dtype=torch.float32))
     with pytest.raises(ValueError, match="window=4 needs causal=True"):

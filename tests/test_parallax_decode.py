@@ -181,6 +181,17 @@ def test_auto_on_cpu_is_reference():
         (lambda a: a.update(scale=-1.0), "scale must be"),
         (lambda a: a.update(backend="cuda"), "backend must be"),
         (lambda a: a.update(r=a["r"].half()), "r must match"),
+        (lambda a: a.update(**{n: a[n][:0] for n in ("q", "r", "k_cache", "v_cache")},
+                            cache_seqlens=torch.zeros(0, dtype=torch.int32)), "need batch >= 1"),
+        (lambda a: a.update(**{n: a[n][..., :0] for n in ("q", "r", "k_cache", "v_cache")}), "D >= 1"),
+        # int64 lengths are range-checked before the int32 cast (2**32 + 4 would wrap to 4)
+        (lambda a: a.update(cache_seqlens=torch.tensor([3, 2 ** 32 + 4])),
+         r"cache_seqlens values must lie in \[1, L=19\], got min 3, max 4294967300"),
+        (lambda a: a.update(check_seqlens=None), "check_seqlens=None must be a bool"),
+        (lambda a: a.update(scale="0.3"), "scale must be a finite positive number, got '0.3'"),
+        (lambda a: a.update(scale=True), "scale must be a finite positive number, got True"),
+        (lambda a: a.update(scale=torch.tensor([0.3, 0.2])), "scale must be a finite positive number, got tensor"),
+        (lambda a: a.update(window=2 ** 40), "parallax_decode: window=1099511627776 must be at most"),
     ],
 )
 def test_bad_input_raises(change, match):
@@ -263,6 +274,26 @@ def test_rolling_cache_write_rejects_bad_shapes():
                             torch.zeros(2))
 
 
+@pytest.mark.parametrize("change, match", [
+    (dict(k=[0.0]), "rolling_cache_write: k must be a torch.Tensor, got list"),
+    (dict(k_cache=torch.zeros(4, 2, 16), v_cache=torch.zeros(4, 2, 16)),
+     r"k_cache must be a 4-D \(batch, W, Hkv, D\) floating tensor, got torch.float32 \(4, 2, 16\)"),
+    (dict(k_cache=torch.zeros(2, 4, 2, 16, dtype=torch.int64), v_cache=torch.zeros(2, 4, 2, 16, dtype=torch.int64)),
+     "k_cache must be a 4-D .* floating tensor, got torch.int64"),
+    (dict(k=torch.zeros(2, 1, 2, 16, device="meta"), v=torch.zeros(2, 1, 2, 16, device="meta")),
+     "k is on meta, the caches on cpu"),
+    (dict(k=torch.zeros(2, 0, 2, 16), v=torch.zeros(2, 0, 2, 16)), "at least one token"),
+    (dict(k_cache=torch.zeros(2, 0, 2, 16), v_cache=torch.zeros(2, 0, 2, 16)), "at least one slot"),
+    (dict(start=torch.tensor([True, False])), r"start must be an int tensor of shape \(2,\), got torch.bool"),
+])
+def test_rolling_cache_write_rejects_bad_arguments(change, match):
+    args = dict(k_cache=torch.zeros(2, 4, 2, 16), v_cache=torch.zeros(2, 4, 2, 16), k=torch.zeros(2, 1, 2, 16),
+                v=torch.zeros(2, 1, 2, 16), start=torch.zeros(2, dtype=torch.int32))
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        rolling_cache_write(**args)
+
+
 # ---------------------------------------------------------------- DecodePlan and the unchecked path
 def test_plan_matches_decode_and_writes_out():
     q, r, k, v = make_inputs(3, 50, 8, 2, 64, dtype=torch.float32)
@@ -284,6 +315,12 @@ def test_plan_matches_decode_and_writes_out():
     (dict(v_cache=torch.zeros(3, 50, 2, 64, device="meta")), "DecodePlan: v_cache .* on meta"),
     (dict(cache_seqlens=torch.tensor([1, 2, 3])), r"cache_seqlens must be int32 of shape \(3,\) on cpu, got torch.int64"),
     (dict(cache_seqlens=torch.tensor([1, 2], dtype=torch.int32)), r"got torch.int32 \(2,\)"),
+    (dict(q=[0.0]), "DecodePlan: q must be a torch.Tensor, got list"),
+    (dict(cache_seqlens=[1, 2, 3]), r"cache_seqlens must be int32 of shape \(3,\) on cpu, got list"),
+    # the triton path writes out through its strides: a wrong out would be written out of bounds
+    (dict(out=torch.empty(3, 1, 8, 32)), r"DecodePlan: out is torch.float32 \(3, 1, 8, 32\) on cpu"),
+    (dict(out=torch.empty(3, 1, 8, 64, dtype=torch.float16)), "DecodePlan: out is torch.float16"),
+    (dict(out=torch.empty(3, 1, 64, 8).mT), r"out .* last dim contiguous"),
 ])
 def test_plan_rejects_tensors_of_another_geometry(change, match):
     q, r, k, v = make_inputs(3, 50, 8, 2, 64, dtype=torch.float32)
@@ -301,6 +338,10 @@ def test_plan_rejects_tensors_of_another_geometry(change, match):
     (dict(backend="cuda"), "backend must be one of"),
     (dict(window=0), "DecodePlan: window=0 must be None or an int >= 1"),
     (dict(scale=float("inf")), "scale must be a finite positive number"),
+    (dict(scale="0.2"), "scale must be a finite positive number, got '0.2'"),
+    (dict(batch=True), "'batch': True"),
+    (dict(dtype="float32"), "DecodePlan: dtype and cache_dtype must be floating torch.dtypes, got 'float32'"),
+    (dict(dtype=None), "DecodePlan: dtype and cache_dtype must be floating torch.dtypes, got None"),
 ])
 def test_plan_rejects_bad_geometry(kwargs, match):
     args = dict(batch=2, hq=8, hkv=4, head_dim=64, cache_len=10, dtype=torch.float32, device="cpu")

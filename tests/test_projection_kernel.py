@@ -354,14 +354,37 @@ def test_reference_is_the_models_unfused_path():
     (lambda a: {**a, "y": a["y"].long()}, "fp16/bf16/fp32"),
     (lambda a: {**a, "eps": 0.0}, "eps"),
     (lambda a: {**a, "eps": math.nan}, "eps"),
+    (lambda a: {**a, "y": a["y"].tolist()}, "y must be a torch.Tensor, got list"),
+    (lambda a: {**a, "table": a["table"].tolist()}, "table must be a torch.Tensor, got list"),
+    (lambda a: {**a, "weights": None}, r"weights must be three \(16,\) float tensors, got NoneType"),
+    (lambda a: {**a, "weights": [w.tolist() for w in a["weights"]]}, r"weights must be three \(16,\) float tensors"),
+    (lambda a: {**a, "hq": 4.0}, "hq=4.0 and hkv=2 must be ints >= 1"),
+    (lambda a: {**a, "hq": "4"}, "hq='4' and hkv=2 must be ints >= 1"),
+    (lambda a: {**a, "hkv": True, "hq": 1, "y": a["y"][..., :64]}, "hq=1 and hkv=True must be ints >= 1"),
+    (lambda a: {**a, "eps": math.inf}, "eps=inf must be a finite positive number"),
+    (lambda a: {**a, "eps": "1e-6"}, "eps='1e-6' must be a finite positive number"),
+    (lambda a: {**a, "eps": True}, "eps=True must be a finite positive number"),
+    (lambda a: {**a, "rope_rho": "no"}, "rope_rho='no' must be a bool"),
+    (lambda a: {**a, "weights": [*a["weights"][:2], a["weights"][2].to("meta")]}, "weights\\[2\\] is on meta, y on cpu"),
+    (lambda a: {**a, "table": a["table"].to("meta")}, "table is on meta, y on cpu"),
 ])
 def test_bad_input_names_the_argument(change, match):
     from kernels import split_norm_rope
 
     y, weights, table, _ = make_case(1, 9, 4, 2, 16, "float32", 0, 3)
     args = change({"y": y, "hq": 4, "hkv": 2, "weights": weights, "eps": 1e-6, "table": table})
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         split_norm_rope(**args)
+
+
+def test_cpu_tensors_need_cuda_or_the_interpreter(monkeypatch):
+    """Valid CPU arguments outside the interpreter: a ValueError naming the device, not Triton's driver error."""
+    from kernels import split_norm_rope
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    y, weights, table, _ = make_case(1, 9, 4, 2, 16, "float32", 0, 3)
+    with pytest.raises(ValueError, match="split_norm_rope: needs CUDA tensors .y is on cpu. or TRITON_INTERPRET=1"):
+        split_norm_rope(y, 4, 2, weights, 1e-6, table)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -12,31 +12,25 @@ import os
 import torch
 
 from kernels.family import chunked
-from kernels.family.common import check_choice, check_lam, check_positive, check_tensors, grouped_lam, work_dtype
+from kernels.family.common import (check_choice, check_flag, check_lam, check_positive_int, check_q_heads, check_tensors,
+                                    grouped_lam, work_dtype)
 from kernels.layout import grouped, ungrouped
 
 BACKENDS = ("auto", "reference", "triton")
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _check_flag(fn, name, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"{fn}: {name}={value!r} must be a bool")
-
-
 def value_averaging(v, *, q_heads=None):
     """Value Averaging (zero probe): o_i = vbar_i = (1/i) sum_{j<=i} v_j.
 
-    v: (B, L, Hkv, D) float tensor. q_heads: number of query heads Hq (a multiple of Hkv) to
+    v: (B, L, Hkv, D) float tensor, no dimension 0. q_heads: number of query heads Hq (a multiple of Hkv) to
     broadcast the output to, as the attention slot expects; default Hkv.
     Returns (B, L, q_heads, D) in v's dtype.
     """
     fn = "value_averaging"
     check_tensors(fn, {}, {"v": v})
     hkv = v.shape[2]
-    q_heads = hkv if q_heads is None else q_heads
-    if isinstance(q_heads, bool) or not isinstance(q_heads, int) or q_heads < 1 or q_heads % hkv:
-        raise ValueError(f"{fn}: q_heads={q_heads!r} must be a positive multiple of the kv heads ({hkv})")
+    q_heads = check_q_heads(fn, hkv if q_heads is None else q_heads, hkv)
     vg = grouped(v, hkv, work_dtype(v.dtype))
     out = chunked.value_averaging_chunked(vg).expand(-1, -1, q_heads // hkv, -1, -1)
     return ungrouped(out, v.dtype)
@@ -80,18 +74,18 @@ def affine_linear_attention(r, k, v, *, intercept=True, backend="auto", chunk=ch
     """Affine Linear Attention (learned probe): o_i = vbar_i - Sigma_KV(i) r_i, uniform causal moments.
 
     r: (B, L, Hq, D) probes (the "query" of linear attention, not scaled); k, v: (B, L, Hkv, D),
-    Hq % Hkv == 0; fp16/bf16/fp32/fp64.
-    intercept: False drops vbar and kbar (raw moments): o_i = -(1/i) sum_{j<=i} (r_i . k_j) v_j, the
+    Hq % Hkv == 0, no dimension 0; fp16/bf16/fp32/fp64.
+    intercept: a bool; False drops vbar and kbar (raw moments): o_i = -(1/i) sum_{j<=i} (r_i . k_j) v_j, the
     standard causal linear attention of probe -r normalised by the token count.
     backend: "reference" (chunked PyTorch, any device), "triton" (fused kernels, CUDA or
     TRITON_INTERPRET=1; fp16/bf16/fp32, D in 16/32/64/128), "auto" (triton on CUDA when supported).
-    chunk: chunk length of the reference path.
+    chunk: chunk length of the reference path, an int >= 1.
     Returns (B, L, Hq, D) in r's dtype; differentiable w.r.t. r, k, v.
     """
     fn = "affine_linear_attention"
     check_tensors(fn, {"r": r}, {"k": k, "v": v})
-    _check_flag(fn, "intercept", intercept)
-    chunk = int(check_positive(fn, "chunk", chunk))
+    check_flag(fn, "intercept", intercept)
+    chunk = check_positive_int(fn, "chunk", chunk)
     backend = _resolve_backend(fn, backend, r)
     if intercept:
         c_k, c_v = _first_token_shift(k, v)
@@ -112,20 +106,20 @@ def affine_mesanet(q, k, v, *, lam, intercept=True, chunk=chunked.DEFAULT_CHUNK)
     """Affine MesaNet (solved probe, uniform-weight exact LLA):
     o_i = vbar_i + Sigma_KV(i) (Sigma_KK(i) + lam I)^-1 (q_i - kbar_i).
 
-    q: (B, L, Hq, D); k, v: (B, L, Hkv, D), Hq % Hkv == 0; fp16/bf16/fp32/fp64.
+    q: (B, L, Hq, D); k, v: (B, L, Hkv, D), Hq % Hkv == 0, no dimension 0; fp16/bf16/fp32/fp64.
     lam: ridge lambda > 0, a number or a (Hq,) tensor (e.g. softplus(param) + floor; not checked
     for positivity, to avoid a host sync).
-    intercept: False gives MesaNet's form (S_vk(i)/i) (S_kk(i)/i + lam I)^-1 q_i.
-    chunk: tokens whose D x D systems are built and factored at once (Cholesky, one per token).
+    intercept: a bool; False gives MesaNet's form (S_vk(i)/i) (S_kk(i)/i + lam I)^-1 q_i.
+    chunk: tokens whose D x D systems are built and factored at once (Cholesky, one per token), an int >= 1.
     Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, k, v and a tensor lam.
     Cost per token and head: O(D^3 / 3) for the factorisation plus O(D^2) for the moments; autograd
     keeps one D x D factor per token and query head group.
     """
     fn = "affine_mesanet"
     check_tensors(fn, {"q": q}, {"k": k, "v": v})
-    _check_flag(fn, "intercept", intercept)
+    check_flag(fn, "intercept", intercept)
     lam = check_lam(fn, lam, q.shape[2], q.device)
-    chunk = int(check_positive(fn, "chunk", chunk))
+    chunk = check_positive_int(fn, "chunk", chunk)
     if intercept:
         c_k, c_v = _first_token_shift(k, v)
         q, k, v = q - _per_query_head(c_k, q.shape[2]), k - c_k, v - c_v

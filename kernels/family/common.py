@@ -26,7 +26,7 @@ def _shapes(named: dict) -> str:
 
 
 def check_tensors(fn: str, query_like: dict, kv_like: dict) -> None:
-    """Validate 4-D (B, L, H, D) tensors: same dtype/device, shapes, GQA divisibility.
+    """Validate 4-D (B, L, H, D) tensors: same dtype/device, no empty dimension, shapes, GQA divisibility.
 
     query_like: name -> (B, L, Hq, D) tensor (all the same shape; may be empty);
     kv_like: name -> (B, L, Hkv, D) tensor (all the same shape, at least one).
@@ -39,6 +39,9 @@ def check_tensors(fn: str, query_like: dict, kv_like: dict) -> None:
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
             raise ValueError(f"{fn}: {name} must be 4-D (batch, seq, heads, head_dim), has shape {tuple(x.shape)}")
+        if 0 in x.shape:
+            raise ValueError(f"{fn}: {name} has an empty dimension, shape {tuple(x.shape)}; batch, seq, heads and "
+                             "head_dim must be >= 1")
         if x.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{fn}: {name}.dtype={x.dtype}, expected one of {FLOAT_DTYPES}")
         if x.dtype != first.dtype or x.device != first.device:
@@ -63,6 +66,26 @@ def check_positive(fn: str, name: str, value) -> float:
     if not is_finite_number(value) or value <= 0:
         raise ValueError(f"{fn}: {name}={value!r} must be a finite positive number")
     return float(value)
+
+
+def check_positive_int(fn: str, name: str, value) -> int:
+    """An int >= 1 (not a bool, not a float such as 2.5, which would be truncated), returned as int."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 1:
+        raise ValueError(f"{fn}: {name}={value!r} must be an int >= 1")
+    return value
+
+
+def check_flag(fn: str, name: str, value) -> None:
+    """A bool (None or 0 would silently select the False branch)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{fn}: {name}={value!r} must be a bool")
+
+
+def check_q_heads(fn: str, q_heads, kv_heads: int) -> int:
+    """The number of query heads: an int >= 1, a multiple of ``kv_heads``."""
+    if isinstance(q_heads, bool) or not isinstance(q_heads, int) or q_heads < 1 or q_heads % kv_heads:
+        raise ValueError(f"{fn}: q_heads={q_heads!r} must be a positive multiple of the kv heads ({kv_heads})")
+    return q_heads
 
 
 def check_lam(fn: str, lam, q_heads: int, device: torch.device):

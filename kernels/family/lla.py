@@ -27,8 +27,8 @@ import math
 import torch
 
 from kernels.checks import is_finite_number
-from kernels.family.common import (check_choice, check_lam, check_positive, check_tensors, grouped_lam, solve_spd,
-                                    work_dtype)
+from kernels.family.common import (check_choice, check_lam, check_positive_int, check_tensors, grouped_lam,
+                                    solve_spd, work_dtype)
 from kernels.layout import grouped, ungrouped
 
 SOLVERS = ("cholesky", "cg")
@@ -40,10 +40,12 @@ def exact_lla_cost(batch: int, seq_len: int, q_heads: int, head_dim: int, solver
                    cg_steps: int | None = None) -> int:
     """Multiply-adds of one exact LLA forward, the quantity ``max_cost`` bounds.
 
+    solver: "cholesky" or "cg" (ValueError otherwise).
     cholesky: B * Hq * L * (L * D^2 + D^3)   (forming Sigma_KK(i) for every query, then factoring it)
     cg:       B * Hq * L^2 * D * (T + 4)      (T Sigma_i products, plus softmax, kbar, vbar, output)
     Dense upper bounds: causal masking halves the L^2 terms in the arithmetic but not in this count.
     """
+    check_choice("exact_lla_cost", "solver", solver, SOLVERS)
     b, n, h, d = batch, seq_len, q_heads, head_dim
     if solver == "cholesky":
         return b * h * n * (n * d * d + d ** 3)
@@ -122,14 +124,16 @@ def exact_lla(q, k, v, *, lam, scale=None, solver="cholesky", cg_steps=None, max
               block=DEFAULT_BLOCK):
     """Exact causal local-linear attention (SPEC section 1, the parent of Parallax).
 
-    q: (B, L, Hq, D); k, v: (B, L, Hkv, D), Hq % Hkv == 0 (query head h reads kv head h // (Hq // Hkv));
+    q: (B, L, Hq, D); k, v: (B, L, Hkv, D), Hq % Hkv == 0 (query head h reads kv head h // (Hq // Hkv)), no
+    dimension 0;
     fp16/bf16/fp32/fp64 (computed in fp32, fp64 for fp64 inputs).
     lam: ridge lambda > 0, a number or a (Hq,) tensor (e.g. a learned softplus(param) + floor).
     scale: softmax scale of q . k, default 1/sqrt(D); scale = 0 gives uniform weights (Affine MesaNet).
     solver: "cholesky" (direct, per-query D x D matrices) or "cg" (cg_steps CG steps, default D,
     from streaming statistics only; precision-sensitive at small lam, as the paper notes).
-    max_cost: refuse problems above this many multiply-adds (``exact_lla_cost``); None disables.
-    block: query rows per block (bounds the transient memory: block * L per head, plus
+    max_cost: refuse problems above this many multiply-adds (``exact_lla_cost``), a positive number; None
+    disables.
+    block: query rows per block, an int >= 1 (bounds the transient memory: block * L per head, plus
     block * D^2 for cholesky). Autograd keeps O(L^2 + L D^2) per head for cholesky and
     O(T L^2) for cg (every step's masked product).
     Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, k, v and a tensor lam.
@@ -147,7 +151,9 @@ def exact_lla(q, k, v, *, lam, scale=None, solver="cholesky", cg_steps=None, max
         raise ValueError(f"{fn}: cg_steps={cg_steps!r} must be a positive int (the paper uses 1 <= T <= D)")
     if solver == "cholesky" and cg_steps is not None:
         raise ValueError(f"{fn}: cg_steps={cg_steps!r} is only meaningful with solver='cg'")
-    block = int(check_positive(fn, "block", block))
+    block = check_positive_int(fn, "block", block)
+    if max_cost is not None and (not is_finite_number(max_cost) or max_cost <= 0):
+        raise ValueError(f"{fn}: max_cost={max_cost!r} must be None or a positive number (multiply-adds)")
     _cost_guard(q, solver, cg_steps, max_cost)
 
     work, hkv = work_dtype(q.dtype), k.shape[2]

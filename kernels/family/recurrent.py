@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.family.common import FLOAT_DTYPES, check_lam, solve_spd, work_dtype
+from kernels.family.common import FLOAT_DTYPES, check_flag, check_lam, check_q_heads, solve_spd, work_dtype
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,10 @@ class AffineState:
     @classmethod
     def zeros(cls, batch: int, kv_heads: int, head_dim: int, *, dtype=torch.float32, device=None,
               with_kk: bool = False) -> "AffineState":
-        """Empty state; dtype is the accumulation dtype (float32 or float64)."""
+        """Empty state; batch, kv_heads, head_dim: ints >= 1; dtype is the accumulation dtype (float32 or float64)."""
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in (batch, kv_heads, head_dim)):
+            raise ValueError(f"AffineState.zeros: batch={batch!r}, kv_heads={kv_heads!r}, head_dim={head_dim!r} must be "
+                             "ints >= 1")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"AffineState.zeros: dtype={dtype}, expected torch.float32 or torch.float64")
         vec = torch.zeros(batch, kv_heads, head_dim, dtype=dtype, device=device)
@@ -74,6 +77,8 @@ class AffineState:
             if (kv and x.shape[2] != hkv) or (not kv and (x.shape[2] == 0 or x.shape[2] % hkv)):
                 want = f"{hkv}" if kv else f"a multiple of {hkv}"
                 raise ValueError(f"{fn}: {name} has {x.shape[2]} heads, expected {want} (state kv heads {hkv})")
+            if x.device != self.s_k.device:
+                raise ValueError(f"{fn}: {name} is on {x.device}, the state on {self.s_k.device}")
 
     def _moments(self):
         if self.count == 0:
@@ -94,14 +99,17 @@ class AffineState:
         return raw - vbar[:, :, None] * (kbar[:, :, None] * x).sum(-1, keepdim=True)
 
     def value_average(self, q_heads: int) -> torch.Tensor:
-        """vbar for each query head: (B, 1, Hq, D) in the state dtype."""
+        """vbar for each query head: (B, 1, Hq, D) in the state dtype; q_heads a positive multiple of the kv heads."""
+        check_q_heads("AffineState.value_average", q_heads, self.s_k.shape[1])
         _, vbar = self._moments()
         b, hkv, d = vbar.shape
         return vbar[:, :, None].expand(b, hkv, q_heads // hkv, d).reshape(b, 1, q_heads, d)
 
     def affine_la(self, r: torch.Tensor, *, intercept: bool = True) -> torch.Tensor:
-        """Affine Linear Attention readout for probes r (B, 1, Hq, D): (B, 1, Hq, D), state dtype."""
+        """Affine Linear Attention readout for probes r (B, 1, Hq, D): (B, 1, Hq, D), state dtype;
+        intercept a bool."""
         self._check_token("AffineState.affine_la", {"r": r}, kv=False)
+        check_flag("AffineState.affine_la", "intercept", intercept)
         out = -self._sigma_kv_times(self._grouped(r), intercept)
         if intercept:
             out = out + self._moments()[1][:, :, None]
@@ -109,9 +117,10 @@ class AffineState:
 
     def affine_mesanet(self, q: torch.Tensor, *, lam, intercept: bool = True) -> torch.Tensor:
         """Affine MesaNet readout for queries q (B, 1, Hq, D): (B, 1, Hq, D), state dtype.
-        lam: number > 0 or (Hq,) tensor."""
+        lam: number > 0 or (Hq,) tensor; intercept a bool."""
         fn = "AffineState.affine_mesanet"
         self._check_token(fn, {"q": q}, kv=False)
+        check_flag(fn, "intercept", intercept)
         if self.s_kk is None:
             raise ValueError(f"{fn}: the state has no s_kk; build it with with_kk=True")
         lam = check_lam(fn, lam, q.shape[2], q.device)

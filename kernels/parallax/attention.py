@@ -39,14 +39,22 @@ def _check_tensors(q, r, k, v):
         raise _shape_error(q, r, k, v, "batch, seq and head_dim of q and k must match")
     if k.shape[2] == 0 or q.shape[2] % k.shape[2] != 0:
         raise _shape_error(q, r, k, v, f"q heads ({q.shape[2]}) must be a multiple of kv heads ({k.shape[2]})")
+    if q.shape[3] < 1:
+        raise _shape_error(q, r, k, v, f"head_dim must be >= 1, got {q.shape[3]}")
+
+
+MAX_WINDOW = 2 ** 31 - 1  # windows are int32 in the kernels and int64 tensor arithmetic in the references
 
 
 def check_window(window, causal=True, who="parallax_attention"):
-    """Raise unless window is None or an int >= 1 (and, for attention, causal is True)."""
+    """Raise unless window is None or an int in [1, MAX_WINDOW] (and, for attention, causal is True)."""
     if window is None:
         return
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"{who}: window={window!r} must be None or an int >= 1 (keys i - window < j <= i)")
+    if window > MAX_WINDOW:
+        raise ValueError(f"{who}: window={window} must be at most {MAX_WINDOW}; a window of at least the sequence "
+                         "length is full causal attention (window=None)")
     if not causal:
         raise ValueError(f"{who}: window={window} needs causal=True (the band is i - window < j <= i)")
 
@@ -70,8 +78,8 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     """Parallax attention o_i = vbar_i - sum_j p_ij (t_ij - tbar_i) v_j (SPEC section 1).
 
     q, r: (B, L, Hq, D) queries and probes (r is not scaled); k, v: (B, L, Hkv, D),
-    Hq % Hkv == 0 (query head h reads kv head h // (Hq // Hkv)); fp16/bf16/fp32/fp64.
-    scale: logit scale, default 1/sqrt(D). causal: mask keys j > i.
+    Hq % Hkv == 0 (query head h reads kv head h // (Hq // Hkv)), D >= 1; fp16/bf16/fp32/fp64.
+    scale: logit scale (a finite number), default 1/sqrt(D). causal: a bool, mask keys j > i.
     backend: "reference" (chunked PyTorch, CPU/GPU), "triton" (fused, CUDA, causal),
     "auto" (triton for causal CUDA inputs, else reference).
     cu_seqlens: optional (num_docs + 1,) int32 offsets of documents packed along seq
@@ -79,7 +87,7 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     (0 first, non-decreasing, L last; ValueError naming them): eagerly one host sync per tensor
     (remembered until it is written in place), under CUDA-graph capture a device-side assertion
     (no sync); see kernels/parallax/cu_seqlens.py.
-    window: optional sliding window W (int >= 1, causal only; SPEC 1b): query i reads keys
+    window: optional sliding window W (int in [1, 2^31 - 1], causal only; SPEC 1b): query i reads keys
     i - W < j <= i (and, with cu_seqlens, only its own document's); W >= L is full causal attention.
     Both backends skip the key tiles outside the band, so the work is about L * W instead of L^2 / 2.
     hopper_kernels: the triton backend's forward and backward as ``kernels/parallax/hopper.py``'s kernels
@@ -91,6 +99,8 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
         scale = 1.0 / math.sqrt(q.shape[-1])
     elif not is_finite_number(scale):
         raise ValueError(f"parallax_attention: scale={scale!r} must be a finite float")
+    if not isinstance(causal, bool):
+        raise ValueError(f"parallax_attention: causal={causal!r} must be a bool")
     check_window(window, causal)
     if not isinstance(hopper_kernels, bool):
         raise ValueError(f"parallax_attention: hopper_kernels={hopper_kernels!r} must be a bool")

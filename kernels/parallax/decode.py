@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from kernels.checks import is_finite_number
 from kernels.parallax.attention import check_window
 
 _BACKENDS = ("auto", "reference", "triton")
@@ -38,16 +39,16 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
     """Parallax attention for one query token per sequence against a KV cache.
 
     Args:
-        q, r: (batch, 1, Hq, D) query and probe rows, same dtype and device.
-        k_cache, v_cache: (batch, L, Hkv, D) caches, Hq % Hkv == 0 (GQA).
+        q, r: (batch, 1, Hq, D) query and probe rows, same dtype and device; batch, Hq, D >= 1.
+        k_cache, v_cache: (batch, L, Hkv, D) caches, L >= 1, Hq % Hkv == 0 (GQA).
         cache_seqlens: optional int32 (batch,) number of valid cache positions
             per sequence, each in [1, L]; default all L.
-        scale: softmax scale for q . k (r is never scaled); default 1/sqrt(D).
+        scale: softmax scale for q . k (r is never scaled), a finite positive number; default 1/sqrt(D).
         backend: "auto", "reference" or "triton".
-        window: optional sliding window W (int >= 1): each sequence reads only its last W
+        window: optional sliding window W (int in [1, 2^31 - 1]): each sequence reads only its last W
             valid positions, [len - W, len). A rolling cache of W slots
             (``rolling_cache_write``) needs no window argument: all its valid slots qualify.
-        check_seqlens: check that cache_seqlens lies in [1, L] (ValueError otherwise). The
+        check_seqlens: a bool: check that cache_seqlens lies in [1, L] (ValueError otherwise). The
             check reads the values on the host: one sync per call, which waits for the queued
             GPU work (skipped while a CUDA graph is captured). Pass False when the values are
             known good (a model's position counter); the triton kernel clamps them to [0, L]
@@ -62,6 +63,8 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     check_window(window, who="parallax_decode")
+    if not isinstance(check_seqlens, bool):
+        raise ValueError(f"parallax_decode: check_seqlens={check_seqlens!r} must be a bool")
     seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_seqlens)
     scale = _check_scale(scale, q.shape[-1])
     batch, _, hq, dim = q.shape
@@ -83,7 +86,7 @@ class DecodePlan:
     Args:
         batch, hq, hkv, head_dim, cache_len: the geometry of q (batch, 1, hq, head_dim) and of
             the caches (batch, cache_len, hkv, head_dim).
-        dtype: of q and r; cache_dtype: of the caches (default dtype); device.
+        dtype: of q and r; cache_dtype: of the caches (default dtype): floating torch.dtypes; device.
         window, scale, backend: as ``parallax_decode``.
 
     cache_seqlens is trusted: int32 (batch,) with values in [1, cache_len] (wrong values give
@@ -94,11 +97,12 @@ class DecodePlan:
     def __init__(self, batch, hq, hkv, head_dim, cache_len, dtype, device, *, cache_dtype=None, window=None,
                  scale=None, backend="auto"):
         sizes = dict(batch=batch, hq=hq, hkv=hkv, head_dim=head_dim, cache_len=cache_len)
-        if not all(isinstance(x, int) and x >= 1 for x in sizes.values()) or hq % hkv:
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in sizes.values()) or hq % hkv:
             raise ValueError(f"DecodePlan: sizes must be ints >= 1 with hq % hkv == 0, got {sizes}")
         cache_dtype = cache_dtype or dtype
-        if not (dtype.is_floating_point and cache_dtype.is_floating_point):
-            raise TypeError(f"DecodePlan: dtype and cache_dtype must be floating, got {dtype}, {cache_dtype}")
+        if not all(isinstance(x, torch.dtype) and x.is_floating_point for x in (dtype, cache_dtype)):
+            raise TypeError(f"DecodePlan: dtype and cache_dtype must be floating torch.dtypes, got {dtype!r}, "
+                            f"{cache_dtype!r}")
         if backend not in _BACKENDS:
             raise ValueError(f"DecodePlan: backend must be one of {_BACKENDS}, got {backend!r}")
         check_window(window, who="DecodePlan")
@@ -136,17 +140,28 @@ class DecodePlan:
 
     def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, *, out=None):
         """(batch, 1, Hq, D) in the plan's dtype, for tensors of the plan's geometry (ValueError
-        naming the tensor otherwise); ``out``: optional tensor like q to write into."""
-        for name, x, shape, dtype in (("q", q, self._q_shape, self.dtype), ("r", r, self._q_shape, self.dtype),
-                                      ("k_cache", k_cache, self._kv_shape, self.cache_dtype),
-                                      ("v_cache", v_cache, self._kv_shape, self.cache_dtype)):
+        naming the tensor otherwise); ``out``: optional tensor of q's shape, the plan's dtype and
+        device, last dim contiguous, to write into."""
+        tensors = [("q", q, self._q_shape, self.dtype), ("r", r, self._q_shape, self.dtype),
+                   ("k_cache", k_cache, self._kv_shape, self.cache_dtype),
+                   ("v_cache", v_cache, self._kv_shape, self.cache_dtype)]
+        if out is not None:
+            tensors.append(("out", out, self._q_shape, self.dtype))
+        for name, x, shape, dtype in tensors:
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"DecodePlan: {name} must be a torch.Tensor, got {type(x).__name__}")
             if x.shape != shape or x.dtype != dtype or x.device != self.device:
                 raise ValueError(f"DecodePlan: {name} is {x.dtype} {tuple(x.shape)} on {x.device}; the plan "
                                  f"expects {dtype} {shape} on {self.device}")
-        if cache_seqlens is not None and (cache_seqlens.shape != self._q_shape[:1] or cache_seqlens.device != self.device
+        if out is not None and out.stride(-1) != 1:
+            raise ValueError(f"DecodePlan: out must have its last dim contiguous (stride 1), got strides {out.stride()}")
+        if cache_seqlens is not None and (not isinstance(cache_seqlens, torch.Tensor)
+                                          or cache_seqlens.shape != self._q_shape[:1] or cache_seqlens.device != self.device
                                           or cache_seqlens.dtype != torch.int32):
+            got = (f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}"
+                   if isinstance(cache_seqlens, torch.Tensor) else type(cache_seqlens).__name__)
             raise ValueError(f"DecodePlan: cache_seqlens must be int32 of shape {self._q_shape[:1]} on {self.device}, "
-                             f"got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)} on {cache_seqlens.device}")
+                             f"got {got}")
         return self.run(q, r, k_cache, v_cache, cache_seqlens, out)
 
     def run(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
@@ -166,23 +181,38 @@ def _cached_plan(batch, hq, hkv, dim, length, dtype, cache_dtype, device, window
 def rolling_cache_write(k_cache, v_cache, k, v, start):
     """Write new tokens into rolling (ring) KV caches of W = k_cache.shape[1] slots, in place.
 
-    k_cache, v_cache: (batch, W, Hkv, D). k, v: (batch, n, Hkv, D), the tokens at absolute
-    positions start[b] + [0, n), RoPE already applied at those positions. start: int tensor
-    (batch,) on the caches' device. The token at position p goes to slot p % W; of n > W new
-    tokens only the last W are written (the rest would be overwritten). No host sync.
+    k_cache, v_cache: (batch, W, Hkv, D) floating, W >= 1. k, v: (batch, n, Hkv, D), n >= 1, on the
+    caches' device, the tokens at absolute positions start[b] + [0, n), RoPE already applied at those
+    positions. start: int tensor (batch,) on the caches' device, values >= 0 (not checked: no host
+    sync). The token at position p goes to slot p % W; of n > W new tokens only the last W are
+    written (the rest would be overwritten). No host sync. ValueError / TypeError for bad arguments.
     Returns cache_seqlens, int32 (batch,) = min(start + n, W): the valid slots to pass to
     ``parallax_decode(..., cache_seqlens=...)``, which then attends to the last W positions.
     """
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"rolling_cache_write: {name} must be a torch.Tensor, got {type(x).__name__}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dim() != 4 or not x.is_floating_point():
+            raise ValueError(f"rolling_cache_write: {name} must be a 4-D (batch, W, Hkv, D) floating tensor, got "
+                             f"{x.dtype} {tuple(x.shape)}")
+    for name, x in (("v_cache", v_cache), ("k", k), ("v", v)):
+        if x.device != k_cache.device:
+            raise ValueError(f"rolling_cache_write: {name} is on {x.device}, the caches on {k_cache.device}")
     batch, width = k_cache.shape[:2]
     token_shape = (batch, *k_cache.shape[2:])  # (batch, Hkv, D)
     if k_cache.shape != v_cache.shape or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != token_shape:
         raise ValueError(f"rolling_cache_write: k, v must be (batch={batch}, n, Hkv, D) like the caches' "
                          f"{tuple(k_cache.shape)}; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"v_cache {tuple(v_cache.shape)}")
-    if not isinstance(start, torch.Tensor) or start.shape != (batch,) or start.is_floating_point():
+    if (not isinstance(start, torch.Tensor) or start.shape != (batch,) or start.is_floating_point()
+            or start.is_complex() or start.dtype == torch.bool):
         got = f"{start.dtype} tensor of shape {tuple(start.shape)}" if isinstance(start, torch.Tensor) else start
         raise ValueError(f"rolling_cache_write: start must be an int tensor of shape ({batch},), got {got}")
     n = k.shape[1]
+    if n < 1 or width < 1:
+        raise ValueError(f"rolling_cache_write: needs at least one token (k has n={n}) and at least one slot (the "
+                         f"caches have W={width})")
     keep = min(n, width)  # distinct slots: the writes never collide, so the result is deterministic
     pos = start.to(k_cache.device, torch.int64)[:, None] + (n - keep) + torch.arange(keep, device=k_cache.device)
     rows = torch.arange(batch, device=k_cache.device)[:, None].expand(batch, keep)
@@ -264,8 +294,9 @@ def _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_values=True):
         raise ValueError(
             f"k_cache must have shape (batch={batch}, L, Hkv, D={dim}), got {tuple(k_cache.shape)}"
         )
-    if length < 1 or hkv < 1 or hq % hkv != 0:
-        raise ValueError(f"need L >= 1 and Hq % Hkv == 0, got L={length}, Hq={hq}, Hkv={hkv}")
+    if batch < 1 or length < 1 or hq < 1 or hkv < 1 or dim < 1 or hq % hkv != 0:
+        raise ValueError(f"need batch >= 1, L >= 1, Hq >= 1, Hkv >= 1, D >= 1 and Hq % Hkv == 0, got batch={batch}, "
+                         f"L={length}, Hq={hq}, Hkv={hkv}, D={dim}")
     if r.dtype != q.dtype or v_cache.dtype != k_cache.dtype:
         raise TypeError(
             f"r must match q's dtype and v_cache k_cache's: got q {q.dtype}, r {r.dtype}, "
@@ -284,19 +315,20 @@ def _check_seqlens(cache_seqlens, batch, length, device, check_values):
         raise TypeError(f"cache_seqlens must be int32 (or int64), got {cache_seqlens.dtype}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, expected q's device {device}")
-    seqlens = cache_seqlens.to(dtype=torch.int32)
     # The value check needs a host sync (one copy of min and max), which a CUDA graph capture forbids.
-    if check_values and not (seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
-        lo, hi = torch.stack(torch.aminmax(seqlens)).tolist()
+    # It reads the values before the int32 cast, at which int64 lengths of 2^31 or more would wrap.
+    if check_values and not (cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        lo, hi = torch.stack(torch.aminmax(cache_seqlens)).tolist()
         if lo < 1 or hi > length:
             raise ValueError(f"cache_seqlens values must lie in [1, L={length}], got min {lo}, max {hi}")
-    return seqlens.contiguous()
+    return cache_seqlens.to(dtype=torch.int32).contiguous()
 
 
 def _check_scale(scale, dim):
+    """scale as a float: None gives 1/sqrt(dim); else a finite positive real Python number (not a bool,
+    str or tensor; ValueError)."""
     if scale is None:
         return 1.0 / math.sqrt(dim)
-    scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0.0:
-        raise ValueError(f"scale must be a finite positive number, got {scale}")
-    return scale
+    if not is_finite_number(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite positive number, got {scale!r}")
+    return float(scale)
