@@ -152,6 +152,25 @@ def test_bad_records_counted_per_file_and_reason(tmp_path):
     assert manifest["splits"]["train"]["documents"] == 2
 
 
+def test_bad_record_in_a_worker_process_stops_the_run_naming_it(tmp_path, docs):
+    """--num-proc 2 with one bad line: the worker's BadRecordError reaches the parent whole (it did not
+    unpickle, the pool logged a TypeError and the run hung) and stops the run naming file and line."""
+    import pickle
+
+    from parallax_titan.data.records import BadRecordError
+
+    error = pickle.loads(pickle.dumps(BadRecordError("f.jsonl, line 3: invalid JSON", "invalid JSON")))
+    assert (str(error), error.reason) == ("f.jsonl, line 3: invalid JSON", "invalid JSON")
+    path = tmp_path / "docs.jsonl"
+    write_jsonl(path, docs[:20])
+    with open(path, "a") as fh:
+        fh.write("{not json\n")
+    opts = pt.Options(validation_fraction=0.0, docs_per_shard=5)
+    with pytest.raises(ValueError, match=r"docs\.jsonl, line 21: not valid JSON"):
+        pt.pretokenize(pt.SourceSpec("local", str(path)), str(tmp_path / "out"), TINY_TOKENIZER_PATH, opts,
+                       num_proc=2, progress=False)
+
+
 def test_hub_layout_source_one_unit_per_file(tmp_path, docs, tok):
     """A Hugging Face dataset repository's layout (README configs, parquet files) read through
     `datasets`, as a local clone of Ultra-FineWeb would be."""

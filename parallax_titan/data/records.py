@@ -44,6 +44,11 @@ class BadRecordError(ValueError):
         super().__init__(message)
         self.reason = reason
 
+    def __reduce__(self):
+        # pickled whole: a pre-tokenizer worker process hands it to the parent (the default reduce
+        # calls __init__ with the message only, which failed in the pool and hung the run)
+        return type(self), (str(self), self.reason)
+
 
 @dataclass
 class BadRecords:
