@@ -197,20 +197,29 @@ def dcp_owned(name: str) -> bool:
     return name in (METADATA_FILE, MANIFEST_FILE) or name.endswith(".distcp")
 
 
-def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], what: str) -> None:
-    """Refuse to replace ``folder`` unless it does not exist, is empty, or holds only files that
-    ``owned`` accepts (an earlier ``what`` written by the same command), so that an output path
-    mistyped as a run's folder, a checkpoint or a home folder is never deleted.
+def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], what: str,
+                        reuse: str = "which is replaced whole") -> None:
+    """Refuse to replace ``folder`` unless it does not exist (and can be created: the nearest folder
+    above it that exists is a writable folder), is empty, or holds only files that ``owned`` accepts
+    (``what`` written earlier by the same command, ``reuse`` saying what becomes of it), so that an
+    output path mistyped as a run's folder, a checkpoint or a home folder is never deleted.
 
     Raises ValueError naming ``key`` (the option that named the folder), the folder and the entries
     it holds besides ``what``. Cheap: call it before the work whose result goes there."""
+    expected = f"expected a new or empty folder, or {what} written earlier"
     if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ValueError(f"{key}: {folder!r} is a file; expected a new or empty folder, or an earlier {what}")
+        raise ValueError(f"{key}: {folder!r} is a file; {expected}")
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):  # the folder that makedirs would create the rest in
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}: cannot create or write {folder!r} ({existing!r} is not a writable folder); "
+                         f"{expected}")
     foreign = sorted(name for name in (os.listdir(folder) if os.path.isdir(folder) else []) if not owned(name))
     if foreign:
         shown = ", ".join(map(repr, foreign[:5])) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise ValueError(f"{key}: {folder!r} holds {shown}, which are not part of {what}; nothing was written "
-                         f"(expected a new or empty folder, or an earlier {what}, which is replaced whole)")
+                         f"({expected}, {reuse})")
 
 
 def fsync_path(path: str) -> None:

@@ -47,19 +47,20 @@ def write_tokenizer_config(directory: str) -> str:
     return path
 
 
-def check_tokenizer_path(path: str | None) -> str:
-    """Check that ``path`` (the value of ``model.hf_assets_path``) holds a ``tokenizer.json``.
+def check_tokenizer_path(path: str | None, key: str = "model.hf_assets_path") -> str:
+    """Check that ``path`` (the value of ``key``: ``model.hf_assets_path``, or a command's flag)
+    holds a ``tokenizer.json``.
 
     Cheap (no tokenizer is loaded), for validating a config early. Returns the path.
     Raises ValueError naming the key, the value and how to get the tokenizer.
     """
     if not path:
-        raise ValueError(f"model.hf_assets_path is not set (got {path!r}); {_FETCH_HINT}")
+        raise ValueError(f"{key} is not set (got {path!r}); {_FETCH_HINT}")
     if not os.path.isdir(path):
-        raise ValueError(f"model.hf_assets_path = {path!r} is not a directory; {_FETCH_HINT}")
+        raise ValueError(f"{key} = {path!r} is not a directory; {_FETCH_HINT}")
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         raise ValueError(
-            f"model.hf_assets_path = {path!r} has no tokenizer.json "
+            f"{key} = {path!r} has no tokenizer.json "
             f"(found {sorted(os.listdir(path))}); {_FETCH_HINT}"
         )
     return path

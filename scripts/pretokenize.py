@@ -16,8 +16,22 @@ import argparse
 import os
 import sys
 
+from parallax_titan.checkpoint_files import check_output_folder
 from parallax_titan.data.pretokenize import SOURCE_KINDS, Options, SourceSpec, pretokenize
 from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES
+from parallax_titan.data.shards import MANIFEST, PLAN, SPLITS, UNITS_DIR
+from parallax_titan.tokenizer import check_tokenizer_path
+from scripts.bench.results import positive_int
+
+OUTPUT_ENTRIES = (MANIFEST, PLAN, UNITS_DIR, *SPLITS)
+"""What a pre-tokenization folder holds; an ``--out`` holding anything else is refused."""
+
+
+def check_out(out: str) -> None:
+    """ValueError naming ``--out`` unless it is new (and can be created), empty, or an earlier
+    pre-tokenization (which the run resumes, or refuses when asked for other settings)."""
+    check_output_folder(out, "--out", OUTPUT_ENTRIES.__contains__, "a pre-tokenization of scripts.pretokenize",
+                        "which a rerun with the same arguments resumes")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -35,13 +49,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="share of documents, chosen by a hash of their text, in the validation split")
     parser.add_argument("--docs-per-shard", type=int, default=0,
                         help="records per shard for local files (0: one shard per file)")
-    parser.add_argument("--num-proc", type=int, default=max(1, (os.cpu_count() or 1)),
+    parser.add_argument("--num-proc", type=positive_int, default=max(1, (os.cpu_count() or 1)),
                         help="processes, each tokenizing one shard at a time on one core")
     parser.add_argument("--batch-size", type=int, default=1024, help="documents per tokenizer batch")
     parser.add_argument("--bad-data", choices=("error", "skip"), default="error",
                         help="a malformed record: stop naming file and line, or skip it and count it by reason "
                              "(reliability.bad_data)")
-    parser.add_argument("--max-record-bytes", type=int, default=DEFAULT_MAX_RECORD_BYTES,
+    parser.add_argument("--max-record-bytes", type=positive_int, default=DEFAULT_MAX_RECORD_BYTES,
                         help="longest JSONL line read; a longer one is a bad record")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
@@ -51,6 +65,12 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.source != "embedded" and not args.path:
         print(f"error: --path is required with --source {args.source}", file=sys.stderr)
+        return 2
+    try:  # before the source is listed and counted
+        check_tokenizer_path(args.tokenizer, "--tokenizer")
+        check_out(args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     spec = SourceSpec(args.source, args.path, args.name, args.split, args.revision)
     options = Options(args.validation_fraction, args.docs_per_shard, args.batch_size, args.bad_data,

@@ -56,3 +56,65 @@ def test_validation_split_smaller_than_one_round_is_refused_at_build(small):
                                          rf"of seq_len \+ 1 tokens, fewer than one round of 2 data-parallel ranks x "
                                          rf"validation\.local_batch_size {sequences}"):
         build_validation_dataloader(2, 0, None, job(small, batch=sequences))
+
+
+def cli_args(tmp_path, source, *extra):
+    return ["--source", "local", "--path", source.path, "--tokenizer", TINY_TOKENIZER_PATH,
+            "--out", str(tmp_path / "out"), "--no-progress", *extra]
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--num-proc", "0"),  # ran in one process, as if asked for one
+    ("--num-proc", "-2"),
+    ("--max-record-bytes", "0"),  # every record was bad: the run stopped at the first line, or hung in a pool
+    ("--max-record-bytes", "-1"),
+])
+def test_counts_below_one_are_refused_by_name(tmp_path, source, capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        cli(cli_args(tmp_path, source, flag, value))
+    assert exit_info.value.code == 2 and f"argument {flag}: '{value}': expected an int >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layout", ["file", "under_file", "foreign"])
+def test_out_that_is_not_a_pretokenization_is_refused(tmp_path, source, capsys, layout):
+    """--out a file (or below one) was a traceback from makedirs; a folder of other files got
+    manifest.json, plan.json and the split folders written among them, over a manifest.json of its own."""
+    out = tmp_path / "out"
+    if layout == "foreign":
+        out.mkdir()
+        (out / "manifest.json").write_text("the user's file")
+        (out / "notes.txt").write_text("keep")
+    else:
+        out.write_text("a file")
+        out = out / "sub" if layout == "under_file" else out
+    argv = cli_args(tmp_path, source)
+    argv[argv.index("--out") + 1] = str(out)
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and str(out) in err and "Traceback" not in err
+    if layout == "foreign":
+        assert "notes.txt" in err and sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt"]
+        assert (out / "manifest.json").read_text() == "the user's file"
+
+
+def test_out_of_an_earlier_pretokenization_is_accepted(small):
+    from scripts.pretokenize import check_out
+
+    check_out(small)  # its rerun resumes it
+
+
+@pytest.mark.parametrize("layout", ["missing", "file", "no_tokenizer_json"])
+def test_tokenizer_is_named_as_the_flag(tmp_path, source, capsys, layout):
+    """The error named model.hf_assets_path, a config key this command does not have, and exited 1."""
+    path = tmp_path / "tok"
+    if layout == "file":
+        path.write_text("x")
+    elif layout == "no_tokenizer_json":
+        path.mkdir()
+    argv = cli_args(tmp_path, source)
+    argv[argv.index("--tokenizer") + 1] = str(path)
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer = {str(path)!r}" in err and "model.hf_assets_path" not in err
+    assert not (tmp_path / "out").exists()

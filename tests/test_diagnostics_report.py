@@ -99,3 +99,75 @@ def test_gate_is_read_from_the_checkpoint():
     keys = {"layers.0.attention.wr.weight": (64, 64), "layers.0.attention.gate.weight": (4, 64)}
     match_checkpoint(job, keys)
     assert job.parallax.gate == "head" and job.model.name == "parallax"
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """scripts.analyze with checksum checks recorded and model loads that fail the test when reached."""
+    import scripts.analyze as analyze
+
+    calls = []
+    monkeypatch.setattr(analyze, "verify_before_load", lambda *args, **kwargs: calls.append("verify"))
+
+    def load(*args, **kwargs):
+        raise AssertionError("a checkpoint was loaded before the arguments were checked")
+
+    monkeypatch.setattr(analyze, "load_checkpoint_model", load)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["file", "foreign", "under_file"])
+def test_out_that_is_not_a_report_folder_is_refused_before_any_checkpoint(tmp_path, capsys, no_loading, layout):
+    """--out was written after every checkpoint was analysed: a file there failed with a traceback at
+    the very end, and a folder of the user's got report.md (and the rest) written over its files."""
+    out = tmp_path / "out"
+    if layout == "file":
+        out.write_text("a file")
+    elif layout == "foreign":
+        out.mkdir()
+        (out / "report.md").write_text("the user's own report")
+        (out / "notes.txt").write_text("keep")
+    else:
+        out.write_text("a file where a folder would go")
+        out = out / "sub"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", CONFIG, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out)])
+    assert exit_info.value.code == 2 and no_loading == []
+    err = capsys.readouterr().err
+    assert "--out" in err and str(out) in err
+    if layout == "foreign":
+        assert "notes.txt" in err and (out / "report.md").read_text() == "the user's own report"
+
+
+def test_out_of_an_earlier_report_is_accepted(tmp_path, checkpoints):
+    out = tmp_path / "report"
+    args = ["--config", CONFIG, "--checkpoint", checkpoints[0], "--out", str(out), "--seq-len", "16",
+            "--max-queries", "2"]
+    main(args)
+    assert os.path.isfile(main(args))  # rerun into its own output
+
+
+@pytest.mark.parametrize("extra", [["--compare", "B", "--labels", "a", "a"], ["--compare", "A"]])
+def test_labels_of_two_checkpoints_must_differ(tmp_path, capsys, no_loading, extra):
+    """Two runs of one label were one entry of the report: the first run's results were dropped
+    without a word (``--checkpoint X --compare X`` gives the same default label twice)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", CONFIG, "--checkpoint", "A", *extra, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and no_loading == []
+    assert "--labels" in capsys.readouterr().err
+
+
+def test_compare_config_without_compare_is_refused(tmp_path, capsys, no_loading):
+    """It was ignored: the report analysed --checkpoint with --config, not with the config given."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", CONFIG, "--checkpoint", "A", "--compare-config", CONFIG, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and no_loading == []
+    assert "--compare-config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, key", [("--batch-size", "batch_size"), ("--max-queries", "max_queries")])
+def test_bad_settings_are_refused_before_the_checksums_are_read(tmp_path, no_loading, flag, key):
+    """The settings were checked after every checkpoint's files were hashed (minutes for large ones)."""
+    with pytest.raises(ValueError, match=rf"diagnostics.{key}: expected >= 1, got 0"):
+        main(["--config", CONFIG, "--checkpoint", "A", flag, "0", "--out", str(tmp_path / "out")])
+    assert no_loading == []

@@ -164,7 +164,8 @@ def test_runner_from_config_and_tensorboard(tmp_path, tokenizer):
     assert tensorboard_figure_logger(LoggerContainer()) is None
 
 
-@pytest.mark.parametrize("key,value", [("freq", 0), ("seq_len", 10_000), ("spectral_freq", 3), ("cka_tokens", 1)])
+@pytest.mark.parametrize("key,value", [("freq", 0), ("seq_len", 10_000), ("spectral_freq", 3), ("cka_tokens", 1),
+                                       ("corr_ridge", float("inf"))])  # inf: every Corr was the ridge's, not the data's
 def test_bad_config_is_rejected(key, value):
     job = load_config(["--job.config_file", "configs/test_cpu_2rank.toml"], check_data=False)
     job.diagnostics = dataclasses.replace(Diagnostics(enable=True, freq=2), **{key: value})
@@ -176,3 +177,23 @@ def test_missing_dataset_is_rejected(tokenizer):
     job.diagnostics = Diagnostics(enable=True, dataset="nope")
     with pytest.raises(ValueError, match="diagnostics.dataset = 'nope'"):
         DiagnosticsRunner.from_config(job, tokenizer)
+
+
+def test_dataset_path_without_dataset_is_refused():
+    """diagnostics.dataset_path was ignored without a word when diagnostics.dataset was empty: the
+    held-out batch came from the validation data or the embedded corpus instead."""
+    job = load_config(["--job.config_file", "configs/test_cpu_2rank.toml"], check_data=False)
+    job.diagnostics = Diagnostics(enable=True, dataset_path="/data/heldout.jsonl")
+    assert any(p.startswith("diagnostics.dataset_path: '/data/heldout.jsonl' is set but diagnostics.dataset is empty")
+               for p in job.validate(check_data=False))
+
+
+@pytest.mark.parametrize("dataset, path", [("local", "/nonexistent"), ("local", ""),
+                                           ("default_corpus", "/nonexistent.jsonl")])
+def test_unreadable_dataset_path_is_refused_by_the_config_check(tmp_path, dataset, path):
+    """A diagnostics.dataset_path that cannot be read passed the config check and failed when the
+    trainer built the held-out batch, after the model, naming training.dataset_path."""
+    job = load_config(["--job.config_file", "configs/test_cpu_2rank.toml"], check_data=False)
+    job.diagnostics = Diagnostics(enable=True, dataset=dataset, dataset_path=path)
+    problems = [p for p in job.validate(check_data=False) if "dataset_path" in p]
+    assert problems and all(p.startswith("diagnostics.dataset_path") for p in problems), problems

@@ -211,3 +211,20 @@ def test_sliding_window_models_are_not_exported(tmp_path):
     with pytest.raises(ValueError, match="parallax.window = 8 has no Hugging Face form"):
         export_hf(tiny_model("parallax", seed=0, window=8), str(tmp_path))
     assert not (tmp_path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_script_output_under_a_file_is_refused_before_reading(tmp_path, capsys, command):
+    """An --output whose parent is a file passed the folder check and failed with a traceback from
+    makedirs after the whole checkpoint (or Hugging Face folder) had been read."""
+    (tmp_path / "blocker").write_text("a file where a folder would go")
+    script = load_script()
+
+    def read(*args, **kwargs):
+        raise AssertionError("weights were read before --output was checked")
+
+    script.load_model = script.read_hf_config = read
+    source = ["--checkpoint", str(tmp_path / "step-5")] if command == "export" else ["--hf", str(tmp_path / "hf")]
+    assert script.main([command, "--config", CONFIG, *source, "--output", str(tmp_path / "blocker" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--output: cannot create or write" in err and "'" + str(tmp_path / "blocker") + "'" in err

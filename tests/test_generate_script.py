@@ -66,3 +66,30 @@ def test_errors_name_the_argument(checkpoint, capsys):
     assert "--max-length" in capsys.readouterr().err
     shown, _ = run(folder, "--prompt", PROMPT, "--max-new-tokens", "40", "--max-length", "64")
     assert shown.startswith(PROMPT)
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("the checkpoint was read before the arguments were checked")
+
+    monkeypatch.setattr(script, "load_model", load)
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "meta"] + ([] if torch.cuda.is_available() else ["cuda"])
+                         + [f"cuda:{torch.cuda.device_count()}"])
+def test_unusable_device_is_refused_before_the_checkpoint(checkpoint, capsys, no_loading, device):
+    """--device gpu was a traceback from torch.device; --device cuda on a machine without one was a
+    traceback after the checkpoint's files were hashed."""
+    folder, _, _ = checkpoint
+    assert script.main(["--config", CONFIG, "--checkpoint", folder, "--device", device, "--prompt", PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert f"--device: got {device!r}" in err and "Traceback" not in err
+
+
+def test_empty_stop_string_is_refused(checkpoint, capsys, no_loading):
+    """--stop "" (an unset shell variable) was dropped without a word: generation ran to the length limit."""
+    folder, _, _ = checkpoint
+    assert script.main(["--config", CONFIG, "--checkpoint", folder, "--device", "cpu", "--prompt", PROMPT,
+                        "--stop", "\n", "--stop", ""]) == 2
+    assert "--stop: got ''" in capsys.readouterr().err

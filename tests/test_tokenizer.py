@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import filecmp
 import shutil
 from types import SimpleNamespace
 
@@ -148,3 +149,46 @@ def test_qwen3_known_sentence():
     ids = tok.encode(SENTENCE, add_bos=True, add_eos=True)
     assert ids == SENTENCE_IDS + [151_643]
     assert tok.decode(ids) == SENTENCE
+
+
+@pytest.fixture
+def no_download(monkeypatch):
+    import scripts.build_corpus
+    import scripts.get_tokenizer
+
+    def download(*args, **kwargs):
+        raise AssertionError("downloaded before the output folder was checked")
+
+    monkeypatch.setattr(scripts.get_tokenizer, "fetch", download)
+    monkeypatch.setattr(scripts.build_corpus, "fetch_archive", download)
+
+
+@pytest.mark.parametrize("layout", ["file", "under_file", "other_tokenizer"])
+def test_get_tokenizer_out_dir_is_checked_before_downloading(tmp_path, capsys, no_download, layout):
+    """--out-dir a file was a traceback after the 11 MB download; a folder with another tokenizer.json
+    (e.g. --out-dir parallax_titan/assets/tokenizer/tiny) had it replaced by Qwen3's."""
+    from scripts.get_tokenizer import main
+
+    out = tmp_path / "out"
+    if layout == "other_tokenizer":
+        shutil.copytree(TINY_TOKENIZER_PATH, out)
+    else:
+        out.write_text("a file")
+        out = out / "sub" if layout == "under_file" else out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out-dir", str(out)])
+    assert exit_info.value.code == 2
+    assert "--out-dir" in capsys.readouterr().err
+    if layout == "other_tokenizer":
+        assert filecmp.cmp(out / "tokenizer.json", os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), shallow=False)
+
+
+@pytest.mark.parametrize("flag", ["--out-dir", "--download-dir"])
+def test_build_corpus_folders_are_checked_before_downloading(tmp_path, capsys, no_download, flag):
+    """A file where a folder goes was a traceback (after the downloads, for --out-dir)."""
+    from scripts.build_corpus import main
+
+    (tmp_path / "file").write_text("a file")
+    with pytest.raises(SystemExit) as exit_info:
+        main([flag, str(tmp_path / "file"), *([] if flag == "--out-dir" else ["--out-dir", str(tmp_path / "o")])])
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err

@@ -4,6 +4,7 @@ Defined without ``from __future__ import annotations`` so tyro sees real types;
 :class:`parallax_titan.config.JobConfig` holds it as ``diagnostics``.
 """
 
+import math
 from dataclasses import dataclass
 
 from parallax_titan.config.schema import value_problems
@@ -68,11 +69,16 @@ class Diagnostics:
             ("batch_size", self.batch_size >= 1, ">= 1"),
             ("seq_len", self.seq_len >= 0, ">= 0"),
             ("max_queries", self.max_queries >= 1, ">= 1"),
-            ("corr_ridge", self.corr_ridge >= 0, ">= 0"),
+            ("corr_ridge", math.isfinite(self.corr_ridge) and self.corr_ridge >= 0, "a finite number >= 0"),
             ("spectral_freq", self.spectral_freq >= 0 and self.spectral_freq % max(1, self.freq) == 0,
              f"0 or a multiple of diagnostics.freq = {self.freq}"),
             ("top_k", self.top_k >= 1, ">= 1"),
             ("cka_tokens", self.cka_tokens >= 2, ">= 2"),
         ]
-        return [f"diagnostics.{key}: expected {expected}, got {getattr(self, key)!r}"
-                for key, ok, expected in checks if not ok]
+        problems = [f"diagnostics.{key}: expected {expected}, got {getattr(self, key)!r}"
+                    for key, ok, expected in checks if not ok]
+        if self.dataset_path and not self.dataset:  # resolve_dataset would read another dataset
+            problems.append(f"diagnostics.dataset_path: {self.dataset_path!r} is set but diagnostics.dataset is "
+                            "empty, so the held-out batch would come from the validation data or the embedded "
+                            "corpus; set diagnostics.dataset to the path's dataset (e.g. 'local')")
+        return problems

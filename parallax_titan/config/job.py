@@ -167,7 +167,15 @@ class JobConfig(titan.JobConfig):
         if problems and not self.diagnostics.dataset:
             problems = [f"{problems[0]} (taken from validation.dataset; set diagnostics.dataset to a text "
                         "dataset such as 'default_corpus_validation')"]
-        return problems
+        if problems or not self.diagnostics.dataset:
+            return problems  # [validation] data is checked as validation's
+        from parallax_titan.data import check_dataset_config
+
+        # the trainer reads the held-out batch after the model is built: check its file(s) now
+        diagnostics, skip_bad = self.diagnostics, self.reliability.bad_data == "skip"
+        return [p if p.startswith("diagnostics.") else f"diagnostics.dataset_path = {diagnostics.dataset_path!r}: {p}"
+                for p in _problems_of(lambda: check_dataset_config(
+                    diagnostics, "diagnostics", skip_bad, None, self.training.max_record_bytes))]
 
     def _batch_problems(self) -> list[str]:
         """TorchTitan needs the global batch to be a multiple of local batch x data-parallel degree

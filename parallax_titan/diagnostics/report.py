@@ -119,13 +119,24 @@ FIGURES = {
 }
 
 
+SPECTRAL_FIGURES = ("stable_rank_depth.png", "erank_depth.png", "spectra.png", "cka.png")
+REPORT_FILES = ("report.md", "results.json", *FIGURES, *SPECTRAL_FIGURES)
+"""Every file :func:`write_report` writes: an ``--out`` holding others is not a report folder."""
+
+
+def report_owned(name: str) -> bool:
+    """Whether ``name`` is a file :func:`write_report` writes (for ``check_output_folder``)."""
+    return name in REPORT_FILES
+
+
 def save_figures(runs: dict, out_dir: str) -> list[str]:
     """Write every report figure into ``out_dir``; returns their file names."""
     figures = {name: plots.depth_panels(runs, metrics, title) for name, (title, metrics) in FIGURES.items()}
-    figures["stable_rank_depth.png"] = plots.spectral_depth_figure(runs, "stable_rank")
-    figures["erank_depth.png"] = plots.spectral_depth_figure(runs, "erank")
-    figures["spectra.png"] = plots.spectra_figure(runs)
-    figures["cka.png"] = plots.cka_figure(runs)
+    rank, erank, spectra, cka = SPECTRAL_FIGURES
+    figures[rank] = plots.spectral_depth_figure(runs, "stable_rank")
+    figures[erank] = plots.spectral_depth_figure(runs, "erank")
+    figures[spectra] = plots.spectra_figure(runs)
+    figures[cka] = plots.cka_figure(runs)
     for name, figure in figures.items():
         figure.savefig(os.path.join(out_dir, name), dpi=110)
     return list(figures)
