@@ -29,7 +29,7 @@ from eval.checkpoint import DTYPES
 from eval.model import ParallaxLM, positive_int
 from eval.table import markdown_table
 from eval.tasks import data_file, parse_tasks, task_specs
-from parallax_titan.checkpoint_files import CheckpointError, verify_before_load
+from parallax_titan.checkpoint_files import CheckpointError, unwritable_folder, verify_before_load
 
 SUITES = ("paper",)
 DEFAULT_BOOTSTRAP_ITERS = 100000  # lm-eval's default
@@ -104,12 +104,9 @@ def check_outputs(output: str, names: list[str]) -> None:
     the characters a file name replaces, would write one JSON file, the last overwriting the others."""
     if os.path.exists(output) and not os.path.isdir(output):
         raise ValueError(f"output: {output!r} is a file; expected a folder for results.md and the lm-eval JSON files")
-    existing = os.path.abspath(output)
-    while not os.path.exists(existing):  # the folder that makedirs would create the rest in
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"output: cannot create or write {output!r} ({existing!r} is not a writable folder); "
-                         "expected a writable folder")
+    unwritable = unwritable_folder(output)
+    if unwritable:
+        raise ValueError(f"output: {unwritable}; expected a writable folder")
     files: dict[str, list[str]] = {}
     for name in names:
         files.setdefault(json_name(name), []).append(name)

@@ -197,6 +197,17 @@ def dcp_owned(name: str) -> bool:
     return name in (METADATA_FILE, MANIFEST_FILE) or name.endswith(".distcp")
 
 
+def unwritable_folder(folder: str) -> str | None:
+    """Why ``folder`` cannot be written or created (the nearest folder above it that exists is not a
+    writable folder), as a message naming both, or None when it can."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):  # the folder that makedirs would create the rest in
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot create or write {folder!r} ({existing!r} is not a writable folder)"
+    return None
+
+
 def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], what: str,
                         reuse: str = "which is replaced whole") -> None:
     """Refuse to replace ``folder`` unless it does not exist (and can be created: the nearest folder
@@ -209,12 +220,9 @@ def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], wha
     expected = f"expected a new or empty folder, or {what} written earlier"
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{key}: {folder!r} is a file; {expected}")
-    existing = os.path.abspath(folder)
-    while not os.path.exists(existing):  # the folder that makedirs would create the rest in
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{key}: cannot create or write {folder!r} ({existing!r} is not a writable folder); "
-                         f"{expected}")
+    unwritable = unwritable_folder(folder)
+    if unwritable:
+        raise ValueError(f"{key}: {unwritable}; {expected}")
     foreign = sorted(name for name in (os.listdir(folder) if os.path.isdir(folder) else []) if not owned(name))
     if foreign:
         shown = ", ".join(map(repr, foreign[:5])) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
