@@ -38,15 +38,24 @@ def summarize(run_dir: str, skip: int) -> dict:
 
 def markdown(rows: list[dict], baseline: str) -> str:
     """One table row per run (rows of ``summarize``): tokens/s per GPU and its ratio to the run named
-    ``baseline``, MFU, peak memory, first and last loss."""
+    ``baseline``, MFU, peak memory, first and last loss; with GPU telemetry in any row (its ``gpu``,
+    ``gpu_telemetry.summarize``) the median SM clock and power and the share of samples at the power cap."""
     base = next(r for r in rows if r["run"] == baseline)["tokens_per_s"]
+    telemetry = any(r.get("gpu") for r in rows)
 
     def cells(r):
         steps = sorted(r["loss"])
-        return (r["run"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / base:.3f}", f"{r['mfu_pct']:.1f}",
-                f"{r['peak_mem_gib']:.1f}", f"{r['loss'][steps[0]]:.4f}", f"{r['loss'][steps[-1]]:.4f}")
+        row = [r["run"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / base:.3f}", f"{r['mfu_pct']:.1f}",
+               f"{r['peak_mem_gib']:.1f}", f"{r['loss'][steps[0]]:.4f}", f"{r['loss'][steps[-1]]:.4f}"]
+        if telemetry:
+            gpu = r.get("gpu")
+            row += ([f"{gpu['sm_mhz']:.0f}", f"{gpu['power_w']:.0f} / {gpu['limit_w']:.0f}",
+                     f"{100 * gpu['power_capped']:.0f}"] if gpu else ["", "", ""])
+        return row
 
     columns = ["run", "tokens/s/GPU", f"vs {baseline}", "MFU %", "peak mem GiB", "first loss", "last loss"]
+    if telemetry:
+        columns += ["SM MHz", "power / limit W", "at power cap %"]
     return "\n".join(table(columns, map(cells, rows))) + "\n"
 
 

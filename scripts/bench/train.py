@@ -21,6 +21,12 @@ the same command, which resumes from it; the losses of the two step by step (``r
 
     python -m scripts.bench.train parallax --resume 8 --steps 16
 
+Probes (``--probe``): the runs under ``scripts.bench.step_probe`` (a step profiled with GPU activity
+only, a GPU sleep before each forward, a host delay per attention call)::
+
+    python -m scripts.bench.train transformer parallax --recipe adamw_wsd \\
+        --probe "--cuda-profile-step 15 --trace-dir traces"
+
 Run from the repository root. Every run is ``torchrun train.py`` on
 ``configs/paper/<flavor>/<variant>_<recipe>.toml`` (or one ``--config`` for every variant, with the
 variant and flavor set on the command line) on the embedded corpus; with the paper configs it
@@ -28,7 +34,8 @@ needs the Qwen3 tokenizer in assets/ (no network) and uses the config's compile 
 ``titan_qwen3`` is TorchTitan's own trainer and Qwen3 (``torchrun -m scripts.bench.titan_reference``)
 on the Transformer's config. Throughput and MFU are means over the logged steps after the first
 half. Results go to OUT (``--out``, else $OUT, else outputs/bench_train): ``<run>/metrics.jsonl``,
-``<run>.log``, ``summary.md``/``summary.json``, and with ``--scaling`` ``scaling.md``/``scaling.json``
+``<run>.log``, ``<run>.gpu.csv`` (SM clock and power samples, ``gpu_telemetry``; median clock, power and
+the power-capped share of each run are columns of the summary), ``summary.md``/``summary.json``, and with ``--scaling`` ``scaling.md``/``scaling.json``
 (``--resume``: ``resume.md``/``resume.json``). The parts: ``train_launch`` (the torchrun commands),
 ``train_scaling`` and ``train_resume`` (the two checks).
 """
@@ -37,21 +44,24 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
+from scripts.bench.gpu_telemetry import summarize_file
 from scripts.bench.results import command_line, describe, write_results
 from scripts.bench.summarize_runs import markdown, summarize
-from scripts.bench.train_launch import REPO, bench_run
+from scripts.bench.train_launch import REFERENCE, REPO, bench_run
 from scripts.bench.train_resume import resume_check
 from scripts.bench.train_scaling import scaling
 
 
 def _glue_extra(argv: list[str]) -> list[str]:
-    """``--extra VALUE`` as ``--extra=VALUE``: argparse takes a VALUE like "--compile.no-enable" for an option."""
+    """``--extra VALUE`` as ``--extra=VALUE`` (and ``--probe``'s): argparse takes a VALUE like
+    "--compile.no-enable" for an option."""
     glued, i = [], 0
     while i < len(argv):
-        if argv[i] == "--extra" and i + 1 < len(argv):
-            glued.append(f"--extra={argv[i + 1]}")
+        if argv[i] in ("--extra", "--probe") and i + 1 < len(argv):
+            glued.append(f"{argv[i]}={argv[i + 1]}")
             i += 2
         else:
             glued.append(argv[i])
@@ -79,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="scaling check of the first variant: 1 GPU with gradient accumulation N vs N GPUs")
     parser.add_argument("--resume", type=int, default=0, metavar="K",
                         help="resume check of the first variant: straight vs stopped at step K and rerun")
+    parser.add_argument("--probe", default="", metavar="PROBES",
+                        help="run train.py under scripts.bench.step_probe with these options, one string "
+                        "(e.g. \"--cuda-profile-step 15 --trace-dir traces\"); not for titan_qwen3")
     return parser
 
 
@@ -96,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--scaling {args.scaling}: expected a number of GPUs >= 2")
         if len(args.variants) > 1 or args.ngpu != 1:
             parser.error("--scaling measures one variant on 1 and N GPUs; give one variant and no --ngpu")
+    if args.probe:
+        if REFERENCE in args.variants:
+            parser.error(f"--probe runs our train.py; {REFERENCE} is TorchTitan's trainer")
+        from scripts.bench.step_probe import parse_args as parse_probes
+
+        parse_probes([*shlex.split(args.probe), "--"])  # a bad probe stops here, naming it
     if args.resume and not (0 < args.resume < args.steps and len(args.variants) == 1 and not args.scaling):
         parser.error(f"--resume {args.resume}: expected one variant, no --scaling and 0 < K < --steps ({args.steps})")
     return args
@@ -105,7 +124,7 @@ def throughput(args: argparse.Namespace) -> int:
     """Run every variant on ``--ngpu`` GPUs and write OUT/summary.{md,json}; the exit status."""
     folders = [bench_run(args, v, args.name_prefix + v, args.ngpu) for v in args.variants]
     skip = args.steps // 2
-    rows = [summarize(f, skip) for f in folders if f]
+    rows = [{**summarize(f, skip), "gpu": summarize_file(f + ".gpu.csv")} for f in folders if f]
     if rows:
         measured = (f"tokens/s per GPU, MFU and peak memory of {', '.join(args.variants)} ({args.flavor}, "
                     f"{args.config or args.recipe}), {args.steps} steps on {args.ngpu} GPU(s) each, means over the "

@@ -12,11 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scripts.bench.gpu_telemetry import Sampler
+
 REPO = str(Path(__file__).resolve().parents[2])
 TIMEOUT_EXIT = 124  # the exit status `timeout` reports
 # TorchTitan's own trainer and Qwen3 on the Transformer's config (scripts.bench.titan_reference)
 REFERENCE = "titan_qwen3"
 REFERENCE_MODULE = "scripts.bench.titan_reference"
+PROBE_MODULE = "scripts.bench.step_probe"  # train.py under the probes of ``--probe``
 
 
 def config_args(args: argparse.Namespace, variant: str) -> list[str]:
@@ -30,7 +33,12 @@ def config_args(args: argparse.Namespace, variant: str) -> list[str]:
 def train_command(args: argparse.Namespace, variant: str, name: str, nproc: int, *overrides: str) -> list[str]:
     """``torchrun train.py`` (or ``torchrun -m`` the TorchTitan reference) for one benchmark run, to be
     run from the repository root; ``overrides`` come before ``--extra``."""
-    entry = ["-m", REFERENCE_MODULE] if variant == REFERENCE else ["train.py"]
+    if variant == REFERENCE:
+        entry = ["-m", REFERENCE_MODULE]
+    elif args.probe:
+        entry = ["-m", PROBE_MODULE, *shlex.split(args.probe), "--"]
+    else:
+        entry = ["train.py"]
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
         "--local-ranks-filter=0",
@@ -80,13 +88,15 @@ def run_logged(cmd: list[str], log_path: str, timeout: int, env: dict | None = N
 
 def bench_run(args: argparse.Namespace, variant: str, name: str, nproc: int, *overrides: str,
               env: dict | None = None, fresh: bool = True) -> str | None:
-    """One run into ``OUT/name`` (emptied first unless not ``fresh``: a rerun that resumes); its
-    folder, or None when it logged no step."""
+    """One run into ``OUT/name`` (emptied first unless not ``fresh``: a rerun that resumes), its GPUs'
+    clocks and power sampled into ``OUT/name.gpu.csv`` (``gpu_telemetry``; a rerun's into ``name.rerun.gpu.csv``); its folder, or None when
+    it logged no step."""
     folder = os.path.join(args.out, name)
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
     log_path = folder + (".log" if fresh else ".rerun.log")
-    status = run_logged(train_command(args, variant, name, nproc, *overrides), log_path, args.run_timeout, env)
+    with Sampler(folder + (".gpu.csv" if fresh else ".rerun.gpu.csv"), env):
+        status = run_logged(train_command(args, variant, name, nproc, *overrides), log_path, args.run_timeout, env)
     with open(log_path) as f:
         steps = sum("step:" in line for line in f)
     print(f"{name}: exit {status}, {steps} logged steps", flush=True)
