@@ -108,7 +108,7 @@ def test_probe_runs_train_py_under_step_probe():
 
 @pytest.mark.parametrize("probe, message", [
     ("--cuda-profile-step 0 --trace-dir t", "'0': expected an int >= 1"),
-    ("--cuda-profile-step 15", "--cuda-profile-step and --trace-dir go together"),
+    ("--trace-dir t", "--trace-dir without --cuda-profile-step: no step is profiled"),
     ("--gpu-sleep-ms -1", "'-1': expected a finite number >= 0"),
     ("--host-delay-us nan", "'nan': expected a finite number >= 0"),
     ("--host-delay-us", "expected one argument"),

@@ -4,8 +4,9 @@
 
 - ``--cuda-profile-step N``: step N under the PyTorch profiler recording GPU activity only (no CPU
   ops, so the host runs at nearly its unprofiled speed), the trace written to
-  ``--trace-dir``/rank<R>_step<N>.json (``scripts.bench.trace_summary`` reads it: the GPU's idle
-  time is then what an unprofiled step loses to the host); the step's host wall time is logged.
+  ``<job.dump_folder>/gpu_profile/rank<R>_step<N>.json`` (``--trace-dir`` instead of that folder;
+  ``scripts.bench.trace_summary`` reads it: the GPU's idle time is then what an unprofiled step
+  loses to the host); the step's host wall time is logged.
 - ``--gpu-sleep-ms X``: the GPU spins about X ms (``torch.cuda._sleep``, calibrated once) before
   every forward, timed by CUDA events and logged. The step lengthens by X unless the GPU was
   waiting on the host or held below its clock by its power limit: both let the sleep be absorbed.
@@ -50,13 +51,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="scripts.bench.step_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--cuda-profile-step", type=positive_int, help="step profiled (GPU activity only)")
-    parser.add_argument("--trace-dir", help="folder of the profile's trace (with --cuda-profile-step)")
+    parser.add_argument("--trace-dir", help="folder of the profile's trace (default: the run's dump folder's gpu_profile)")
     parser.add_argument("--gpu-sleep-ms", type=_non_negative_float, default=0.0, help="GPU spin before each forward")
     parser.add_argument("--host-delay-us", type=_non_negative_float, default=0.0,
                         help="host spin before each attention call")
     args = parser.parse_args(argv[:split])
-    if (args.cuda_profile_step is None) != (args.trace_dir is None):
-        parser.error("--cuda-profile-step and --trace-dir go together")
+    if args.trace_dir is not None and args.cuda_profile_step is None:
+        parser.error("--trace-dir without --cuda-profile-step: no step is profiled")
     return args, argv[split + 1:]
 
 
@@ -112,12 +113,12 @@ def sleep_before_forward(trainer_cls, ms: float) -> None:
     trainer_cls.forward_backward_step = forward_backward_step
 
 
-def profile_step(trainer_cls, step: int, trace_dir: str) -> None:
-    """Step ``step`` under the profiler with GPU activity only; trace to ``trace_dir``."""
+def profile_step(trainer_cls, step: int, trace_dir: str | None) -> None:
+    """Step ``step`` under the profiler with GPU activity only; trace to ``trace_dir`` (None: the
+    run's ``<job.dump_folder>/gpu_profile``)."""
     from torch.profiler import ProfilerActivity, profile
 
     original = trainer_cls.train_step
-    os.makedirs(trace_dir, exist_ok=True)
 
     def train_step(self, data_iterator):
         if self.step != step:
@@ -128,8 +129,9 @@ def profile_step(trainer_cls, step: int, trace_dir: str) -> None:
             original(self, data_iterator)
             torch.cuda.synchronize()
             wall_ms = (time.perf_counter() - start) * 1e3
-        rank = int(os.environ.get("RANK", "0"))
-        path = os.path.join(trace_dir, f"rank{rank}_step{step}.json")
+        folder = trace_dir or os.path.join(self.job_config.job.dump_folder, "gpu_profile")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"rank{int(os.environ.get('RANK', '0'))}_step{step}.json")
         prof.export_chrome_trace(path)
         print(f"[step_probe] step {step}: GPU-only profile, host wall {wall_ms:.1f} ms, trace {path}", file=sys.stderr)
 
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.gpu_sleep_ms:
         sleep_before_forward(ParallaxTrainer, args.gpu_sleep_ms)
     if args.cuda_profile_step:
-        profile_step(ParallaxTrainer, args.cuda_profile_step, os.path.abspath(args.trace_dir))
+        profile_step(ParallaxTrainer, args.cuda_profile_step, args.trace_dir and os.path.abspath(args.trace_dir))
     import train
 
     train.cli(train_args)

@@ -25,7 +25,7 @@ Probes (``--probe``): the runs under ``scripts.bench.step_probe`` (a step profil
 only, a GPU sleep before each forward, a host delay per attention call)::
 
     python -m scripts.bench.train transformer parallax --recipe adamw_wsd \\
-        --probe "--cuda-profile-step 15 --trace-dir traces"
+        --probe "--cuda-profile-step 15"     # traces in OUT/<run>/gpu_profile
 
 Run from the repository root. Every run is ``torchrun train.py`` on
 ``configs/paper/<flavor>/<variant>_<recipe>.toml`` (or one ``--config`` for every variant, with the
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="resume check of the first variant: straight vs stopped at step K and rerun")
     parser.add_argument("--probe", default="", metavar="PROBES",
                         help="run train.py under scripts.bench.step_probe with these options, one string "
-                        "(e.g. \"--cuda-profile-step 15 --trace-dir traces\"); not for titan_qwen3")
+                        "(e.g. \"--cuda-profile-step 15\"); not for titan_qwen3")
     return parser
 
 
