@@ -70,7 +70,9 @@ def diagnostics_settings(job_config, args) -> Diagnostics:
     """The config's ``[diagnostics]`` with the command line's overrides, validated with the job."""
     overrides = {k: v for k, v in (("batch_size", args.batch_size), ("seq_len", args.seq_len),
                                    ("max_queries", args.max_queries)) if v is not None}
-    job_config.diagnostics = dataclasses.replace(job_config.diagnostics, enable=True, **overrides)
+    # one pass over a checkpoint, not a periodic one in training: the config's periods do not apply
+    job_config.diagnostics = dataclasses.replace(job_config.diagnostics, enable=True, freq=1, spectral_freq=0,
+                                                 **overrides)
     problems = job_config.validate(check_data=False)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))

@@ -79,6 +79,13 @@ CASES = [
     (["--reliability.stop_at_step", "201"],
      "reliability.stop_at_step: expected at most training.steps = 200 (the run ends there, so the stop would never "
      "come), got 201"),
+    # periodic passes past the last step were switched on and never ran
+    (["--diagnostics.freq", "300"],
+     "diagnostics.freq: expected at most training.steps = 200 (the pass runs after every freq-th step, so it "
+     "would never run), got 300"),
+    (["--diagnostics.spectral_freq", "400"], "diagnostics.spectral_freq: expected at most training.steps = 200"),
+    (["--eval.every_n_steps", "250", "--eval.data_dir", "/tmp"],
+     "eval.every_n_steps: expected at most training.steps = 200 (the pass runs after every every_n_steps-th step"),
 ]
 
 
@@ -98,6 +105,9 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--diagnostics.dataset", "default_corpus"],
     ["--reliability.stop_at_step", "5"],
     ["--reliability.stop_at_step", "200"],  # the last step: stops there with its checkpoint, as the run would end
+    ["--diagnostics.freq", "200"],  # runs once, after the last step
+    ["--diagnostics.no-enable", "--diagnostics.freq", "1000"],  # off: its period is not used
+    ["--diagnostics.no-spectral", "--diagnostics.spectral_freq", "400"],
 ])
 def test_sound_values_next_to_the_refused_ones_pass(overrides):
     load_config(["--job.config_file", DEMO, *overrides], check_data=False)

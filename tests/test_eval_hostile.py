@@ -213,7 +213,7 @@ def test_downstream_data_dir_is_checked_when_training_starts(tmp_path):
     from tests._train_runs import REPO
 
     config = load_job(["--job.config_file", os.path.join(REPO, "configs", "test_cpu_2rank.toml"),
-                       "--eval.every_n_steps", "10", "--eval.tasks", "boolq", "--eval.data_dir", str(tmp_path)],
+                       "--eval.every_n_steps", "3", "--eval.tasks", "boolq", "--eval.data_dir", str(tmp_path)],
                       check_data=False)
     with pytest.raises(ValueError, match="data_dir: .* no file for task 'boolq'"):
         DownstreamEvaluator(config)

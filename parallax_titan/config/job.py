@@ -147,6 +147,7 @@ class JobConfig(titan.JobConfig):
         if _int_above(self.reliability.stop_at_step, self.training.steps):
             problems.append(f"reliability.stop_at_step: expected at most training.steps = {self.training.steps} (the "
                             f"run ends there, so the stop would never come), got {self.reliability.stop_at_step!r}")
+        problems += self._never_running_periods()
         # the model's RoPE table holds training.seq_len positions: a longer row fails at its first forward
         if _int_above(self.diagnostics.seq_len, self.training.seq_len):
             problems.append(f"diagnostics.seq_len: expected at most training.seq_len = {self.training.seq_len}, "
@@ -155,6 +156,16 @@ class JobConfig(titan.JobConfig):
             problems.append(f"validation.seq_len: expected at most training.seq_len = {self.training.seq_len} (the "
                             f"model's RoPE table), got {self.validation.seq_len!r}")
         return problems + self._diagnostics_dataset_problems()
+
+    def _never_running_periods(self) -> list[str]:
+        """Periodic passes switched on with a period past the last step: they would never run."""
+        diagnostics, steps = self.diagnostics, self.training.steps
+        periods = (("diagnostics.freq", diagnostics.freq, diagnostics.enable),
+                   ("diagnostics.spectral_freq", diagnostics.spectral_freq, diagnostics.enable and diagnostics.spectral),
+                   ("eval.every_n_steps", self.eval.every_n_steps, True))
+        return [f"{key}: expected at most training.steps = {steps} (the pass runs after every {key.split('.')[1]}-th "
+                f"step, so it would never run), got {period!r}"
+                for key, period, on in periods if on and _int_above(period, steps)]
 
     def _diagnostics_dataset_problems(self) -> list[str]:
         """The held-out batch's dataset must be a text dataset: the trainer reads it only after the
