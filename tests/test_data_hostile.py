@@ -31,11 +31,19 @@ def test_bad_pretokenize_options_are_refused_before_any_work(tmp_path, source, f
     assert not out.exists()  # no plan.json that a corrected rerun would be refused against
 
 
-def test_bad_pretokenize_option_on_the_command_line(tmp_path, source, capsys):
+@pytest.mark.parametrize("flag, value, message", [
+    ("--docs-per-shard", "-1", "--docs-per-shard: expected an integer >= 0 (0: one shard per file), got -1"),
+    ("--batch-size", "0", "--batch-size: expected a positive integer, got 0"),
+    ("--validation-fraction", "nan", "--validation-fraction: expected a number in [0, 1), got nan"),
+    ("--validation-fraction", "1", "--validation-fraction: expected a number in [0, 1), got 1.0"),
+])
+def test_bad_pretokenize_option_on_the_command_line(tmp_path, source, capsys, flag, value, message):
+    """A usage error exits 2 (it exited 1, the status of a bad record met during the work) before
+    --out is created."""
     argv = ["--source", "local", "--path", source.path, "--tokenizer", TINY_TOKENIZER_PATH,
-            "--out", str(tmp_path / "out"), "--docs-per-shard", "-1", "--no-progress"]
-    assert cli(argv) == 1
-    assert "--docs-per-shard: expected an integer >= 0 (0: one shard per file), got -1" in capsys.readouterr().err
+            "--out", str(tmp_path / "out"), flag, value, "--no-progress"]
+    assert cli(argv) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

@@ -243,7 +243,7 @@ def dataset_manifest(plan: dict, units: list[dict]) -> dict:
             "splits": splits, "bad_records": bad}
 
 
-def _check_options(options: Options) -> None:
+def check_options(options: Options) -> None:
     """ValueError naming the flag of the first out-of-range option, before anything is written:
     a negative ``docs_per_shard`` planned no unit (a manifest of 0 tokens), a ``batch_size`` < 1
     never filled a batch (a whole unit in one tokenizer call)."""
@@ -267,7 +267,7 @@ def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Optio
 
     if spec.kind not in SOURCE_KINDS:
         raise ValueError(f"--source: {spec.kind!r}; expected one of {SOURCE_KINDS}")
-    _check_options(options)
+    check_options(options)
     tokenizer = load_tokenizer_json(tokenizer_path)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     if eos_id is None:
