@@ -120,6 +120,35 @@ def test_bad_probes_are_refused_before_any_run(probe, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_profiled_step_past_the_last_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["parallax", "--steps", "20", "--probe", "--cuda-profile-step 21"])
+    assert "--cuda-profile-step 21 is past the last step (--steps 20): no step would be profiled" in capsys.readouterr().err
+    parse_args(["parallax", "--steps", "20", "--probe", "--cuda-profile-step 20"])
+
+
+def test_step_probe_refuses_a_profiled_step_past_training_steps():
+    """Run directly (not through bench.train), the check comes when training starts."""
+    from types import SimpleNamespace
+
+    from scripts.bench import step_probe
+
+    class Trainer:
+        job_config = SimpleNamespace(training=SimpleNamespace(steps=10))
+
+        def train(self):
+            return "trained"
+
+        def train_step(self, data_iterator):
+            return None
+
+    step_probe.profile_step(Trainer, 10, "/tmp/unused")
+    assert Trainer().train() == "trained"
+    step_probe.profile_step(Trainer, 11, "/tmp/unused")
+    with pytest.raises(SystemExit, match="--cuda-profile-step 11 is past training.steps = 10"):
+        Trainer().train()
+
+
 def test_probe_is_refused_for_torchtitans_trainer(capsys):
     with pytest.raises(SystemExit):
         parse_args(["titan_qwen3", "transformer", "--probe", "--host-delay-us 5"])

@@ -118,7 +118,13 @@ def profile_step(trainer_cls, step: int, trace_dir: str | None) -> None:
     run's ``<job.dump_folder>/gpu_profile``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    original = trainer_cls.train_step
+    original, original_train = trainer_cls.train_step, trainer_cls.train
+
+    def train(self):
+        if self.job_config.training.steps < step:
+            raise SystemExit(f"scripts.bench.step_probe: --cuda-profile-step {step} is past training.steps = "
+                             f"{self.job_config.training.steps}: no step would be profiled")
+        return original_train(self)
 
     def train_step(self, data_iterator):
         if self.step != step:
@@ -135,7 +141,7 @@ def profile_step(trainer_cls, step: int, trace_dir: str | None) -> None:
         prof.export_chrome_trace(path)
         print(f"[step_probe] step {step}: GPU-only profile, host wall {wall_ms:.1f} ms, trace {path}", file=sys.stderr)
 
-    trainer_cls.train_step = train_step
+    trainer_cls.train, trainer_cls.train_step = train, train_step
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -114,7 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--probe runs our train.py; {REFERENCE} is TorchTitan's trainer")
         from scripts.bench.step_probe import parse_args as parse_probes
 
-        parse_probes([*shlex.split(args.probe), "--"])  # a bad probe stops here, naming it
+        probes, _ = parse_probes([*shlex.split(args.probe), "--"])  # a bad probe stops here, naming it
+        if probes.cuda_profile_step and probes.cuda_profile_step > args.steps:
+            parser.error(f"--probe: --cuda-profile-step {probes.cuda_profile_step} is past the last step "
+                         f"(--steps {args.steps}): no step would be profiled")
     if args.resume and not (0 < args.resume < args.steps and len(args.variants) == 1 and not args.scaling):
         parser.error(f"--resume {args.resume}: expected one variant, no --scaling and 0 < K < --steps ({args.steps})")
     return args
