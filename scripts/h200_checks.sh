@@ -27,6 +27,9 @@
 #   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of TorchTitan's MFU reference)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
+#   power         transformer and parallax, AdamW + WSD, with their SM clocks and power (gpu_telemetry), then
+#                 under each step probe: a GPU sleep before each forward, a host delay per attention call,
+#                 step 15 profiled with GPU activity only (trace summaries kept, traces dropped)
 #   guard-ab      transformer, AdamW + WSD, with and without the non-finite guard (its host sync per step)
 #   reference     TorchTitan's own trainer and Qwen3 (scripts.bench.titan_reference) beside our transformer,
 #                 AdamW + WSD: TorchTitan's MFU and ours in one invocation
@@ -67,6 +70,19 @@ profile() {  # variant ngpu seconds: profile step 20, keep the trace summaries, 
       --out "$dir/summary_rank$rank"
   done
   rm -rf "$dir/$1/traces"
+}
+
+power() {  # seconds: AdamW Transformer and Parallax with their clocks and power, then under each step probe
+  local b="python3 -m scripts.bench.train --recipe adamw_wsd --steps 20 --run-timeout $(( $1 / 7 ))" v
+  $b transformer parallax --out "$work/power/plain"
+  $b parallax transformer --probe "--gpu-sleep-ms 20" --out "$work/power/gpu_sleep"
+  $b parallax --probe "--host-delay-us 150" --out "$work/power/host_delay"
+  $b transformer parallax --probe "--cuda-profile-step 15" --out "$work/power/gpu_profile"
+  for v in transformer parallax; do
+    python3 -m scripts.bench.trace_summary "$work/power/gpu_profile/$v/gpu_profile/rank0_step15.json" \
+      --out "$work/power/gpu_profile_$v"
+    rm -rf "$work/power/gpu_profile/$v/gpu_profile"
+  done
 }
 
 run_check() {  # name: runs one check with the time left, logs to $work/<name>.log
@@ -137,6 +153,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
                          --extra "--parallelism.fsdp_reshard_after_forward never" --out "$work/scaling_noreshard" ;;
     profile-transformer) profile transformer 1 "$t" ;;
     profile-parallax) profile parallax 1 "$t" ;;
+    power) power "$t" ;;
     profile-2gpu) profile parallax 2 "$t" ;;
   esac > "$work/$name.log" 2>&1
   echo "$name: exit $?, $(( budget - $(left) )) s into the call" | tee -a "$work/status.txt"
@@ -149,7 +166,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" gpu-tests kernel-tests projection probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
+known=" gpu-tests kernel-tests projection probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 power guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

@@ -56,3 +56,14 @@ def test_a_call_killed_mid_check_still_returns_the_checks_already_done(tmp_path)
     with tarfile.open(tarball) as tar:
         names = set(tar.getnames())
     assert {"./attention.log", "./status.txt"} <= names and "./optimizers.log" not in names
+
+
+def test_every_check_is_documented_in_the_header():
+    """The usage comment at the top lists every check the script accepts."""
+    import re
+
+    text = (ROOT / "scripts/h200_checks.sh").read_text()
+    known = re.search(r'^known=" (.*) "$', text, re.M).group(1).split()
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    undocumented = [c for c in known if not re.search(rf"^#   (\S+ / )?{re.escape(c)}\s", header, re.M)]
+    assert len(known) > 20 and undocumented == []
