@@ -106,14 +106,9 @@ def evaluate_final_checkpoint(config: JobConfig, step: int) -> None:
         torch.distributed.barrier()
 
 
-def cli(argv: list[str]) -> None:
-    """``main``, its known failures printed as one line and turned into the exit codes above."""
+if __name__ == "__main__":
     try:
-        main(argv)
+        main(sys.argv[1:])
     except tuple(error for error, _ in EXIT_CODES) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(next(code for error, code in EXIT_CODES if isinstance(exc, error)))
-
-
-if __name__ == "__main__":
-    cli(sys.argv[1:])

@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import runpy
 import sys
 import time
+from pathlib import Path
 
 from parallax_titan.launch_env import set_defaults  # imports no torch
 
@@ -32,6 +34,8 @@ set_defaults()  # as train.py does, before torch
 import torch  # noqa: E402
 
 from scripts.bench.results import positive_int  # noqa: E402
+
+TRAIN_SCRIPT = str(Path(__file__).resolve().parents[2] / "train.py")
 
 
 def _non_negative_float(text: str) -> float:
@@ -145,7 +149,7 @@ def profile_step(trainer_cls, step: int, trace_dir: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Install the probes, then run train.py (its ``cli``, exit codes included) on the arguments after ``--``."""
+    """Install the probes, then run train.py on the arguments after ``--``."""
     args, train_args = parse_args(sys.argv[1:] if argv is None else argv)
     if (args.cuda_profile_step or args.gpu_sleep_ms) and not torch.cuda.is_available():
         raise SystemExit("scripts.bench.step_probe: --cuda-profile-step and --gpu-sleep-ms need a CUDA GPU")
@@ -158,9 +162,9 @@ def main(argv: list[str] | None = None) -> None:
         sleep_before_forward(ParallaxTrainer, args.gpu_sleep_ms)
     if args.cuda_profile_step:
         profile_step(ParallaxTrainer, args.cuda_profile_step, args.trace_dir and os.path.abspath(args.trace_dir))
-    import train
-
-    train.cli(train_args)
+    # run as its own script (nothing imports the entry point): its exit codes come with it
+    sys.argv = [TRAIN_SCRIPT, *train_args]
+    runpy.run_path(TRAIN_SCRIPT, run_name="__main__")
 
 
 if __name__ == "__main__":
