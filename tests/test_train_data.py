@@ -93,9 +93,11 @@ def test_documented_second_path_pretokenize_the_embedded_corpus_and_train_from_s
     assert cli.returncode == 0, cli.stderr[-3000:]
     train(tmp_path / "run", "--training.dataset", "pretokenized", "--training.dataset_path", str(shards),
           "--validation.dataset", "pretokenized", "--validation.dataset_path", str(shards),
-          "--diagnostics.dataset", "default_corpus_validation", "--training.steps", "2", "--validation.freq", "2",
+          "--diagnostics.dataset", "default_corpus_validation", "--diagnostics.freq", "2", "--training.steps", "2",
+          "--validation.freq", "2",
           "--validation.steps", "1", "--metrics.log_freq", "1", config="configs/demo_cpu.toml")
     rows = metric_rows(tmp_path / "run")
     assert sorted(losses(tmp_path / "run")) == [1, 2]
     assert any("validation_metrics/loss" in r for r in rows)
     assert any(r.get("data/embedded_tiny/fraction") == 1.0 for r in rows)
+    assert any(any(k.startswith("diag/") for k in r) for r in rows)  # the held-out batch from the text corpus
