@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from parallax_titan.config import ConfigError, load_config
 from parallax_titan.spec import register_all
@@ -86,7 +87,70 @@ CASES = [
     (["--diagnostics.spectral_freq", "400"], "diagnostics.spectral_freq: expected at most training.steps = 200"),
     (["--eval.every_n_steps", "250", "--eval.data_dir", "/tmp"],
      "eval.every_n_steps: expected at most training.steps = 200 (the pass runs after every every_n_steps-th step"),
+    # TorchTitan keys accepted and then ignored, or failing only once the trainer ran (a raw traceback)
+    (["--training.gc_freq", "0"], "training.gc_freq: expected a positive integer, got 0"),
+    (["--lr_scheduler.total_steps", "100"],
+     "lr_scheduler.total_steps: expected unset or at least training.steps = 200"),
+    (["--parallelism.expert_parallel_degree", "2"],
+     "parallelism.expert_parallel_degree: expected 1 (Parallax-Titan's models have no experts), got 2"),
+    (["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "every2"],
+     "activation_checkpoint.selective_ac_option: expected 'op' or a positive integer (checkpoint every N-th block), "
+     "got 'every2'"),
+    (["--activation_checkpoint.mode", "memory_budget"],
+     "activation_checkpoint.mode: 'memory_budget' needs compile.enable = true with 'model' in compile.components"),
+    (["--activation_checkpoint.mode", "full", "--activation_checkpoint.determinism_check", "off"],
+     "activation_checkpoint.determinism_check: expected one of 'default', 'none', got 'off'"),
+    (["--compile.enable", "--compile.components", "modle"],
+     "compile.components: expected entries from 'model', 'loss', got ['modle']"),
+    (["--compile.enable", "--compile.backend", "indcutor"],
+     "compile.backend: 'indcutor' is not a torch.compile backend"),
+    (["--checkpoint.exclude_from_loading", "optimiser"],
+     "checkpoint.exclude_from_loading: expected entries from 'model', 'optimizer', 'lr_scheduler', 'dataloader', "
+     "'train_state', got ['optimiser']"),
+    (["--checkpoint.load_step", "-5"], "checkpoint.load_step: expected -1 (the newest step) or a step >= 0, got -5"),
+    (["--checkpoint.no-enable", "--checkpoint.create_seed_checkpoint"],
+     "checkpoint.create_seed_checkpoint: true writes nothing with checkpoint.enable = false"),
+    (["--checkpoint.no-enable", "--checkpoint.initial_load_path", "/tmp"],
+     "checkpoint.initial_load_path: set to '/tmp', but checkpoint.enable = false loads nothing"),
+    (["--checkpoint.initial_load_in_hf", "--checkpoint.no-initial_load_model_only"],
+     "checkpoint.initial_load_in_hf: true needs checkpoint.initial_load_model_only = true"),
+    (["--eval.at_end", "--checkpoint.load_only"],
+     "eval.at_end: true scores the final checkpoint, which checkpoint.load_only = true never writes"),
+    (["--validation.dataloader.num_workers", "4"], "validation.dataloader.num_workers: expected 0"),
+    (["--comm.train_timeout_seconds", "0"], "comm.train_timeout_seconds: expected a positive integer, got 0"),
+    (["--comm.mode", "local_tensor"],
+     "comm.mode: expected 'default' (train.py trains with real collectives; TorchTitan's dry-run modes"),
+    (["--profiling.enable_profiling", "--profiling.profile_freq", "2"],
+     "profiling.profile_freq: expected at least profiling.profiler_warmup + profiling.profiler_active = 3 + 1, got 2"),
+    (["--memory_estimation.enable"], "memory_estimation.enable: true is never read by train.py"),
+    (["--fault_tolerance.enable"], "fault_tolerance.enable: true is never read by Parallax-Titan's trainer"),
+    (["--debug.moe_force_load_balance"], "debug.moe_force_load_balance: true applies to MoE layers"),
+    (["--model.converters", "quantize.grouped_mm.float8"],
+     "model.converters: 'quantize.grouped_mm.float8' converts MoE expert layers"),
+    (["--job.custom_config_module", "no_such_module"],
+     "job.custom_config_module: 'no_such_module' is not supported"),
 ]
+
+
+# what a machine without CUDA lacks: refused when training loads the config, not by tools that only
+# build the model (evaluation, export, the launcher), which may run elsewhere
+MACHINE_CASES = [
+    (["--profiling.enable_profiling"], "profiling.enable_profiling: true needs a CUDA device"),
+    (["--profiling.enable_memory_snapshot"], "profiling.enable_memory_snapshot: true needs a CUDA device"),
+    (["--model.converters", "quantize.linear.mx"],
+     "model.converters: 'quantize.linear.mx' needs an sm100+ GPU (MXFP8); this machine has no CUDA"),
+    (["--activation_checkpoint.mode", "memory_budget", "--compile.enable"],
+     "activation_checkpoint.mode: 'memory_budget' needs torch.compile, which train.py switches off"),
+]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the checks of a machine without CUDA")
+@pytest.mark.parametrize("overrides,message", MACHINE_CASES, ids=[" ".join(o) for o, _ in MACHINE_CASES])
+def test_what_this_machine_lacks_is_refused_when_training_loads_the_config(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(["--job.config_file", DEMO, *overrides])
+    assert message in str(info.value)
+    load_config(["--job.config_file", DEMO, *overrides], check_data=False)
 
 
 @pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(o) for o, _ in CASES])
@@ -108,6 +172,13 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--diagnostics.freq", "200"],  # runs once, after the last step
     ["--diagnostics.no-enable", "--diagnostics.freq", "1000"],  # off: its period is not used
     ["--diagnostics.no-spectral", "--diagnostics.spectral_freq", "400"],
+    ["--lr_scheduler.total_steps", "400"],  # a schedule longer than the run: it stops part-way
+    ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"],
+    ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"],
+    ["--activation_checkpoint.selective_ac_option", "every2"],  # mode "none": not used
+    ["--compile.enable", "--compile.components", "loss"],
+    ["--checkpoint.exclude_from_loading", "dataloader,lr_scheduler"],
+    ["--checkpoint.load_only"],
 ])
 def test_sound_values_next_to_the_refused_ones_pass(overrides):
     load_config(["--job.config_file", DEMO, *overrides], check_data=False)

@@ -20,10 +20,13 @@ from parallax_titan.config.optim import LRScheduler, Optimizer
 from parallax_titan.config.schema import toml_problems
 from parallax_titan.config.sections import (
     Checkpoint, Eval, Metrics, Model, Parallax, Parallelism, Reliability, Training, Validation, _problems_of,
-    mixer_problems,
+    finite_at_least, mixer_problems, positive_int,
 )
 
 FLOAT8 = "quantize.linear.float8"
+MX = "quantize.linear.mx"
+COMPILE_COMPONENTS = ("model", "loss")  # what TorchTitan's compile.components is tested for
+AC_DETERMINISM_CHECKS = ("default", "none")  # torch.utils.checkpoint's determinism_check values
 
 
 class ConfigError(ValueError):
@@ -50,14 +53,17 @@ class JobConfig(titan.JobConfig):
     def validate(self, check_data: bool = True) -> list[str]:
         """Every problem of the config: each section's, then those that involve two sections.
 
-        ``check_data``: also check that the training (and validation) data can be read; tools that
-        only build the model (evaluation, export) leave it off."""
+        ``check_data``: also the checks of the training machine: the training (and validation) data
+        can be read, and the devices that profiling, MXFP8 and the memory-budget checkpointing need
+        are here. Tools that only build the model (evaluation, export, the launcher) leave it off:
+        they may run where the training does not."""
         sections = (self.model, self.parallax, self.training, self.validation, self.metrics, self.checkpoint,
                     self.parallelism, self.optimizer, self.lr_scheduler, self.reliability, self.eval,
                     self.diagnostics)
         problems = [p for section in sections for p in section.validate()]
+        problems += self._titan_problems()
         problems += self._model_problems(model_ok=not self.model.validate()) + self._job_problems()
-        return problems + (self._data_problems() if check_data else [])
+        return problems + (self._data_problems() + self._machine_problems() if check_data else [])
 
     def _model_problems(self, model_ok: bool) -> list[str]:
         """Head counts and switches of the model this config builds (needs a valid [model])."""
@@ -77,7 +83,126 @@ class JobConfig(titan.JobConfig):
         if self.parallax.init_from_transformer and args.mixer != "parallax":
             problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
                             f"but model.name {name!r} is not Parallax")
-        return problems + self._float8_problems() + self._hf_save_problems(args.mixer)
+        return problems + self._float8_problems() + self._converter_problems() + self._hf_save_problems(args.mixer)
+
+    def _converter_problems(self) -> list[str]:
+        """Model converters besides float8 linear: MoE converters find nothing to convert."""
+        return [f"model.converters: {name!r} converts MoE expert layers (grouped GEMMs); Parallax-Titan's models "
+                "have none (it would convert nothing)" for name in self.model.converters if ".grouped_mm." in name]
+
+    def _machine_problems(self) -> list[str]:
+        """What this machine lacks for the run: TorchTitan finds these only when the trainer builds
+        the converters, parallelises the model or starts profiling (after the build)."""
+        import torch
+
+        cuda, problems = torch.cuda.is_available(), []
+        if MX in self.model.converters:
+            capability = torch.cuda.get_device_capability() if cuda else None
+            if capability is None or capability < (10, 0):
+                here = f"sm{capability[0]}{capability[1]}" if capability else "no CUDA"
+                problems.append(f"model.converters: {MX!r} needs an sm100+ GPU (MXFP8); this machine has {here}")
+        if self.activation_checkpoint.mode == "memory_budget" and not cuda:
+            problems.append("activation_checkpoint.mode: 'memory_budget' needs torch.compile, which train.py switches "
+                            "off on a machine without CUDA")
+        problems += [f"profiling.{key}: true needs a CUDA device (TorchTitan's {what} fails on a machine without "
+                     "CUDA when training starts)" for key, what, on in
+                     (("enable_profiling", "profiler", self.profiling.enable_profiling),
+                      ("enable_memory_snapshot", "memory snapshot", self.profiling.enable_memory_snapshot))
+                     if on and not cuda]
+        return problems
+
+    def _titan_problems(self) -> list[str]:
+        """TorchTitan sections our classes do not subclass: values TorchTitan accepts and then ignores
+        in our trainer, or asserts on only when the model is parallelised or training starts."""
+        return (self._activation_checkpoint_problems() + self._compile_problems() + self._comm_problems()
+                + self._profiling_problems() + self._unsupported_switches())
+
+    def _activation_checkpoint_problems(self) -> list[str]:
+        ac, problems = self.activation_checkpoint, []
+        option = ac.selective_ac_option
+        if ac.mode == "selective" and not (option == "op" or (isinstance(option, str) and option.isdigit()
+                                                              and int(option) >= 1)):
+            # TorchTitan raises in apply_ac (after the build); "0" would checkpoint every block
+            problems.append(f"activation_checkpoint.selective_ac_option: expected 'op' or a positive integer "
+                            f"(checkpoint every N-th block), got {option!r}")
+        if ac.mode == "memory_budget":
+            if not (self.compile.enable and "model" in self.compile.components):
+                problems.append("activation_checkpoint.mode: 'memory_budget' needs compile.enable = true with 'model' "
+                                "in compile.components (TorchTitan asserts it when the model is parallelised)")
+            if not (finite_at_least(ac.memory_budget, 0) and ac.memory_budget <= 1):
+                problems.append(f"activation_checkpoint.memory_budget: expected a float in [0, 1], got "
+                                f"{ac.memory_budget!r}")
+        if ac.mode in ("full", "selective") and ac.determinism_check not in AC_DETERMINISM_CHECKS:
+            # torch.utils.checkpoint raises at the first forward
+            problems.append(f"activation_checkpoint.determinism_check: expected one of "
+                            f"{', '.join(map(repr, AC_DETERMINISM_CHECKS))}, got {ac.determinism_check!r}")
+        return problems
+
+    def _compile_problems(self) -> list[str]:
+        compile_, problems = self.compile, []
+        if not compile_.enable:
+            return []
+        unknown = [c for c in compile_.components if c not in COMPILE_COMPONENTS]
+        if unknown:  # TorchTitan tests membership of 'model' and 'loss' only: anything else compiles nothing
+            problems.append(f"compile.components: expected entries from {', '.join(map(repr, COMPILE_COMPONENTS))}, "
+                            f"got {unknown!r}")
+        import torch._dynamo
+
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if compile_.backend not in backends:  # torch.compile raises when the model is parallelised
+            problems.append(f"compile.backend: {compile_.backend!r} is not a torch.compile backend; expected one of "
+                            f"{', '.join(map(repr, backends))}")
+        return problems
+
+    def _comm_problems(self) -> list[str]:
+        comm, problems = self.comm, []
+        for key in ("init_timeout_seconds", "train_timeout_seconds"):
+            if not positive_int(getattr(comm, key)):
+                problems.append(f"comm.{key}: expected a positive integer, got {getattr(comm, key)!r}")
+        if not (isinstance(comm.trace_buf_size, int) and comm.trace_buf_size >= 0):
+            problems.append(f"comm.trace_buf_size: expected an integer >= 0 (0 = no flight recorder), got "
+                            f"{comm.trace_buf_size!r}")
+        if comm.mode != "default":
+            problems.append(f"comm.mode: expected 'default' (train.py trains with real collectives; TorchTitan's "
+                            f"dry-run modes would train on fake ones), got {comm.mode!r}")
+        return problems
+
+    def _profiling_problems(self) -> list[str]:
+        profiling, problems = self.profiling, []
+        if not (profiling.enable_profiling or profiling.enable_memory_snapshot):
+            return []
+        freq, warmup, active = profiling.profile_freq, profiling.profiler_warmup, profiling.profiler_active
+        if profiling.enable_profiling:
+            if not positive_int(active):
+                problems.append(f"profiling.profiler_active: expected a positive integer, got {active!r}")
+            if not (isinstance(warmup, int) and warmup >= 0):
+                problems.append(f"profiling.profiler_warmup: expected an integer >= 0, got {warmup!r}")
+            elif positive_int(active) and not (isinstance(freq, int) and freq >= warmup + active):
+                # TorchTitan asserts it when training starts
+                problems.append(f"profiling.profile_freq: expected at least profiling.profiler_warmup + "
+                                f"profiling.profiler_active = {warmup} + {active}, got {freq!r}")
+        if profiling.enable_memory_snapshot and not positive_int(freq):
+            problems.append(f"profiling.profile_freq: expected a positive integer (the memory snapshot period), "
+                            f"got {freq!r}")
+        return problems
+
+    def _unsupported_switches(self) -> list[str]:
+        """Switches TorchTitan's own entry points or MoE models read, and our trainer never does."""
+        problems = []
+        if self.memory_estimation.enable:
+            problems.append("memory_estimation.enable: true is never read by train.py (TorchTitan's separate "
+                            "estimation script reads it); expected false")
+        if self.fault_tolerance.enable:
+            problems.append("fault_tolerance.enable: true is never read by Parallax-Titan's trainer (TorchTitan "
+                            "0.2.2's Trainer builds no TorchFT manager), so the run would not be fault tolerant; "
+                            "expected false")
+        if self.debug.moe_force_load_balance:
+            problems.append("debug.moe_force_load_balance: true applies to MoE layers; Parallax-Titan's models have "
+                            "none (it would be ignored); expected false")
+        if self.experimental.custom_args_module:
+            problems.append(f"experimental.custom_args_module: {self.experimental.custom_args_module!r} is not "
+                            "supported (Parallax-Titan's JobConfig is fixed); expected empty")
+        return problems
 
     def _hf_save_problems(self, mixer: str) -> list[str]:
         """TorchTitan's Hugging Face last save holds model weights only, and needs their HF names."""
@@ -137,8 +262,12 @@ class JobConfig(titan.JobConfig):
     def _job_problems(self) -> list[str]:
         """The final evaluation, the validation and diagnostics windows, the global batch and WDA."""
         problems = self._batch_problems() + self.lr_scheduler.anneal_problems(self.training.steps, self.optimizer)
+        problems += self._total_steps_problems()
         if self.eval.at_end and not self.checkpoint.enable:
             problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
+        elif self.eval.at_end and self.checkpoint.load_only:
+            problems.append("eval.at_end: true scores the final checkpoint, which checkpoint.load_only = true never "
+                            "writes (the suite would fail after training); turn one off")
         if _int_above(self.reliability.stop_at_step, 0) and not self.checkpoint.enable:
             problems.append(f"reliability.stop_at_step: {self.reliability.stop_at_step} saves a checkpoint to resume "
                             "from, which needs checkpoint.enable = true (without it the run would stop and lose "
@@ -156,6 +285,18 @@ class JobConfig(titan.JobConfig):
             problems.append(f"validation.seq_len: expected at most training.seq_len = {self.training.seq_len} (the "
                             f"model's RoPE table), got {self.validation.seq_len!r}")
         return problems + self._diagnostics_dataset_problems()
+
+    def _total_steps_problems(self) -> list[str]:
+        """TorchTitan's schedule ends at ``lr_scheduler.total_steps``: past it a decay's factor keeps
+        falling (a linear decay's lr goes negative) or, without a decay stage, its lambda asserts."""
+        total, steps = self.lr_scheduler.total_steps, self.training.steps
+        if total is None or not positive_int(steps):
+            return []
+        if not (positive_int(total) and total >= steps):
+            return [f"lr_scheduler.total_steps: expected unset or at least training.steps = {steps} (past total_steps "
+                    f"TorchTitan's schedule drives the lr below min_lr_factor, negative for a linear decay, or fails "
+                    f"without a decay stage), got {total!r}"]
+        return []
 
     def _never_running_periods(self) -> list[str]:
         """Periodic passes switched on with a period past the last step: they would never run."""
@@ -247,6 +388,16 @@ def config_file_from_argv(argv: list[str]) -> str | None:
     return None
 
 
+def custom_config_module(argv: list[str], data: dict) -> str | None:
+    """``job.custom_config_module`` as TorchTitan's ConfigManager finds it: the command line, then the TOML."""
+    for i, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if key in ("--job.custom_config_module", "--job.custom-config-module"):
+            return value if sep else (argv[i + 1] if i + 1 < len(argv) else None)
+    job = data.get("job", {})
+    return job.get("custom_config_module") if isinstance(job, dict) else None
+
+
 def read_toml(path: str) -> dict:
     """The TOML file at ``path`` as a dict, its keys and value types checked; ConfigError otherwise."""
     try:
@@ -271,8 +422,11 @@ def load_config(argv: list[str], check_data: bool = True) -> JobConfig:
     built. ``check_data=False`` skips the data-source checks (for tools that only build the model).
     """
     path = config_file_from_argv(argv)
-    if path is not None:
-        read_toml(path)
+    data = read_toml(path) if path is not None else {}
+    module = custom_config_module(argv, data)
+    if module:  # TorchTitan's parser would import it and merge its sections into ours, unchecked
+        raise ConfigError(f"invalid config:\n  job.custom_config_module: {module!r} is not supported (Parallax-Titan's "
+                          "JobConfig is fixed and checked key by key); expected empty")
     config = ConfigManager(JobConfig).parse_args(argv)
     problems = config.validate(check_data)
     if problems:

@@ -190,6 +190,20 @@ def _exact_lla_cost_problems(job, args) -> list[str]:
     return problems
 
 
+def loader_problems(loader, section: str) -> list[str]:
+    """``[<section>.dataloader]`` of a text dataset: at most one worker, a prefetch factor only with it."""
+    problems = []
+    if loader.num_workers not in (0, 1):
+        # every worker would replay the whole stream: our datasets are split by rank, not by worker
+        problems.append(f"{section}.dataloader.num_workers: expected 0 (load in the training process) or 1 "
+                        f"(one background process), got {loader.num_workers!r}")
+    if loader.prefetch_factor is not None and (loader.num_workers == 0 or loader.prefetch_factor < 1):
+        problems.append(f"{section}.dataloader.prefetch_factor: expected unset with num_workers = 0, or a "
+                        f"positive integer with num_workers = 1; got {loader.prefetch_factor!r} with "
+                        f"num_workers = {loader.num_workers!r}")
+    return problems
+
+
 @dataclass
 class DataSource:
     """One ``[[training.sources]]`` entry: a pre-tokenized dataset and its share of the mixture."""
@@ -241,21 +255,13 @@ class Training(titan.Training):
 
     def validate(self) -> list[str]:
         problems = value_problems(self, "training")
-        for key in ("steps", "seq_len", "local_batch_size", "max_record_bytes"):
+        # gc_freq: TorchTitan asserts it only when the trainer starts (a raw AssertionError)
+        for key in ("steps", "seq_len", "local_batch_size", "max_record_bytes", "gc_freq"):
             if not positive_int(getattr(self, key)):
                 problems.append(f"training.{key}: expected a positive integer, got {getattr(self, key)!r}")
         if not finite_at_least(self.max_norm, 0) or self.max_norm == 0:
             problems.append(f"training.max_norm: expected a finite number > 0, got {self.max_norm!r}")
-        loader = self.dataloader
-        if loader.num_workers not in (0, 1):
-            # every worker would replay the whole stream: our datasets are split by rank, not by worker
-            problems.append(f"training.dataloader.num_workers: expected 0 (load in the training process) or 1 "
-                            f"(one background process), got {loader.num_workers!r}")
-        if loader.prefetch_factor is not None and (loader.num_workers == 0 or loader.prefetch_factor < 1):
-            problems.append(f"training.dataloader.prefetch_factor: expected unset with num_workers = 0, or a "
-                            f"positive integer with num_workers = 1; got {loader.prefetch_factor!r} with "
-                            f"num_workers = {loader.num_workers!r}")
-        return problems + self._source_problems()
+        return problems + loader_problems(self.dataloader, "training") + self._source_problems()
 
     def _source_problems(self) -> list[str]:
         """Each ``[[training.sources]]`` entry: a path, and a weight > 0 or a token budget > 0 (one kind for all)."""
@@ -324,7 +330,40 @@ class Checkpoint(titan.Checkpoint):
         if self.enable and self.verify and str(self.async_mode).lower() != "disabled":
             problems.append(f"checkpoint.async_mode: {self.async_mode!r} saves in the background, where no manifest "
                             "is written; use 'disabled' or set checkpoint.verify = false")
+        return problems + self._load_problems()
+
+    def _load_problems(self) -> list[str]:
+        """What the run loads: TorchTitan fails on these only when training starts (after the build),
+        or, with ``enable = false``, ignores them without a word."""
+        problems = []
+        unknown = [k for k in self.exclude_from_loading if k not in CHECKPOINT_STATES]
+        if unknown:
+            # TorchTitan raises a ValueError at the load, which our loader reports as a damaged file
+            problems.append(f"checkpoint.exclude_from_loading: expected entries from "
+                            f"{', '.join(map(repr, CHECKPOINT_STATES))}, got {unknown!r}")
+        if isinstance(self.load_step, int) and self.load_step < -1:
+            problems.append(f"checkpoint.load_step: expected -1 (the newest step) or a step >= 0, got "
+                            f"{self.load_step!r}")
+        if self.initial_load_in_hf and not self.initial_load_model_only:
+            problems.append("checkpoint.initial_load_in_hf: true needs checkpoint.initial_load_model_only = true (a "
+                            "Hugging Face checkpoint holds model weights only; TorchTitan asserts it at the load)")
+        if self.initial_load_in_hf_quantized and not self.initial_load_in_hf:
+            problems.append("checkpoint.initial_load_in_hf_quantized: true needs checkpoint.initial_load_in_hf = true")
+        if self.create_seed_checkpoint and self.load_only:
+            problems.append("checkpoint.create_seed_checkpoint: true writes nothing with checkpoint.load_only = true")
+        if not self.enable:
+            ignored = [("load_step", self.load_step != -1), ("initial_load_path", bool(self.initial_load_path)),
+                       ("exclude_from_loading", bool(self.exclude_from_loading))]
+            problems += [f"checkpoint.{key}: set to {getattr(self, key)!r}, but checkpoint.enable = false loads "
+                         "nothing (it would be ignored); set checkpoint.enable = true" for key, on in ignored if on]
+            if self.create_seed_checkpoint:
+                problems.append("checkpoint.create_seed_checkpoint: true writes nothing with checkpoint.enable = false "
+                                "(the run would only log that it did); set checkpoint.enable = true")
         return problems
+
+
+# the states a trainer checkpoint holds (TorchTitan's CheckpointManager): what exclude_from_loading may name
+CHECKPOINT_STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
 
 
 @dataclass
@@ -344,7 +383,8 @@ class Validation(titan.Validation):
         for key in ("freq", "local_batch_size", "seq_len"):
             if self.enable and not positive_int(getattr(self, key)):
                 problems.append(f"validation.{key}: expected a positive integer, got {getattr(self, key)!r}")
-        return problems
+        # the text validation loader takes these as the training loader does (data/text.py)
+        return problems + (loader_problems(self.dataloader, "validation") if self.enable else [])
 
 
 @dataclass
@@ -355,6 +395,10 @@ class Parallelism(titan.Parallelism):
         problems = [f"parallelism.{key}: {getattr(self, key)} is not supported yet; use FSDP (data_parallel_*)"
                     for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
                     if getattr(self, key) != 1]
+        # no MoE layers: TorchTitan would build an expert mesh that nothing uses (or assert on it)
+        problems += [f"parallelism.{key}: expected 1 (Parallax-Titan's models have no experts), got "
+                     f"{getattr(self, key)!r}"
+                     for key in ("expert_parallel_degree", "expert_tensor_parallel_degree") if getattr(self, key) != 1]
         # TorchTitan asserts these only when the trainer sets up its device mesh
         if not positive_int(self.data_parallel_replicate_degree):
             problems.append(f"parallelism.data_parallel_replicate_degree: expected a positive integer, got "
