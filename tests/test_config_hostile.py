@@ -127,6 +127,8 @@ CASES = [
     (["--debug.moe_force_load_balance"], "debug.moe_force_load_balance: true applies to MoE layers"),
     (["--model.converters", "quantize.grouped_mm.float8"],
      "model.converters: 'quantize.grouped_mm.float8' converts MoE expert layers"),
+    (["--checkpoint.export_dtype", "bfloat16", "--checkpoint.no-last_save_model_only"],
+     "checkpoint.export_dtype: 'bfloat16' applies to the model-only last save"),
     (["--job.custom_config_module", "no_such_module"],
      "job.custom_config_module: 'no_such_module' is not supported"),
 ]
@@ -142,6 +144,27 @@ MACHINE_CASES = [
     (["--activation_checkpoint.mode", "memory_budget", "--compile.enable"],
      "activation_checkpoint.mode: 'memory_budget' needs torch.compile, which train.py switches off"),
 ]
+
+
+@pytest.mark.parametrize("world, overrides, message", [
+    ("1", ["--parallelism.data_parallel_shard_degree", "2"],
+     "parallelism.data_parallel_replicate_degree x data_parallel_shard_degree = 1 x 2: expected a product equal to "
+     "the 1 rank this run has (WORLD_SIZE)"),
+    ("4", ["--parallelism.data_parallel_replicate_degree", "3"],
+     "= 3 x -1: expected a divisor of the 4 ranks this run has (WORLD_SIZE)"),
+])
+def test_parallel_degrees_against_the_ranks_started(monkeypatch, world, overrides, message):
+    """TorchTitan asserted the product when the trainer built its mesh (a raw AssertionError); tools
+    that load the config without torchrun (no WORLD_SIZE) do not check it."""
+    monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(ConfigError) as info:
+        load_config(["--job.config_file", DEMO, *overrides, "--training.global_batch_size", "-1"])
+    assert message in str(info.value)
+    monkeypatch.delenv("WORLD_SIZE")
+    load_config(["--job.config_file", DEMO, *overrides, "--training.global_batch_size", "-1"], check_data=False)
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    load_config(["--job.config_file", DEMO, "--parallelism.data_parallel_replicate_degree", "3",
+                 "--training.global_batch_size", "-1"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the checks of a machine without CUDA")

@@ -109,7 +109,22 @@ class JobConfig(titan.JobConfig):
                      (("enable_profiling", "profiler", self.profiling.enable_profiling),
                       ("enable_memory_snapshot", "memory snapshot", self.profiling.enable_memory_snapshot))
                      if on and not cuda]
-        return problems
+        return problems + self._rank_count_problems()
+
+    def _rank_count_problems(self) -> list[str]:
+        """The parallel degrees against the ranks torchrun started (``WORLD_SIZE``; train.py sets 1
+        without torchrun): TorchTitan asserts their product when the trainer builds its mesh."""
+        p, world = self.parallelism, os.environ.get("WORLD_SIZE")
+        degrees = (p.data_parallel_replicate_degree, p.data_parallel_shard_degree)
+        if world is None or not all(positive_int(d) or d == -1 for d in degrees):
+            return []  # no launcher here, or a bad degree that Parallelism.validate names
+        world, replicate, shard = int(world), *degrees
+        fits = world % replicate == 0 if shard == -1 else replicate * shard == world
+        if fits:
+            return []
+        return [f"parallelism.data_parallel_replicate_degree x data_parallel_shard_degree = {replicate} x {shard}: "
+                f"expected {'a divisor of' if shard == -1 else 'a product equal to'} the {world} rank"
+                f"{'s' if world != 1 else ''} this run has (WORLD_SIZE)"]
 
     def _titan_problems(self) -> list[str]:
         """TorchTitan sections our classes do not subclass: values TorchTitan accepts and then ignores

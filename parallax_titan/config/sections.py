@@ -330,6 +330,10 @@ class Checkpoint(titan.Checkpoint):
         if self.enable and self.verify and str(self.async_mode).lower() != "disabled":
             problems.append(f"checkpoint.async_mode: {self.async_mode!r} saves in the background, where no manifest "
                             "is written; use 'disabled' or set checkpoint.verify = false")
+        if self.export_dtype != "float32" and not self.last_save_model_only:
+            # TorchTitan converts only the model-only last save
+            problems.append(f"checkpoint.export_dtype: {self.export_dtype!r} applies to the model-only last save; "
+                            "with checkpoint.last_save_model_only = false it would be ignored")
         return problems + self._load_problems()
 
     def _load_problems(self) -> list[str]:
