@@ -100,10 +100,19 @@ def configure_for_host(job_config) -> None:
     if not on_cpu():
         return
     _patch_device_globals("cpu", _cpu_device_module())
-    job_config.training.mixed_precision_param = "float32"
-    job_config.training.dtype = "float32"
-    # Compiling on the CPU costs minutes for nothing; float8 needs CUDA.
-    job_config.compile.enable = False
+    # bf16 runs ~25x slower than fp32 on the CPU; compiling costs minutes for nothing; float8 needs CUDA
+    changes = {"training.mixed_precision_param": "float32", "training.dtype": "float32", "compile.enable": False}
+    changed = []
+    for key, value in changes.items():
+        section, name = key.split(".")
+        before = getattr(getattr(job_config, section), name)
+        if before != value:
+            setattr(getattr(job_config, section), name, value)
+            changed.append(f"{key} = {before!r} -> {value!r}")
+    if changed:
+        from torchtitan.tools.logging import logger
+
+        logger.info(f"no CUDA device: training on the CPU with {', '.join(changed)}")
 
 
 def force_sum_reductions(model: torch.nn.Module) -> None:
