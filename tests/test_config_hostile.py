@@ -129,6 +129,10 @@ CASES = [
      "model.converters: 'quantize.grouped_mm.float8' converts MoE expert layers"),
     (["--checkpoint.export_dtype", "bfloat16", "--checkpoint.no-last_save_model_only"],
      "checkpoint.export_dtype: 'bfloat16' applies to the model-only last save"),
+    (["--job.save_config_file", ""], "job.save_config_file: expected unset or a file name, got ''"),
+    (["--job.save_config_file", "configs/"], "job.save_config_file: expected unset or a file name, got 'configs/'"),
+    (["--experimental.custom_import", "no.such.module"],
+     "experimental.custom_import: 'no.such.module' cannot be imported here"),
     (["--job.custom_config_module", "no_such_module"],
      "job.custom_config_module: 'no_such_module' is not supported"),
 ]
@@ -202,6 +206,8 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--compile.enable", "--compile.components", "loss"],
     ["--checkpoint.exclude_from_loading", "dataloader,lr_scheduler"],
     ["--checkpoint.load_only"],
+    ["--job.save_config_file", "config.json"],
+    ["--experimental.custom_import", "parallax_titan.metrics"],
 ])
 def test_sound_values_next_to_the_refused_ones_pass(overrides):
     load_config(["--job.config_file", DEMO, *overrides], check_data=False)

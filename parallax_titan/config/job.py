@@ -214,6 +214,13 @@ class JobConfig(titan.JobConfig):
         if self.debug.moe_force_load_balance:
             problems.append("debug.moe_force_load_balance: true applies to MoE layers; Parallax-Titan's models have "
                             "none (it would be ignored); expected false")
+        if self.job.save_config_file is not None and not os.path.basename(self.job.save_config_file):
+            # TorchTitan opens <dump_folder>/<save_config_file> for writing when the trainer starts
+            problems.append(f"job.save_config_file: expected unset or a file name, got {self.job.save_config_file!r}")
+        if self.experimental.custom_import and not _importable(self.experimental.custom_import):
+            problems.append(f"experimental.custom_import: {self.experimental.custom_import!r} cannot be imported "
+                            "here (TorchTitan imports it when the trainer starts); expected a dotted module name "
+                            "on the Python path")
         if self.experimental.custom_args_module:
             problems.append(f"experimental.custom_args_module: {self.experimental.custom_args_module!r} is not "
                             "supported (Parallax-Titan's JobConfig is fixed); expected empty")
@@ -360,6 +367,16 @@ class JobConfig(titan.JobConfig):
         return [f"training.global_batch_size: {wanted} is not a positive multiple of training.local_batch_size x "
                 f"data-parallel degree = {training.local_batch_size} x {degree} = {per_step} (on {world} "
                 f"rank{'s' if world != 1 else ''}); use a multiple of {per_step}, or -1 for {per_step}"]
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` (dotted) can be found on the Python path, without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package, or an empty or relative name
+        return False
 
 
 def _int_above(value, limit) -> bool:
