@@ -109,7 +109,7 @@ class JobConfig(titan.JobConfig):
                      (("enable_profiling", "profiler", self.profiling.enable_profiling),
                       ("enable_memory_snapshot", "memory snapshot", self.profiling.enable_memory_snapshot))
                      if on and not cuda]
-        return problems + self._rank_count_problems()
+        return problems + self._float8_machine_problems() + self._rank_count_problems()
 
     def _rank_count_problems(self) -> list[str]:
         """The parallel degrees against the ranks torchrun started (``WORLD_SIZE``; train.py sets 1
@@ -251,22 +251,26 @@ class JobConfig(titan.JobConfig):
             return []
         import importlib.util
 
-        import torch
-
         if importlib.util.find_spec("torchao") is None:
             return [f"model.converters: {FLOAT8!r} needs torchao (pip install torchao==0.18.0)"]
-        emulate = self.quantize.linear.float8.emulate
-        if not torch.cuda.is_available():
-            return [] if emulate else [
-                f"model.converters: {FLOAT8!r} on a machine without CUDA needs quantize.linear.float8.emulate = "
-                "true (float8 matmuls need an sm89+ GPU; emulation is for tests)"]
-        capability = torch.cuda.get_device_capability()
-        if capability < (8, 9) and not emulate:
-            return [f"model.converters: {FLOAT8!r} needs an sm89+ GPU (Ada, Hopper); this one is sm"
-                    f"{capability[0]}{capability[1]}; quantize.linear.float8.emulate = true emulates it (for tests)"]
-        if emulate and self.compile.enable and "model" in self.compile.components:
+        if self.quantize.linear.float8.emulate and self.compile.enable and "model" in self.compile.components:
             return ["quantize.linear.float8.emulate = true does not work with compile.enable = true and 'model' "
                     "in compile.components (TorchTitan's rule); use the hardware float8 path or disable compile"]
+        return []
+
+    def _float8_machine_problems(self) -> list[str]:
+        """Float8 matmuls need an sm89+ GPU here, unless emulated."""
+        if FLOAT8 not in self.model.converters or self.quantize.linear.float8.emulate:
+            return []
+        import torch
+
+        if not torch.cuda.is_available():
+            return [f"model.converters: {FLOAT8!r} on a machine without CUDA needs quantize.linear.float8.emulate = "
+                    "true (float8 matmuls need an sm89+ GPU; emulation is for tests)"]
+        capability = torch.cuda.get_device_capability()
+        if capability < (8, 9):
+            return [f"model.converters: {FLOAT8!r} needs an sm89+ GPU (Ada, Hopper); this one is sm"
+                    f"{capability[0]}{capability[1]}; quantize.linear.float8.emulate = true emulates it (for tests)"]
         return []
 
     def _data_problems(self) -> list[str]:
