@@ -174,6 +174,16 @@ def test_parallel_degrees_against_the_ranks_started(monkeypatch, world, override
                  "--training.global_batch_size", "-1"])
 
 
+def test_cpu_offload_without_sharding_is_refused(monkeypatch):
+    """With one shard TorchTitan built the model on the CPU for the offload and nothing moved it."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    offload = ["--job.config_file", DEMO, "--training.enable_cpu_offload", "--training.global_batch_size", "-1"]
+    with pytest.raises(ConfigError, match="training.enable_cpu_offload: true offloads FSDP-sharded parameters, but "
+                                          r"the shard degree is 1 on 2 ranks"):
+        load_config([*offload, "--parallelism.data_parallel_replicate_degree", "2"])
+    load_config(offload)  # two shards
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the checks of a machine without CUDA")
 @pytest.mark.parametrize("overrides,message", MACHINE_CASES, ids=[" ".join(o) for o, _ in MACHINE_CASES])
 def test_what_this_machine_lacks_is_refused_when_training_loads_the_config(overrides, message):

@@ -120,11 +120,16 @@ class JobConfig(titan.JobConfig):
             return []  # no launcher here, or a bad degree that Parallelism.validate names
         world, replicate, shard = int(world), *degrees
         fits = world % replicate == 0 if shard == -1 else replicate * shard == world
-        if fits:
-            return []
-        return [f"parallelism.data_parallel_replicate_degree x data_parallel_shard_degree = {replicate} x {shard}: "
-                f"expected {'a divisor of' if shard == -1 else 'a product equal to'} the {world} rank"
-                f"{'s' if world != 1 else ''} this run has (WORLD_SIZE)"]
+        if not fits:
+            return [f"parallelism.data_parallel_replicate_degree x data_parallel_shard_degree = {replicate} x {shard}: "
+                    f"expected {'a divisor of' if shard == -1 else 'a product equal to'} the {world} rank"
+                    f"{'s' if world != 1 else ''} this run has (WORLD_SIZE)"]
+        if self.training.enable_cpu_offload and (world // replicate if shard == -1 else shard) == 1:
+            # TorchTitan builds the model on the CPU for the offload, and only FSDP's sharding moves it
+            return [f"training.enable_cpu_offload: true offloads FSDP-sharded parameters, but the shard degree is 1 "
+                    f"on {world} rank{'s' if world != 1 else ''} (nothing is sharded: the model would stay on the "
+                    "CPU); expected false, or a data_parallel_shard_degree > 1"]
+        return []
 
     def _titan_problems(self) -> list[str]:
         """TorchTitan sections our classes do not subclass: values TorchTitan accepts and then ignores
