@@ -129,6 +129,9 @@ CASES = [
      "model.converters: 'quantize.grouped_mm.float8' converts MoE expert layers"),
     (["--checkpoint.export_dtype", "bfloat16", "--checkpoint.no-last_save_model_only"],
      "checkpoint.export_dtype: 'bfloat16' applies to the model-only last save"),
+    (["--quantize.linear.float8.emulate"],
+     "quantize.linear.float8.emulate: set to True, but 'quantize.linear.float8' is not in model.converters (it would "
+     "be ignored)"),
     (["--job.save_config_file", ""], "job.save_config_file: expected unset or a file name, got ''"),
     (["--job.save_config_file", "configs/"], "job.save_config_file: expected unset or a file name, got 'configs/'"),
     (["--experimental.custom_import", "no.such.module"],
@@ -219,6 +222,7 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--compile.enable", "--compile.components", "loss"],
     ["--checkpoint.exclude_from_loading", "dataloader,lr_scheduler"],
     ["--checkpoint.load_only"],
+    ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],
     ["--job.save_config_file", "config.json"],
     ["--experimental.custom_import", "parallax_titan.metrics"],
 ])

@@ -10,7 +10,7 @@ No ``from __future__ import annotations`` here: tyro reads these annotations as 
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from torchtitan.config import ConfigManager
 from torchtitan.config import job_config as titan
@@ -86,9 +86,20 @@ class JobConfig(titan.JobConfig):
         return problems + self._float8_problems() + self._converter_problems() + self._hf_save_problems(args.mixer)
 
     def _converter_problems(self) -> list[str]:
-        """Model converters besides float8 linear: MoE converters find nothing to convert."""
-        return [f"model.converters: {name!r} converts MoE expert layers (grouped GEMMs); Parallax-Titan's models "
-                "have none (it would convert nothing)" for name in self.model.converters if ".grouped_mm." in name]
+        """Model converters besides float8 linear: MoE converters find nothing to convert, and the
+        settings of a converter that is not in ``model.converters`` are never read."""
+        problems = [f"model.converters: {name!r} converts MoE expert layers (grouped GEMMs); Parallax-Titan's models "
+                    "have none (it would convert nothing)" for name in self.model.converters if ".grouped_mm." in name]
+        for kind in ("linear", "grouped_mm"):
+            for name in ("float8", "mx"):
+                converter = f"quantize.{kind}.{name}"
+                settings = getattr(getattr(self.quantize, kind), name)
+                changed = [f.name for f in fields(settings)
+                           if getattr(settings, f.name) != getattr(type(settings)(), f.name)]
+                if changed and converter not in self.model.converters:
+                    problems.append(f"{converter}.{changed[0]}: set to {getattr(settings, changed[0])!r}, but "
+                                    f"{converter!r} is not in model.converters (it would be ignored)")
+        return problems
 
     def _machine_problems(self) -> list[str]:
         """What this machine lacks for the run: TorchTitan finds these only when the trainer builds
