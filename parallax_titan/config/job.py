@@ -129,13 +129,13 @@ class JobConfig(titan.JobConfig):
         degrees = (p.data_parallel_replicate_degree, p.data_parallel_shard_degree)
         if world is None or not all(positive_int(d) or d == -1 for d in degrees):
             return []  # no launcher here, or a bad degree that Parallelism.validate names
-        world, replicate, shard = int(world), *degrees
-        fits = world % replicate == 0 if shard == -1 else replicate * shard == world
-        if not fits:
+        world, (replicate, shard) = int(world), degrees
+        data_parallel = data_parallel_degree(self, world)  # -1 shards over the ranks left
+        if data_parallel != world:
             return [f"parallelism.data_parallel_replicate_degree x data_parallel_shard_degree = {replicate} x {shard}: "
                     f"expected {'a divisor of' if shard == -1 else 'a product equal to'} the {world} rank"
                     f"{'s' if world != 1 else ''} this run has (WORLD_SIZE)"]
-        if self.training.enable_cpu_offload and (world // replicate if shard == -1 else shard) == 1:
+        if self.training.enable_cpu_offload and data_parallel // replicate == 1:
             # TorchTitan builds the model on the CPU for the offload, and only FSDP's sharding moves it
             return [f"training.enable_cpu_offload: true offloads FSDP-sharded parameters, but the shard degree is 1 "
                     f"on {world} rank{'s' if world != 1 else ''} (nothing is sharded: the model would stay on the "
@@ -343,8 +343,9 @@ class JobConfig(titan.JobConfig):
     def _never_running_periods(self) -> list[str]:
         """Periodic passes switched on with a period past the last step: they would never run."""
         diagnostics, steps = self.diagnostics, self.training.steps
+        spectral_on = diagnostics.enable and diagnostics.spectral
         periods = (("diagnostics.freq", diagnostics.freq, diagnostics.enable),
-                   ("diagnostics.spectral_freq", diagnostics.spectral_freq, diagnostics.enable and diagnostics.spectral),
+                   ("diagnostics.spectral_freq", diagnostics.spectral_freq, spectral_on),
                    ("eval.every_n_steps", self.eval.every_n_steps, True))
         return [f"{key}: expected at most training.steps = {steps} (the pass runs after every {key.split('.')[1]}-th "
                 f"step, so it would never run), got {period!r}"
@@ -426,26 +427,31 @@ def global_batch_size(config: "JobConfig", world: int) -> int:
 
 # TorchTitan (and tyro) take the key in either spelling; the file must be checked in both
 CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+CUSTOM_CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
 
 
-def config_file_from_argv(argv: list[str]) -> str | None:
-    """The value of ``--job.config_file`` (or ``--job.config-file``) in ``argv`` (either ``--k v`` or
-    ``--k=v``), if any: the first one, as TorchTitan's loader reads it."""
+def flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value of the first of ``flags`` in ``argv`` (either ``--k v`` or ``--k=v``), as TorchTitan's
+    loader reads it; None when none is there."""
     for i, arg in enumerate(argv):
         key, sep, value = arg.partition("=")
-        if sep and key in CONFIG_FILE_FLAGS:
+        if sep and key in flags:
             return value
-        if arg in CONFIG_FILE_FLAGS and i + 1 < len(argv):
+        if arg in flags and i + 1 < len(argv):
             return argv[i + 1]
     return None
 
 
+def config_file_from_argv(argv: list[str]) -> str | None:
+    """The value of ``--job.config_file`` (or ``--job.config-file``) in ``argv``, if any."""
+    return flag_value(argv, CONFIG_FILE_FLAGS)
+
+
 def custom_config_module(argv: list[str], data: dict) -> str | None:
     """``job.custom_config_module`` as TorchTitan's ConfigManager finds it: the command line, then the TOML."""
-    for i, arg in enumerate(argv):
-        key, sep, value = arg.partition("=")
-        if key in ("--job.custom_config_module", "--job.custom-config-module"):
-            return value if sep else (argv[i + 1] if i + 1 < len(argv) else None)
+    module = flag_value(argv, CUSTOM_CONFIG_MODULE_FLAGS)
+    if module is not None:
+        return module
     job = data.get("job", {})
     return job.get("custom_config_module") if isinstance(job, dict) else None
 
