@@ -3,8 +3,11 @@ columns, and scripts.bench.step_probe's command line and host-delay probe."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +15,7 @@ from scripts.bench import gpu_telemetry as telemetry
 from scripts.bench.summarize_runs import markdown
 from scripts.bench.train import parse_args
 from scripts.bench.train_launch import PROBE_MODULE, train_command
+from tests._train_runs import REPO, TEST_CONFIG
 
 LIMIT = 700.0
 
@@ -102,7 +106,8 @@ def test_probe_runs_train_py_under_step_probe():
     args = parse_args(["parallax", "--probe", "--cuda-profile-step 15 --trace-dir t", "--steps", "20"])
     cmd = train_command(args, "parallax", "parallax", 1)
     entry = cmd.index(PROBE_MODULE)
-    assert cmd[entry - 1] == "-m" and cmd[entry + 1:entry + 6] == ["--cuda-profile-step", "15", "--trace-dir", "t", "--"]
+    assert cmd[entry - 1] == "-m"
+    assert cmd[entry + 1:entry + 6] == ["--cuda-profile-step", "15", "--trace-dir", "t", "--"]
     assert cmd[entry + 6] == "--job.config_file" and "train.py" not in cmd
 
 
@@ -123,7 +128,8 @@ def test_bad_probes_are_refused_before_any_run(probe, message, capsys):
 def test_profiled_step_past_the_last_is_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args(["parallax", "--steps", "20", "--probe", "--cuda-profile-step 21"])
-    assert "--cuda-profile-step 21 is past the last step (--steps 20): no step would be profiled" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--cuda-profile-step 21 is past the last step (--steps 20): no step would be profiled" in err
     parse_args(["parallax", "--steps", "20", "--probe", "--cuda-profile-step 20"])
 
 
@@ -183,12 +189,6 @@ def test_step_probe_needs_the_separator_and_a_gpu_for_gpu_probes(monkeypatch):
 def test_probe_run_trains_through_step_probe_on_cpu(tmp_path):
     """--probe on the tiny CPU config: torchrun runs train.py's cli under step_probe to the end; the
     run's GPU samples file exists (empty without nvidia-smi) and the summary has no telemetry."""
-    import json
-    import subprocess
-    import sys
-
-    from tests._train_runs import REPO, TEST_CONFIG
-
     cmd = [sys.executable, "-m", "scripts.bench.train", "parallax", "--probe", "--host-delay-us 1",
            "--config", TEST_CONFIG, "--flavor", "debug", "--steps", "2", "--local-batch", "2", "--out", str(tmp_path),
            "--extra", "--training.dataset default_corpus"]
@@ -196,7 +196,8 @@ def test_probe_run_trains_through_step_probe_on_cpu(tmp_path):
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = (tmp_path / "parallax.log").read_text()
-    assert "[step_probe] {'cuda_profile_step': None, 'trace_dir': None, 'gpu_sleep_ms': 0.0, 'host_delay_us': 1.0}" in log
+    probes = "{'cuda_profile_step': None, 'trace_dir': None, 'gpu_sleep_ms': 0.0, 'host_delay_us': 1.0}"
+    assert f"[step_probe] {probes}" in log
     assert "Training finished" in log and (tmp_path / "parallax.gpu.csv").is_file()
     rows = json.loads((tmp_path / "summary.json").read_text())["runs"]
     assert [r["run"] for r in rows] == ["parallax"] and rows[0]["gpu"] is None

@@ -55,7 +55,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="scripts.bench.step_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--cuda-profile-step", type=positive_int, help="step profiled (GPU activity only)")
-    parser.add_argument("--trace-dir", help="folder of the profile's trace (default: the run's dump folder's gpu_profile)")
+    parser.add_argument("--trace-dir",
+                        help="folder of the profile's trace (default: the run's dump folder's gpu_profile)")
     parser.add_argument("--gpu-sleep-ms", type=_non_negative_float, default=0.0, help="GPU spin before each forward")
     parser.add_argument("--host-delay-us", type=_non_negative_float, default=0.0,
                         help="host spin before each attention call")

@@ -35,9 +35,9 @@ needs the Qwen3 tokenizer in assets/ (no network) and uses the config's compile 
 on the Transformer's config. Throughput and MFU are means over the logged steps after the first
 half. Results go to OUT (``--out``, else $OUT, else outputs/bench_train): ``<run>/metrics.jsonl``,
 ``<run>.log``, ``<run>.gpu.csv`` (SM clock and power samples, ``gpu_telemetry``; median clock, power and
-the power-capped share of each run are columns of the summary), ``summary.md``/``summary.json``, and with ``--scaling`` ``scaling.md``/``scaling.json``
-(``--resume``: ``resume.md``/``resume.json``). The parts: ``train_launch`` (the torchrun commands),
-``train_scaling`` and ``train_resume`` (the two checks).
+the power-capped share of each run are columns of the summary), ``summary.md``/``summary.json``, and
+with ``--scaling`` ``scaling.md``/``scaling.json`` (``--resume``: ``resume.md``/``resume.json``). The
+parts: ``train_launch`` (the torchrun commands), ``train_scaling`` and ``train_resume`` (the two checks).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import sys
 from scripts.bench.gpu_telemetry import summarize_file
 from scripts.bench.results import command_line, describe, write_results
 from scripts.bench.summarize_runs import markdown, summarize
-from scripts.bench.train_launch import REFERENCE, REPO, bench_run
+from scripts.bench.train_launch import REFERENCE, REPO, bench_run, samples_path
 from scripts.bench.train_resume import resume_check
 from scripts.bench.train_scaling import scaling
 
@@ -127,7 +127,7 @@ def throughput(args: argparse.Namespace) -> int:
     """Run every variant on ``--ngpu`` GPUs and write OUT/summary.{md,json}; the exit status."""
     folders = [bench_run(args, v, args.name_prefix + v, args.ngpu) for v in args.variants]
     skip = args.steps // 2
-    rows = [{**summarize(f, skip), "gpu": summarize_file(f + ".gpu.csv")} for f in folders if f]
+    rows = [{**summarize(f, skip), "gpu": summarize_file(samples_path(f))} for f in folders if f]
     if rows:
         measured = (f"tokens/s per GPU, MFU and peak memory of {', '.join(args.variants)} ({args.flavor}, "
                     f"{args.config or args.recipe}), {args.steps} steps on {args.ngpu} GPU(s) each, means over the "

@@ -88,19 +88,26 @@ def run_logged(cmd: list[str], log_path: str, timeout: int, env: dict | None = N
 
 def bench_run(args: argparse.Namespace, variant: str, name: str, nproc: int, *overrides: str,
               env: dict | None = None, fresh: bool = True) -> str | None:
-    """One run into ``OUT/name`` (emptied first unless not ``fresh``: a rerun that resumes), its GPUs'
-    clocks and power sampled into ``OUT/name.gpu.csv`` (``gpu_telemetry``; a rerun's into ``name.rerun.gpu.csv``); its folder, or None when
-    it logged no step."""
+    """One run into ``OUT/name`` (emptied first unless not ``fresh``: a rerun that resumes), logged to
+    ``OUT/name.log`` and its GPUs' clocks and power sampled into ``samples_path(OUT/name)``
+    (``gpu_telemetry``; a rerun's into ``name.rerun.log`` and ``name.rerun.gpu.csv``); its folder, or
+    None when it logged no step."""
     folder = os.path.join(args.out, name)
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
-    log_path = folder + (".log" if fresh else ".rerun.log")
-    with Sampler(folder + (".gpu.csv" if fresh else ".rerun.gpu.csv"), env):
+    stem = folder if fresh else folder + ".rerun"
+    log_path = stem + ".log"
+    with Sampler(samples_path(stem), env):
         status = run_logged(train_command(args, variant, name, nproc, *overrides), log_path, args.run_timeout, env)
     with open(log_path) as f:
         steps = sum("step:" in line for line in f)
     print(f"{name}: exit {status}, {steps} logged steps", flush=True)
     return folder if os.path.isfile(os.path.join(folder, "metrics.jsonl")) else None
+
+
+def samples_path(run: str) -> str:
+    """Where a run's GPU telemetry samples go: beside its folder ``run``."""
+    return run + ".gpu.csv"
 
 
 def one_gpu_env() -> dict:
