@@ -10,6 +10,7 @@ from parallax_titan.data import build_validation_dataloader
 from parallax_titan.data import pretokenize as pt
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH
 from scripts.pretokenize import main as cli
+from tests._output_folders import refused_output
 from tests.test_pretokenize import corpus_docs, write_jsonl
 from tests.test_pretokenized import job
 
@@ -88,14 +89,7 @@ def test_counts_below_one_are_refused_by_name(tmp_path, source, capsys, flag, va
 def test_out_that_is_not_a_pretokenization_is_refused(tmp_path, source, capsys, layout):
     """--out a file (or below one) was a traceback from makedirs; a folder of other files got
     manifest.json, plan.json and the split folders written among them, over a manifest.json of its own."""
-    out = tmp_path / "out"
-    if layout == "foreign":
-        out.mkdir()
-        (out / "manifest.json").write_text("the user's file")
-        (out / "notes.txt").write_text("keep")
-    else:
-        out.write_text("a file")
-        out = out / "sub" if layout == "under_file" else out
+    out = refused_output(tmp_path, layout, "manifest.json", "the user's file")
     argv = cli_args(tmp_path, source)
     argv[argv.index("--out") + 1] = str(out)
     assert cli(argv) == 2

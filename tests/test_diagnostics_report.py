@@ -12,6 +12,7 @@ from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.diagnostics.report import load_checkpoint_model, match_checkpoint
 from eval.checkpoint import load_job_config as load_config
 from scripts.analyze import main
+from tests._output_folders import refused_output
 
 BASE_CONFIG = "configs/test_cpu_2rank.toml"
 SMALL = "\n[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 2\nhead_dim = 16\nhidden_dim = 96\n"
@@ -120,16 +121,7 @@ def no_loading(monkeypatch):
 def test_out_that_is_not_a_report_folder_is_refused_before_any_checkpoint(tmp_path, capsys, no_loading, layout):
     """--out was written after every checkpoint was analysed: a file there failed with a traceback at
     the very end, and a folder of the user's got report.md (and the rest) written over its files."""
-    out = tmp_path / "out"
-    if layout == "file":
-        out.write_text("a file")
-    elif layout == "foreign":
-        out.mkdir()
-        (out / "report.md").write_text("the user's own report")
-        (out / "notes.txt").write_text("keep")
-    else:
-        out.write_text("a file where a folder would go")
-        out = out / "sub"
+    out = refused_output(tmp_path, layout, "report.md", "the user's own report")
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", CONFIG, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out)])
     assert exit_info.value.code == 2 and no_loading == []

@@ -16,6 +16,7 @@ from parallax_titan.tokenizer import (
     build_tokenizer,
     check_tokenizer_path,
 )
+from tests._output_folders import refused_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3_PATH = os.path.join(ROOT, "assets", "tokenizer", "qwen3")
@@ -169,12 +170,11 @@ def test_get_tokenizer_out_dir_is_checked_before_downloading(tmp_path, capsys, n
     (e.g. --out-dir parallax_titan/assets/tokenizer/tiny) had it replaced by Qwen3's."""
     from scripts.get_tokenizer import main
 
-    out = tmp_path / "out"
     if layout == "other_tokenizer":
+        out = tmp_path / "out"
         shutil.copytree(TINY_TOKENIZER_PATH, out)
     else:
-        out.write_text("a file")
-        out = out / "sub" if layout == "under_file" else out
+        out = refused_output(tmp_path, layout)
     with pytest.raises(SystemExit) as exit_info:
         main(["--out-dir", str(out)])
     assert exit_info.value.code == 2
