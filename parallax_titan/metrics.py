@@ -32,6 +32,7 @@ class ParallaxMetricsProcessor(MetricsProcessor):
 
     def __init__(self, job_config, parallel_dims, tag=None):
         super().__init__(job_config, parallel_dims, tag)
+        _check_wandb_started(self.logger, job_config.metrics)
         self._bar = None
         if job_config.metrics.save_jsonl and _is_rank0():
             if not isinstance(self.logger, LoggerContainer):
@@ -61,6 +62,17 @@ class ParallaxMetricsProcessor(MetricsProcessor):
         if self._bar is not None:
             self._bar.close()
         super().close()
+
+
+def _check_wandb_started(built: BaseLogger, metrics) -> None:
+    """TorchTitan logs a W&B logger that fails to start (wandb missing, a bad key or mode) and trains
+    on without it, so a run the config asked to track would leave no record there. ``built``: the
+    logger TorchTitan built (a LoggerContainer on the ranks that log, else a bare BaseLogger), before
+    we add ours."""
+    expected = int(metrics.enable_wandb) + int(metrics.enable_tensorboard)  # TensorBoard's raises itself
+    if metrics.enable_wandb and isinstance(built, LoggerContainer) and built.number_of_loggers < expected:
+        raise RuntimeError("metrics.enable_wandb: true, but the W&B logger failed to start (TorchTitan logged why "
+                           "just above); fix that, or set metrics.enable_wandb = false")
 
 
 def _is_rank0() -> bool:

@@ -272,6 +272,9 @@ class ParallaxAttention(Attention):
     positions) -> (batch, seq, dim) in x's dtype.
     """
 
+    # the input projections that run as one matmul of their concatenated weights (fused_linear)
+    FUSED_INPUTS = ("wq", "wk", "wv", "wr", "gate")
+
     def __init__(self, model_args: ParallaxModelArgs):
         super().__init__(model_args)
         self.rho_rope = model_args.rho_rope
@@ -314,8 +317,8 @@ class ParallaxAttention(Attention):
                                                      self.r_norm.eps, rope_cache, self.rho_rope)
                 return q, r, k, v
         shape = (bs, seqlen, -1, self.head_dim)
-        gate = [] if self.gate is None else [self.gate]
-        q, k, v, r, *g = fused_linear(x, [self.wq, self.wk, self.wv, self.wr, *gate])
+        inputs = [getattr(self, name) for name in self.FUSED_INPUTS if getattr(self, name) is not None]
+        q, k, v, r, *g = fused_linear(x, inputs)
         q, k, v = self.q_norm(q.view(shape)), self.k_norm(k.view(shape)), v.view(shape)
         r = self.r_norm(r.view(shape))
         if g:

@@ -41,6 +41,7 @@ def test_unreadable_config_file_is_named(tmp_path):
     assert f"job.config_file: {str(binary)!r} is not valid TOML" in refused(config=str(binary))
 
 
+OP_SAC = ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"]
 # overrides of the demo config, and the text the refusal must contain
 CASES = [
     # TorchTitan's assert inside the parser: a raw AssertionError that named no key
@@ -93,9 +94,29 @@ CASES = [
      "lr_scheduler.total_steps: expected unset or at least training.steps = 200"),
     (["--parallelism.expert_parallel_degree", "2"],
      "parallelism.expert_parallel_degree: expected 1 (Parallax-Titan's models have no experts), got 2"),
+    (["--parallelism.enable_async_tensor_parallel"],
+     "parallelism.enable_async_tensor_parallel: set to True, but tensor_parallel_degree = 1 (Parallax-Titan trains "
+     "with data parallelism only), so it would be ignored; expected False"),
+    (["--parallelism.pipeline_parallel_schedule", "GPipe"],
+     "parallelism.pipeline_parallel_schedule: set to 'GPipe', but pipeline_parallel_degree = 1"),
+    (["--parallelism.context_parallel_rotate_method", "alltoall"],
+     "parallelism.context_parallel_rotate_method: set to 'alltoall', but context_parallel_degree = 1"),
+    (["--parallelism.expert_parallel_comm_backend", "deepep"],
+     "parallelism.expert_parallel_comm_backend: set to 'deepep', but expert_parallel_degree = 1"),
     (["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "every2"],
      "activation_checkpoint.selective_ac_option: expected 'op' or a positive integer (checkpoint every N-th block), "
      "got 'every2'"),
+    (OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "attention.wqkv"],
+     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: 'attention.wqkv' is part of no module name "
+     "'layers.<i>.<module>' (it would be ignored); a block's Linear modules are attention.wk, attention.wo, "
+     "attention.wq, attention.wr, attention.wv, feed_forward.w1"),
+    (OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "layers.9.feed_forward.w1"],
+     "'layers.9.feed_forward.w1' is part of no module name"),  # the demo model has 4 layers
+    (OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "feed_forward"],
+     "'feed_forward' matches 'layers.0.feed_forward', which is not a Linear (TorchTitan raises when it applies AC)"),
+    (OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "attention.wr"],
+     "'attention.wr' names only modules of the fused input projection (attention.wk, attention.wq, attention.wr, "
+     "attention.wv: one matmul of their concatenated weights"),
     (["--activation_checkpoint.mode", "memory_budget"],
      "activation_checkpoint.mode: 'memory_budget' needs compile.enable = true with 'model' in compile.components"),
     (["--activation_checkpoint.mode", "full", "--activation_checkpoint.determinism_check", "off"],
@@ -220,6 +241,10 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"],
     ["--activation_checkpoint.selective_ac_option", "every2"],  # mode "none": not used
     ["--compile.enable", "--compile.components", "loss"],
+    OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "feed_forward.w1,layers.3.attention.wo"],
+    OP_SAC + ["--model.name", "transformer", "--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
+              "attention.wq"],  # TorchTitan's attention calls its projections one by one
+    ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "nothing"],  # no op-level AC: not used
     ["--checkpoint.exclude_from_loading", "dataloader,lr_scheduler"],
     ["--checkpoint.load_only"],
     ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],
@@ -241,3 +266,18 @@ def test_wrong_types_set_in_code_are_named():
     assert "diagnostics.freq: expected int, got '5'" in problems
     assert "model.n_layers: expected int, got '4'" in problems
     assert "validation.seq_len: expected int, got '256'" in problems
+
+
+def test_every_option_of_another_parallelism_is_checked():
+    """Each [parallelism] key is a degree, a data-parallel setting, or an option of a parallelism
+    whose degree must stay 1: an option TorchTitan adds would otherwise be ignored unchecked."""
+    from dataclasses import fields
+
+    from torchtitan.config.job_config import Parallelism
+
+    from parallax_titan.config.sections import PARALLELISM_OPTIONS
+
+    data_parallel = {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward"}
+    degrees = {f.name for f in fields(Parallelism) if f.name.endswith("_degree")} - data_parallel
+    assert set(PARALLELISM_OPTIONS.values()) <= degrees
+    assert {f.name for f in fields(Parallelism)} == data_parallel | degrees | set(PARALLELISM_OPTIONS)

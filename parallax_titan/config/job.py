@@ -8,6 +8,7 @@ two sections) before anything is built.
 No ``from __future__ import annotations`` here: tyro reads these annotations as real types.
 """
 
+import importlib.util
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -83,7 +84,45 @@ class JobConfig(titan.JobConfig):
         if self.parallax.init_from_transformer and args.mixer != "parallax":
             problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
                             f"but model.name {name!r} is not Parallax")
-        return problems + self._float8_problems() + self._converter_problems() + self._hf_save_problems(args.mixer)
+        return (problems + self._float8_problems() + self._converter_problems() + self._hf_save_problems(args.mixer)
+                + self._op_sac_problems(args))
+
+    def _op_sac_problems(self, args) -> list[str]:
+        """The module names whose matmuls op-level AC recomputes: TorchTitan matches each as a part of
+        the module names of every block (``layers.<i>.<name in the block>``) when the model is
+        parallelised; one matching nothing was ignored, one matching a module that is not a Linear
+        raised there (after the build)."""
+        ac = self.activation_checkpoint
+        names = ac.per_op_sac_force_recompute_mm_shapes_by_fqns
+        default = titan.ActivationCheckpoint().per_op_sac_force_recompute_mm_shapes_by_fqns
+        if (ac.mode, ac.selective_ac_option) != ("selective", "op") or names == default:
+            return []
+        import torch
+
+        from parallax_titan.model import Block
+
+        with torch.device("meta"):
+            block = Block(0, args)
+        inside = list(block.named_modules())  # the block's own name "" too, as TorchTitan's
+        fused = {f"attention.{name}" for name in getattr(block.attention, "FUSED_INPUTS", ())
+                 if getattr(block.attention, name) is not None}
+        linears = ", ".join(sorted(fqn for fqn, m in inside if isinstance(m, torch.nn.Linear)))
+        key, problems = "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", []
+        for name in names:
+            matched = [(f"layers.{i}.{fqn}", m) for i in range(args.n_layers) for fqn, m in inside
+                       if name in f"layers.{i}.{fqn}"]
+            other = next((fqn for fqn, m in matched if not isinstance(m, torch.nn.Linear)), None)
+            if not matched:
+                problems.append(f"{key}: {name!r} is part of no module name 'layers.<i>.<module>' (it would be "
+                                f"ignored); a block's Linear modules are {linears}")
+            elif other is not None:
+                problems.append(f"{key}: {name!r} matches {other!r}, which is not a Linear (TorchTitan raises when it "
+                                f"applies AC); expected a part of the names of Linear modules only ({linears})")
+            elif all(fqn.split(".", 2)[2] in fused for fqn, _ in matched):
+                problems.append(f"{key}: {name!r} names only modules of the fused input projection "
+                                f"({', '.join(sorted(fused))}: one matmul of their concatenated weights, whose shape "
+                                "TorchTitan's rule never sees), so it would be ignored")
+        return problems
 
     def _converter_problems(self) -> list[str]:
         """Model converters besides float8 linear: MoE converters find nothing to convert, and the
@@ -120,6 +159,10 @@ class JobConfig(titan.JobConfig):
                      (("enable_profiling", "profiler", self.profiling.enable_profiling),
                       ("enable_memory_snapshot", "memory snapshot", self.profiling.enable_memory_snapshot))
                      if on and not cuda]
+        if self.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
+            # TorchTitan logs the missing module and trains on without W&B
+            problems.append("metrics.enable_wandb: true needs the wandb package, which is not installed here "
+                            "(pip install wandb); expected false without it")
         return problems + self._float8_machine_problems() + self._rank_count_problems()
 
     def _rank_count_problems(self) -> list[str]:

@@ -327,9 +327,6 @@ class Checkpoint(titan.Checkpoint):
         if not isinstance(self.keep_latest_k, int) or self.keep_latest_k < 0 or self.keep_latest_k == 1:
             problems.append(f"checkpoint.keep_latest_k: expected 0 (keep all) or an integer >= 2 (TorchTitan's "
                             f"rule), got {self.keep_latest_k!r}")
-        if self.enable and self.verify and str(self.async_mode).lower() != "disabled":
-            problems.append(f"checkpoint.async_mode: {self.async_mode!r} saves in the background, where no manifest "
-                            "is written; use 'disabled' or set checkpoint.verify = false")
         if self.export_dtype != "float32" and not self.last_save_model_only:
             # TorchTitan converts only the model-only last save
             problems.append(f"checkpoint.export_dtype: {self.export_dtype!r} applies to the model-only last save; "
@@ -403,6 +400,7 @@ class Parallelism(titan.Parallelism):
         problems += [f"parallelism.{key}: expected 1 (Parallax-Titan's models have no experts), got "
                      f"{getattr(self, key)!r}"
                      for key in ("expert_parallel_degree", "expert_tensor_parallel_degree") if getattr(self, key) != 1]
+        problems += self._unused_option_problems()
         # TorchTitan asserts these only when the trainer sets up its device mesh
         if not positive_int(self.data_parallel_replicate_degree):
             problems.append(f"parallelism.data_parallel_replicate_degree: expected a positive integer, got "
@@ -412,6 +410,30 @@ class Parallelism(titan.Parallelism):
             problems.append(f"parallelism.data_parallel_shard_degree: expected -1 (the ranks left) or a positive "
                             f"integer, got {shard!r}")
         return problems
+
+    def _unused_option_problems(self) -> list[str]:
+        """Options of tensor, pipeline, context and expert parallelism: with their degrees at 1 (the
+        only ones supported) TorchTitan never reads them, so a changed value would be ignored."""
+        default = titan.Parallelism()
+        return [f"parallelism.{key}: set to {getattr(self, key)!r}, but {degree} = 1 (Parallax-Titan trains with "
+                f"data parallelism only), so it would be ignored; expected {getattr(default, key)!r}"
+                for key, degree in PARALLELISM_OPTIONS.items()
+                if getattr(self, degree) == 1 and getattr(self, key) != getattr(default, key)]
+
+
+# options read only with another parallelism than data parallelism: the degree that enables each
+PARALLELISM_OPTIONS = {
+    "disable_loss_parallel": "tensor_parallel_degree",
+    "enable_async_tensor_parallel": "tensor_parallel_degree",
+    **{key: "pipeline_parallel_degree" for key in (
+        "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
+        "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+        "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_expert_parallel_overlap")},
+    "context_parallel_load_balancer": "context_parallel_degree",
+    "context_parallel_rotate_method": "context_parallel_degree",
+    "expert_parallel_comm_backend": "expert_parallel_degree",
+}
 
 
 @dataclass
