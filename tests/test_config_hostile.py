@@ -94,6 +94,9 @@ CASES = [
      "lr_scheduler.total_steps: expected unset or at least training.steps = 200"),
     (["--parallelism.expert_parallel_degree", "2"],
      "parallelism.expert_parallel_degree: expected 1 (Parallax-Titan's models have no experts), got 2"),
+    (["--optimizer.implementation", "foreach"],
+     "optimizer.implementation: expected 'fused' (MuonAdamW's Adam group always runs torch's fused AdamW kernel; "
+     "TorchTitan's 'for-loop' and 'foreach' would be ignored), got 'foreach'"),
     (["--parallelism.enable_async_tensor_parallel"],
      "parallelism.enable_async_tensor_parallel: set to True, but tensor_parallel_degree = 1 (Parallax-Titan trains "
      "with data parallelism only), so it would be ignored; expected False"),

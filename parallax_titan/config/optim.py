@@ -216,6 +216,8 @@ class Optimizer(titan.Optimizer):
              "muon_headwise", f"only F letters with name = {self.name!r} (head-wise updates are for Muon, NorMuon "
              "and Aurora)")
         need(not self.early_step_in_backward, "early_step_in_backward", "false (not supported by MuonAdamW)")
+        need(self.implementation == "fused", "implementation", "'fused' (MuonAdamW's Adam group always runs torch's "
+             "fused AdamW kernel; TorchTitan's 'for-loop' and 'foreach' would be ignored)")
         parsed = [_problem_of(check) for check in (lambda: parse_headwise(self.muon_headwise),
                                                     lambda: parse_rules(self.param_rules), self.multipliers)]
         problems += [p for p in parsed if p]
