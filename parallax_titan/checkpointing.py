@@ -9,6 +9,20 @@ disk, a read-only folder) raises :class:`CheckpointError` saying what failed, an
 checkpoint stays the newest. ``checkpoint.keep_latest_k`` keeps that many complete checkpoints,
 counting no incomplete or foreign folder, so the newest complete one is never deleted.
 
+Background saves (``checkpoint.async_mode = "async"`` or ``"async_with_pinned_mem"``: the saves at
+``checkpoint.interval``; the last step's and a stop's are synchronous) go the same way: DCP writes
+``.partial-N`` behind training, and once its future is done on rank 0 (after every rank's write and
+DCP's ``.metadata``: DCP gathers the ranks' results there before it writes that file) rank 0 alone
+publishes the step from the future's done-callback, with no collective: it hashes the folder's files
+for the manifest (a writer handed to DCP's checkpoint process is pickled, so no digests could come
+back from it), writes ``settings.json`` and the manifest, renames the folder to ``step-N`` and then
+applies ``keep_latest_k``. TorchTitan waits for the save at the start of the next one
+(``_async_wait``, so also before the last step's save and a stop's); that wait now covers the
+publication too, the ranks agree on its outcome, and a failure raises CheckpointError on every rank
+naming the step and leaves the previous checkpoint the newest. :meth:`close` waits as well (a stop
+right after the background save of its step saves nothing more). A run killed while a background
+save is in flight leaves ``.partial-N``, which no loader counts.
+
 Load: before TorchTitan loads a step, every rank hashes its share of the step's files and the
 ranks agree on the result. A corrupt, truncated or missing file is named; the run then loads the
 newest valid step instead (``checkpoint.on_corrupt = "fallback"``, with a warning; the bad folder is
@@ -25,8 +39,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -35,6 +52,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
@@ -93,6 +111,15 @@ def _write_manifest(folder: str, written: list[dict[str, FileEntry]], algorithm:
     small = [name for name in (METADATA_FILE, SETTINGS_FILE) if os.path.isfile(os.path.join(folder, name))]
     files.update(digest_files(folder, small, 1, algorithm))
     return write_manifest(folder, files, algorithm)
+
+
+def _digest_data_files(folder: str, algorithm: str) -> dict[str, FileEntry]:
+    """Digests of the data files DCP wrote into ``folder`` (every plain file but the small ones
+    :func:`_write_manifest` hashes itself), for a save whose ranks handed back no digests."""
+    own = (METADATA_FILE, SETTINGS_FILE, MANIFEST_FILE)
+    names = sorted(name for name in os.listdir(folder)
+                   if name not in own and os.path.isfile(os.path.join(folder, name)))
+    return digest_files(folder, names, checksum_threads(), algorithm)
 
 
 def save_checksummed(state_dict: dict, folder: str, threads: int | None = None, key: str = "folder") -> str:
@@ -156,10 +183,10 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _save_failure(step: int, final: str, exc: BaseException) -> str:
-    """What failed in a save, the space left where it went, and the checkpoint that stays newest."""
+def _save_failure(step: int, final: str, cause: str, how: str = "") -> str:
+    """What failed in a save (``cause``: :func:`_cause` of the error; ``how``: how the save ran, such
+    as " in the background"), the space left where it went, and the checkpoint that stays newest."""
     folder = os.path.dirname(final)
-    cause = _cause(exc)
     if "unexpected pos" in cause:  # torch's file writer reports a short write (ENOSPC, EFBIG) so
         cause += ": a file could not be written in full"
     try:
@@ -168,8 +195,14 @@ def _save_failure(step: int, final: str, exc: BaseException) -> str:
         free = ""
     steps = complete_steps(folder)
     newest = f"step-{steps[-1]}" if steps else "none"
-    return (f"saving checkpoint step {step} to {final!r} failed ({cause}){free}; nothing of it was kept, and the "
-            f"newest complete checkpoint is {newest}")
+    return (f"saving checkpoint step {step} to {final!r}{how} failed ({cause}){free}; nothing of it was kept, and "
+            f"the newest complete checkpoint is {newest}")
+
+
+def _partial_of(final: str) -> str:
+    """Where a save of the step folder ``final`` (``.../step-N``) is written before it is renamed:
+    ``.../.partial-N``, which no loader counts as a step."""
+    return os.path.join(os.path.dirname(final), f".partial-{os.path.basename(final).split('-', 1)[1]}")
 
 
 def _set_aside(path: str, prefix: str) -> str:
@@ -179,6 +212,19 @@ def _set_aside(path: str, prefix: str) -> str:
         target = f"{target}.{int(time.time())}"
     os.rename(path, target)
     return target
+
+
+@dataclass
+class _BackgroundSave:
+    """A step DCP writes in the background: its folders, when it began (for the log) and
+    :attr:`published`, done once this rank's part is over (rank 0: the folder renamed ``step-N``)."""
+
+    step: int
+    partial: str
+    final: str
+    how: str
+    begin: float = field(default_factory=time.monotonic)
+    published: Future = field(default_factory=Future)
 
 
 class ParallaxCheckpointManager(CheckpointManager):
@@ -198,6 +244,7 @@ class ParallaxCheckpointManager(CheckpointManager):
         self.settings: dict[str, Any] = {}
         self.on_loaded: Callable[[int, dict | None], None] | None = None
         self.saved_steps: set[int] = set()
+        self._background: _BackgroundSave | None = None  # the background save not yet waited for
 
     # ---- save -------------------------------------------------------------------------------
 
@@ -207,24 +254,30 @@ class ParallaxCheckpointManager(CheckpointManager):
         if match is None:
             return super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
         step, final = int(match.group(1)), os.fspath(checkpoint_id)
-        result = None
-        if to_hf or async_mode != AsyncMode.DISABLED:  # TorchTitan's own (Hugging Face export, background save)
+        background, result = async_mode != AsyncMode.DISABLED and not to_hf, None
+        if to_hf:  # TorchTitan's own (the Hugging Face export of the last step)
             result = super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
+        elif background:
+            result = self._save_in_background(state_dict, step, final, async_mode)
         else:
             self._save_atomic(state_dict, step, final, enable_garbage_collection)
         self.saved_steps.add(step)
-        if _rank() == 0:
+        if _rank() == 0 and not background:  # a background save purges once it is published
             self._purge(os.path.dirname(final))
         return result
 
+    def _clear_partial(self, partial: str) -> None:
+        """Empty ``partial`` of what a killed save left there, on rank 0 before any rank writes into it."""
+        if _rank() == 0 and os.path.exists(partial):
+            shutil.rmtree(partial)
+        _barrier()
+
     def _save_atomic(self, state_dict, step: int, final: str, enable_garbage_collection: bool) -> None:
         """DCP into ``.partial-<step>``, then :meth:`_publish`; CheckpointError (every rank) on failure."""
-        partial = os.path.join(os.path.dirname(final), f".partial-{step}")
+        partial = _partial_of(final)
         begin = time.monotonic()
         try:
-            if _rank() == 0 and os.path.exists(partial):
-                shutil.rmtree(partial)  # left by a killed save
-            _barrier()
+            self._clear_partial(partial)
             writer = (ChecksumWriter(partial, checksum_threads(), default_algorithm()) if self.verify
                       else FileSystemWriter(partial))
             dcp.save(state_dict, storage_writer=writer)
@@ -234,29 +287,130 @@ class ParallaxCheckpointManager(CheckpointManager):
         except (Exception, CheckpointException) as exc:
             if _rank() == 0:
                 shutil.rmtree(partial, ignore_errors=True)
-            raise CheckpointError(_save_failure(step, final, exc)) from None
+            raise CheckpointError(_save_failure(step, final, _cause(exc))) from None
         logger.info(f"Checkpoint step-{step} complete in {time.monotonic() - begin:.2f} s"
                     + (" (with checksums)" if self.verify else ""))
 
     def _publish(self, step: int, partial: str, final: str, writer) -> None:
-        """Gather the ranks' digests; rank 0 writes settings and manifest and renames the folder.
-        Every rank raises if that failed."""
+        """Gather the ranks' digests; rank 0 publishes (:meth:`_publish_here`). Every rank raises if
+        that failed."""
         digests = _all_gather(getattr(writer, "digests", {}))
         failure = None
         if _rank() == 0:
             try:
-                write_settings(partial, step, self.settings)
-                if self.verify:
-                    _write_manifest(partial, digests, writer.algorithm)
-                if os.path.exists(final):
-                    logger.warning(f"{final!r} exists; moved to {_set_aside(final, 'superseded')!r}")
-                os.rename(partial, final)
-                fsync_path(os.path.dirname(final))
+                self._publish_here(step, partial, final, digests, getattr(writer, "algorithm", default_algorithm()))
             except Exception as exc:  # every rank must reach the broadcast below
                 failure = f"{type(exc).__name__}: {exc}"
         failure = _from_rank0(failure)
         if failure:
             raise RuntimeError(failure)
+
+    def _publish_here(self, step: int, partial: str, final: str, digests: list[dict[str, FileEntry]] | None,
+                      algorithm: str) -> None:
+        """Rank 0's part of a save once every rank's files and ``.metadata`` are written: settings,
+        manifest (from the ranks' ``digests``; None: hashing the folder's files here), then the
+        rename that makes ``step-<step>`` exist, complete. Raises what failed."""
+        write_settings(partial, step, self.settings)
+        if self.verify:
+            _write_manifest(partial, [_digest_data_files(partial, algorithm)] if digests is None else digests,
+                            algorithm)
+        fsync_path(partial)  # the new files' names, before the rename publishes them
+        if os.path.exists(final):
+            logger.warning(f"{final!r} exists; moved to {_set_aside(final, 'superseded')!r}")
+        os.rename(partial, final)
+        fsync_path(os.path.dirname(final))
+
+    # ---- background save --------------------------------------------------------------------
+
+    def _save_in_background(self, state_dict, step: int, final: str, async_mode: AsyncMode):
+        """TorchTitan's background save of ``step``, written into ``.partial-<step>``; rank 0 publishes
+        it when DCP's future is done (:meth:`_publish_when_written`). Returns TorchTitan's future (or
+        AsyncSaveResponse) with the write's completion replaced by the publication's, so that its
+        ``_async_wait`` waits for both. CheckpointError (every rank) when the save cannot start."""
+        save = _BackgroundSave(step, _partial_of(final), final,
+                               f" in the background (checkpoint.async_mode = {async_mode.value!r})")
+        try:
+            self._clear_partial(save.partial)
+            result = super().dcp_save(state_dict, save.partial, async_mode)
+        except (Exception, CheckpointException) as exc:
+            if _rank() == 0:
+                shutil.rmtree(save.partial, ignore_errors=True)
+            raise CheckpointError(_save_failure(step, final, _cause(exc), save.how)) from None
+        self._background = save
+        written = result.upload_completion if isinstance(result, AsyncSaveResponse) else result
+        coordinator = _rank() == 0  # taken here: the callback runs in DCP's thread
+        written.add_done_callback(lambda future: self._publish_when_written(save, future, coordinator))
+        if isinstance(result, AsyncSaveResponse):
+            return AsyncSaveResponse(staging_completion=result.staging_completion, upload_completion=save.published)
+        return save.published
+
+    def _publish_when_written(self, save: _BackgroundSave, written: Future, coordinator: bool) -> None:
+        """Done-callback of DCP's future (in DCP's thread): on rank 0 its success means every rank's
+        files and ``.metadata`` are on disk, so rank 0 publishes here without any collective (other
+        ranks have nothing to do). Never raises: the outcome goes to ``save.published``."""
+        try:
+            written.result()
+            if coordinator:
+                self._publish_here(save.step, save.partial, save.final, None, default_algorithm())
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            if coordinator:
+                shutil.rmtree(save.partial, ignore_errors=True)
+            save.published.set_exception(exc)
+            return
+        if coordinator:
+            logger.info(f"Checkpoint step-{save.step} complete{save.how} in {time.monotonic() - save.begin:.2f} s"
+                        + (" (with checksums)" if self.verify else ""))
+            self._purge_quietly(os.path.dirname(save.final))
+        save.published.set_result(None)
+
+    def _purge_quietly(self, folder: str) -> None:
+        """:meth:`_purge` after a background save, whose step is already published: a failure to
+        delete an old step is logged, never reported as a failed save."""
+        try:
+            self._purge(folder)
+        except Exception as exc:
+            logger.warning(f"checkpoint.keep_latest_k: could not delete old checkpoints in {folder!r} "
+                           f"({type(exc).__name__}: {exc})")
+
+    def _finish_background(self, save: _BackgroundSave) -> str | None:
+        """Wait (TorchTitan's ``_async_wait``) for ``save``, its publication included; what failed
+        (None: nothing). TorchTitan keeps a pinned-memory save's future after the wait; it is
+        dropped here, or every later wait would raise its failure again."""
+        try:
+            super()._async_wait()
+        except (Exception, CheckpointException) as exc:
+            return _cause(exc)
+        finally:
+            self.save_future = None
+        return None
+
+    def _async_wait(self) -> None:
+        """TorchTitan's wait for the background save, at the start of every save: it now also waits for
+        rank 0 to publish it, and the ranks agree (rank 0 alone knows whether that worked), so every
+        rank raises the same CheckpointError naming the step, or none does."""
+        save, self._background = self._background, None
+        if save is None:
+            return super()._async_wait()
+        failures = [f for f in _all_gather(self._finish_background(save)) if f]
+        if failures:
+            raise CheckpointError(_save_failure(save.step, save.final, failures[0], save.how))
+
+    def close(self) -> None:
+        """Wait for a background save before TorchTitan's close, which would leave it running: a run
+        that ends right after one (``reliability.stop_at_step`` at a save's step) would exit before
+        it is published. Waits on this rank only (the other ranks may be gone); a failure raises
+        CheckpointError, or is logged while another error is on its way out."""
+        save, self._background = getattr(self, "_background", None), None
+        try:
+            failure = self._finish_background(save) if save is not None else None
+        finally:
+            super().close()
+        if failure:
+            message = _save_failure(save.step, save.final, failure, save.how)
+            if sys.exc_info()[1] is not None:
+                logger.error(message)
+            else:
+                raise CheckpointError(message)
 
     def _purge(self, folder: str) -> None:
         """Delete complete checkpoints beyond the newest ``keep_latest_k`` (never an incomplete folder)."""

@@ -124,6 +124,20 @@ def force_sum_reductions(model: torch.nn.Module) -> None:
             module.set_force_sum_reduction_for_comms(True)
 
 
+def pinned_memory_saves_problem() -> str | None:
+    """Why ``checkpoint.async_mode = "async_with_pinned_mem"`` cannot save on this machine (None: it
+    can). TorchTitan stages each save into pinned memory with non-blocking copies through one
+    ``DefaultStager`` it keeps: torch refuses those copies without CUDA, and torch before 2.13 closes
+    the stager after its first save, so the second fails (pytorch/pytorch#183413)."""
+    if not torch.cuda.is_available():
+        return ("needs a CUDA device (TorchTitan stages each save into pinned memory with non-blocking copies, "
+                "which torch refuses on a machine without CUDA at the first save)")
+    if torch.__version__ < (2, 13):
+        return (f"fails at the second save with torch {torch.__version__} (torch's DefaultStager closes the stager "
+                "TorchTitan reuses; fixed in 2.13: pytorch/pytorch#183413)")
+    return None
+
+
 def save_checkpoint_now(checkpointer, step: int) -> None:
     """Write a full checkpoint (model, optimizer, schedules, data position) for ``step`` now,
     whatever the interval; a no-op if this run already saved that step. ``checkpointer`` is a

@@ -1,10 +1,12 @@
 """scripts.bench.checkpoint on the CPU test model: the byte prediction behind the 1.7B estimate
-matches the files written, and the page reports every save and load kind."""
+matches the files written, the page reports every save and load kind, and the background saves
+publish steps whose checksums hold."""
 
 from __future__ import annotations
 
 import json
 
+from parallax_titan.compat import pinned_memory_saves_problem
 from parallax_titan.launch import SHUTDOWN_TIMEOUT_S
 from scripts.bench import checkpoint
 
@@ -22,5 +24,11 @@ def test_checkpoint_benchmark_predicts_the_bytes_it_writes(tmp_path):
     assert set(data["load_s"]) == {"torchtitan", "checksums"}
     assert all(t > 0 for times in data["save_s"].values() for t in times)
     assert data["files"] == 3  # .metadata, settings.json, one data file
+    background = data["background"]
+    assert set(background) == ({"async"} if pinned_memory_saves_problem() else {"async", "async_with_pinned_mem"})
+    for kind, times in background.items():
+        assert times["problem"] == [], kind  # the published step's checksums hold
+        assert all(0 < held <= done for held, done in zip(times["held_s"], times["published_s"])), (kind, times)
     page = open(out + ".md").read()
+    assert "| background save (checksums) | held training (median s) | x synchronous save |" in page
     assert f"shutdown timeout (parallax_titan.launch.SHUTDOWN_TIMEOUT_S) is {SHUTDOWN_TIMEOUT_S} s" in page

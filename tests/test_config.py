@@ -99,7 +99,6 @@ SEMANTIC_CASES = [
      "training.global_batch_size: 12 is not a positive multiple of training.local_batch_size x data-parallel degree "
      "= 8 x 1 = 8 (on 1 rank)"),
     (["--checkpoint.keep_latest_k", "1"], "checkpoint.keep_latest_k: expected 0 (keep all) or an integer >= 2"),
-    (["--checkpoint.async_mode", "async"], "checkpoint.async_mode: 'async' saves in the background, where no manifest"),
 ]
 
 

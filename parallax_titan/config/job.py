@@ -145,6 +145,8 @@ class JobConfig(titan.JobConfig):
         the converters, parallelises the model or starts profiling (after the build)."""
         import torch
 
+        from parallax_titan.compat import pinned_memory_saves_problem
+
         cuda, problems = torch.cuda.is_available(), []
         if MX in self.model.converters:
             capability = torch.cuda.get_device_capability() if cuda else None
@@ -159,6 +161,10 @@ class JobConfig(titan.JobConfig):
                      (("enable_profiling", "profiler", self.profiling.enable_profiling),
                       ("enable_memory_snapshot", "memory snapshot", self.profiling.enable_memory_snapshot))
                      if on and not cuda]
+        pinned = self.checkpoint.enable and self.checkpoint.async_mode == "async_with_pinned_mem"
+        problem = pinned_memory_saves_problem() if pinned else None
+        if problem:
+            problems.append(f"checkpoint.async_mode: 'async_with_pinned_mem' {problem}; use 'async'")
         if self.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
             # TorchTitan logs the missing module and trains on without W&B
             problems.append("metrics.enable_wandb: true needs the wandb package, which is not installed here "

@@ -12,6 +12,11 @@ the GPU. Three ways to save it, each through a checkpoint manager's public ``sav
 * ``atomic``: ours with ``checkpoint.verify = false`` (DCP into ``.partial-N``, settings, rename);
 * ``checksums``: ours with ``checkpoint.verify = true`` (plus each file hashed and the manifest).
 
+Background saves (``checkpoint.async_mode``, with checksums; pinned memory where it can save): how long
+each save holds the caller (the ``save`` call, plus for pinned memory the wait for its staging that
+the trainer makes before the next optimizer step) and when its step folder is published, beside the
+synchronous save with checksums, and whether the last one's checksums hold.
+
 Loads (``load(step)``) of the plain and the checksummed checkpoint are timed from a cold page cache
 (the files evicted with ``posix_fadvise``) and warm. The 1.7B estimate scales the measured save
 time by the predicted checkpoint bytes (weights + Muon momentum + Adam moments, fp32), a
@@ -22,6 +27,7 @@ temporary folder, deleted at the end; about 2 x 7 GB at a time).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -39,6 +45,7 @@ RECIPE = "configs/paper/{flavor}/parallax_muon_wsd.toml"
 BYTES_PER_VALUE = 4  # fp32 weights and optimizer state
 STATE_VALUES = {"muon": 1, "adamw": 2}  # momentum; first and second moments
 SHUTDOWN_TIMEOUT_REF = "parallax_titan.launch.SHUTDOWN_TIMEOUT_S"
+BACKGROUND = ("async", "async_with_pinned_mem")  # checkpoint.async_mode values timed as a trainer sees them
 
 
 class _Counter(Stateful):
@@ -54,13 +61,15 @@ class _Counter(Stateful):
         self.step = state_dict["step"]
 
 
-def job_config(config: str, dump: str, verify: bool):
-    """The config at ``config`` (tiny tokenizer: the model's size does not depend on it)."""
+def job_config(config: str, dump: str, verify: bool, async_mode: str = "disabled"):
+    """The config at ``config`` (tiny tokenizer: the model's size does not depend on it), saving at
+    every step."""
     from parallax_titan.config import load_config
 
     return load_config(["--job.config_file", config, "--job.dump_folder", dump,
                         "--model.hf_assets_path", "./parallax_titan/assets/tokenizer/tiny",
-                        "--checkpoint.keep_latest_k", "0", f"--checkpoint.{'' if verify else 'no-'}verify"],
+                        "--checkpoint.keep_latest_k", "0", f"--checkpoint.{'' if verify else 'no-'}verify",
+                        "--checkpoint.interval", "1", "--checkpoint.async_mode", async_mode],
                        check_data=False)
 
 
@@ -86,13 +95,14 @@ def build_state(config: str, device: str):
 
 
 def manager(kind: str, config: str, dump: str, model, optimizers, schedulers):
-    """A checkpoint manager of ``kind`` (torchtitan, atomic, checksums) saving into ``dump``."""
+    """A checkpoint manager of ``kind`` (torchtitan, atomic, checksums, or a background mode of
+    BACKGROUND, with checksums) saving into ``dump``."""
     from torchtitan.components.checkpoint import CheckpointManager
 
     from parallax_titan.checkpointing import ParallaxCheckpointManager
 
     cls = CheckpointManager if kind == "torchtitan" else ParallaxCheckpointManager
-    cfg = job_config(config, dump, kind == "checksums")
+    cfg = job_config(config, dump, kind not in ("torchtitan", "atomic"), kind if kind in BACKGROUND else "disabled")
     return cls(dataloader=_Counter(), model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
                states={"train_state": _Counter()}, checkpoint_config=cfg.checkpoint, sd_adapter=None,
                base_folder=dump)
@@ -176,9 +186,63 @@ def bench(args, device: str) -> dict:
                                                                                  threads=args.threads), "cpu"))
             mgr.close()
             shutil.rmtree(os.path.join(root, kind), ignore_errors=True)
+        out["background"] = background(args, device, model, optimizers, schedulers, root)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+@contextlib.contextmanager
+def one_rank_group(root: str):
+    """A one-process group while in this block (TorchTitan's background saves make a gloo group of
+    their own); an existing group is used as it is."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(root, 'store')}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def wait_for(path: str, poll_s: float = 0.005) -> None:
+    """Until ``path`` exists (a background save's step folder appears when it is published)."""
+    while not os.path.isdir(path):
+        time.sleep(poll_s)
+
+
+def background(args, device: str, model, optimizers, schedulers, root: str) -> dict:
+    """Per background mode (pinned memory where it can save: ``compat.pinned_memory_saves_problem``):
+    seconds each save held the caller (the save
+    call, and for pinned memory the wait for its staging that the trainer makes before the next
+    optimizer step) and seconds until its step folder was published, as lists."""
+    from parallax_titan.compat import pinned_memory_saves_problem
+
+    kinds = BACKGROUND if pinned_memory_saves_problem() is None else BACKGROUND[:1]
+    with one_rank_group(root):
+        return {kind: background_saves(kind, args, device, model, optimizers, schedulers, root) for kind in kinds}
+
+
+def background_saves(kind: str, args, device: str, model, optimizers, schedulers, root: str) -> dict:
+    """``args.iters`` background saves of ``kind``: held and published seconds, and the problems of
+    the last step's checksums."""
+    mgr = manager(kind, args.config, os.path.join(root, kind), model, optimizers, schedulers)
+    held, published = [], []
+    for step in range(1, args.iters + 1):
+        begin = time.perf_counter()
+        held.append(timed(lambda s=step: (mgr.save(curr_step=s), mgr.maybe_wait_for_staging()), device))
+        wait_for(step_folder(mgr, step))
+        published.append(time.perf_counter() - begin)
+    last = step_folder(mgr, args.iters)
+    out = {"held_s": held, "published_s": published,
+           "problem": content_problems(last, read_manifest(last), threads=args.threads)}
+    print(kind, out, flush=True)
+    mgr.close()
+    shutil.rmtree(os.path.join(root, kind), ignore_errors=True)
     return out
 
 
@@ -215,13 +279,28 @@ def write(result: dict, out: str) -> None:
               f"{extra['cold']:.1f}% (cold) and {extra['warm']:.1f}% (warm) to a load.", "",
               f"1.7B: {result['predicted_bytes']['1.7B'] / 1e9:.1f} GB predicted, so a save with checksums takes about "
               f"{result['save_1.7B_estimate_s']:.0f} s on this disk; the launcher's shutdown timeout "
-              f"({SHUTDOWN_TIMEOUT_REF}) is {result['shutdown_timeout_s']} s."]
+              f"({SHUTDOWN_TIMEOUT_REF}) is {result['shutdown_timeout_s']} s.", ""]
+    lines += background_lines(result)
     write_result_page(out, result, lines)
+
+
+def background_lines(result: dict) -> list[str]:
+    """The background saves' table: how long each held training against the synchronous save."""
+    sync_s = result["median_save_s"]["checksums"]
+    rows = [(f"`{kind}`", f"{statistics.median(r['held_s']):.2f}", f"{statistics.median(r['held_s']) / sync_s:.3f}",
+             f"{statistics.median(r['published_s']):.2f}", "valid" if not r["problem"] else str(r["problem"]))
+            for kind, r in result["background"].items()]
+    return (table(["background save (checksums)", "held training (median s)", "x synchronous save",
+                   "published after (median s)", "last step's checksums"], rows)
+            + ["", f"Synchronous save with checksums in the same run: {sync_s:.2f} s."]
+            + ([f"`async_with_pinned_mem` not timed: it {result['pinned_problem']}."]
+               if result["pinned_problem"] else []))
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and write OUT.md and OUT.json."""
     from parallax_titan.checkpointing import checksum_threads
+    from parallax_titan.compat import pinned_memory_saves_problem
     from parallax_titan.spec import register_all
 
     argv = sys.argv[1:] if argv is None else argv
@@ -236,12 +315,14 @@ def main(argv: list[str] | None = None) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     flavor = job_config(args.config, tempfile.gettempdir(), True).model.flavor
     measured = (f"checkpoint save and load seconds (median of {args.iters}) of the training state of "
-                f"{args.config}: TorchTitan's plain DCP save, ours atomic, ours with checksums")
-    result = {"meta": describe("Checkpoint save and load, with and without checksums", measured,
+                f"{args.config}: TorchTitan's plain DCP save, ours atomic, ours with checksums, ours in the "
+                "background")
+    result = {"meta": describe("Checkpoint save and load, with and without checksums, in the background", measured,
                                command_line(__spec__.name, argv)),
               "config": args.config, "flavor": flavor, "algorithm": default_algorithm(), "threads": args.threads,
               "predicted_bytes": {"measured": predicted_bytes(args.config),
                                   "1.7B": predicted_bytes(RECIPE.format(flavor="1.7B"))}}
+    result["pinned_problem"] = pinned_memory_saves_problem()
     result.update(bench(args, device))
     write(result, args.out)
     print(open(args.out + ".md").read())
