@@ -67,6 +67,7 @@ __all__ = ["CheckpointError", "ChecksumWriter", "ParallaxCheckpointManager", "ch
            "verify_on_every_rank"]
 
 _STEP_ID = re.compile(r"step-(\d+)")
+_PARTIAL = re.compile(r"\.partial-\d+")
 
 
 class _RecordingFileSystem(FileSystem):
@@ -205,6 +206,16 @@ def _partial_of(final: str) -> str:
     return os.path.join(os.path.dirname(final), f".partial-{os.path.basename(final).split('-', 1)[1]}")
 
 
+def _remove_stale_partials(folder: str) -> None:
+    """Delete the ``.partial-N`` folders in ``folder``, logging each with its size."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    for name in sorted(n for n in names if _PARTIAL.fullmatch(n)):
+        path = os.path.join(folder, name)
+        size = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+        logger.warning(f"Removing {path!r} ({size / 2**30:.2f} GiB), left by a save that did not finish")
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _set_aside(path: str, prefix: str) -> str:
     """Rename the folder ``path`` to ``<parent>/<prefix>-<step>`` (plus a time if that exists)."""
     target = os.path.join(os.path.dirname(path), f"{prefix}-{os.path.basename(path).split('-', 1)[1]}")
@@ -245,6 +256,7 @@ class ParallaxCheckpointManager(CheckpointManager):
         self.on_loaded: Callable[[int, dict | None], None] | None = None
         self.saved_steps: set[int] = set()
         self._background: _BackgroundSave | None = None  # the background save not yet waited for
+        self._partials_cleared = False
 
     # ---- save -------------------------------------------------------------------------------
 
@@ -267,9 +279,15 @@ class ParallaxCheckpointManager(CheckpointManager):
         return result
 
     def _clear_partial(self, partial: str) -> None:
-        """Empty ``partial`` of what a killed save left there, on rank 0 before any rank writes into it."""
-        if _rank() == 0 and os.path.exists(partial):
-            shutil.rmtree(partial)
+        """Empty ``partial`` of what a killed save left there, on rank 0 before any rank writes into it.
+        The run's first save removes every ``.partial-N`` of the folder: each is what a killed save
+        left (none of this run's is in flight yet), as large as a checkpoint, and no load reads it."""
+        if _rank() == 0:
+            if not self._partials_cleared:
+                self._partials_cleared = True
+                _remove_stale_partials(os.path.dirname(partial))
+            if os.path.exists(partial):
+                shutil.rmtree(partial)
         _barrier()
 
     def _save_atomic(self, state_dict, step: int, final: str, enable_garbage_collection: bool) -> None:

@@ -140,7 +140,8 @@ def pinned_memory_saves_problem() -> str | None:
 
 def save_checkpoint_now(checkpointer, step: int) -> None:
     """Write a full checkpoint (model, optimizer, schedules, data position) for ``step`` now,
-    whatever the interval; a no-op if this run already saved that step. ``checkpointer`` is a
+    whatever the interval; if this run already saved that step, only waits until a background save
+    of it is published. ``checkpointer`` is a
     :class:`parallax_titan.checkpointing.ParallaxCheckpointManager`. Uses TorchTitan 0.2.2's
     CheckpointManager internals (there is no public "save now")."""
     from torchtitan.components.checkpoint import AsyncMode
@@ -148,9 +149,11 @@ def save_checkpoint_now(checkpointer, step: int) -> None:
     from parallax_titan.checkpoint_files import step_dir
 
     require_pinned_torchtitan()
-    if not checkpointer.enable or step in checkpointer.saved_steps:
+    if not checkpointer.enable:
         return
-    checkpointer._async_wait()
+    checkpointer._async_wait()  # a background save (of this very step too) is published before a stop says so
+    if step in checkpointer.saved_steps:
+        return
     checkpointer.dcp_save(checkpointer._flattened_model_states_sd(), checkpoint_id=step_dir(checkpointer.folder, step),
                           async_mode=AsyncMode.DISABLED, enable_garbage_collection=True)
 

@@ -49,9 +49,11 @@ def straight(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
     """The run stopped after step 3, whose background save the stop does not repeat: it is
-    published by the time the trainer has closed."""
+    published before the stop says the checkpoint is saved."""
     dump = tmp_path_factory.mktemp("stopped")
-    train(dump, *ASYNC, "--reliability.stop_at_step", "3")
+    log = output(train(dump, *ASYNC, "--reliability.stop_at_step", "3"))
+    published = log.index("Checkpoint step-3 complete in the background")
+    assert published < log.index("Stopping after step 3 (reliability.stop_at_step = 3); checkpoint saved"), log
     return dump
 
 
@@ -243,6 +245,24 @@ def test_save_clears_what_a_killed_save_left(saves):
     path = str(saves.folder / "step-1")
     assert "__7_0.distcp" not in os.listdir(path) and folder_problem(path) is None
     assert not stale.exists()
+
+
+@pytest.mark.parametrize("async_mode", ["async", "disabled"])
+def test_first_save_removes_every_folder_killed_saves_left(saves, async_mode, caplog):
+    """``.partial-N`` of other steps (a run killed mid-save, then resumed from an earlier step)
+    used to stay on disk, each as large as a checkpoint; folders that are not a save's stay."""
+    for name in (".partial-7", ".partial-12", ".partial-x", "corrupt-3", "notes"):
+        (saves.folder / name).mkdir(parents=True)
+        (saves.folder / name / "__0_0.distcp").write_bytes(b"x" * 1000)
+    mgr = saves.manager(async_mode)
+    mgr.save(curr_step=1)
+    mgr._async_wait()
+    assert sorted(os.listdir(saves.folder)) == [".partial-x", "corrupt-3", "notes", "step-1"]
+    assert f"Removing '{saves.folder / '.partial-12'}' (0.00 GiB), left by a save that did not finish" in caplog.text
+    (saves.folder / ".partial-9").mkdir()  # appears during the run: not this manager's to remove
+    mgr.save(curr_step=2)
+    mgr._async_wait()
+    assert (saves.folder / ".partial-9").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")
