@@ -94,6 +94,21 @@ def test_resume_rules_hold_for_a_background_save(rerun):
     assert "Training starts" not in output(result)
 
 
+@pytest.mark.slow  # three 2-rank torchrun jobs, about 1.5 minutes
+def test_background_saves_of_two_ranks_publish_both_shards_and_resume_exactly(tmp_path):
+    """Rank 0 publishes alone what both ranks wrote: its manifest lists both ranks' files, and a
+    2-rank resume from a background save repeats the straight run's losses."""
+    straight2, stopped2 = tmp_path / "straight", tmp_path / "stopped"
+    log = output(train(straight2, *ASYNC, nproc=2))
+    assert "Checkpoint step-3 complete in the background" in log
+    path = str(straight2 / "checkpoint" / "step-3")
+    assert set(read_manifest(path).files) == {".metadata", "settings.json", "__0_0.distcp", "__1_0.distcp"}
+    assert folder_problem(path) is None and sorted(os.listdir(straight2 / "checkpoint")) == ["step-3", "step-4"]
+    train(stopped2, *ASYNC, "--reliability.stop_at_step", "3", nproc=2)
+    train(stopped2, *ASYNC, nproc=2)
+    assert losses(stopped2) == losses(straight2)
+
+
 # ---- a manager in this process ------------------------------------------------------------------
 
 class _State(Stateful):
