@@ -18,7 +18,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.stateful import Stateful
 
 from parallax_titan import checkpointing
 from parallax_titan.checkpoint_files import (
@@ -27,6 +26,7 @@ from parallax_titan.checkpointing import ParallaxCheckpointManager
 from parallax_titan.checksums import MANIFEST_FILE, read_manifest
 from parallax_titan.config.sections import Checkpoint
 from parallax_titan.resume_rules import read_settings
+from scripts.bench.checkpoint import StepCounter
 from tests._train_runs import losses, run_single, train
 
 ASYNC = ["--training.dataset", "default_corpus", "--training.steps", "4", "--checkpoint.interval", "1",
@@ -111,19 +111,6 @@ def test_background_saves_of_two_ranks_publish_both_shards_and_resume_exactly(tm
 
 # ---- a manager in this process ------------------------------------------------------------------
 
-class _State(Stateful):
-    """A step counter standing in for the optimizer, schedules, data loader and train state."""
-
-    def __init__(self) -> None:
-        self.step = 0
-
-    def state_dict(self):
-        return {"step": self.step}
-
-    def load_state_dict(self, state_dict) -> None:
-        self.step = state_dict["step"]
-
-
 class Saves:
     """Managers saving into one folder of a one-process gloo group (TorchTitan's background saves
     build a gloo group of their own), and stand-ins for DCP's file writer that hold a background
@@ -138,9 +125,10 @@ class Saves:
     def manager(self, async_mode: str = "async") -> ParallaxCheckpointManager:
         """A manager saving a 4x4 linear layer (and stand-in training states) at every step."""
         config = Checkpoint(enable=True, interval=1, async_mode=async_mode, keep_latest_k=0)
-        mgr = ParallaxCheckpointManager(dataloader=_State(), model_parts=[torch.nn.Linear(4, 4)], optimizers=_State(),
-                                        lr_schedulers=_State(), states={"train_state": _State()},
-                                        checkpoint_config=config, sd_adapter=None, base_folder=str(self.dump))
+        mgr = ParallaxCheckpointManager(
+            dataloader=StepCounter(), model_parts=[torch.nn.Linear(4, 4)], optimizers=StepCounter(),
+            lr_schedulers=StepCounter(), states={"train_state": StepCounter()}, checkpoint_config=config,
+            sd_adapter=None, base_folder=str(self.dump))
         mgr.settings = {"optimizer.lr": 0.01}
         self.managers.append(mgr)
         return mgr

@@ -244,7 +244,8 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"],
     ["--activation_checkpoint.selective_ac_option", "every2"],  # mode "none": not used
     ["--compile.enable", "--compile.components", "loss"],
-    OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "feed_forward.w1,layers.3.attention.wo"],
+    OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
+              "feed_forward.w1,layers.3.attention.wo"],
     OP_SAC + ["--model.name", "transformer", "--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
               "attention.wq"],  # TorchTitan's attention calls its projections one by one
     ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", "nothing"],  # no op-level AC: not used

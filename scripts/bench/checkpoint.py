@@ -48,8 +48,9 @@ SHUTDOWN_TIMEOUT_REF = "parallax_titan.launch.SHUTDOWN_TIMEOUT_S"
 BACKGROUND = ("async", "async_with_pinned_mem")  # checkpoint.async_mode values timed as a trainer sees them
 
 
-class _Counter(Stateful):
-    """A step counter standing in for the trainer's train state and the data loader's position."""
+class StepCounter(Stateful):
+    """A step counter standing in for a trainer's states (train state, data loader position; in
+    tests also the optimizer and schedules)."""
 
     def __init__(self) -> None:
         self.step = 0
@@ -103,8 +104,8 @@ def manager(kind: str, config: str, dump: str, model, optimizers, schedulers):
 
     cls = CheckpointManager if kind == "torchtitan" else ParallaxCheckpointManager
     cfg = job_config(config, dump, kind not in ("torchtitan", "atomic"), kind if kind in BACKGROUND else "disabled")
-    return cls(dataloader=_Counter(), model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
-               states={"train_state": _Counter()}, checkpoint_config=cfg.checkpoint, sd_adapter=None,
+    return cls(dataloader=StepCounter(), model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+               states={"train_state": StepCounter()}, checkpoint_config=cfg.checkpoint, sd_adapter=None,
                base_folder=dump)
 
 
