@@ -327,7 +327,8 @@ class ParallaxCheckpointManager(CheckpointManager):
                       algorithm: str) -> None:
         """Rank 0's part of a save once every rank's files and ``.metadata`` are written: settings,
         manifest (from the ranks' ``digests``; None: hashing the folder's files here), then the
-        rename that makes ``step-<step>`` exist, complete. Raises what failed."""
+        rename that makes ``step-<step>`` exist, complete. Raises what failed before the rename; after
+        it the step is complete, and a failed sync of its parent folder is only logged."""
         write_settings(partial, step, self.settings)
         if self.verify:
             _write_manifest(partial, [_digest_data_files(partial, algorithm)] if digests is None else digests,
@@ -336,7 +337,11 @@ class ParallaxCheckpointManager(CheckpointManager):
         if os.path.exists(final):
             logger.warning(f"{final!r} exists; moved to {_set_aside(final, 'superseded')!r}")
         os.rename(partial, final)
-        fsync_path(os.path.dirname(final))
+        try:
+            fsync_path(os.path.dirname(final))
+        except OSError as exc:  # reported as a failed save, it would say nothing was kept while step-N exists
+            logger.warning(f"checkpoint {final!r} is complete, but syncing its parent folder failed ({exc}): the "
+                           "rename may not survive a power loss")
 
     # ---- background save --------------------------------------------------------------------
 

@@ -303,3 +303,22 @@ def test_pinned_memory_mode_is_refused_where_it_cannot_save(monkeypatch, cuda, v
             load_config(args)
     load_config(args, check_data=False)  # tools that only read the config
     load_config(["--job.config_file", DEMO, "--checkpoint.async_mode", "async"])
+
+
+@pytest.mark.parametrize("async_mode", ["async", "disabled"])
+def test_parent_folder_that_cannot_be_synced_after_the_rename_keeps_the_step(saves, monkeypatch, async_mode, caplog):
+    """The rename has made ``step-N`` complete: the save succeeds with a warning, where it used to
+    fail saying that nothing of it was kept."""
+    synced = checkpointing.fsync_path
+
+    def parent_fails(path):
+        if os.path.basename(path) == "checkpoint":
+            raise OSError(5, "Input/output error")
+        synced(path)
+
+    monkeypatch.setattr(checkpointing, "fsync_path", parent_fails)
+    mgr = saves.manager(async_mode)
+    mgr.save(curr_step=1)
+    mgr._async_wait()
+    assert os.listdir(saves.folder) == ["step-1"] and folder_problem(str(saves.folder / "step-1")) is None
+    assert "is complete, but syncing its parent folder failed ([Errno 5] Input/output error)" in caplog.text
