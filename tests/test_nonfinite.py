@@ -57,8 +57,10 @@ class _StoppingTrainer:
     """What ``ParallaxTrainer.should_continue_training`` reads of a trainer that was told to stop."""
 
     def __init__(self, enable: bool, reason: str, nonfinite: str | None = None):
-        # a step this run already saved: save_checkpoint_now has nothing to write
-        self.checkpointer = types.SimpleNamespace(enable=enable, saved_steps={2})
+        # a step this run already saved: save_checkpoint_now only waits for a background save of it
+        self.waits = []
+        self.checkpointer = types.SimpleNamespace(enable=enable, saved_steps={2},
+                                                  _async_wait=lambda: self.waits.append(self.step))
         self.step, self._stop_reason, self._nonfinite_stop = 2, reason, nonfinite
 
 
@@ -70,7 +72,9 @@ def test_a_stop_says_whether_a_checkpoint_was_written(enable, monkeypatch):
 
     lines = []
     monkeypatch.setattr(trainer.logger, "info", lines.append)
-    assert trainer.ParallaxTrainer.should_continue_training(_StoppingTrainer(enable, "SIGTERM")) is False
+    sigterm = _StoppingTrainer(enable, "SIGTERM")
+    assert trainer.ParallaxTrainer.should_continue_training(sigterm) is False
+    assert sigterm.waits == ([2] if enable else [])
     nonfinite = _StoppingTrainer(enable, "non-finite", "non-finite loss or gradient at step 2")
     with pytest.raises(trainer.NonFiniteStop) as info:
         trainer.ParallaxTrainer.should_continue_training(nonfinite)
