@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from parallax_titan.compat import pinned_memory_saves_problem
 from parallax_titan.launch import SHUTDOWN_TIMEOUT_S
 from scripts.bench import checkpoint
@@ -34,3 +36,12 @@ def test_checkpoint_benchmark_predicts_the_bytes_it_writes(tmp_path):
     page = open(out + ".md").read()
     assert "| background save (checksums) | first save held (s) | later saves held (median s) |" in page
     assert f"shutdown timeout (parallax_titan.launch.SHUTDOWN_TIMEOUT_S) is {SHUTDOWN_TIMEOUT_S} s" in page
+
+
+@pytest.mark.parametrize("flag, value", [("--iters", "0"), ("--threads", "-2")])
+def test_bad_counts_are_refused_before_any_save(tmp_path, flag, value, capsys):
+    """--iters 0 saved every kind once and then failed on an empty median."""
+    with pytest.raises(SystemExit) as info:
+        checkpoint.main([flag, value, "--dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "page")])
+    assert info.value.code == 2 and f"{value!r}: expected an int >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "ckpt").exists()

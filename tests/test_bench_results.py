@@ -1,9 +1,11 @@
-"""scripts.bench.results: the header every results page opens with, its command, and the page writer."""
+"""scripts.bench.results: the header every results page opens with, its command, the page writer, and
+the counts the benchmarks' command lines take (positive_int)."""
 
 import json
 import re
 import shlex
 
+import pytest
 import torch
 
 from scripts.bench.results import command_line, describe, gpu_description, header, table, write_results
@@ -53,3 +55,23 @@ def test_write_results_writes_the_page_and_its_json(tmp_path):
     assert json.loads((tmp_path / "new_folder" / "page.json").read_text()) == {"meta": meta, "rows": [1, 2]}
     write_results(str(tmp_path / "md_only"), meta, "body\n")
     assert (tmp_path / "md_only.md").is_file() and not (tmp_path / "md_only.json").exists()
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("checkpoint", ["--iters", "0"]),
+    ("data", ["--copies", "0"]),
+    ("data", ["--batches", "-1"]),
+    ("generate", ["--new-tokens", "0"]),
+    ("gram", ["--rep", "0"]),
+    ("attention_profile", ["run", "--dim", "128", "--batch", "0"]),
+    ("attention_autotune", ["--rounds", "0"]),
+])
+def test_benchmark_counts_below_one_are_refused_before_any_work(module, argv, capsys):
+    """A count of 0 ran a benchmark (some for minutes on a GPU) and then failed on an empty median
+    or wrote a page of nothing; argparse now refuses it, naming the value."""
+    import importlib
+
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"scripts.bench.{module}").main(argv)
+    assert info.value.code == 2
+    assert f"{argv[-1]!r}: expected an int >= 1" in capsys.readouterr().err

@@ -24,7 +24,7 @@ import torch
 
 from kernels.parallax import fused, tuning
 from scripts.bench.attention import SHAPES, make_inputs
-from scripts.bench.results import command_line, describe, table, write_results
+from scripts.bench.results import command_line, describe, positive_int, table, write_results
 
 CANDIDATES = tuning.both_orders([(128, 64, 8, 3), (64, 64, 4, 3)], TMA=True)
 L2_FLUSH_BYTES = 256 << 20  # as triton.testing.do_bench's cache flush
@@ -174,10 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="docs/bench/attention_autotune", help="output path without extension")
     parser.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))),
                         choices=range(len(SHAPES)), help="indices into scripts.bench.attention.SHAPES")
-    parser.add_argument("--rounds", type=int, default=15, help="rounds of the interleaved timing (default 15)")
+    parser.add_argument("--rounds", type=positive_int, default=15, help="rounds of the interleaved timing (default 15)")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds {args.rounds}: expected at least 1")
     if not torch.cuda.is_available():
         raise SystemExit("scripts.bench.attention_autotune needs a CUDA GPU")
     rows = [measure(SHAPES[i], args.rounds) for i in args.shapes]

@@ -27,7 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.bench.results import command_line, describe, gpu_description, software_versions, table, write_results
+from scripts.bench.results import (command_line, describe, gpu_description, positive_int, software_versions, table,
+                                   write_results)
 
 REPO = str(Path(__file__).resolve().parents[2])
 MODULE = "scripts.bench.attention_profile"
@@ -402,10 +403,10 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     for name, helptext in (("run", "the profiled calls (ncu runs this)"), ("profile", "ncu on run, per head dim")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--batch", type=int, default=4)
-        p.add_argument("--length", type=int, default=4096)
-        p.add_argument("--hq", type=int, default=16)
-        p.add_argument("--hkv", type=int, default=8)
+        p.add_argument("--batch", type=positive_int, default=4)
+        p.add_argument("--length", type=positive_int, default=4096)
+        p.add_argument("--hq", type=positive_int, default=16)
+        p.add_argument("--hkv", type=positive_int, default=8)
     sub.choices["run"].add_argument("--dim", type=int, required=True)
     sub.choices["run"].add_argument("--configs-out", default="attention_profile_configs.json")
     sub.choices["profile"].add_argument("--dims", type=int, nargs="+", default=[128, 64])

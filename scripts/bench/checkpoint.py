@@ -42,7 +42,7 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from parallax_titan.checksums import content_problems, default_algorithm, read_manifest
-from scripts.bench.results import command_line, describe, table, write_result_page
+from scripts.bench.results import command_line, describe, positive_int, table, write_result_page
 
 RECIPE = "configs/paper/{flavor}/parallax_muon_wsd.toml"
 BYTES_PER_VALUE = 4  # fp32 weights and optimizer state
@@ -311,8 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.checkpoint", description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=RECIPE.format(flavor="0.6B"), help="the run whose state is saved")
-    ap.add_argument("--iters", type=int, default=2, help="saves and loads of each kind")
-    ap.add_argument("--threads", type=int, default=checksum_threads(), help="hashing threads of the check alone")
+    ap.add_argument("--iters", type=positive_int, default=2, help="saves (after the first) and loads of each kind")
+    ap.add_argument("--threads", type=positive_int, default=checksum_threads(),
+                    help="hashing threads of the check alone")
     ap.add_argument("--dir", default="", help="where checkpoints go (default: a temporary folder)")
     ap.add_argument("--out", default="docs/bench/checkpoint", help="output path without extension")
     args = ap.parse_args(argv)

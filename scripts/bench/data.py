@@ -27,7 +27,7 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread: figures per core
 
-from scripts.bench.results import command_line, describe, table, write_results  # noqa: E402
+from scripts.bench.results import command_line, describe, positive_int, table, write_results  # noqa: E402
 
 QWEN3 = os.path.join("assets", "tokenizer", "qwen3")
 H200_TOKENS_PER_S = 60_000  # what one H200 consumes at 0.6B (docs/bench/train_h200)
@@ -202,11 +202,12 @@ def render(results: dict) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.data", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="outputs/bench/data", help="results prefix (writes PREFIX.md and .json)")
-    parser.add_argument("--num-proc", type=int, default=os.cpu_count() or 1, help="processes of the parallel run")
-    parser.add_argument("--copies", type=int, default=4, help="copies of the corpus pre-tokenized")
-    parser.add_argument("--repeats", type=int, default=3, help="reference runs (best kept)")
-    parser.add_argument("--batches", type=int, default=400, help="pretokenized loader batches timed")
-    parser.add_argument("--text-batches", type=int, default=20, help="text loader batches timed")
+    parser.add_argument("--num-proc", type=positive_int, default=os.cpu_count() or 1,
+                        help="processes of the parallel run")
+    parser.add_argument("--copies", type=positive_int, default=4, help="copies of the corpus pre-tokenized")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="reference runs (best kept)")
+    parser.add_argument("--batches", type=positive_int, default=400, help="pretokenized loader batches timed")
+    parser.add_argument("--text-batches", type=positive_int, default=20, help="text loader batches timed")
     args = parser.parse_args(argv)
     results = measure(args)
     meta = describe("Data pipeline throughput (CPU)", "pre-tokenization per core against the tokenizer's own batch "

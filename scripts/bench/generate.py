@@ -29,7 +29,7 @@ from parallax_titan.generation import Generator, SamplingParams, StopCriteria
 from parallax_titan.hf_adapter import ParallaxStateDictAdapter
 from parallax_titan.spec import BASE_FLAVORS, variant_args
 from scripts.bench.decode_timing import copy_bandwidth, log
-from scripts.bench.results import command_line, describe, table, write_results
+from scripts.bench.results import command_line, describe, positive_int, table, write_results
 
 VARIANTS = ("parallax", "transformer")
 BATCHES = (1, 4, 32)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
     parser.add_argument("--batches", type=int_list, default=list(BATCHES))
     parser.add_argument("--prompts", type=int_list, default=list(PROMPTS), help="prompt lengths")
-    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--new-tokens", type=positive_int, default=NEW_TOKENS)
     parser.add_argument("--flavor", default="0.6B", choices=sorted(BASE_FLAVORS))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers")
     parser.add_argument("--hf-compile", action="store_true", help="let transformers torch.compile the static cache")

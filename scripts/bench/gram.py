@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from scripts.bench.results import command_line, describe, table, write_result_page
+from scripts.bench.results import command_line, describe, positive_int, table, write_result_page
 
 # (B, m, n): the 0.6B Muon buckets
 SHAPES = [(56, 1024, 1024), (84, 2048, 1024), (28, 1024, 2048), (56, 3072, 1024), (28, 1024, 3072)]
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="docs/bench/gram", help="output path without extension")
     ap.add_argument("--shapes", type=lambda text: [int(i) for i in text.split(",")], default=None,
                     help=f"comma-separated indices into {SHAPES} (default: all)")
-    ap.add_argument("--rep", type=int, default=200, help="do_bench's timing window per function (ms)")
+    ap.add_argument("--rep", type=positive_int, default=200, help="do_bench's timing window per function (ms)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the Triton kernel and the timings run on it)")
