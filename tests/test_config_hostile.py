@@ -244,6 +244,8 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"],
     ["--activation_checkpoint.selective_ac_option", "every2"],  # mode "none": not used
     ["--compile.enable", "--compile.components", "loss"],
+    ["--metrics.no-enable_tensorboard", "--diagnostics.no-figures"],
+    ["--metrics.no-enable_tensorboard", "--diagnostics.no-enable"],
     OP_SAC + ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
               "feed_forward.w1,layers.3.attention.wo"],
     OP_SAC + ["--model.name", "transformer", "--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
@@ -285,3 +287,15 @@ def test_every_option_of_another_parallelism_is_checked():
     degrees = {f.name for f in fields(Parallelism) if f.name.endswith("_degree")} - data_parallel
     assert set(PARALLELISM_OPTIONS.values()) <= degrees
     assert {f.name for f in fields(Parallelism)} == data_parallel | degrees | set(PARALLELISM_OPTIONS)
+
+
+def test_diagnostics_figures_need_tensorboard_when_training_loads_the_config():
+    """The demo config runs diagnostics with figures, which the trainer draws into TensorBoard only:
+    with TensorBoard off they were dropped without a word. Tools that load the config without
+    training (scripts.analyze writes PNG files) are not refused."""
+    off = ["--job.config_file", DEMO, "--metrics.no-enable_tensorboard"]
+    with pytest.raises(ConfigError, match=r"diagnostics.figures: true draws the depth figures into TensorBoard, but "
+                                          r"metrics.enable_tensorboard = false \(they would be dropped\)"):
+        load_config(off)
+    load_config(off, check_data=False)
+    load_config([*off, "--diagnostics.no-figures"])

@@ -56,7 +56,7 @@ class JobConfig(titan.JobConfig):
 
         ``check_data``: also the checks of the training machine: the training (and validation) data
         can be read, and the devices that profiling, MXFP8 and the memory-budget checkpointing need
-        are here. Tools that only build the model (evaluation, export, the launcher) leave it off:
+        are here, and what only the trainer writes (diagnostics figures need TensorBoard). Tools that only build the model (evaluation, export, the launcher) leave it off:
         they may run where the training does not."""
         sections = (self.model, self.parallax, self.training, self.validation, self.metrics, self.checkpoint,
                     self.parallelism, self.optimizer, self.lr_scheduler, self.reliability, self.eval,
@@ -64,7 +64,16 @@ class JobConfig(titan.JobConfig):
         problems = [p for section in sections for p in section.validate()]
         problems += self._titan_problems()
         problems += self._model_problems(model_ok=not self.model.validate()) + self._job_problems()
-        return problems + (self._data_problems() + self._machine_problems() if check_data else [])
+        return problems + (self._data_problems() + self._machine_problems() + self._figure_problems()
+                           if check_data else [])
+
+    def _figure_problems(self) -> list[str]:
+        """The trainer's diagnostics draw their figures into TensorBoard only (``scripts.analyze``, which
+        turns diagnostics on for its own pass, writes PNG files: not checked there)."""
+        if self.diagnostics.enable and self.diagnostics.figures and not self.metrics.enable_tensorboard:
+            return ["diagnostics.figures: true draws the depth figures into TensorBoard, but "
+                    "metrics.enable_tensorboard = false (they would be dropped); turn one of them over"]
+        return []
 
     def _model_problems(self, model_ok: bool) -> list[str]:
         """Head counts and switches of the model this config builds (needs a valid [model])."""
