@@ -309,15 +309,15 @@ class ParallaxAttention(Attention):
         projection (``kernels.projection``); otherwise, or with ``fused_norm_rope`` off (``[parallax]
         fused_norm_rope = false``; the benchmarks' baseline), as TorchTitan's modules."""
         bs, seqlen, _ = x.shape
-        if self._fused_norm_rope(x, rope_cache, positions):
-            y = concat_linear(x, [self.wq, self.wk, self.wv, self.wr])
+        inputs = [getattr(self, name) for name in self.FUSED_INPUTS if getattr(self, name) is not None]
+        if self._fused_norm_rope(x, rope_cache, positions):  # no gate: inputs are wq, wk, wv, wr
+            y = concat_linear(x, inputs)
             if y is not None:
                 norms = (self.q_norm, self.k_norm, self.r_norm)
                 q, k, v, r = kernels.split_norm_rope(y, self.n_heads, self.n_kv_heads, [n.weight for n in norms],
                                                      self.r_norm.eps, rope_cache, self.rho_rope)
                 return q, r, k, v
         shape = (bs, seqlen, -1, self.head_dim)
-        inputs = [getattr(self, name) for name in self.FUSED_INPUTS if getattr(self, name) is not None]
         q, k, v, r, *g = fused_linear(x, inputs)
         q, k, v = self.q_norm(q.view(shape)), self.k_norm(k.view(shape)), v.view(shape)
         r = self.r_norm(r.view(shape))

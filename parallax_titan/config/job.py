@@ -56,8 +56,9 @@ class JobConfig(titan.JobConfig):
 
         ``check_data``: also the checks of the training machine: the training (and validation) data
         can be read, and the devices that profiling, MXFP8 and the memory-budget checkpointing need
-        are here, and what only the trainer writes (diagnostics figures need TensorBoard). Tools that only build the model (evaluation, export, the launcher) leave it off:
-        they may run where the training does not."""
+        are here, and what only the trainer writes (diagnostics figures need TensorBoard). Tools that
+        only build the model (evaluation, export, the launcher) leave it off: they may run where the
+        training does not."""
         sections = (self.model, self.parallax, self.training, self.validation, self.metrics, self.checkpoint,
                     self.parallelism, self.optimizer, self.lr_scheduler, self.reliability, self.eval,
                     self.diagnostics)

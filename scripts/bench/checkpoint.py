@@ -162,6 +162,8 @@ def predicted_bytes(config: str) -> int:
 
 def bench(args, device: str) -> dict:
     """Every timing of the module docstring, as lists of seconds."""
+    from parallax_titan.compat import pinned_memory_saves_problem
+
     model, optimizers, schedulers = build_state(args.config, device)
     root = args.dir or tempfile.mkdtemp(prefix="bench_checkpoint_")
     out = {"first_save_s": {}, "save_s": {}, "load_s": {}, "verify_s": {"cold": [], "warm": []}}
@@ -191,7 +193,9 @@ def bench(args, device: str) -> dict:
                                                                                  threads=args.threads), "cpu"))
             mgr.close()
             shutil.rmtree(os.path.join(root, kind), ignore_errors=True)
-        out["background"] = background(args, device, model, optimizers, schedulers, root)
+        out["pinned_problem"] = pinned_memory_saves_problem()
+        kinds = BACKGROUND if out["pinned_problem"] is None else BACKGROUND[:1]
+        out["background"] = background(kinds, args, device, model, optimizers, schedulers, root)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -214,20 +218,20 @@ def one_rank_group(root: str):
         dist.destroy_process_group()
 
 
-def wait_for(path: str, poll_s: float = 0.005) -> None:
-    """Until ``path`` exists (a background save's step folder appears when it is published)."""
+def wait_for(path: str, poll_s: float = 0.005, timeout_s: float = 600.0) -> None:
+    """Until ``path`` exists (a background save's step folder appears when it is published);
+    TimeoutError after ``timeout_s`` (a failed save never publishes it)."""
+    deadline = time.monotonic() + timeout_s
     while not os.path.isdir(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path!r} did not appear within {timeout_s:.0f} s: the background save failed?")
         time.sleep(poll_s)
 
 
-def background(args, device: str, model, optimizers, schedulers, root: str) -> dict:
-    """Per background mode (pinned memory where it can save: ``compat.pinned_memory_saves_problem``):
-    seconds each save held the caller (the save
-    call, and for pinned memory the wait for its staging that the trainer makes before the next
-    optimizer step) and seconds until its step folder was published, as lists."""
-    from parallax_titan.compat import pinned_memory_saves_problem
-
-    kinds = BACKGROUND if pinned_memory_saves_problem() is None else BACKGROUND[:1]
+def background(kinds, args, device: str, model, optimizers, schedulers, root: str) -> dict:
+    """Per background mode of ``kinds``: seconds each save held the caller (the save call, and for
+    pinned memory the wait for its staging that the trainer makes before the next optimizer step)
+    and seconds until its step folder was published, as lists."""
     with one_rank_group(root):
         return {kind: background_saves(kind, args, device, model, optimizers, schedulers, root) for kind in kinds}
 
@@ -305,7 +309,6 @@ def background_lines(result: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and write OUT.md and OUT.json."""
     from parallax_titan.checkpointing import checksum_threads
-    from parallax_titan.compat import pinned_memory_saves_problem
     from parallax_titan.spec import register_all
 
     argv = sys.argv[1:] if argv is None else argv
@@ -328,7 +331,6 @@ def main(argv: list[str] | None = None) -> None:
               "config": args.config, "flavor": flavor, "algorithm": default_algorithm(), "threads": args.threads,
               "predicted_bytes": {"measured": predicted_bytes(args.config),
                                   "1.7B": predicted_bytes(RECIPE.format(flavor="1.7B"))}}
-    result["pinned_problem"] = pinned_memory_saves_problem()
     result.update(bench(args, device))
     write(result, args.out)
     print(open(args.out + ".md").read())
