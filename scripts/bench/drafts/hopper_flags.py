@@ -1,0 +1,607 @@
+"""Hopper (sm_90) kernels of the fused Parallax attention, written in Gluon: the forward, and the
+backward's row pass (dq, drho) and column pass (dk, dv). Same formulas, phases, program order and
+outputs as ``fused.py``'s Triton kernels (their tile phases, documents' bounds and program order come
+from ``fused.py``'s own jit helpers), with the scheduling triton's compiler does not generate for those.
+
+Per program, the tiles the loop does not stream stay in shared memory as wgmma operands (q, rho in
+the forward; q, rho, dO in the row pass; k, v in the column pass, which can hold k in registers
+instead: ``tuning.HopperConfig.keys_in_registers``); the streamed tiles (k, v; or q,
+rho, dO and the four per-query statistics) come through a ring of ``STAGES`` TMA buffers, the next
+tiles' copies in flight while a tile is computed. Each copy of a slot signals an mbarrier ring of its
+own (copies that share an mbarrier get a CTA barrier each from the compiler), and the column pass
+reads a query tile's four statistics (lse, tbar, tau, beta: the row pass writes them into one (4, Hq
+* T) buffer) with one copy: four copies and four CTA barriers per tile. A tile's score-shaped
+products (s and t; in the backward also dO v^T, or their transposes) are issued together as
+asynchronous wgmmas; the softmax weights are computed while the others still run, and the first
+output (or gradient) wgmma runs while the next operand is computed. Every wgmma is retired by the end
+of its loop iteration: an accumulator in flight across the loop's back edge makes ptxas serialise
+every wgmma of the kernel. Deterministic: no atomics.
+
+``unusable`` says why a call cannot take these kernels (then ``fused`` runs its Triton kernels);
+``forward`` and ``backward`` launch them with ``tuning.HOPPER_CONFIGS``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from kernels.parallax import fused, tuning
+
+_NO_SPECIALIZE = ["T", "L", "HQ", "HKV", "GROUP", "WINDOW"]
+# The TMA load's name: async_copy_global_to_shared in triton 3.6 (torch 2.11), async_load later.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.constexpr_function
+def _mma_layout(num_warps, n):
+    """Layout of a wgmma accumulator with n columns, its warps stacked along the rows."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN: gl.constexpr, layout: gl.constexpr, VARLEN: gl.constexpr):
+    """[BM, BN] bool in ``layout``: which of keys n0 .. n0 + BN - 1 each query ``offs_m`` reads."""
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+    return (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= key_lo[:, None])
+
+
+@gluon.jit
+def _store_tile(PTR, x, t0, h, T, H, D: gl.constexpr, ROWS: gl.constexpr, layout: gl.constexpr):
+    """Rows [t0, t0 + ROWS) of head h of a contiguous (T, H, D) tensor from x ([ROWS, D] fp32 in
+    ``layout``), in PTR's dtype; rows past T are not written."""
+    rows = t0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    at = rows.to(gl.int64)[:, None] * (H * D) + h * D + cols[None, :]
+    gl.store(PTR + at, x.to(PTR.dtype.element_ty), mask=(rows < T)[:, None])
+
+
+@gluon.jit
+def _ring(STAGES: gl.constexpr):
+    """Initialised mbarriers, one per ring slot, for one TMA copy per slot. Each copy of a slot gets a
+    ring of its own: copies that signal one mbarrier each make the compiler put a CTA barrier (bar.sync)
+    before every copy, since each copy updates that mbarrier."""
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(bars.index(b), count=1)
+    return bars
+
+
+@gluon.jit
+def _once():
+    """An initialised mbarrier for the tiles a program loads once."""
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    return bar
+
+
+@gluon.jit
+def _wait_slot(rings, slot, phase):
+    """Wait until every copy of ring slot ``slot`` (one per ring of ``rings``) landed."""
+    for j in gl.static_range(len(rings)):
+        mbarrier.wait(rings[j].index(slot), phase)
+
+
+@gluon.jit
+def _retire(acc1, acc2):
+    """Wait for every wgmma in flight; the two accumulators back, to be accumulated into again. Done at
+    the end of each loop iteration: an accumulator still in flight across the loop's back edge makes
+    ptxas serialise every wgmma of the kernel."""
+    acc1, acc2 = warpgroup_mma_wait(0, deps=(acc1, acc2))
+    return warpgroup_mma_init(acc1), warpgroup_mma_init(acc2)
+
+
+@gluon.jit
+def _invalidate(rings, loaded, STAGES: gl.constexpr):
+    """Invalidate the mbarriers of ``rings`` and the one of the tiles loaded once."""
+    for j in gl.static_range(len(rings)):
+        for b in gl.static_range(STAGES):
+            mbarrier.invalidate(rings[j].index(b))
+    mbarrier.invalidate(loaded)
+
+
+@gluon.jit
+def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stats_desc, row_smem, stat_smem, rings,
+                total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows and
+    the tile's lse, tbar, tau, beta (one copy of a (4, BM) block), each copy signalling its own ring
+    (``rings``); nothing past the end."""
+    go = i < total
+    h = kv_h * GROUP + i // n_per_head
+    m0 = lo + (i % n_per_head) * BM
+    slot = i % STAGES
+    for j in gl.static_range(3):
+        mbarrier.expect(rings[j].index(slot), row_descs[j].block_type.nbytes, pred=go)
+    mbarrier.expect(rings[3].index(slot), stats_desc.block_type.nbytes, pred=go)
+    for j in gl.static_range(3):
+        _tma_load(row_descs[j], [m0, h * D], rings[j].index(slot), row_smem[j].index(slot), pred=go)
+    _tma_load(stats_desc, [0, h * T + m0], rings[3].index(slot), stat_smem.index(slot), pred=go)
+
+
+@gluon.jit
+def _statistic(stat_smem, slot, j: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr):
+    """Statistic ``j`` (0 lse, 1 tbar, 2 tau, 3 beta) of the query tile in ring slot ``slot`` of
+    ``stat_smem`` ([STAGES, 4, BM] fp32, unswizzled), as a [BM] tensor in ``layout``."""
+    return stat_smem.index(slot).reshape([4 * BM]).slice(j * BM, BM).load(layout)
+
+
+@gluon.jit
+def _column_start(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T,
+                  D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Shared memory of a column-pass program over key tile [n0, n0 + BN) of kv head ``kv_h``, with the
+    copies of its k and v tiles and of its first STAGES - 1 query tiles started: (k_smem, v_smem,
+    row_smem (q, rho, dO rings of [STAGES, BM, D]), stat_smem ([STAGES, 4, BM] fp32), rings (the
+    mbarrier rings of the row and statistics copies), kv_ready (k and v's mbarrier))."""
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    row_smem = (q_smem, r_smem, do_smem)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
+    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES))
+    kv_ready = _once()
+
+    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
+    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc, row_smem, stat_smem,
+                    rings, GROUP * n_per_head, D, BM, STAGES)
+    return k_smem, v_smem, row_smem, stat_smem, rings, kv_ready
+
+
+@gluon.jit
+def _column_tile(i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM: gl.constexpr,
+                 STAGES: gl.constexpr, layout: gl.constexpr):
+    """Query tile ``i`` of a column-pass program (``keys``: its k tile in shared memory or registers):
+    waits for the tile's copies and issues s^T = k q^T, t^T = k rho^T and a^T = v dO^T as asynchronous
+    wgmmas. Returns (ring slot, q, rho, dO tiles, the three wgmmas in flight, head, first query row,
+    the rows ([BM] in ``layout``) and which of them are < T)."""
+    slot = i % STAGES
+    _wait_slot(rings, slot, (i // STAGES) & 1)
+    q_tile = row_smem[0].index(slot)
+    r_tile = row_smem[1].index(slot)
+    do_tile = row_smem[2].index(slot)
+    st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    h = kv_h * GROUP + i // n_per_head
+    m0 = lo + (i % n_per_head) * BM
+    offs_m = m0 + gl.arange(0, BM, layout=layout)
+    return slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, offs_m < T
+
+
+@gluon.jit
+def _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m0, d_hi, f_hi, DOCS, T, L, WINDOW,
+                          BM: gl.constexpr, VARLEN: gl.constexpr, layout: gl.constexpr):
+    """p^T ([BN, BM] fp32) from s^T: exp2(qk_scale s - lse) of keys ``offs_n`` and queries ``offs_m``,
+    zero outside each query's keys on the masked phases (``fused._column_phases``)."""
+    # the statistics are read where they are used: held across the loop body they spill
+    pt = gl.exp2(st * qk_scale - _statistic(stat_smem, slot, 0, BM, layout)[None, :])
+    if (m0 < d_hi) | (m0 >= f_hi):
+        key_lo = fused._first_key(DOCS, offs_m, T, L, WINDOW, VARLEN)
+        ok = (offs_n[:, None] <= offs_m[None, :]) & (offs_n[:, None] >= key_lo[None, :]) & ok_m[None, :]
+        pt = gl.where(ok, pt, 0.0)
+    return pt
+
+
+@gluon.jit
+def _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM: gl.constexpr, layout: gl.constexpr,
+                      a_layout: gl.constexpr, NONEG: gl.constexpr):
+    """From p^T and the wgmmas t^T, a^T = (dO v^T)^T in flight: waits for t^T, issues
+    dv += (p^T (1 + tbar - t^T)) dO, waits for a^T. Returns dv (in flight) and g1^T (scaled by
+    ``scale``), g2^T ([BN, BM] fp32); the query tile's tbar, tau, beta from ``stat_smem``."""
+    tt = warpgroup_mma_wait(1, deps=(tt, ))
+    c = 1.0 + _statistic(stat_smem, slot, 1, BM, layout)[None, :] - tt
+    dv = warpgroup_mma(gl.convert_layout((pt * c).to(do_tile.dtype), a_layout), do_tile, dv, is_async=True)
+    at = warpgroup_mma_wait(1, deps=(at, ))
+    beta = _statistic(stat_smem, slot, 3, BM, layout)
+    bmt = beta - _statistic(stat_smem, slot, 2, BM, layout)
+    if NONEG:
+        nd = beta[None, :] - at
+        return dv, pt * (bmt[None, :] - c * nd) * scale, pt * nd
+    delta = at - beta[None, :]
+    return dv, pt * (c * delta + bmt[None, :]) * scale, -pt * delta
+
+
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE,
+                            T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+                            D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                            VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
+                            KEYS_IN_REGISTERS: gl.constexpr, LATE: gl.constexpr = False, NONEG: gl.constexpr = False):
+    gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _mma_layout(num_warps, BM)
+    acc_layout: gl.constexpr = _mma_layout(num_warps, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    keys_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    queries_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    n0, kv_h = fused._tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
+    lo, d_hi, f_hi, hi = fused._column_phases(DOCE, n0, T, L, WINDOW, BM, BN, VARLEN)
+    n_per_head = gl.cdiv(hi - lo, BM)
+    total = GROUP * n_per_head
+
+    k_smem, v_smem, row_smem, stat_smem, rings, kv_ready = _column_start(
+        q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T, D, BM, BN, STAGES)
+
+    offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
+    zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
+    dk = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
+    dv = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
+    mbarrier.wait(kv_ready, 0)
+    # k read once into registers as the A operand of two score wgmmas (why: tuning.HOPPER_CONFIGS)
+    if KEYS_IN_REGISTERS:
+        keys = k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+    else:
+        keys = k_smem
+    for i in range(total):
+        slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, ok_m = _column_tile(
+            i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM, STAGES, queries_layout)
+        # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
+        st = warpgroup_mma_wait(2, deps=(st, ))
+        if not LATE:
+            _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc,
+                        row_smem, stat_smem, rings, total, D, BM, STAGES)
+        pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m0, d_hi, f_hi, DOCS, T, L,
+                                   WINDOW, BM, VARLEN, queries_layout)
+        dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM, queries_layout, a_layout,
+                                       NONEG)
+        g1 = gl.convert_layout(g1.to(dtype), a_layout)
+        g2 = gl.convert_layout(g2.to(dtype), a_layout)
+        dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
+        dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
+        if LATE:
+            _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc,
+                        row_smem, stat_smem, rings, total, D, BM, STAGES)
+        dk, dv = _retire(dk, dv)
+
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+    _invalidate(rings, kv_ready, STAGES)
+    _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
+    _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
+
+
+# ----------------------------------------------------------------------------- row pass (dq, drho)
+@gluon.jit
+def _issue_keys(j, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D: gl.constexpr, BN: gl.constexpr,
+                STAGES: gl.constexpr):
+    """Start the TMA copies of key tile ``j`` (of ``n_tiles``) into its ring slot, k and v each signalling
+    its own ring (``rings``); nothing past the end."""
+    go = j < n_tiles
+    n0 = lo + j * BN
+    slot = j % STAGES
+    mbarrier.expect(rings[0].index(slot), k_desc.block_type.nbytes, pred=go)
+    mbarrier.expect(rings[1].index(slot), v_desc.block_type.nbytes, pred=go)
+    _tma_load(k_desc, [n0, kv_h * D], rings[0].index(slot), k_smem.index(slot), pred=go)
+    _tma_load(v_desc, [n0, kv_h * D], rings[1].index(slot), v_smem.index(slot), pred=go)
+
+
+@gluon.jit
+def _query_tile(DOCS, T, L, HQ, GROUP, WINDOW, BM: gl.constexpr, BN: gl.constexpr, VARLEN: gl.constexpr,
+                GLOBAL_ORDER: gl.constexpr):
+    """This program's query tile in a pass over key tiles (the forward, the row pass): its first row
+    m0, head h and kv head, and the key tiles' phases (``fused._row_phases``: lo, a_hi, diag) and
+    count from lo."""
+    m0, h = fused._tile_order(T, L, HQ, BM, VARLEN, False, GLOBAL_ORDER)
+    kv_h = h // GROUP
+    lo, a_hi, diag, hi = fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
+    n_tiles = gl.cdiv(hi - lo, BN)
+    return m0, h, kv_h, lo, a_hi, diag, n_tiles
+
+
+@gluon.jit
+def _key_ring(k_desc, v_desc, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Shared memory for a ring of ``STAGES`` k and v tiles ([STAGES, BN, D] each) and the mbarrier ring
+    of each (``_issue_keys`` fills them)."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, D], v_desc.layout)
+    return k_smem, v_smem, (_ring(STAGES), _ring(STAGES))
+
+
+@gluon.jit
+def _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: gl.constexpr,
+               num_warps: gl.constexpr):
+    """tau = dO.o and beta = dO.vbar of rows [m0, m0 + BM) of head h ([BM] fp32), stored in STATS's
+    planes 2 and 3 ((4, Hq, T) fp32: lse, tbar, tau, beta)."""
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[256 // D, D // 8],
+                                            warps_per_cta=[num_warps, 1], order=[1, 0])
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    ok = rows < T
+    at = rows.to(gl.int64)[:, None] * (HQ * D) + h * D + cols[None, :]
+    do = do_smem.load(layout).to(gl.float32)
+    tau = gl.sum(do * gl.load(O + at, mask=ok[:, None], other=0.0).to(gl.float32), 1)
+    beta = gl.sum(do * gl.load(VBAR + at, mask=ok[:, None], other=0.0).to(gl.float32), 1)
+    stat = h.to(gl.int64) * T + rows
+    plane = HQ.to(gl.int64) * T
+    gl.store(STATS + 2 * plane + stat, tau, mask=ok)
+    gl.store(STATS + 3 * plane + stat, beta, mask=ok)
+    return tau, beta
+
+
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, STATS, DQ, DR, DOCS,
+                          T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+                          D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                          VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
+                          LATE: gl.constexpr = False, NONEG: gl.constexpr = False):
+    gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+    acc_layout: gl.constexpr = _mma_layout(num_warps, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    m0, h, kv_h, lo, a_hi, diag, n_tiles = _query_tile(DOCS, T, L, HQ, GROUP, WINDOW, BM, BN, VARLEN, GLOBAL_ORDER)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [BM, D], r_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [BM, D], do_desc.layout)
+    k_smem, v_smem, rings = _key_ring(k_desc, v_desc, D, BN, STAGES)
+    q_ready = _once()
+
+    mbarrier.expect(q_ready, 3 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
+    _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
+    _tma_load(do_desc, [m0, h * D], q_ready, do_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+
+    offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
+    ok_m = offs_m < T
+    stat = h.to(gl.int64) * T + offs_m
+    lse = gl.load(LSE + stat, mask=ok_m, other=0.0)
+    tbar = gl.load(TBAR + stat, mask=ok_m, other=0.0)
+    # the column pass reads all four statistics of a query tile with one TMA copy
+    gl.store(STATS + stat, lse, mask=ok_m)
+    gl.store(STATS + HQ.to(gl.int64) * T + stat, tbar, mask=ok_m)
+    mbarrier.wait(q_ready, 0)
+    tau, beta = _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D, BM, num_warps)
+    beta = gl.convert_layout(beta, rows_layout)
+    bmt = beta - gl.convert_layout(tau, rows_layout)
+
+    zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
+    dq = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
+    dr = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
+    for j in range(n_tiles):
+        slot = j % STAGES
+        _wait_slot(rings, slot, (j // STAGES) & 1)
+        k_tile = k_smem.index(slot)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        a = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                 is_async=True)
+        s, dq, dr = warpgroup_mma_wait(2, deps=(s, dq, dr))
+        if not LATE:
+            _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        n0 = lo + j * BN
+        if (n0 < a_hi) | (n0 >= diag):
+            p = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), p, 0.0)
+        t = warpgroup_mma_wait(1, deps=(t, ))
+        c = 1.0 + tbar[:, None] - t
+        a = warpgroup_mma_wait(0, deps=(a, ))
+        if NONEG:
+            nd = beta[:, None] - a
+            g1 = gl.convert_layout((p * (bmt[:, None] - c * nd)).to(dtype), a_layout)
+            g2 = gl.convert_layout((p * nd).to(dtype), a_layout)
+        else:
+            delta = a - beta[:, None]
+            g1 = gl.convert_layout((p * (c * delta + bmt[:, None])).to(dtype), a_layout)
+            g2 = gl.convert_layout((-p * delta).to(dtype), a_layout)
+        dq = warpgroup_mma(g1, k_tile, dq, is_async=True)
+        dr = warpgroup_mma(g2, k_tile, dr, is_async=True)
+        if LATE:
+            _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+        dq, dr = _retire(dq, dr)
+
+    dq, dr = warpgroup_mma_wait(0, deps=(dq, dr))
+    _invalidate(rings, q_ready, STAGES)
+    _store_tile(DQ, dq * scale, m0, h, T, HQ, D, BM, acc_layout)
+    _store_tile(DR, dr, m0, h, T, HQ, D, BM, acc_layout)
+
+
+# ----------------------------------------------------------------------------- forward
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, HKV, GROUP, WINDOW,
+                       qk_scale, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                       VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
+                       LATE: gl.constexpr = False):
+    gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+    acc_layout: gl.constexpr = _mma_layout(num_warps, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+
+    m0, h, kv_h, lo, a_hi, diag, n_tiles = _query_tile(DOCS, T, L, HQ, GROUP, WINDOW, BM, BN, VARLEN, GLOBAL_ORDER)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [BM, D], r_desc.layout)
+    k_smem, v_smem, rings = _key_ring(k_desc, v_desc, D, BN, STAGES)
+    q_ready = _once()
+
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
+    _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+
+    offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
+    zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
+    m_i = gl.full([BM], -1.0e30, gl.float32, rows_layout)  # finite: fully masked tiles keep alpha = 1, not NaN
+    d1 = gl.zeros([BM], gl.float32, rows_layout)
+    d2 = gl.zeros([BM], gl.float32, rows_layout)
+    o1 = gl.zeros([BM, D], gl.float32, acc_layout)
+    o2 = gl.zeros([BM, D], gl.float32, acc_layout)
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        _wait_slot(rings, slot, (j // STAGES) & 1)
+        k_tile = k_smem.index(slot)
+        v_tile = v_smem.index(slot)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        # s done; the previous tile's wgmmas retired at its end: its ring slot is free for tile j + STAGES - 1
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        if not LATE:
+            _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+        n0 = lo + j * BN
+        if (n0 < a_hi) | (n0 >= diag):
+            s = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), s, float("-inf"))
+        # m_i in units of qk_scale * s (qk_scale > 0): one FFMA per score instead of a multiply and a subtract
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - m_new[:, None])
+        d1 = d1 * alpha + gl.sum(p, 1)
+        rescale = gl.convert_layout(alpha, acc_rows)[:, None]
+        o1 = warpgroup_mma(gl.convert_layout(p.to(dtype), a_layout), v_tile, o1 * rescale, is_async=True)
+        t = warpgroup_mma_wait(1, deps=(t, ))
+        pt = p * t
+        d2 = d2 * alpha + gl.sum(pt, 1)
+        o2 = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), v_tile, o2 * rescale, is_async=True)
+        if LATE:
+            _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
+        o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
+        m_i = m_new
+
+    _invalidate(rings, q_ready, STAGES)
+    inv = 1.0 / d1
+    tbar = d2 * inv
+    inv_rows = gl.convert_layout(inv, acc_rows)[:, None]
+    vbar = o1 * inv_rows
+    o = (1.0 + gl.convert_layout(tbar, acc_rows))[:, None] * vbar - o2 * inv_rows
+    _store_tile(O, o, m0, h, T, HQ, D, BM, acc_layout)
+    _store_tile(VBAR, vbar, m0, h, T, HQ, D, BM, acc_layout)
+    ok_m = offs_m < T
+    stat = h.to(gl.int64) * T + offs_m
+    gl.store(TBAR + stat, tbar, mask=ok_m)
+    gl.store(LSE + stat, m_i + gl.log2(d1), mask=ok_m)
+
+
+# ----------------------------------------------------------------------------- launch
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def unusable(q, total: int, tma_ok: bool, names=("dq", "dkdv"), scale: float = 1.0) -> str | None:
+    """Why attention on q (B, L, Hq, D) over ``total`` tokens with softmax ``scale`` cannot run kernels
+    ``names`` ("fwd", "dq", "dkdv"), or None. ``tma_ok``: the row tensors' layout allows TMA descriptors
+    (``fused._tma_ok``)."""
+    if not q.is_cuda:
+        return "inputs are not CUDA tensors"
+    arch = torch.cuda.get_device_capability(q.device)
+    if arch != (9, 0):
+        return f"wgmma needs an sm_90 GPU, this one is sm_{arch[0]}{arch[1]}"
+    if q.dtype not in _GL_DTYPES:
+        return f"dtype {q.dtype} (bf16 or fp16 only)"
+    if any(q.shape[-1] not in tuning.HOPPER_CONFIGS[name] for name in names):
+        return f"head_dim {q.shape[-1]} has no Hopper config (tuning.HOPPER_CONFIGS)"
+    if "fwd" in names and not scale > 0:
+        return f"scale {scale}: the forward keeps its running max of unscaled scores (needs scale > 0)"
+    if "dkdv" in names and total % 4:
+        return f"{total} tokens: the statistics' TMA copies start at 16-byte boundaries (a multiple of 4 tokens)"
+    if not tma_ok:
+        return "the row tensors' layout does not allow TMA (heads D apart, 16-byte aligned)"
+    return None
+
+
+@functools.cache
+def stats_layout():
+    """Shared layout of the column pass's (4, BM) fp32 statistics block: unswizzled, so that each
+    statistic is a contiguous run of BM values (``_statistic`` slices them)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+@functools.cache
+def _rows_layout(block_rows: int, d: int, dtype: torch.dtype):
+    """Shared layout of a (block_rows, d) tile of ``dtype`` rows. Cached: building it is a sizeable
+    part of a launch's host time, and the launches of a training step ask for a handful of them."""
+    return gl.NVMMASharedLayout.get_default_for([block_rows, d], _GL_DTYPES[dtype])
+
+
+def _rows_descriptor(x, stride_t, total, heads, d, block_rows):
+    """TMA descriptor over a (T, H, D) tensor with token stride ``stride_t``, viewed as (T, H * D)."""
+    return TensorDescriptor(x, [total, heads * d], [stride_t, 1], [block_rows, d], _rows_layout(block_rows, d, x.dtype))
+
+
+def _query_key_descriptors(q, r, k, v, strides, total, bm, bn):
+    """(q, rho, k, v) TMA descriptors: blocks of ``bm`` query rows, ``bn`` key rows."""
+    d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
+    return (_rows_descriptor(q, strides["q"], total, hq, d, bm), _rows_descriptor(r, strides["q"], total, hq, d, bm),
+            _rows_descriptor(k, strides["k"], total, hkv, d, bn), _rows_descriptor(v, strides["v"], total, hkv, d, bn))
+
+
+def _row_descriptors(q, r, k, v, do, strides, total, bm, bn):
+    """(q, rho, dO, k, v) TMA descriptors: blocks of ``bm`` query rows, ``bn`` key rows."""
+    q_desc, r_desc, k_desc, v_desc = _query_key_descriptors(q, r, k, v, strides, total, bm, bn)
+    do_desc = _rows_descriptor(do, strides["do"], total, q.shape[2], q.shape[-1], bm)
+    return q_desc, r_desc, do_desc, k_desc, v_desc
+
+
+def forward(q, r, k, v, outputs, docs, *, strides, total, seq_len, window, qk_scale, varlen):
+    """The forward, as ``fused.forward`` calls it (after ``unusable`` returned None for "fwd").
+
+    q, r: (B, L, Hq, D) with token stride ``strides["q"]``; k, v: (B, L, Hkv, D), token strides
+    ``strides["k"]``, ``strides["v"]``; bf16 or fp16, heads D apart. ``outputs``: the (o, vbar, tbar,
+    lse) buffers written: o, vbar (B, L, Hq, D) contiguous, tbar, lse (Hq, T) fp32. docs: per-token
+    document starts (read when ``varlen``); window: the band, at most T; qk_scale: scale * log2(e).
+    """
+    o, vbar, tbar, lse = outputs
+    d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
+    config = tuning.HOPPER_CONFIGS["fwd"][d]
+    descs = _query_key_descriptors(q, r, k, v, strides, total, config.bm, config.bn)
+    _fwd_hopper_kernel[(triton.cdiv(total, config.bm) * hq,)](
+        *descs, o, vbar, tbar, lse, docs, total, seq_len, hq, hkv, hq // hkv, window, qk_scale,
+        **constexprs(d, config, varlen))
+
+
+def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides, total, seq_len, window, scale,
+             qk_scale, varlen):
+    """Both passes, as ``fused.backward`` calls them (after ``unusable`` returned None).
+
+    q, r: (B, L, Hq, D) with token stride ``strides["q"]``; k, v: (B, L, Hkv, D), token strides
+    ``strides["k"]``, ``strides["v"]``; o, vbar, do: (B, L, Hq, D) contiguous (``strides["do"]``);
+    all bf16 or fp16, heads D apart. tbar, lse: (Hq, T) fp32 from the forward. ``outputs``: the
+    (dq, dr, dk, dv) buffers written (contiguous).
+    docs, doce: per-token document start/end tables (read when ``varlen``); window: the band, at
+    most T; scale: softmax scale; qk_scale: scale * log2(e).
+    """
+    dq, dr, dk, dv = outputs
+    d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
+    sizes = (total, seq_len, hq, hkv, hq // hkv, window, scale, qk_scale)
+    row, column = tuning.HOPPER_CONFIGS["dq"][d], tuning.HOPPER_CONFIGS["dkdv"][d]
+    stats = torch.empty((4, hq * total), dtype=torch.float32, device=q.device)  # lse, tbar, tau, beta
+    descs = _row_descriptors(q, r, k, v, do, strides, total, row.bm, row.bn)
+    _bwd_dq_hopper_kernel[(triton.cdiv(total, row.bm) * hq,)](
+        *descs, o, vbar, tbar, lse, stats, dq, dr, docs, *sizes, **constexprs(d, row, varlen))
+    descs = _row_descriptors(q, r, k, v, do, strides, total, column.bm, column.bn)
+    stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], stats_layout())
+    _bwd_dkdv_hopper_kernel[(triton.cdiv(total, column.bn) * hkv,)](
+        *descs, stats_desc, dk, dv, docs, doce, *sizes, **column_constexprs(d, column, varlen))
+
+
+def constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
+    """The constexpr arguments (and num_warps; maxnreg where the config caps registers) of a Hopper
+    kernel launched with ``config`` at head dim d, in the global program order (heaviest tiles first);
+    the column pass takes ``config.keys_in_registers`` besides (``column_constexprs``)."""
+    cap = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
+    return dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
+                num_warps=config.warps, **cap)
+
+
+def column_constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
+    """``constexprs`` of the column pass, with KEYS_IN_REGISTERS."""
+    return {**constexprs(d, config, varlen), "KEYS_IN_REGISTERS": config.keys_in_registers}
