@@ -72,9 +72,26 @@ def _longest_copy_run(sass: str) -> int:
 
 @pytest.mark.parametrize("d", [128, 64])
 def test_the_column_pass_issues_a_slots_tile_copies_without_a_cta_barrier_between_them(d):
-    """Each TMA copy of a ring slot signals its own mbarrier, so the compiler issues the q, rho and dO
-    copies of a slot back to back; copies sharing an mbarrier got a bar.sync each."""
-    assert _longest_copy_run(_compile("dkdv", d, False)) >= 3
+    """The producer warp issues a ring slot's copies (q, rho, dO, the statistics) back to back."""
+    assert _longest_copy_run(_compile("dkdv", d, False)) >= 4
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_the_column_pass_runs_a_producer_warp_and_two_consumer_warpgroups(d):
+    """12 warps a program; the registers re-split between the partitions (the producer warp's warpgroup
+    down to 24 a thread, the consumers to hopper's share); each consumer issues a query tile's wgmmas:
+    three score products over D, then dv and dk's two over the tile's BM queries, 16 deep each."""
+    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper
+
+    from kernels.parallax import hopper
+
+    config = tuning.HOPPER_CONFIGS["dkdv"][d]
+    compiled = compile_hopper("dkdv", d, config)
+    sass = _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
+    assert compiled.metadata.num_warps == 12
+    split = set(re.findall(r"USETMAXREG\.\S+ (?:UP\d, )?(0x[0-9a-f]+)", sass))
+    assert {"0x18", hex(hopper._CONSUMER_REGS)} <= split, split
+    assert sass.count("HGMMA") == 2 * (3 * d // 16 + 3 * config.bm // 16)
 
 
 def _register_a_score_wgmmas(sass: str, bm: int) -> int:
@@ -83,15 +100,15 @@ def _register_a_score_wgmmas(sass: str, bm: int) -> int:
 
 
 def test_the_column_pass_holds_k_in_registers_where_the_installed_triton_keeps_its_wgmmas_in_flight():
-    """With ``keys_in_registers`` two of the three score products read k from registers (one wgmma per
-    16 of D each), with it off none. The shipped D=128 config holds k there exactly when this triton's
+    """With ``keys_in_registers`` two of the three score products of each consumer read k from registers
+    (one wgmma per 16 of D each), with it off none. The shipped D=128 config holds k there exactly when this triton's
     compile of it still leaves wgmmas in flight (``tuning.KEYS_FIT_IN_REGISTERS``: ptxas serialises
     them all, short of registers, from triton 3.9)."""
     from scripts.bench.kernel_resources import _cuobjdump, compile_hopper
 
     config = tuning.HOPPER_CONFIGS["dkdv"][128]
     sass = {}
-    for keys_in_registers, expected in ((True, 2 * 128 // 16), (False, 0)):
+    for keys_in_registers, expected in ((True, 2 * 2 * 128 // 16), (False, 0)):
         compiled = compile_hopper("dkdv", 128, config._replace(keys_in_registers=keys_in_registers))
         sass[keys_in_registers] = _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
         assert _register_a_score_wgmmas(sass[keys_in_registers], config.bm) == expected
@@ -328,12 +345,12 @@ def test_sweep_sets_configs_for_its_block_and_renders_rows():
     from scripts.bench import attention_hopper as sweep
 
     shipped = dict(tuning.HOPPER_CONFIGS["dq"]), dict(tuning.HOPPER_CONFIGS["dkdv"])
-    pair = {"dq": tuning.HopperConfig(128, 32, 8, 2), "dkdv": tuning.HopperConfig(32, 128, 8, 3)}
+    pair = {"dq": tuning.HopperConfig(128, 32, 8, 2), "dkdv": tuning.HopperConfig(32, 128, 4, 3)}
     with sweep.configs(128, pair):
         assert tuning.HOPPER_CONFIGS["dq"][128] == tuning.HopperConfig(128, 32, 8, 2)
         assert tuning.HOPPER_CONFIGS["dkdv"][128] == pair["dkdv"]
     assert (tuning.HOPPER_CONFIGS["dq"], tuning.HOPPER_CONFIGS["dkdv"]) == shipped
-    assert sweep.pair_label(pair) == "dq 128x32 w8 s2 + dkdv 32x128 w8 s3"
+    assert sweep.pair_label(pair) == "dq 128x32 w8 s2 + dkdv 32x128 w4 s3"
     rows = [sweep.row((4, 4096), 128, "triton passes", 3.5, 1.0, 2.0, 3.5),
             sweep.row((4, 4096), 128, "hopper, dq 64x64 w4 s2", 3.0, 1.0, 2.0, 3.5)]
     text = sweep.report_markdown(rows)
@@ -402,6 +419,10 @@ def test_shipped_and_sweep_configs_pass_the_checks_hopper_config_makes():
                                                    "tiles, wgmma's M\\), got 32"),
     ("dq", 128, tuning.HopperConfig(16, 64, 4, 2), "bm must be a multiple of 64 for 'dq'"),
     ("dkdv", 64, tuning.HopperConfig(64, 32, 4, 2), "bn must be a multiple of 64 for 'dkdv'"),
+    ("dkdv", 128, tuning.HopperConfig(32, 128, 8, 3), "warps must be 4 for 'dkdv' \\(each of its two consumer "
+                                                      "partitions is one warpgroup\\), got 8"),
+    ("dkdv", 64, tuning.HopperConfig(64, 64, 4, 3, 168), "maxnreg must be None for 'dkdv' \\(it splits its "
+                                                         "registers between its partitions itself\\), got 168"),
     ("dkdv", 128, tuning.HopperConfig(32, 64, 4, 3, None, "yes"), "keys_in_registers must be a bool, got 'yes'"),
     ("dkdv", 128, tuning.HopperConfig(32, 64, 4, 3, None, 1), "keys_in_registers must be a bool, got 1"),
     ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, None, True), "keys_in_registers applies to the column pass "

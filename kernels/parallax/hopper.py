@@ -7,10 +7,12 @@ Per program, the tiles the loop does not stream stay in shared memory as wgmma o
 the forward; q, rho, dO in the row pass; k, v in the column pass, which can hold k in registers
 instead: ``tuning.HopperConfig.keys_in_registers``); the streamed tiles (k, v; or q,
 rho, dO and the four per-query statistics) come through a ring of ``STAGES`` TMA buffers, the next
-tiles' copies in flight while a tile is computed. Each copy of a slot signals an mbarrier ring of its
-own (copies that share an mbarrier get a CTA barrier each from the compiler), and the column pass
-reads a query tile's four statistics (lse, tbar, tau, beta: the row pass writes them into one (4, Hq
-* T) buffer) with one copy: four copies and four CTA barriers per tile. A tile's score-shaped
+tiles' copies in flight while a tile is computed. In the forward and the row pass each copy of a slot
+signals an mbarrier ring of its own (copies that share an mbarrier get a CTA barrier each from the
+compiler). The column pass is warp-specialised: a program covers two adjacent key tiles, one per
+consumer warpgroup, and a producer warp copies the query tiles both read (q, rho, dO and the tile's
+four statistics, lse, tbar, tau, beta, which the row pass writes into one (4, Hq * T) buffer), so
+each query tile is copied once per two key tiles. A tile's score-shaped
 products (s and t; in the backward also dO v^T, or their transposes) are issued together as
 asynchronous wgmmas; the softmax weights are computed while the others still run, and the first
 output (or gradient) wgmma runs while the next operand is computed. Every wgmma is retired by the end
@@ -29,13 +31,20 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.parallax import fused, tuning
 
 _NO_SPECIALIZE = ["T", "L", "HQ", "HKV", "GROUP", "WINDOW"]
+# A column-pass program is 12 warps (two consumer warpgroups, a producer warp padded to a warpgroup),
+# one per SM: the launch caps registers at 168 (65536 / (12 * 32) = 170, in steps of 8) and the
+# partitions re-split them, the producer warp's warpgroup down to 24 a thread, each consumer up to
+# (12 * 168 - 4 * 24) / 8 = 240.
+_COLUMN_MAXNREG = 168
+_PRODUCER_REGS = gl.constexpr(24)
+_CONSUMER_REGS = (12 * _COLUMN_MAXNREG - 4 * _PRODUCER_REGS.value) // 8
 # The TMA load's name: async_copy_global_to_shared in triton 3.6 (torch 2.11), async_load later.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -108,24 +117,7 @@ def _invalidate(rings, loaded, STAGES: gl.constexpr):
     mbarrier.invalidate(loaded)
 
 
-@gluon.jit
-def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stats_desc, row_smem, stat_smem, rings,
-                total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
-    """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows and
-    the tile's lse, tbar, tau, beta (one copy of a (4, BM) block), each copy signalling its own ring
-    (``rings``); nothing past the end."""
-    go = i < total
-    h = kv_h * GROUP + i // n_per_head
-    m0 = lo + (i % n_per_head) * BM
-    slot = i % STAGES
-    for j in gl.static_range(3):
-        mbarrier.expect(rings[j].index(slot), row_descs[j].block_type.nbytes, pred=go)
-    mbarrier.expect(rings[3].index(slot), stats_desc.block_type.nbytes, pred=go)
-    for j in gl.static_range(3):
-        _tma_load(row_descs[j], [m0, h * D], rings[j].index(slot), row_smem[j].index(slot), pred=go)
-    _tma_load(stats_desc, [0, h * T + m0], rings[3].index(slot), stat_smem.index(slot), pred=go)
-
-
+# ----------------------------------------------------------------------------- column pass (dk, dv)
 @gluon.jit
 def _statistic(stat_smem, slot, j: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr):
     """Statistic ``j`` (0 lse, 1 tbar, 2 tau, 3 beta) of the query tile in ring slot ``slot`` of
@@ -134,51 +126,29 @@ def _statistic(stat_smem, slot, j: gl.constexpr, BM: gl.constexpr, layout: gl.co
 
 
 @gluon.jit
-def _column_start(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T,
-                  D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    """Shared memory of a column-pass program over key tile [n0, n0 + BN) of kv head ``kv_h``, with the
-    copies of its k and v tiles and of its first STAGES - 1 query tiles started: (k_smem, v_smem,
-    row_smem (q, rho, dO rings of [STAGES, BM, D]), stat_smem ([STAGES, 4, BM] fp32), rings (the
-    mbarrier rings of the row and statistics copies), kv_ready (k and v's mbarrier))."""
-    dtype: gl.constexpr = q_desc.dtype
-    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
-    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
-    row_smem = (q_smem, r_smem, do_smem)
-    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
-    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES))
-    kv_ready = _once()
-
-    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
-    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
-    for b in gl.static_range(STAGES - 1):
-        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc, row_smem, stat_smem,
-                    rings, GROUP * n_per_head, D, BM, STAGES)
-    return k_smem, v_smem, row_smem, stat_smem, rings, kv_ready
-
-
-@gluon.jit
-def _column_tile(i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM: gl.constexpr,
-                 STAGES: gl.constexpr, layout: gl.constexpr):
-    """Query tile ``i`` of a column-pass program (``keys``: its k tile in shared memory or registers):
-    waits for the tile's copies and issues s^T = k q^T, t^T = k rho^T and a^T = v dO^T as asynchronous
-    wgmmas. Returns (ring slot, q, rho, dO tiles, the three wgmmas in flight, head, first query row,
-    the rows ([BM] in ``layout``) and which of them are < T)."""
-    slot = i % STAGES
-    _wait_slot(rings, slot, (i // STAGES) & 1)
-    q_tile = row_smem[0].index(slot)
-    r_tile = row_smem[1].index(slot)
-    do_tile = row_smem[2].index(slot)
-    st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    h = kv_h * GROUP + i // n_per_head
-    m0 = lo + (i % n_per_head) * BM
-    offs_m = m0 + gl.arange(0, BM, layout=layout)
-    return slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, offs_m < T
+def _column_loads(q_desc, r_desc, do_desc, stats_desc, rows, stat_smem, ready, empty, kv_h, lo, n_per_head, GROUP, T,
+                  total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp of a column-pass program: copies query tile i (of ``total``: heads kv_h * GROUP ..
+    in turn, each from row ``lo`` over ``n_per_head`` tiles of BM rows) into ring slot i % STAGES of
+    ``rows`` (q, rho, dO: [STAGES, BM, D] each) and ``stat_smem`` ([STAGES, 4, BM] fp32: lse, tbar, tau,
+    beta), signalling ``ready``; a slot is refilled once both consumers released it on ``empty``."""
+    nbytes: gl.constexpr = 3 * q_desc.block_type.nbytes + stats_desc.block_type.nbytes
+    h = kv_h * GROUP
+    m0 = lo
+    end = lo + n_per_head * BM
+    for i in range(total):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh mbarrier passes parity 1
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        _tma_load(q_desc, [m0, h * D], bar, rows[0].index(slot))
+        _tma_load(r_desc, [m0, h * D], bar, rows[1].index(slot))
+        _tma_load(do_desc, [m0, h * D], bar, rows[2].index(slot))
+        _tma_load(stats_desc, [0, h * T + m0], bar, stat_smem.index(slot))
+        m0 += BM
+        if m0 >= end:
+            m0 = lo
+            h += 1
 
 
 @gluon.jit
@@ -211,58 +181,119 @@ def _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM: gl.co
     return dv, pt * (c * delta + bmt[None, :]) * scale, -pt * delta
 
 
-@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
-def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE,
-                            T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
-                            D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                            VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
-                            KEYS_IN_REGISTERS: gl.constexpr):
-    gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
-    dtype: gl.constexpr = q_desc.dtype
+@gluon.jit
+def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, kv_ready, DK, DV, n0, kv_h, lo,
+                 n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW, scale, qk_scale, D: gl.constexpr, BM: gl.constexpr,
+                 BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr, KEYS_IN_REGISTERS: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """One consumer warpgroup of a column-pass program: dk and dv of key tile [n0, n0 + BN) of kv head
+    ``kv_h`` (nothing when n0 >= T), written to DK, DV ((T, Hkv, D)). It reads the program's stream of
+    query tiles (``_column_loads``: ``total`` tiles in ``rows`` and ``stat_smem``), computes the tiles of
+    its own query range (``fused._column_phases``) and releases every tile on ``empty`` once its wgmmas
+    retired; k and v ([BN, D] in ``k_smem``, ``v_smem``) it copies itself."""
+    dtype: gl.constexpr = rows[0].dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BM)
     acc_layout: gl.constexpr = _mma_layout(num_warps, D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     keys_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     queries_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    n0, kv_h = fused._tile_order(T, L, HKV, BN, VARLEN, True, GLOBAL_ORDER)
-    lo, d_hi, f_hi, hi = fused._column_phases(DOCE, n0, T, L, WINDOW, BM, BN, VARLEN)
-    n_per_head = gl.cdiv(hi - lo, BM)
-    total = GROUP * n_per_head
-
-    k_smem, v_smem, row_smem, stat_smem, rings, kv_ready = _column_start(
-        q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T, D, BM, BN, STAGES)
+    live = n0 < T
+    my_lo, d_hi, f_hi, my_hi = fused._column_phases(DOCE, gl.minimum(n0, T - 1), T, L, WINDOW, BM, BN, VARLEN)
+    if not live:
+        my_hi = my_lo
+    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes, pred=live)
+    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem, pred=live)
+    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem, pred=live)
 
     offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
     dk = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
     dv = warpgroup_mma_init(gl.zeros([BN, D], gl.float32, acc_layout))
-    mbarrier.wait(kv_ready, 0)
+    mbarrier.wait(kv_ready, 0, pred=live)
     # k read once into registers as the A operand of two score wgmmas (why: tuning.HOPPER_CONFIGS)
     if KEYS_IN_REGISTERS:
         keys = k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
     else:
         keys = k_smem
+    m0 = lo
+    end = lo + n_per_head * BM
     for i in range(total):
-        slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, ok_m = _column_tile(
-            i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM, STAGES, queries_layout)
-        # s^T done; the previous tile's wgmmas retired at its end: its ring slot is free for tile i + STAGES - 1
-        st = warpgroup_mma_wait(2, deps=(st, ))
-        _issue_rows(i + STAGES - 1, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc,
-                    row_smem, stat_smem, rings, total, D, BM, STAGES)
-        pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m0, d_hi, f_hi, DOCS, T, L,
-                                   WINDOW, BM, VARLEN, queries_layout)
-        dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM, queries_layout, a_layout)
-        g1 = gl.convert_layout(g1.to(dtype), a_layout)
-        g2 = gl.convert_layout(g2.to(dtype), a_layout)
-        dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
-        dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
-        dk, dv = _retire(dk, dv)
-
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        if (m0 >= my_lo) & (m0 < my_hi):
+            q_tile = rows[0].index(slot)
+            r_tile = rows[1].index(slot)
+            do_tile = rows[2].index(slot)
+            # s^T = k q^T, t^T = k rho^T, a^T = v dO^T issued together
+            st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
+            st = warpgroup_mma_wait(2, deps=(st, ))
+            pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, offs_m < T, m0, d_hi, f_hi,
+                                       DOCS, T, L, WINDOW, BM, VARLEN, queries_layout)
+            dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM, queries_layout,
+                                           a_layout)
+            g1 = gl.convert_layout(g1.to(dtype), a_layout)
+            g2 = gl.convert_layout(g2.to(dtype), a_layout)
+            dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
+            dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
+            dk, dv = _retire(dk, dv)
+        fence_async_shared()  # this warpgroup's shared reads of the slot before the next TMA copy into it
+        mbarrier.arrive(empty.index(slot), count=1)
+        m0 += BM
+        if m0 >= end:
+            m0 = lo
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    _invalidate(rings, kv_ready, STAGES)
-    _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
-    _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
+    if live:
+        _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
+        _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
+
+
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK, DV, DOCS, DOCE,
+                            T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
+                            D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                            VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
+                            KEYS_IN_REGISTERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    gl.static_assert(num_warps == 4, "each consumer partition is one warpgroup")
+    dtype: gl.constexpr = q_desc.dtype
+    n0, kv_h = fused._tile_order(T, L, HKV, 2 * BN, VARLEN, True, GLOBAL_ORDER)
+    lo, d_hi, f_hi, hi = fused._column_phases(DOCE, n0, T, L, WINDOW, BM, BN, VARLEN)
+    n1 = n0 + BN
+    if n1 < T:  # the stream covers both key tiles' query ranges
+        lo1, d_hi1, f_hi1, hi1 = fused._column_phases(DOCE, n1, T, L, WINDOW, BM, BN, VARLEN)
+        hi = gl.maximum(hi, hi1)
+    n_per_head = gl.cdiv(hi - lo, BM)
+    total = GROUP * n_per_head
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, BN, D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    rows = (q_smem, r_smem, do_smem)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(ready.index(b), count=1)
+        mbarrier.init(empty.index(b), count=2)  # both consumers release each tile
+    for b in gl.static_range(2):
+        mbarrier.init(kv_ready.index(b), count=1)
+
+    gl.warp_specialize([
+        (_column_keys, (k_desc, v_desc, k_smem.index(0), v_smem.index(0), rows, stat_smem, ready, empty,
+                        kv_ready.index(0), DK, DV, n0, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW,
+                        scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, num_warps)),
+        (_column_keys, (k_desc, v_desc, k_smem.index(1), v_smem.index(1), rows, stat_smem, ready, empty,
+                        kv_ready.index(1), DK, DV, n1, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW,
+                        scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, num_warps)),
+        (_column_loads, (q_desc, r_desc, do_desc, stats_desc, rows, stat_smem, ready, empty, kv_h, lo, n_per_head,
+                         GROUP, T, total, D, BM, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------- row pass (dq, drho)
@@ -568,7 +599,7 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
         *descs, o, vbar, tbar, lse, stats, dq, dr, docs, *sizes, **constexprs(d, row, varlen))
     descs = _row_descriptors(q, r, k, v, do, strides, total, column.bm, column.bn)
     stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], stats_layout())
-    _bwd_dkdv_hopper_kernel[(triton.cdiv(total, column.bn) * hkv,)](
+    _bwd_dkdv_hopper_kernel[(triton.cdiv(total, 2 * column.bn) * hkv,)](
         *descs, stats_desc, dk, dv, docs, doce, *sizes, **column_constexprs(d, column, varlen))
 
 
@@ -582,5 +613,7 @@ def constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
 
 
 def column_constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
-    """``constexprs`` of the column pass, with KEYS_IN_REGISTERS."""
-    return {**constexprs(d, config, varlen), "KEYS_IN_REGISTERS": config.keys_in_registers}
+    """``constexprs`` of the column pass, with KEYS_IN_REGISTERS and its register split (the launch's cap
+    and the consumers' share; ``tuning`` refuses a column-pass config with a cap of its own)."""
+    return {**constexprs(d, config, varlen), "KEYS_IN_REGISTERS": config.keys_in_registers,
+            "CONSUMER_REGS": _CONSUMER_REGS, "maxnreg": _COLUMN_MAXNREG}

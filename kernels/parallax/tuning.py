@@ -106,7 +106,9 @@ class HopperConfig(NamedTuple):
     ``bn`` (keys), ``warps``, ``stages`` of the TMA ring, ``maxnreg``, a cap on registers per thread
     (ptxas's; None: no cap) that lets one more program share an SM, and ``keys_in_registers`` (the
     column pass only): its k tile is held in registers as the A operand of the score wgmmas instead of
-    being read from shared memory by each of them."""
+    being read from shared memory by each of them. The column pass runs two warpgroups of ``warps`` = 4,
+    each over its own key tile of ``bn`` rows (a program covers 2 bn keys), and a producer warp; it
+    splits its registers itself (``maxnreg`` stays None)."""
 
     bm: int
     bn: int
@@ -120,10 +122,10 @@ class HopperConfig(NamedTuple):
 # (docs/bench/attention_hopper.md); the row pass at D=64 with a ring of four stages since the column
 # pass reads its statistics with one copy (2% faster than three, interleaved). The forward at D=64
 # capped at 168 registers (170 uncapped, no spills either way): three programs per SM instead of two.
-# The column pass at D=128 keeps k in registers (251 of 255 with triton 3.6, no spills; 5% off the
-# backward): its score wgmmas have 32 columns, where reading both operands from shared memory asks
-# more bytes per cycle than it serves. From triton 3.9 the same kernel needs more registers than
-# ptxas has to keep its wgmmas asynchronous (it serialises them all), so k stays in shared memory.
+# The column pass at D=128 keeps k in registers (3-6% off the backward with triton 3.6): its score
+# wgmmas have 32 columns, where reading both operands from shared memory asks more bytes per cycle
+# than it serves. From triton 3.9 the same kernel needs more registers than its consumers' 240 to
+# keep its wgmmas asynchronous (ptxas serialises them all), so k stays in shared memory.
 KEYS_FIT_IN_REGISTERS = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
 HOPPER_CONFIGS = {
     "fwd": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 64, 4, 3, 168)},
@@ -229,6 +231,19 @@ def _score_rows_error(name: str, config: HopperConfig) -> str | None:
     return None
 
 
+def _column_error(name: str, config: HopperConfig) -> str | None:
+    """Why the column pass cannot run ``config``, or None: each of its consumer partitions is one
+    warpgroup, and it sets its registers itself (hopper.py's split between its partitions)."""
+    if name != "dkdv":
+        return None
+    if config.warps != 4:
+        return f"warps must be 4 for 'dkdv' (each of its two consumer partitions is one warpgroup), got {config.warps}"
+    if config.maxnreg is not None:
+        return (f"maxnreg must be None for 'dkdv' (it splits its registers between its partitions itself), "
+                f"got {config.maxnreg}")
+    return None
+
+
 def _keys_in_registers_error(name: str, config: HopperConfig) -> str | None:
     """Why kernel ``name`` cannot hold k in registers as ``config`` asks, or None: only the column pass
     keeps a k tile."""
@@ -246,7 +261,8 @@ def hopper_config(name: str, head_dim: int, config: HopperConfig):
                          f"{sorted(HOPPER_CONFIGS)} and a head dim in {sorted(HOPPER_CONFIGS.get(name, {}))}")
     if not isinstance(config, HopperConfig):
         raise TypeError(f"config must be a tuning.HopperConfig, got {config!r}")
-    bad = _hopper_config_error(config) or _score_rows_error(name, config) or _keys_in_registers_error(name, config)
+    bad = (_hopper_config_error(config) or _score_rows_error(name, config) or _column_error(name, config)
+           or _keys_in_registers_error(name, config))
     if bad:
         raise ValueError(f"{config!r}: {bad}")
     saved = HOPPER_CONFIGS[name][head_dim]

@@ -38,11 +38,10 @@ CANDIDATES = {
                                           (64, 64, 4, 2), (128, 64, 8, 2)]],
            64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3),
                                          (64, 32, 4, 4), (128, 32, 8, 2)]]},
-    "dkdv": {128: [HopperConfig(*c) for c in [(32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4), (32, 128, 8, 2),
-                                            (32, 128, 8, 3), (32, 64, 4, 3, None, True),
-                                            (32, 64, 4, 2, None, True)]],
-             64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 4, 4),
-                                           (64, 128, 8, 2), (32, 128, 8, 3)]]},
+    "dkdv": {128: [HopperConfig(*c) for c in [(32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4),
+                                            (32, 64, 4, 3, None, True), (32, 64, 4, 2, None, True)]],
+             64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 3),
+                                           (32, 64, 4, 4)]]},
 }
 # (BM, BN, num_warps, stages[, register cap]) candidates of the forward per head dim
 FORWARD_CANDIDATES = {
