@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.parallax import fused, hopper, naive
-from kernels.parallax.hopper import (_NO_SPECIALIZE, _column_gradients, _column_probabilities, _column_start,
-                                     _column_tile, _invalidate, _issue_rows, _mma_layout)
+from kernels.parallax.hopper import (_NO_SPECIALIZE, _column_gradients, _column_probabilities, _invalidate,
+                                     _mma_layout, _once, _ring, _tma_load, _wait_slot)
 
 # The CTA barrier's name: thread_barrier in triton 3.6 (torch 2.11), barrier from 3.9.
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -51,6 +51,75 @@ MODES = {"no partials": NO_PARTIALS, "unordered": UNORDERED, "ordered": ORDERED}
 BM, BN, STAGES, WARPS = 32, 128, 3, 8
 SHAPES = [(4, 4096, 16, 8), (1, 16384, 16, 8), (8, 2048, 16, 8)]  # B, L, Hq, Hkv (D = 128)
 CHECK_SHAPES = [(2, 1000, 4, 2), (4, 4096, 16, 8)]
+
+
+# ----------------------------------------------------------------------------- the column pass's loop
+# One key tile per program, the query tiles' copies issued from the loop: the column pass hopper.py
+# shipped before its paired key tiles, which this one-pass kernel extends.
+@gluon.jit
+def _issue_rows(i, n_per_head, lo, kv_h, GROUP, T, row_descs, stats_desc, row_smem, stat_smem, rings,
+                total, D: gl.constexpr, BM: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA copies of query tile ``i`` (of ``total``) into its ring slot: the q, rho, dO rows and
+    the tile's lse, tbar, tau, beta (one copy of a (4, BM) block), each copy signalling its own ring
+    (``rings``); nothing past the end."""
+    go = i < total
+    h = kv_h * GROUP + i // n_per_head
+    m0 = lo + (i % n_per_head) * BM
+    slot = i % STAGES
+    for j in gl.static_range(3):
+        mbarrier.expect(rings[j].index(slot), row_descs[j].block_type.nbytes, pred=go)
+    mbarrier.expect(rings[3].index(slot), stats_desc.block_type.nbytes, pred=go)
+    for j in gl.static_range(3):
+        _tma_load(row_descs[j], [m0, h * D], rings[j].index(slot), row_smem[j].index(slot), pred=go)
+    _tma_load(stats_desc, [0, h * T + m0], rings[3].index(slot), stat_smem.index(slot), pred=go)
+
+
+@gluon.jit
+def _column_start(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, n0, kv_h, lo, n_per_head, GROUP, T,
+                  D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Shared memory of a column-pass program over key tile [n0, n0 + BN) of kv head ``kv_h``, with the
+    copies of its k and v tiles and of its first STAGES - 1 query tiles started: (k_smem, v_smem,
+    row_smem (q, rho, dO rings of [STAGES, BM, D]), stat_smem ([STAGES, 4, BM] fp32), rings (the
+    mbarrier rings of the row and statistics copies), kv_ready (k and v's mbarrier))."""
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], r_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
+    row_smem = (q_smem, r_smem, do_smem)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
+    rings = (_ring(STAGES), _ring(STAGES), _ring(STAGES), _ring(STAGES))
+    kv_ready = _once()
+
+    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem)
+    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem)
+    for b in gl.static_range(STAGES - 1):
+        _issue_rows(b, n_per_head, lo, kv_h, GROUP, T, (q_desc, r_desc, do_desc), stats_desc, row_smem, stat_smem,
+                    rings, GROUP * n_per_head, D, BM, STAGES)
+    return k_smem, v_smem, row_smem, stat_smem, rings, kv_ready
+
+
+@gluon.jit
+def _column_tile(i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h, GROUP, T, BM: gl.constexpr,
+                 STAGES: gl.constexpr, layout: gl.constexpr):
+    """Query tile ``i`` of a column-pass program (``keys``: its k tile in shared memory or registers):
+    waits for the tile's copies and issues s^T = k q^T, t^T = k rho^T and a^T = v dO^T as asynchronous
+    wgmmas. Returns (ring slot, q, rho, dO tiles, the three wgmmas in flight, head, first query row,
+    the rows ([BM] in ``layout``) and which of them are < T)."""
+    slot = i % STAGES
+    _wait_slot(rings, slot, (i // STAGES) & 1)
+    q_tile = row_smem[0].index(slot)
+    r_tile = row_smem[1].index(slot)
+    do_tile = row_smem[2].index(slot)
+    st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    h = kv_h * GROUP + i // n_per_head
+    m0 = lo + (i % n_per_head) * BM
+    offs_m = m0 + gl.arange(0, BM, layout=layout)
+    return slot, q_tile, r_tile, do_tile, st, tt, at, h, m0, offs_m, offs_m < T
 
 
 @gluon.jit
