@@ -47,11 +47,23 @@ def model_args_of(job_config: JobConfig, max_length: int = 0) -> ParallaxModelAr
     return args
 
 
-def resolve_device(device: str | None) -> torch.device:
-    """``None``/``""``/``"auto"`` -> CUDA when available, else CPU."""
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None``/``""``/``"auto"`` -> CUDA when available, else CPU; otherwise the CPU or a CUDA device
+    of this machine. ValueError naming ``device`` for another name, or a CUDA device that is not here
+    (torch would fail on it only when the model is built, after the checkpoints' checksums were read)."""
     if device in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    expected = "expected 'cpu', 'cuda' or 'cuda:N' (or none: CUDA when available)"
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: got {device!r}; {expected}") from None
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: got {device!r}; {expected}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if resolved.type == "cuda" and (resolved.index or 0) >= count:
+        raise ValueError(f"device: got {device!r}, but this machine has {count} CUDA device(s); {expected}")
+    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -73,6 +85,31 @@ def build_model(args: ParallaxModelArgs, device: torch.device) -> ParallaxQwen3M
     with torch.no_grad():
         model.init_weights(buffer_device=device)  # also re-ties tied embeddings and builds RoPE
     return model.eval()
+
+
+def check_checkpoint(model: torch.nn.Module, checkpoint_dir: str) -> None:
+    """ValueError naming ``checkpoint`` unless ``checkpoint_dir`` is a readable DCP checkpoint of
+    ``model`` (on any device, the meta device included): the first weight the model or the checkpoint
+    lacks, or holds in another shape, with both shapes; or a [parallax] switch or model argument that
+    the checkpoint's ``settings.json`` records with another value
+    (:func:`parallax_titan.resume_rules.check_model_settings`). Reads no weight."""
+    try:
+        saved = saved_shapes(checkpoint_dir)
+    except ValueError as exc:
+        raise ValueError(f"checkpoint: {exc}") from None
+    mismatches = weight_mismatches(saved, state_shapes(model.state_dict()))
+    if mismatches:
+        raise ValueError(f"checkpoint: {checkpoint_dir!r} holds another model than the config's "
+                         f"({describe(mismatches)}); was it written for another [model] name, flavor or shape?")
+    check_model_settings(checkpoint_dir, model.model_args)
+
+
+def check_job_checkpoint(job_config: JobConfig, checkpoint_dir: str, max_length: int = 0) -> None:
+    """:func:`check_checkpoint` for the model ``job_config`` builds, without building it (meta device):
+    whether :func:`load_model` would accept the checkpoint, in the time of reading its metadata."""
+    with torch.device("meta"):
+        model = ParallaxQwen3Model(model_args_of(job_config, max_length))
+    check_checkpoint(model, checkpoint_dir)
 
 
 def model_keys(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -100,15 +137,7 @@ def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = 
     (:func:`parallax_titan.resume_rules.check_model_settings`).
     """
     verify_before_load(checkpoint_dir, who, off_switch, verify)
-    try:
-        saved = saved_shapes(checkpoint_dir)
-    except ValueError as exc:
-        raise ValueError(f"checkpoint: {exc}") from None
-    mismatches = weight_mismatches(saved, state_shapes(model.state_dict()))
-    if mismatches:
-        raise ValueError(f"checkpoint: {checkpoint_dir!r} holds another model than the config's "
-                         f"({describe(mismatches)}); was it written for another [model] name, flavor or shape?")
-    check_model_settings(checkpoint_dir, model.model_args)
+    check_checkpoint(model, checkpoint_dir)
     state = model_keys(model)
     # no_dist: load on this process only, also when called inside a torchrun job.
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)

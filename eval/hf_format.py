@@ -274,7 +274,8 @@ def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> 
     A Parallax model given a Qwen3 (Transformer) state dict keeps its initialised W_R and gate and
     gets rho-norm weights 0 (as up-training does), so it computes exactly the Transformer's function.
     ``model`` must be freshly initialised (``eval.checkpoint.build_model``). Raises ValueError for unknown,
-    missing or mis-shaped weights.
+    missing or mis-shaped weights; a state dict with some of the Parallax weights (W_R, rho norm, gate)
+    but not all is missing weights too.
     """
     adapter = ParallaxStateDictAdapter(model.model_args)
     unknown = sorted(k for k in hf_state if abstract_name(k) not in adapter.from_hf_map)
@@ -290,6 +291,12 @@ def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> 
     missing = sorted(k for k in target if k not in ours)
     if any(not _is_parallax_key(k) for k in missing):
         raise ValueError(f"hf: missing weights {[k for k in missing if not _is_parallax_key(k)][:3]}")
+    probes = sorted(k for k in target if _is_parallax_key(k))
+    if missing and len(missing) < len(probes):
+        # only a Transformer state dict, holding none of them, starts at zero probes: zeroing them all
+        # would silently discard the Parallax weights that are there
+        raise ValueError(f"hf: missing Parallax weights {missing[:3]} ({len(missing)} of the {len(probes)}), while "
+                         "the others are there: a shard lost or truncated, or an export of another [parallax] gate?")
     for key, value in ours.items():
         if tuple(value.shape) != tuple(target[key].shape):
             raise ValueError(f"hf: {key} has shape {tuple(value.shape)}, the model expects {tuple(target[key].shape)}")

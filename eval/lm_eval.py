@@ -25,7 +25,8 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable
 from tqdm import tqdm
 
-from eval.checkpoint import DTYPES
+from parallax_titan.atomic import write_text
+from eval.checkpoint import DTYPES, check_job_checkpoint, load_job_config, resolve_device
 from eval.model import ParallaxLM, positive_int
 from eval.table import markdown_table
 from eval.tasks import data_file, parse_tasks, task_specs
@@ -71,20 +72,24 @@ def json_name(row: str) -> str:
 
 
 def write_outputs(output_dir: str, rows: list[tuple[str, dict]]) -> str:
-    """Write ``results.md`` and one lm-eval JSON per row into ``output_dir``; returns the table's path."""
+    """Write ``results.md`` and one lm-eval JSON per row into ``output_dir``; returns the table's path.
+
+    Every file is written whole (:func:`parallax_titan.atomic.write_text`), the table last, and all of them are
+    rendered before the first is written: a failure leaves the files of an earlier run as they were."""
+    files = {json_name(name): json.dumps(results, indent=2, default=handle_non_serializable) for name, results in rows}
+    table = markdown_table(rows)
     os.makedirs(output_dir, exist_ok=True)
-    for name, results in rows:
-        path = os.path.join(output_dir, json_name(name))
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2, default=handle_non_serializable)
+    for name, text in files.items():
+        write_text(os.path.join(output_dir, name), text)
     table_path = os.path.join(output_dir, "results.md")
-    with open(table_path, "w", encoding="utf-8") as f:
-        f.write(markdown_table(rows))
+    write_text(table_path, table)
     return table_path
 
 
-def check_settings(*, limit: int, batch_size: int, max_length: int, bootstrap_iters: int, dtype: str) -> None:
+def check_settings(*, limit: int, batch_size: int, max_length: int, bootstrap_iters: int, dtype: str,
+                   device: str | None = None) -> None:
     """The scoring settings, checked before any checkpoint is read (ValueError naming the key)."""
+    resolve_device(device)
     if limit < 0:
         raise ValueError(f"limit: got {limit}; expected 0 (all documents) or a positive count")
     positive_int("batch_size", batch_size)
@@ -123,10 +128,13 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
                          bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, verify: bool = True) -> str:
     """Score each checkpoint (with its config: one for all, or one each); returns the table's path.
 
-    The settings, the task files of ``data_dir`` and ``output`` (:func:`check_settings`,
-    :func:`check_outputs`) are checked first: ValueError naming the key, before any checkpoint is read.
-    verify: check every checkpoint's files against its checksum manifest before scoring any
-    (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``)."""
+    The settings, the task files of ``data_dir``, ``output`` (:func:`check_settings`,
+    :func:`check_outputs`) and every config are checked first: ValueError naming the key, before any
+    checkpoint is read. verify: check every checkpoint's files against its checksum manifest
+    (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``). Then every checkpoint is
+    checked against its config (:func:`eval.checkpoint.check_job_checkpoint`), all of them before
+    the first is scored: the table is written only when every row is scored, so a pairing found wrong
+    only when its turn came lost the hours spent on the rows before it."""
     if len(configs) not in (1, len(checkpoints)):
         raise ValueError(
             f"config: got {len(configs)} configs for {len(checkpoints)} checkpoints; expected 1 or one per checkpoint"
@@ -136,15 +144,18 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
         raise ValueError(f"names: got {len(names)} names for {len(checkpoints)} checkpoints")
     configs = configs * len(checkpoints) if len(configs) == 1 else configs
     check_settings(limit=limit, batch_size=batch_size, max_length=max_length, bootstrap_iters=bootstrap_iters,
-                   dtype=dtype)
+                   dtype=dtype, device=device)
     for task in tasks if data_dir else ():  # the task files too, before any checkpoint is read
         data_file(data_dir, task)
     check_outputs(output, names)
+    job_configs = {path: load_job_config(path) for path in configs}
     for checkpoint in checkpoints:  # all of them before hours of scoring
         verify_before_load(checkpoint, "--checkpoint", "--no-verify", verify)
+    for config, checkpoint in zip(configs, checkpoints):
+        check_job_checkpoint(job_configs[config], checkpoint, max_length)
     rows = []
     for name, config, checkpoint in tqdm(list(zip(names, configs, checkpoints)), desc="checkpoints"):
-        lm = ParallaxLM.from_checkpoint(config, checkpoint, device=device, dtype=dtype,
+        lm = ParallaxLM.from_job_config(job_configs[config], checkpoint, device=device, dtype=dtype,
                                         batch_size=batch_size, max_length=max_length, verify=False)
         rows.append((name, evaluate(lm, tasks, data_dir=data_dir, limit=limit, bootstrap_iters=bootstrap_iters)))
         del lm

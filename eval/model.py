@@ -165,7 +165,8 @@ class ParallaxLM(TemplateLM):
     @classmethod
     def _from_model_args(cls, args: dict, additional_config: dict | None, shown: str):
         """model_args (keys of :data:`MODEL_ARGS`) plus lm-eval's ``device`` and ``batch_size`` when set
-        -> :meth:`from_checkpoint`. ValueError naming ``model_args`` for a missing or unknown key."""
+        -> :meth:`from_checkpoint`. ValueError naming ``model_args`` for a missing or unknown key, and
+        for a ``device`` or ``batch_size`` that model_args and lm-eval give with different values."""
         for key in ("config", "checkpoint"):
             if key not in args:
                 raise ValueError(f"model_args: {key}= is missing in {shown}; expected config=X.toml,checkpoint=DIR")
@@ -173,6 +174,15 @@ class ParallaxLM(TemplateLM):
         if unknown:
             raise ValueError(f"model_args: unknown {unknown} in {shown}; expected keys from {list(MODEL_ARGS)}")
         extra = {k: v for k, v in (additional_config or {}).items() if k in ADDITIONAL_CONFIG and v}
+        # The lm_eval command always sets both (batch_size 1 and device cuda:0 unless --batch_size and
+        # --device are given), so one of two differing values would be dropped silently; which one the
+        # user meant cannot be told.
+        clashes = [f"{k}={args[k]!r} in model_args but {extra[k]!r} from lm-eval" for k in ADDITIONAL_CONFIG
+                   if k in args and k in extra and str(args[k]).strip() != str(extra[k]).strip()]
+        if clashes:
+            raise ValueError(f"model_args: {'; '.join(clashes)}; expected the same value in both (the lm_eval "
+                             "command always passes its --batch_size, default 1, and --device, default cuda:0: "
+                             "give them there)")
         config, checkpoint = args.pop("config"), args.pop("checkpoint")
         verify = _flag("verify", args.pop("verify", True))
         return cls.from_checkpoint(config, checkpoint, **{**args, **extra}, verify=verify,

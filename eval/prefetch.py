@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from parallax_titan.atomic import replacing
 from eval.tasks import eval_split, parse_tasks, task_config
 
 
@@ -24,7 +25,8 @@ def hub_source(task: str) -> dict:
 
 
 def prefetch(tasks: list[str], jsonl_dir: str | None = None) -> list[str]:
-    """Download each task's dataset into the HF cache; optionally write its evaluated split as JSONL."""
+    """Download each task's dataset into the HF cache; optionally write its evaluated split as JSONL
+    (each file whole: :func:`parallax_titan.atomic.replacing`)."""
     import datasets
 
     written = []
@@ -35,7 +37,8 @@ def prefetch(tasks: list[str], jsonl_dir: str | None = None) -> list[str]:
         if jsonl_dir:
             os.makedirs(jsonl_dir, exist_ok=True)
             path = os.path.join(jsonl_dir, f"{task}.jsonl")
-            data[source["split"]].to_json(path, lines=True, force_ascii=False)
+            with replacing(path) as temporary:  # --data-dir would score a cut file's documents only
+                data[source["split"]].to_json(temporary, lines=True, force_ascii=False)
             written.append(path)
     return written
 

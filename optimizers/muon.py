@@ -147,9 +147,9 @@ def _check_numbers(group: dict, bad) -> None:
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2
             and all(_finite_at_least(b, 0) and _real(b) < 1 for b in betas)):
         bad("betas", "two floats in [0, 1)")
-    for key in _POSITIVE:
-        if not (_real(group[key]) or 0) > 0:
-            bad(key, "a float > 0")
+    for key in _POSITIVE:  # finite too: an infinite eps divides every update to zero, freezing the group
+        if not (_finite_at_least(group[key], 0) and _real(group[key]) > 0):
+            bad(key, "a finite float > 0")
     for key in _COUNTS:
         if not _is_count(group[key], 1):
             bad(key, "an int >= 1")
@@ -162,6 +162,14 @@ def _check_numbers(group: dict, bad) -> None:
         bad("sp_band_tau", "a finite float >= 0")
     if group["sp_band"] != "none" and not group["sp_band_tau"] > 0:
         bad("sp_band_tau", f"a finite float > 0 with sp_band={group['sp_band']!r}")
+    # the schedule and WDA only lower the decay scale, so the first step's is the largest; at 1 or
+    # more every step multiplies the weights by 1 - shrink <= 0: zeroed or sign-flipped, no NaN
+    shrink = MuonAdamW.decay_scale(group) * MuonAdamW.ordinary_wd(group)
+    if shrink >= 1:
+        extra = " + sp_coeff (p = 1)" if MuonAdamW.sp_is_ordinary(group) and group["sp_coeff"] else ""
+        bad("weight_decay", f"weight_decay{extra} times the decay scale below 1 (decay_coupling="
+                            f"{group['decay_coupling']!r}: scale {MuonAdamW.decay_scale(group):g}, so each step "
+                            f"would multiply the weights by {1 - shrink:g})")
 
 
 def _check_matrices(group: dict, bad) -> None:

@@ -101,7 +101,8 @@ def check_categories(cfg: RoutingConfig) -> None:
 
     Known categories: those of ``cfg.rules``, of ``DEFAULT_PARAM_RULES`` (the default category
     lists name them, also when custom rules no longer produce them) and ``other``. S_p powers exist
-    per module only, so ``spectral_categories`` must be categories of ``MODULE_OF``.
+    per module only, so ``spectral_categories`` must be categories of ``MODULE_OF``. An ``H`` in
+    ``headwise`` must name a category that Muon updates.
     """
     known = {cat for cat, _ in parse_rules([*cfg.rules, *DEFAULT_PARAM_RULES])} | {"other"}
     for key, names in (("lr_multipliers", cfg.lr_multipliers), ("no_decay_categories", cfg.no_decay_categories),
@@ -117,6 +118,13 @@ def check_categories(cfg: RoutingConfig) -> None:
     for module in cfg.spectral:
         if module not in ("attn", "mlp"):
             raise ValueError(f"spectral: module {module!r}; expected 'attn' or 'mlp'")
+    # an H for a projection that muon_categories leaves to Adam would be dropped (Adam has no heads)
+    adam = [c for c, per_head in parse_headwise(cfg.headwise).items()
+            if per_head and not (cfg.use_muon and c in cfg.muon_categories)]
+    if adam:
+        why = f"muon_categories = {list(cfg.muon_categories)}" if cfg.use_muon else "use_muon is off"
+        raise ValueError(f"muon_headwise: {cfg.headwise!r} asks for per-head updates of {adam}, which go to Adam "
+                         f"({why}); expected F for them, or them in muon_categories")
 
 
 def _group_options(cat: str, is_matrix: bool, cfg: RoutingConfig) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from parallax_titan.atomic import write_text
+
 MANIFEST_FILE = "manifest.json"
 CHUNK_BYTES = 64 << 20
 FORMAT = 1
@@ -115,14 +117,8 @@ def digest_files(folder: str, names: Iterable[str], threads: int = 1, algorithm:
 
 
 def write_json_atomic(path: str, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file in the same folder, fsynced and
-    renamed over ``path``: a reader sees the old file or the whole new one, never a part."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``data`` as JSON (keys sorted) to ``path`` whole (:func:`parallax_titan.atomic.write_text`)."""
+    write_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def write_manifest(folder: str, files: dict[str, FileEntry], algorithm: str,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import filecmp
 import os
 import sys
 
@@ -79,6 +80,22 @@ def diagnostics_settings(job_config, args) -> Diagnostics:
     return job_config.diagnostics
 
 
+def check_compare_config(path: str, compare, job, seq_len: int) -> None:
+    """ValueError naming the ``--compare-config`` file and key when its model cannot read the held-out
+    batch that ``--config`` builds: a RoPE table (``training.seq_len``) shorter than its rows of
+    ``seq_len`` tokens (TorchTitan's RoPE asserts in the forward, after every checkpoint was hashed),
+    or another tokenizer (the batch's token ids would stand for other text)."""
+    if compare.training.seq_len < seq_len:
+        raise ValueError(f"--compare-config {path!r}: training.seq_len = {compare.training.seq_len} (the model's "
+                         f"RoPE table) is shorter than the held-out rows of {seq_len} tokens; expected at least "
+                         f"{seq_len}, or pass --seq-len {compare.training.seq_len}")
+    if not filecmp.cmp(*(os.path.join(c.model.hf_assets_path, "tokenizer.json") for c in (job, compare)),
+                       shallow=False):
+        raise ValueError(f"--compare-config {path!r}: model.hf_assets_path = {compare.model.hf_assets_path!r} holds "
+                         f"another tokenizer than --config's {job.model.hf_assets_path!r}; expected the same "
+                         "tokenizer.json (every checkpoint reads the held-out batch tokenized by --config's)")
+
+
 def default_label(checkpoint: str) -> str:
     parts = os.path.normpath(checkpoint).split(os.sep)
     return "/".join(p for p in parts[-3:] if p != "checkpoint")
@@ -89,16 +106,19 @@ def main(argv) -> str:
     # the configs and settings first: hashing the checkpoints' files can take minutes
     job = load_job_config(args.config)
     config = diagnostics_settings(job, args)
+    seq_len = config.seq_len or job.training.seq_len
     compare_configs = args.compare_config * len(args.compare) if len(args.compare_config) == 1 else args.compare_config
+    loaded = {path: load_job_config(path) for path in compare_configs}
+    for path, compare in loaded.items():
+        check_compare_config(path, compare, job, seq_len)
     checkpoints = [(args.checkpoint, job, "--checkpoint")] + [
-        (ckpt, load_job_config(compare_configs[i]) if compare_configs else job, "--compare")
+        (ckpt, loaded[compare_configs[i]] if compare_configs else job, "--compare")
         for i, ckpt in enumerate(args.compare)
     ]
     for checkpoint, _, option in checkpoints:
         verify_before_load(checkpoint, option, "--no-verify", args.verify)  # all of them before any work
     tokenizer = build_tokenizer(job)
     name, path = resolve_dataset(job, config)
-    seq_len = config.seq_len or job.training.seq_len
     tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
     labels = args.labels
     runs, sources = {}, {}

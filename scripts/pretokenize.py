@@ -17,7 +17,7 @@ import os
 import sys
 
 from parallax_titan.checkpoint_files import check_output_folder
-from parallax_titan.data.pretokenize import SOURCE_KINDS, Options, SourceSpec, check_options, pretokenize
+from parallax_titan.data.pretokenize import SOURCE_KINDS, Options, SourceSpec, check_options, check_source, pretokenize
 from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES
 from parallax_titan.data.shards import MANIFEST, PLAN, SPLITS, UNITS_DIR
 from parallax_titan.tokenizer import check_tokenizer_path
@@ -68,14 +68,15 @@ def main(argv: list[str]) -> int:
         return 2
     options = Options(args.validation_fraction, args.docs_per_shard, args.batch_size, args.bad_data,
                       args.max_record_bytes)
+    spec = SourceSpec(args.source, args.path, args.name, args.split, args.revision)
     try:  # before the source is listed and counted
+        check_source(spec, options)
         check_options(options)
         check_tokenizer_path(args.tokenizer, "--tokenizer")
         check_out(args.out)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    spec = SourceSpec(args.source, args.path, args.name, args.split, args.revision)
     try:
         manifest = pretokenize(spec, args.out, args.tokenizer, options, args.num_proc, not args.no_progress)
     except ValueError as exc:

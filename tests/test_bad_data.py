@@ -3,6 +3,8 @@ reason (``[reliability] bad_data``); record size caps; unreadable tokenizers; vo
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import logging
 import os
@@ -67,6 +69,28 @@ def test_skip_policy_counts_per_file_and_reason(data_dir, caplog):
                                    ("2 'content' is not a string", 5)]:
         assert f"{count_and_reason} (first: " in message and f"line {line}:" in message
     assert "a_good.jsonl: skipped" not in caplog.text
+
+
+def truncated_gzip(path, n_docs: int = 400) -> tuple[str, list[str]]:
+    """A .jsonl.gz cut in the middle of its gzip stream (a partial download or copy), and its texts."""
+    texts = [" ".join(hashlib.sha256(f"{i}.{j}".encode()).hexdigest() for j in range(8)) for i in range(n_docs)]
+    data = gzip.compress("".join(json.dumps({"content": t}) + "\n" for t in texts).encode())
+    path.write_bytes(data[:len(data) // 2])
+    return str(path), texts
+
+
+def test_truncated_gzip_is_named_or_skipped_as_one_bad_record(tmp_path, caplog):
+    """The config check reads the first record only, so a cut .jsonl.gz passed it; training then
+    stopped mid-run with gzip's EOFError, which names no file, under either bad-data policy."""
+    path, texts = truncated_gzip(tmp_path / "cut.jsonl.gz")
+    check_file(path)
+    with caplog.at_level(logging.WARNING):
+        kept = [d["content"] for d in documents([path], skip_bad=True)]
+    assert 0 < len(kept) < len(texts) and kept == texts[:len(kept)]
+    assert "cut.jsonl.gz: skipped 1 bad records" in caplog.text and "1 file unreadable" in caplog.text
+    with pytest.raises(ValueError, match=rf"cut\.jsonl\.gz, line {len(kept) + 1}: the file cannot be read from here "
+                                         r"on \(Compressed file ended .*\); it is truncated or corrupt"):
+        list(documents([path]))
 
 
 def test_binary_file_is_reported_by_reason_not_as_empty(tmp_path):

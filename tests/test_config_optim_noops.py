@@ -61,6 +61,11 @@ CASES = [
      "optimizer.soap_precondition_frequency: 5 is read with name = 'SOAP' only, not with name = 'Aurora'"),
     (["--optimizer.name", "AdamW", "--optimizer.muon_headwise", "HHF"],
      "optimizer.muon_headwise: expected only F letters with name = 'AdamW'"),
+    # Q and K left to Adam: their H letters were dropped, the projections trained with Adam whole
+    (["--optimizer.muon_headwise", "HHF", "--optimizer.muon_categories", "attn_v,attn_o,mlp,other"],
+     "optimizer.muon_headwise: 'HHF' asks for per-head updates of ['attn_q', 'attn_k', 'attn_r'], which go to "
+     "Adam (muon_categories = ['attn_v', 'attn_o', 'mlp', 'other']); expected F for them, or them in "
+     "muon_categories"),
     # the MLP coefficient with spectral_categories naming attention only
     (["--optimizer.spectral_categories", "attn_v", "--optimizer.spectral_coeff_mlp", "1e-4"],
      "optimizer.spectral_coeff_mlp: 0.0001 reaches no parameter: spectral_categories = ['attn_v'] has none of "
@@ -82,6 +87,7 @@ def test_no_op_value_is_refused_by_key(overrides, message):
     ["--optimizer.lr_multipliers", "embed=0.3,norm=0.015"],
     ["--optimizer.name", "NorMuon", "--optimizer.normuon_beta2", "0.9"],
     ["--optimizer.name", "AdamW", "--optimizer.muon_headwise", "FFFF"],
+    ["--optimizer.muon_headwise", "FHF", "--optimizer.muon_categories", "attn_k,mlp,other"],
     ["--optimizer.spectral_categories", "attn_v,mlp", "--optimizer.spectral_coeff_mlp", "1e-4"],
     ["--optimizer.spectral_categories", "attn_v", "--optimizer.spectral_coeff_attn", "7e-5"],
 ])

@@ -1,18 +1,23 @@
 """Data fed what a careless or hostile user hands it: pre-tokenizer options that silently wrote an
-empty dataset or read a whole file into one tokenizer batch, and a pre-tokenized validation split
-too small for one round of ranks x batch, which crashed the first validation mid-run."""
+empty dataset or read a whole file into one tokenizer batch, source flags the source kind did not
+read, a cut .jsonl.gz, a pre-tokenized validation split too small for one round of ranks x batch,
+which crashed the first validation mid-run, and a data seed that did nothing or crashed in NumPy."""
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from parallax_titan.data import build_validation_dataloader
+from parallax_titan.config import ConfigError, load_config
+from parallax_titan.data import build_dataloader, build_validation_dataloader
 from parallax_titan.data import pretokenize as pt
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH
 from scripts.pretokenize import main as cli
 from tests._output_folders import refused_output
+from tests.test_bad_data import truncated_gzip
 from tests.test_pretokenize import corpus_docs, write_jsonl
-from tests.test_pretokenized import job
+from tests.test_pretokenized import config_argv, job
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +125,71 @@ def test_tokenizer_is_named_as_the_flag(tmp_path, source, capsys, layout):
     err = capsys.readouterr().err
     assert f"--tokenizer = {str(path)!r}" in err and "model.hf_assets_path" not in err
     assert not (tmp_path / "out").exists()
+
+
+def hub_layout(root, texts) -> str:
+    """A Hugging Face dataset repository's layout (README config ``default``, split ``en``, parquet)."""
+    (root / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"content": texts}), root / "data" / "part-0.parquet")
+    (root / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: en\n    path: data/*.parquet\n---\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("kind, flag, value", [
+    ("embedded", "--path", "/data/my_corpus"),  # tokenized the embedded corpus, recorded this path as the source
+    ("local", "--split", "validation"),
+    ("local", "--name", "default"),
+    ("local", "--revision", "v2"),
+    ("embedded", "--revision", "v2"),
+    ("hub", "--docs-per-shard", "3"),  # one unit per hub file whatever the flag
+])
+def test_source_flags_the_source_does_not_read_are_refused(tmp_path, source, capsys, kind, flag, value):
+    """These were dropped without a word and the run exited 0 (the manifest recorded them as the source);
+    now a usage error (exit 2) before the source is read."""
+    path = {"embedded": [], "local": ["--path", source.path],
+            "hub": ["--path", hub_layout(tmp_path / "repo", corpus_docs(6)), "--name", "default", "--split", "en"]}
+    argv = ["--source", kind, *path[kind], "--tokenizer", TINY_TOKENIZER_PATH, "--out", str(tmp_path / "out"),
+            "--no-progress", flag, value]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag}: " in err and value in err and f"is not read by --source {kind}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_truncated_gzip_source_is_named_not_a_traceback(tmp_path, capsys):
+    """Planning counts each file's records: a cut .jsonl.gz raised gzip's EOFError out of the
+    command, a traceback naming no file."""
+    path, _ = truncated_gzip(tmp_path / "cut.jsonl.gz")
+    argv = ["--source", "local", "--path", path, "--tokenizer", TINY_TOKENIZER_PATH, "--out", str(tmp_path / "out"),
+            "--no-progress"]
+    assert cli(argv) == 1
+    err = capsys.readouterr().err
+    assert f"error: data file {path!r} cannot be read to its end (Compressed file ended" in err
+    assert "truncated or corrupt" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_data_seed_outside_64_bits_is_refused_before_the_first_batch(small, tmp_path, seed):
+    """It passed the config and the loader build, then the first batch failed in NumPy
+    (OverflowError: Python integer -1 out of bounds for uint64), after the model was built."""
+    message = rf"training\.data_seed = {seed}: expected an integer in \[0, 2\*\*64\)"
+    with pytest.raises(ConfigError, match=message):
+        load_config(config_argv(tmp_path, "--training.dataset_path", small, f"--training.data_seed={seed}"))
+    config = job(small, batch=1)
+    config.training.data_seed = seed
+    with pytest.raises(ValueError, match=message):
+        build_dataloader(1, 0, None, config)
+    config.training.data_seed = 2**64 - 1
+    next(iter(build_dataloader(1, 0, None, config)))
+
+
+def test_data_seed_with_a_text_dataset_is_refused(tmp_path):
+    """Only the pre-tokenized order reads it: a text dataset trained on the same order whatever the
+    seed, so runs meant to differ in their data did not."""
+    argv = ["--job.config_file", "configs/test_cpu_2rank.toml", "--job.dump_folder", str(tmp_path),
+            "--training.dataset", "default_corpus"]
+    load_config(argv)
+    with pytest.raises(ConfigError, match=r"training\.data_seed = 7: only dataset = 'pretokenized' is shuffled by it; "
+                                          r"'default_corpus' is read in its stored order"):
+        load_config([*argv, "--training.data_seed", "7"])

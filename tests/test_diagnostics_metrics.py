@@ -82,6 +82,14 @@ def test_document_mask_matches_boundaries():
     assert mask[1].equal(torch.ones(L, L, dtype=torch.bool).tril())
 
 
+
+def test_document_mask_with_a_sliding_window():
+    mask = causal_document_mask(tokens_with_documents(), EOS, window=3)
+    doc = [[int(b == 0 and i >= 10) for i in range(L)] for b in range(B)]
+    expected = torch.tensor([[[i - 3 < j <= i and doc[b][i] == doc[b][j] for j in range(L)] for i in range(L)]
+                             for b in range(B)])
+    assert mask.equal(expected)
+
 def test_per_query_statistics_against_explicit_loops(case):
     q, r, k, v, mask, stats = case
     positions = query_positions(L, 6).tolist()

@@ -9,7 +9,11 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from parallax_titan.checkpointing import save_checksummed
-from parallax_titan.diagnostics.report import load_checkpoint_model, match_checkpoint
+from matplotlib.figure import Figure
+
+from parallax_titan.diagnostics.report import (
+    load_checkpoint_model, match_checkpoint, report_owned, write_report)
+from parallax_titan.diagnostics.runner import DiagnosticsResult
 from eval.checkpoint import load_job_config as load_config
 from scripts.analyze import main
 from tests._output_folders import refused_output
@@ -163,3 +167,84 @@ def test_bad_settings_are_refused_before_the_checksums_are_read(tmp_path, no_loa
     with pytest.raises(ValueError, match=rf"diagnostics.{key}: expected >= 1, got 0"):
         main(["--config", CONFIG, "--checkpoint", "A", flag, "0", "--out", str(tmp_path / "out")])
     assert no_loading == []
+
+
+def two_layer_result() -> DiagnosticsResult:
+    """A small hand-made result with every part the report draws."""
+    return DiagnosticsResult(
+        attention={0: {"cor": 1.0, "entropy": 1.2}, 1: {"cor": 2.0, "entropy": 0.8}},
+        spectral={i: {"W_QK": {"stable_rank": 2.0, "erank": 3.0, "energy_erank": 2.5}, "cka": {"v_fixed": 0.4}}
+                  for i in (0, 1)},
+        spectra={i: {"W_QK": torch.tensor([1.0, 0.5, 0.1], dtype=torch.float64)} for i in (0, 1)},
+        cost={"attention_s": 0.1, "spectral_s": 0.2, "total_s": 0.3})
+
+
+def test_a_failed_rewrite_leaves_the_earlier_report_whole(tmp_path, monkeypatch):
+    """Each file was opened over the earlier report's: a write that failed part-way (a full disk, a
+    kill, a value JSON cannot hold) left a truncated PNG or an empty results.json in its place."""
+    out = str(tmp_path / "report")
+    write_report({"a": two_layer_result()}, {"a": ("ckpt", "parallax")}, out, {}, "analyze")
+    earlier = {name: (tmp_path / "report" / name).read_bytes() for name in os.listdir(out)}
+
+    def disk_full(self, fname, *args, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"\x89PNG")
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Figure, "savefig", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            write_report({"a": two_layer_result()}, {"a": ("ckpt", "parallax")}, out, {}, "analyze")
+    assert {name: (tmp_path / "report" / name).read_bytes() for name in os.listdir(out)} == earlier
+    unserialisable = two_layer_result()
+    unserialisable.cost["attention_s"] = torch.tensor(0.1)
+    with pytest.raises(TypeError):
+        write_report({"a": unserialisable}, {"a": ("ckpt", "parallax")}, out, {}, "analyze")
+    assert sorted(os.listdir(out)) == sorted(earlier)
+    for name in ("results.json", "report.md"):
+        assert (tmp_path / "report" / name).read_bytes() == earlier[name], name
+
+
+def test_temporary_files_of_a_killed_report_do_not_block_a_rerun():
+    assert report_owned(".report.md.partial-4242") and report_owned(".cka.png.partial-7")
+    assert not report_owned(".report.md") and not report_owned(".notes.txt.partial-7")
+    assert not report_owned(".report.md.partial-x") and not report_owned("report.md.partial-7")
+
+
+@pytest.mark.parametrize("change, message", [
+    (("seq_len = 32", "seq_len = 16"), r"training.seq_len = 16 \(the model's RoPE table\) is shorter than the "
+                                       r"held-out rows of 32 tokens; expected at least 32, or pass --seq-len 16"),
+    (("hf_assets_path = \"./parallax_titan/assets/tokenizer/tiny\"", "hf_assets_path = \"{other}\""),
+     r"model.hf_assets_path = '.*other' holds another tokenizer than --config's"),
+])
+def test_compare_config_that_cannot_read_the_heldout_batch_is_refused(tmp_path, no_loading, change, message):
+    """A --compare-config with a shorter training.seq_len failed with a bare AssertionError inside
+    TorchTitan's RoPE, after every checkpoint was hashed; one with another tokenizer was never
+    consulted: its model read token ids of --config's tokenizer as its own."""
+    other = tmp_path / "other"
+    other.mkdir()
+    tokenizer = open("parallax_titan/assets/tokenizer/tiny/tokenizer.json").read()  # another decoder setting
+    (other / "tokenizer.json").write_text(tokenizer.replace('"add_prefix_space": true', '"add_prefix_space": false', 1))
+    (other / "tokenizer_config.json").write_text(open("parallax_titan/assets/tokenizer/tiny/tokenizer_config.json").read())
+    old, new = change
+    text = open(CONFIG).read()
+    assert old in text
+    compare = tmp_path / "compare.toml"
+    compare.write_text(text.replace(old, new.format(other=other)))
+    with pytest.raises(ValueError, match=rf"--compare-config '{compare}': {message}"):
+        main(["--config", CONFIG, "--checkpoint", "A", "--compare", "B", "--compare-config", str(compare),
+              "--out", str(tmp_path / "out")])
+    assert no_loading == []
+
+
+def test_compare_config_with_a_copy_of_the_tokenizer_is_accepted(tmp_path, checkpoints):
+    other = tmp_path / "copy"
+    other.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (other / name).write_text(open(f"parallax_titan/assets/tokenizer/tiny/{name}").read())
+    compare = tmp_path / "compare.toml"
+    compare.write_text(open(CONFIG).read().replace("./parallax_titan/assets/tokenizer/tiny", str(other)))
+    report = main(["--config", CONFIG, "--checkpoint", checkpoints[0], "--compare", checkpoints[1],
+                   "--compare-config", str(compare), "--out", str(tmp_path / "out"), "--seq-len", "16",
+                   "--max-queries", "2"])
+    assert os.path.isfile(report)

@@ -4,6 +4,7 @@ direct computations, training is bit-identical with and without it, and TensorBo
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from torch.nn.functional import scaled_dot_product_attention
 from kernels.parallax.naive import parallax_attention_naive
 from parallax_titan.config import load_config
 from parallax_titan.diagnostics import Diagnostics, DiagnosticsRunner, collect, tensorboard_figure_logger
-from parallax_titan.diagnostics.attention import causal_document_mask, layer_statistics
+from parallax_titan.diagnostics.attention import attention_weights, causal_document_mask, layer_statistics
 from parallax_titan.diagnostics.capture import attention_hooks, project_qrkv
 from parallax_titan.diagnostics.spectral import singular_values, spectral_metrics
 from parallax_titan.diagnostics.weights import attention_modules
@@ -106,6 +107,36 @@ def test_collect_matches_direct_computation(tokenizer):
         assert tag in scalars, tag
     assert scalars["diag/mean/cor"] == pytest.approx((result.attention[0]["cor"] + result.attention[1]["cor"]) / 2)
 
+
+
+def test_collect_reads_the_sliding_window_the_forward_uses(tokenizer):
+    """With parallax.window = W the statistics were those of full causal attention (entropy above
+    log W, which W readable keys cannot reach): the diagnostics mask ignored the window."""
+    window = 4
+    model = tiny("parallax", window=window, dtype=torch.float64)
+    tokens = batch()
+    i, j = torch.arange(SEQ)[:, None], torch.arange(SEQ)[None, :]
+    mask = ((j <= i) & (j > i - window)).expand(2, SEQ, SEQ)  # SPEC 1b: i - W < j <= i
+    seen, outputs = {}, {}
+    handles = [m.register_forward_hook(lambda mod, a, out, n=n: outputs.__setitem__(n, out))
+               for n, _, m in attention_modules(model)]
+    with torch.no_grad(), attention_hooks(model, lambda n, m, x, rope, pos: seen.__setitem__(
+            n, (m, project_qrkv(m, x, rope, pos)))):
+        model(tokens)
+    for h in handles:
+        h.remove()
+    result = collect(model, tokens, tokenizer, CONFIG, spectral=False)
+    for layer, (module, (q, r, k, v)) in seen.items():
+        # the reference mask is the forward's: sum_j w_ij v_j under it reproduces the module's output
+        kh, vh = (t.transpose(1, 2).repeat_interleave(2, 1) for t in (k, v))
+        p, spread = attention_weights(q.transpose(1, 2), r.transpose(1, 2), kh, mask[:, None], module.scaling)
+        attn = ((p - spread) @ vh).transpose(1, 2).reshape(2, SEQ, -1)
+        torch.testing.assert_close(module.wo(attn), outputs[layer])
+        expected = layer_statistics(q, r, k, v, mask, scale=module.scaling, max_queries=CONFIG.max_queries,
+                                    ridge=CONFIG.corr_ridge)
+        for name, value in expected.items():
+            assert result.attention[layer][name] == pytest.approx(value, rel=1e-9, nan_ok=True), name
+        assert result.attention[layer]["entropy"] <= math.log(window)
 
 def train_steps(model, runner=None, steps=3):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

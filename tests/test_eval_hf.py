@@ -106,6 +106,24 @@ def test_import_rejects_mismatched_weights(tmp_path):
         read_hf(str(tmp_path / "nothing"))
 
 
+def test_some_parallax_weights_missing_is_refused_not_zeroed(tmp_path):
+    """A Parallax export lacking some of its probe weights (a lost shard; an ungated export into a
+    gated model) loaded as a Qwen3 state dict: every rho norm, the loaded ones too, was set to zero
+    and the model silently computed the Transformer's function."""
+    export_hf(tiny_model("parallax", seed=0), str(tmp_path))
+    _, state = read_hf(str(tmp_path))
+    target = tiny_model("parallax", seed=1)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    lost = {k: v for k, v in state.items() if k != "model.layers.1.self_attn.r_norm.weight"}
+    with pytest.raises(ValueError, match=r"missing Parallax weights \['layers\.1\.attention\.r_norm\.weight'\] "
+                                         r"\(1 of the 4\), while the others are there"):
+        load_hf_state(target, lost)
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+    with pytest.raises(ValueError, match=r"missing Parallax weights \['layers\.0\.attention\.gate\.weight', "
+                                         r"'layers\.1\.attention\.gate\.weight'\] \(2 of the 6\)"):
+        load_hf_state(tiny_model("parallax", seed=1, gate="head"), state)
+
+
 def load_script():
     spec = importlib.util.spec_from_file_location("export_hf", os.path.join(REPO, "scripts", "export_hf.py"))
     module = importlib.util.module_from_spec(spec)

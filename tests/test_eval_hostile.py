@@ -28,6 +28,7 @@ def no_loading(monkeypatch):
 
     monkeypatch.setattr(cli, "verify_before_load", verify)
     monkeypatch.setattr(ParallaxLM, "from_checkpoint", classmethod(load))
+    monkeypatch.setattr(ParallaxLM, "from_job_config", classmethod(load))
     return calls
 
 
@@ -39,8 +40,10 @@ def cli_args(tmp_path, *extra):
 @pytest.mark.parametrize("flag, value, name", [
     ("--limit", "-1", "limit"), ("--batch-size", "0", "batch_size"), ("--max-length", "-4", "max_length"),
     ("--bootstrap-iters", "-1", "bootstrap_iters"), ("--dtype", "fp8", "dtype"),
+    # torch failed on these only when the model was built (a traceback), after every checksum was read
+    ("--device", "gpu", "device"), ("--device", "cuda:99", "device"), ("--device", "meta", "device"),
 ])
-def test_cli_numbers_are_checked_before_any_checkpoint(tmp_path, capsys, no_loading, flag, value, name):
+def test_cli_settings_are_checked_before_any_checkpoint(tmp_path, capsys, no_loading, flag, value, name):
     assert cli.main(cli_args(tmp_path, flag, value)) == 2
     err = capsys.readouterr().err
     assert f"{name}:" in err and value in err
@@ -88,6 +91,41 @@ def test_cli_rows_that_would_share_a_json_file_are_refused(tmp_path, capsys, no_
     assert "a_x.json" in capsys.readouterr().err
 
 
+def saved_checkpoint(folder, config: str) -> str:
+    """A trainer-like checkpoint (weights, manifest, settings.json) of ``config``'s freshly built model."""
+    import torch
+
+    from eval.checkpoint import build_model, load_job_config, model_args_of
+    from parallax_titan.checkpointing import save_checksummed
+    from parallax_titan.resume_rules import run_settings, write_settings
+
+    job = load_job_config(config)
+    save_checksummed(build_model(model_args_of(job), torch.device("cpu")).state_dict(), str(folder))
+    write_settings(str(folder), 1, run_settings(job, 1))
+    return str(folder)
+
+
+def test_cli_every_config_and_pairing_is_checked_before_the_first_checkpoint_is_scored(tmp_path, capsys,
+                                                                                        no_loading):
+    """With one --config per checkpoint, a missing second config or a second checkpoint of another
+    model than its config's was found only when its turn came, after the first checkpoint had been
+    scored (hours), and the table of the rows before it was never written."""
+    import os
+
+    from tests._train_runs import REPO
+
+    parallax = os.path.join(REPO, "configs", "test_cpu_2rank.toml")
+    transformer = tmp_path / "transformer.toml"
+    transformer.write_text(open(parallax).read().replace('name = "parallax"', 'name = "transformer"'))
+    checkpoints = [saved_checkpoint(tmp_path / run / "checkpoint" / "step-1", parallax) for run in ("a", "b")]
+    args = ["--checkpoint", *checkpoints, "--output", str(tmp_path / "out"), "--device", "cpu"]
+    assert cli.main(["--config", parallax, str(tmp_path / "missing.toml"), *args]) == 2
+    assert f"config: '{tmp_path / 'missing.toml'}' is not a file" in capsys.readouterr().err
+    assert cli.main(["--config", parallax, str(transformer), *args]) == 2
+    assert f"checkpoint: '{checkpoints[1]}' holds another model than the config's" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_table_says_when_a_limit_cut_the_documents():
     full = {"results": {"boolq": {"acc,none": 0.5}}, "n-samples": {"boolq": {"original": 20, "effective": 20}},
             "config": {"limit": None}}
@@ -131,6 +169,21 @@ def test_model_args_as_a_dict_build_the_adapter(fake_checkpoint):
                                           {"batch_size": 2, "max_batch_size": None, "device": None}) == "lm"
     config, checkpoint, kwargs = fake_checkpoint[0]
     assert (config, checkpoint, kwargs["batch_size"], kwargs["verify"]) == ("X.toml", "D", 2, False)
+
+
+def test_model_args_that_lm_eval_would_override_are_refused(fake_checkpoint):
+    """The lm_eval command hands every model batch_size 1 and device cuda:0 unless --batch_size and
+    --device are given; device=cpu,batch_size=16 in model_args used to be replaced by them silently."""
+    lm_eval_defaults = {"batch_size": 1, "max_batch_size": None, "device": "cuda:0"}
+    with pytest.raises(ValueError, match=r"model_args: device='cpu' in model_args but 'cuda:0' from lm-eval; "
+                                         r"batch_size=16 in model_args but 1 from lm-eval"):
+        ParallaxLM.create_from_arg_string("config=X.toml,checkpoint=D,device=cpu,batch_size=16", lm_eval_defaults)
+    assert fake_checkpoint == []
+    # the same value in both places (lm_eval's --batch_size is a string), or each in one place: taken
+    ParallaxLM.create_from_arg_obj({"config": "X.toml", "checkpoint": "D", "device": "cpu", "batch_size": 16},
+                                   {"batch_size": "16", "device": "cpu"})
+    ParallaxLM.create_from_arg_obj({"config": "X.toml", "checkpoint": "D", "device": "cpu"}, {"batch_size": "4"})
+    assert [(kw["device"], int(kw["batch_size"])) for _, _, kw in fake_checkpoint] == [("cpu", 16), ("cpu", 4)]
 
 
 def test_unknown_model_args_are_named(fake_checkpoint):

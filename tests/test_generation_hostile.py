@@ -1,6 +1,7 @@
 """Generation fed what a careless or hostile caller hands it: token ids outside the vocabulary,
-a stop string given as a bare string, a temperature too small for fp32, no prompts at all, and a
-command line whose bad arguments must be refused before the checkpoint is read."""
+a stop string given as a bare string, a temperature too small for fp32, a seed outside 64 bits, no
+prompts at all, a model whose float16 activations overflow, and a command line whose bad arguments
+must be refused before the checkpoint is read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import pytest
 import torch
 
-from parallax_titan.generation import Generator, SamplingParams, StopCriteria, generate, token_probabilities
+from parallax_titan.generation import Generator, Sampler, SamplingParams, StopCriteria, generate, token_probabilities
 from scripts import generate as script
 from tests._generation_models import recompute_greedy, tiny_model
 
@@ -77,3 +78,49 @@ def test_script_refuses_bad_lengths_before_reading_the_checkpoint(tmp_path, caps
     missing = str(tmp_path / "no-checkpoint")
     code = script.main(["--config", CONFIG, "--checkpoint", missing, "--device", "cpu", "--prompt", "Hi", flag, value])
     assert code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**64, 10**30])
+def test_a_seed_outside_64_bits_is_named(seed):
+    """torch.Generator reads a seed as 64 bits: -1 (the "random" of other tools) silently became the
+    fixed seed 2**64 - 1, and 2**64 was "Overflow when unpacking long long" once sampling began."""
+    with pytest.raises(ValueError, match=rf"seed: expected an integer in \[0, 2\*\*64\) or None .*, got {seed}"):
+        SamplingParams(temperature=1.0, seed=seed)
+
+
+def test_the_largest_seed_is_taken(model):
+    out = generate(model, [[5, 6, 7]], SamplingParams(temperature=1.0, seed=2**64 - 1), StopCriteria(max_new_tokens=2))
+    assert len(out[0].tokens) == 2
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_script_refuses_a_bad_seed_before_reading_the_checkpoint(tmp_path, capsys, seed):
+    """--seed 2**64 failed only after the checkpoint was loaded, with a message that named no flag."""
+    missing = str(tmp_path / "no-checkpoint")
+    code = script.main(["--config", CONFIG, "--checkpoint", missing, "--device", "cpu", "--prompt", "Hi",
+                        "--temperature", "1", "--seed", seed])
+    assert code == 2 and f"seed: expected an integer in [0, 2**64) or None (a fresh random seed), got {seed}" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logits_that_are_not_finite_are_named(temperature):
+    """The argmax of a NaN row was a token like any other (greedy text of garbage), and a draw failed
+    inside torch.multinomial ("probability tensor contains either inf, nan ...")."""
+    logits = torch.tensor([[1.0, 3.0, -2.0], [0.5, float("nan"), 0.0], [0.0, 0.0, float("inf")]])
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=0), 3, 3, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"logits: rows \[1, 2\] of the batch hold inf or NaN; the model overflowed"):
+        sampler(logits)
+
+
+def test_a_float16_model_that_overflows_is_refused_not_decoded():
+    """Activations beyond float16's 65504 (here embeddings scaled up; a bfloat16-trained model run with
+    --dtype float16) gave NaN logits, and greedy generation returned token 0 again and again."""
+    prompt = [5, 6, 7]
+    models = {dtype: tiny_model("transformer", dtype=dtype) for dtype in (torch.float32, torch.float16)}
+    with torch.no_grad():
+        for model in models.values():
+            model.tok_embeddings.weight.mul_(1e4)  # still finite in float16 (at most 1875)
+    assert len(generate(models[torch.float32], [prompt], stopping=StopCriteria(max_new_tokens=3))[0].tokens) == 3
+    with pytest.raises(ValueError, match=r"float16 holds at most 65504: run it in bfloat16 or float32"):
+        generate(models[torch.float16], [prompt], stopping=StopCriteria(max_new_tokens=3))

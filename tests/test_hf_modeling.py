@@ -177,3 +177,30 @@ def test_fused_kernels_on_cuda(tmp_path):
         torch.testing.assert_close(hf(tokens).logits, ours(tokens), rtol=1e-4, atol=1e-4)
     kwargs = dict(max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(tokens), pad_token_id=0)
     assert torch.equal(hf.generate(tokens, use_cache=True, **kwargs), hf.generate(tokens, use_cache=False, **kwargs))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"parallax": {"rho_rop": False}}, r"parallax: unknown keys \['rho_rop'\]"),
+    ({"parallax": {"rho_rope": "false"}}, r"parallax.rho_rope: expected true or false, got 'false'"),
+    ({"parallax": {"attn_mask_type": "block_causal"}}, r"eos_token_id: .*must be one token id; got None"),
+    ({"parallax": {"attn_mask_type": "block_causal"}, "eos_token_id": [7, 8]}, r"one token id; got \[7, 8\]"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, r"rope_scaling: rope type 'linear'"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, r"rope_parameters: rope type 'yarn'"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+     r"rope_parameters: rope_theta = 10000.0 disagrees with rope_theta = 1000000.0"),
+])
+def test_config_refuses_what_the_modeling_code_would_not_compute(kwargs, message):
+    """These were taken and then ignored (a misspelt parallax key, RoPE scaling: other logits than
+    the config says) or misread ("false" is true); a block-causal config without one end-of-document
+    id loaded and every forward failed inside torch.where."""
+    with pytest.raises(ValueError, match=message):
+        ParallaxQwen3Config(**kwargs)
+
+
+def test_block_causal_export_with_a_list_of_end_tokens_is_refused_at_loading(tmp_path):
+    export_hf(tiny_model("parallax", seed=0, attn_mask_type="block_causal"), str(tmp_path), eos_id=EOS)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["eos_token_id"] = [EOS, EOS + 1]  # as Qwen's instruct configs list them
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"eos_token_id: parallax.attn_mask_type = 'block_causal' ends a document"):
+        transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), trust_remote_code=True)

@@ -253,7 +253,7 @@ def test_family_options_are_validated():
                         ({"algo": "normuon", "normuon_beta2": 1.0}, r"normuon_beta2=1.0; expected a float in \[0, 1\)"),
                         ({"algo": "aurora", "aurora_iterations": 0}, "aurora_iterations=0; expected an int >= 1"),
                         ({"algo": "aurora", "aurora_beta": 0.0}, r"aurora_beta=0.0; expected a float in \(0, 1\]"),
-                        ({"algo": "soap", "soap_eps": 0.0}, "soap_eps=0.0; expected a float > 0"),
+                        ({"algo": "soap", "soap_eps": 0.0}, "soap_eps=0.0; expected a finite float > 0"),
                         ({"algo": "lion"}, "algo='lion'; expected one of")]:
         with pytest.raises(ValueError, match=match):
             MuonAdamW([{"params": [p], **opts}])

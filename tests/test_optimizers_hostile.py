@@ -28,6 +28,23 @@ def test_misspelled_category_is_refused(field, value, match):
         build_param_groups(TinyParallax(), RoutingConfig(**{field: value}))
 
 
+@pytest.mark.parametrize("cfg,match", [
+    (RoutingConfig(headwise="HHF", muon_categories=("attn_k", "mlp", "other")),
+     r"muon_headwise: 'HHF' asks for per-head updates of \['attn_q', 'attn_r'\], which go to Adam "
+     r"\(muon_categories = \['attn_k', 'mlp', 'other'\]\); expected F for them, or them in muon_categories"),
+    (RoutingConfig(headwise="FFH", use_muon=False),
+     r"per-head updates of \['attn_v'\], which go to Adam \(use_muon is off\)"),
+])
+def test_headwise_letter_of_an_adam_category_is_refused(cfg, match):
+    """An H for a projection that muon_categories leaves to Adam used to be dropped without a word:
+    the projection trained with Adam, neither per head nor orthogonalised."""
+    with pytest.raises(ValueError, match=match):
+        build_param_groups(TinyParallax(), cfg)
+    groups = build_param_groups(TinyParallax(), RoutingConfig(headwise="FHF", muon_categories=("attn_k", "mlp"),
+                                                              head_dim=4))
+    assert {g["name"]: g.get("head_dim", 0) for g in groups}["attn_k"] == 4  # an H of a Muon category is kept
+
+
 def test_categories_of_custom_and_default_rules_are_accepted():
     """A category of a custom rule is known; so are the default rules' categories when the custom
     rules no longer produce them (the default muon_categories / spectral_categories name them)."""
@@ -52,7 +69,7 @@ def _param(rows=8, cols=6):
     ("momentum", math.nan, "a float in [0, 1)"),
     ("nesterov", "no", "a bool"),
     ("betas", (0.9, 1.0), "two floats in [0, 1)"),
-    ("eps", 0.0, "a float > 0"),
+    ("eps", 0.0, "a finite float > 0"),
     ("lr", math.inf, "a finite float >= 0"),
     ("weight_decay", math.inf, "a finite float >= 0"),
     ("orthogonalizer", "newton", "one of ['newton_schulz', 'polar_express']"),
@@ -74,6 +91,30 @@ def test_bad_group_option_is_named_at_construction(algo, option, value, expected
         opts.update(sp_band="top", sp_band_tau=1.0)
     with pytest.raises(ValueError, match=re.escape(f"group 'g' {option}={value!r}; expected {expected}")):
         MuonAdamW([{"params": [_param()], "name": "g", "algo": algo, **opts, option: value}])
+
+
+@pytest.mark.parametrize("algo,key", [("adamw", "eps"), ("normuon", "normuon_eps"), ("aurora", "aurora_eps"),
+                                      ("soap", "soap_eps")])
+def test_infinite_eps_is_refused(algo, key):
+    """An infinite eps used to pass the check (inf > 0): the denominators became inf, every update
+    zero, and the group trained nothing without a word (Aurora's row norms floored at inf)."""
+    with pytest.raises(ValueError, match=re.escape(f"group 'g' {key}=inf; expected a finite float > 0")):
+        MuonAdamW([{"params": [_param()], "name": "g", "algo": algo, key: math.inf}])
+
+
+@pytest.mark.parametrize("opts,factor,sound", [
+    ({"decay_coupling": "independent", "weight_decay": 1.0}, "0", {"lr": 0.01, "weight_decay": 1.0}),
+    ({"decay_coupling": "independent", "weight_decay": 0.5, "sp_coeff": 1.5}, "-1",  # p = 1: ordinary decay
+     {"decay_coupling": "independent", "weight_decay": 0.5, "sp_coeff": 1.5, "sp_power": 2}),
+    ({"lr": 2.0, "weight_decay": 0.75}, "-0.5", {"lr": 2.0, "weight_decay": 0.25}),
+])
+def test_decay_that_zeroes_or_flips_the_weights_is_refused(opts, factor, sound):
+    """A decay scale times the ordinary coefficient of 1 or more used to be accepted: each step
+    multiplied the weights by 1 - shrink <= 0 (zeroed, or sign-flipped and growing) without a NaN."""
+    with pytest.raises(ValueError, match=re.escape(f"group 'g' weight_decay={opts['weight_decay']!r}; expected "
+                                                   "weight_decay") + ".*" + re.escape(f"by {factor})")):
+        MuonAdamW([{"params": [_param()], "name": "g", "algo": "muon", **opts}])
+    MuonAdamW([{"params": [_param()], "name": "g", "algo": "muon", **sound}])
 
 
 def test_band_needs_a_positive_tau():

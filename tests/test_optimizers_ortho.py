@@ -74,6 +74,28 @@ def test_polar_express_batch_equals_loop_and_extra_steps_reuse_last():
     torch.testing.assert_close(batched[0], X, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (9, 9)])
+@pytest.mark.parametrize("method,steps", [("newton_schulz", 5), ("newton_schulz", 2), ("polar_express", 8),
+                                          ("polar_express", 11)])
+def test_iteration_is_the_scalar_polynomial_on_each_singular_value(method, steps, shape):
+    """SPEC.md 3 in closed form: an odd matrix polynomial acts on each singular value alone, so with
+    G = U diag(s) V^T the result is U diag(x_K) V^T, x_0 = s / (||s||_2 * safety + 1e-7) (safety 1.01
+    for Polar Express, 1 for Newton-Schulz) and x <- a x + b x^3 + c x^5 with the SPEC tuples. This
+    pins what the SVD comparisons cannot: the coefficients, the normalisation, the step count."""
+    sigmas = torch.tensor([3.0, 1.0, 0.3, 0.05, 1e-3], dtype=torch.float64)
+    W, U, s, V = spectrum_matrix(*shape, sigmas, 3)
+    raw = [(3.4445, -4.7750, 2.0315)] * steps if method == "newton_schulz" else SPEC_PE_TUPLES
+    safety = 1.0 if method == "newton_schulz" else 1.01
+    x = s / (s.norm() * safety + 1e-7)
+    for i in range(steps):
+        a, b, c = raw[min(i, len(raw) - 1)]
+        if method == "polar_express" and i < 7:  # SPEC: every tuple but the last divided by the safety
+            a, b, c = a / 1.01, b / 1.01**3, c / 1.01**5
+        x = a * x + b * x**3 + c * x**5
+    out = ORTHOGONALIZERS[method][0](W, steps=steps, dtype=torch.float64)
+    assert rel_err(out, (U * x) @ V.T) < 1e-11
+
+
 def test_newton_schulz_singular_values_in_band():
     W, *_ = spectrum_matrix(96, 48, logspaced(96, 48, 100), 1)
     s = torch.linalg.svdvals(newton_schulz(W.float()).double())

@@ -16,6 +16,7 @@ import pytest
 
 from parallax_titan.data import CORPUS_DIR
 from parallax_titan.data import pretokenize as pt
+from parallax_titan.data.shards import SPLITS, check_split
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
 from scripts.pretokenize import main as cli
 
@@ -129,6 +130,31 @@ def test_killed_run_resumes_without_rewriting_finished_shards(tmp_path, docs, mo
     assert not (out / "train" / "00002.bin.tmp").exists()
 
 
+@pytest.mark.parametrize("damage", ["truncated_shard", "missing_index", "empty_unit_manifest", "other_source"])
+def test_rerun_redoes_a_unit_whose_manifest_or_shards_are_damaged(tmp_path, docs, local_run, damage):
+    """A rerun took every shards/<unit>.json as a finished unit: one left empty by a crash stopped it
+    with a JSONDecodeError; a finished unit's truncated or deleted shard went into manifest.json
+    again (training refused it, and no rerun repaired it); with plan.json deleted, a unit manifest
+    of another source file entered the new dataset's manifest with its shards."""
+    source = pt.SourceSpec("local", write_jsonl(tmp_path / "docs.jsonl", docs))
+    out = tmp_path / "out"
+    if damage == "other_source":
+        run(pt.SourceSpec("local", write_jsonl(tmp_path / "other.jsonl", docs[::-1])), out)
+        os.remove(out / "plan.json")
+    else:
+        run(source, out)
+    if damage == "truncated_shard":
+        os.truncate(out / "train" / "00001.bin", 8)
+    elif damage == "missing_index":
+        os.remove(out / "validation" / "00002.idx")
+    elif damage == "empty_unit_manifest":
+        (out / "shards" / "00001.json").write_text("")
+    manifest = run(source, out)
+    assert manifest["splits"] == local_run[2]["splits"]
+    for split in SPLITS:
+        check_split(str(out), manifest, split, "out", checksums=True)
+
+
 def test_resume_with_other_settings_is_refused(local_run):
     source, out, _ = local_run
     with pytest.raises(ValueError, match=r"other settings \(options differ\); rerun with the same arguments"):
@@ -180,7 +206,7 @@ def test_hub_layout_source_one_unit_per_file(tmp_path, docs, tok):
     (tmp_path / "repo" / "README.md").write_text(
         "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: en\n    path: data/en/*.parquet\n---\n")
     spec = pt.SourceSpec("hub", str(tmp_path / "repo"), name="default", split="en")
-    manifest = run(spec, tmp_path / "out", validation_fraction=0.0)
+    manifest = run(spec, tmp_path / "out", validation_fraction=0.0, docs_per_shard=0)
     assert len(manifest["splits"]["train"]["shards"]) == 2
     tokens, _ = read_split(tmp_path / "out", manifest, "train")
     expected = np.concatenate([tok.encode(d, add_bos=True, add_eos=True) for d in docs[:20]])

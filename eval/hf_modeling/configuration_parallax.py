@@ -8,12 +8,17 @@ from transformers import PretrainedConfig
 
 GATES = ("none", "token", "head")
 MASK_TYPES = ("causal", "block_causal")
+PARALLAX_DEFAULTS = {"rho_rope": True, "gate": "none", "attn_mask_type": "causal"}
 
 
 class ParallaxQwen3Config(PretrainedConfig):
     """Qwen3's fields plus ``parallax``: ``rho_rope`` (RoPE on the probe), ``gate`` ("none",
     "token", "head": a sigmoid gate on the probe after its norm) and ``attn_mask_type`` ("causal",
-    or "block_causal": no attention across ``eos_token_id``, documents as in training)."""
+    or "block_causal": no attention across ``eos_token_id``, documents as in training).
+
+    Raises ValueError naming the field for what the modeling code would not compute: an unknown
+    ``parallax`` key, a block-causal model without one ``eos_token_id``, a RoPE scaling
+    (``rope_scaling`` / ``rope_parameters`` of a type other than "default"), silu or biases."""
 
     model_type = "parallax_qwen3"
     keys_to_ignore_at_inference = ["past_key_values", "cache"]
@@ -22,11 +27,29 @@ class ParallaxQwen3Config(PretrainedConfig):
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="silu",
                  max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
                  attention_bias=False, use_cache=True, initializer_range=0.02, parallax=None, **kwargs):
-        parallax = {"rho_rope": True, "gate": "none", "attn_mask_type": "causal", **(parallax or {})}
+        unknown = sorted(set(parallax or {}) - set(PARALLAX_DEFAULTS))
+        if unknown:  # a misspelt key would leave its field at the default without a word
+            raise ValueError(f"parallax: unknown keys {unknown}; expected {sorted(PARALLAX_DEFAULTS)}")
+        parallax = {**PARALLAX_DEFAULTS, **(parallax or {})}
+        if not isinstance(parallax["rho_rope"], bool):  # "false" would be true
+            raise ValueError(f"parallax.rho_rope: expected true or false, got {parallax['rho_rope']!r}")
         if parallax["gate"] not in GATES:
             raise ValueError(f"parallax.gate: expected one of {GATES}, got {parallax['gate']!r}")
         if parallax["attn_mask_type"] not in MASK_TYPES:
             raise ValueError(f"parallax.attn_mask_type: expected one of {MASK_TYPES}, got {parallax['attn_mask_type']!r}")
+        eos = kwargs.get("eos_token_id")
+        if parallax["attn_mask_type"] == "block_causal" and (isinstance(eos, bool) or not isinstance(eos, int)):
+            raise ValueError(f"eos_token_id: parallax.attn_mask_type = 'block_causal' ends a document after "
+                             f"eos_token_id, which must be one token id; got {eos!r}")
+        for key in ("rope_scaling", "rope_parameters"):  # the modeling code computes plain RoPE only
+            rope = kwargs.get(key) or {}
+            kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+            if kind != "default":
+                raise ValueError(f"{key}: rope type {kind!r}; Parallax-Qwen3 has plain RoPE (expected none or "
+                                 "'default')")
+            if isinstance(rope, dict) and rope.get("rope_theta", rope_theta) != rope_theta:
+                raise ValueError(f"{key}: rope_theta = {rope['rope_theta']!r} disagrees with rope_theta = "
+                                 f"{rope_theta!r}")
         if hidden_act != "silu" or attention_bias:
             raise ValueError(f"hidden_act / attention_bias: Parallax-Qwen3 uses silu without biases, got "
                              f"{hidden_act!r} / {attention_bias!r}")

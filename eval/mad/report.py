@@ -13,6 +13,7 @@ import json
 import os
 from collections import defaultdict
 
+from parallax_titan.atomic import replacing, write_text
 from eval.mad.grid import task_settings
 from eval.mad.tasks import SHORT, TASKS
 
@@ -137,7 +138,8 @@ def plot_hard(best: dict, path: str, title: str = "") -> None:
     fig.legend(handles, labels, loc="upper right", ncol=len(labels), frameon=False)
     fig.suptitle(title, x=0.01, ha="left", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    fig.savefig(path, dpi=120)
+    with replacing(path) as temporary:
+        fig.savefig(temporary, dpi=120, format="png")  # the temporary name has no .png to infer it from
     plt.close(fig)
 
 
@@ -158,21 +160,21 @@ def runs_line(runs: list[dict], planned: int | None = None, mixers=None) -> str:
 
 def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", config: dict | None = None,
                  planned: int | None = None, mixers=None) -> dict:
-    """Write results.json, table.md (and hard_sweep.png for a harder sweep); returns the scores.
+    """Write results.json, table.md (and hard_sweep.png for a harder sweep), each whole
+    (:func:`parallax_titan.atomic.write_text`); returns the scores.
 
     ``planned``: the number of runs of the grid's ``mixers``, for the "runs finished" line."""
     best = best_per_setting(runs)
     scores = task_scores(best)
     micro = task_scores(best, "test_acc_micro")
-    with open(os.path.join(out_dir, "table.md"), "w") as f:
-        f.write(markdown(scores, best, title, note, micro, runs_line(runs, planned, mixers)))
+    write_text(os.path.join(out_dir, "table.md"), markdown(scores, best, title, note, micro,
+                                                           runs_line(runs, planned, mixers)))
     summary = {"config": config, "runs_finished": len(runs_of(runs, mixers)), "runs_planned": planned,
                "runs_read": len(runs),
                "scores": {m: {t: {"mean": v[0], "n": v[1], "micro": micro[m][t][0]} for t, v in s.items()}
                           for m, s in scores.items()},
                "paper": PAPER, "best": [r for r in best.values()], "runs": runs}
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_text(os.path.join(out_dir, "results.json"), json.dumps(summary, indent=1))
     if config and config.get("sweep") == "hard":
         plot_hard(best, os.path.join(out_dir, "hard_sweep.png"), title)
     return scores

@@ -25,6 +25,7 @@ from multiprocessing import get_context
 
 import torch
 
+from parallax_titan.atomic import write_text
 from eval.mad.grid import RunConfig
 from eval.mad.models import build_model
 from eval.mad.tasks import TaskSetting, make_dataset
@@ -81,8 +82,7 @@ def finished_runs(path: str, cfg: RunConfig) -> set[tuple]:
         text = f.read()
     if text and not text.endswith("\n"):  # a write cut short: keep the complete lines only
         text = text[: text.rfind("\n") + 1]
-        with open(path, "w") as f:
-            f.write(text)
+        write_text(path, text)  # not truncated in place: a kill then would lose every finished run
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
     ours = config_id(cfg)
     other = sorted({r.get("config_id", "none") for r in records} - {ours})

@@ -222,7 +222,7 @@ class Optimizer(titan.Optimizer):
                                                     lambda: parse_rules(self.param_rules), self.multipliers)]
         problems += [p for p in parsed if p]
         if not any(parsed[1:]):  # the category names, once the rules and multipliers parse
-            problems += [p for p in [_problem_of(self._check_categories)] if p]
+            problems += [p for p in [_problem_of(lambda: self._check_categories(parsed[0] is None))] if p]
         return problems + self._other_name_problems() + self._unused_coeff_problems()
 
     def _other_name_problems(self) -> list[str]:
@@ -259,13 +259,16 @@ class Optimizer(titan.Optimizer):
         return [f"optimizer.muon_head_dim: {dim} is not the model's head_dim {model_head_dim} (per-head updates "
                 f"would orthogonalise blocks of {dim} rows, not heads); expected 0 (the model's) or {model_head_dim}"]
 
-    def _check_categories(self) -> None:
-        """ValueError naming the key when a category list names a category no rule produces (the
-        optimizer build refuses it too, but only after the model is built)."""
+    def _check_categories(self, headwise_parses: bool) -> None:
+        """ValueError naming the key when a category list names a category no rule produces, or when
+        ``muon_headwise`` (checked if it parses) has an H for a category outside ``muon_categories``
+        (the optimizer build refuses both too, but only after the model is built). The H letters under
+        a name without head-wise updates are reported by ``validate``."""
         check_categories(RoutingConfig(
             rules=list(self.param_rules), muon_categories=tuple(self.muon_categories),
             lr_multipliers=self.multipliers(), no_decay_categories=tuple(self.no_decay_categories),
-            spectral_categories=tuple(self.spectral_categories)))
+            spectral_categories=tuple(self.spectral_categories),
+            headwise=self.muon_headwise if headwise_parses and self.name in ORTHOGONALISING else "FFF"))
 
 
 def _problem_of(check) -> str | None:

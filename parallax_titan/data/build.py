@@ -77,9 +77,22 @@ def check_pretokenized(cfg, section: str, tokenizer_path: str | None, checksums:
     return manifests
 
 
+def data_seed_problem(seed: int, dataset: str) -> str | None:
+    """Why ``training.data_seed`` cannot order ``dataset``, or None. Only the pre-tokenized order
+    reads it, as a 64-bit key of its permutation (:func:`~parallax_titan.data.mixture.permutation`):
+    a text dataset's order does not change with it, and a seed outside ``[0, 2**64)`` has no such
+    key (NumPy would fail at the first batch, after the model is built)."""
+    if dataset != PRETOKENIZED and seed:
+        return (f"only dataset = {PRETOKENIZED!r} is shuffled by it; {dataset!r} is read in its stored order, which "
+                "the seed does not change; remove it, or pre-tokenize the data (python -m scripts.pretokenize)")
+    if dataset == PRETOKENIZED and not 0 <= seed < 2**64:
+        return "expected an integer in [0, 2**64) (the permutation's 64-bit key)"
+    return None
+
+
 def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False, tokenizer_path: str | None = None,
                          max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
-    """Validate ``cfg.dataset`` / ``cfg.dataset_path`` (and ``cfg.sources``) without reading the data.
+    """Validate ``cfg.dataset`` / ``cfg.dataset_path`` (``cfg.sources``, ``cfg.data_seed``) without reading the data.
 
     ``cfg`` is JobConfig.training or JobConfig.validation (``section`` names it in errors). For
     ``local`` each file's footer / first record is checked; for ``pretokenized``,
@@ -92,6 +105,9 @@ def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False,
                          f"{sorted(DATASET_NAMES)}")
     if getattr(cfg, "sources", []) and name != PRETOKENIZED:
         raise ValueError(f"{section}.sources: mixing needs {section}.dataset = {PRETOKENIZED!r}, got {cfg.dataset!r}")
+    seed_problem = data_seed_problem(getattr(cfg, "data_seed", 0), name)
+    if seed_problem:
+        raise ValueError(f"{section}.data_seed = {cfg.data_seed!r}: {seed_problem}")
     if name == "local":
         resolve_data_files(cfg.dataset_path, f"{section}.dataset_path", skip_bad, max_bytes)
     elif name in EMBEDDED:

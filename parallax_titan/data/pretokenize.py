@@ -6,14 +6,13 @@ encoded in batches by ``tokenizers`` (each document as its tokens + eos), and sp
 and ``validation`` by a hash of its text (:func:`is_validation`); it writes one shard per split
 and then its unit manifest, which marks it finished. Units run in ``num_proc`` processes. A rerun
 with the same arguments skips finished units (their shards are never rewritten) and redoes the
-others; when every unit is finished the dataset's ``manifest.json`` is written from the unit
-manifests.
+others, and those whose unit manifest is unreadable or whose shards are missing or truncated;
+when every unit is finished the dataset's ``manifest.json`` is written from the unit manifests.
 """
 
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import json
 import multiprocessing
@@ -21,12 +20,15 @@ import os
 import queue
 from dataclasses import asdict, dataclass
 
+from torchtitan.tools.logging import logger
+
 from parallax_titan.data.records import (
     DEFAULT_MAX_RECORD_BYTES, NOT_A_STRING, TEXT_COLUMN, BadRecordError, BadRecords, file_texts, record_count,
     resolve_data_files,
 )
 from parallax_titan.data.shards import (
-    FORMAT, MANIFEST, PLAN, SPLITS, TOKEN_DTYPE, UNITS_DIR, VERSION, ShardWriter, file_sha256, write_json_atomic,
+    FORMAT, INDEX_DTYPE, MANIFEST, PLAN, SPLITS, TOKEN_DTYPE, UNITS_DIR, VERSION, ShardWriter, file_sha256,
+    shard_paths, write_json_atomic,
 )
 from parallax_titan.data.text import CORPUS_DIR
 
@@ -214,13 +216,40 @@ def _check_plan(root: str, plan: dict) -> None:
     write_json_atomic(path, plan)
 
 
-def finished_units(root: str) -> dict[str, dict]:
-    """Name -> manifest of every finished unit in ``root``."""
+def _unfinished_reason(root: str, manifest: dict, unit: dict) -> str | None:
+    """Why the unit manifest ``manifest`` does not mark plan unit ``unit`` as finished, or None: it
+    was written for another input (an older plan), or a shard it lists is missing or not of its size
+    (truncated, or lost in a crash after the manifest was written)."""
+    if manifest.get("input") != unit:
+        return f"it records the input {manifest.get('input')}, the plan {unit}"
+    for split in SPLITS:
+        entry = manifest["splits"][split]
+        for path, size in zip(shard_paths(root, split, unit["name"]),
+                              (entry["tokens"] * TOKEN_DTYPE.itemsize, entry["documents"] * INDEX_DTYPE.itemsize)):
+            if not os.path.isfile(path) or os.path.getsize(path) != size:
+                return f"{path} is missing or not {size} bytes"
+    return None
+
+
+def finished_units(root: str, units: list[dict]) -> dict[str, dict]:
+    """Name -> manifest of every unit of the plan ``units`` that ``root`` holds finished. A unit
+    manifest that cannot be read, or that :func:`_unfinished_reason` refuses, is logged and left out,
+    so the unit is done again (its shard files rewritten) instead of entering the dataset's manifest."""
     done = {}
-    for path in glob.glob(os.path.join(root, UNITS_DIR, "*.json")):
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-        done[manifest["unit"]] = manifest
+    for unit in units:
+        path = os.path.join(root, UNITS_DIR, f"{unit['name']}.json")
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+            reason = _unfinished_reason(root, manifest, unit)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # a half-written or edited file
+            reason = f"it is not a unit manifest ({type(e).__name__}: {e})"
+        if reason:
+            logger.warning(f"{path}: unit {unit['name']} is done again: {reason}")
+            continue
+        done[unit["name"]] = manifest
     return done
 
 
@@ -256,6 +285,26 @@ def check_options(options: Options) -> None:
         raise ValueError(f"--batch-size: expected a positive integer, got {options.batch_size}")
 
 
+def check_source(spec: SourceSpec, options: Options) -> None:
+    """ValueError naming the flag of a setting the source kind does not read, before anything is
+    written: it would be recorded in the manifest's source although the data did not follow it
+    (``--source embedded --path X`` tokenized the embedded corpus and recorded path X)."""
+    if spec.kind not in SOURCE_KINDS:
+        raise ValueError(f"--source: {spec.kind!r}; expected one of {SOURCE_KINDS}")
+    default = SourceSpec(spec.kind)
+    if spec.kind == "embedded" and spec.path:
+        raise ValueError(f"--path: {spec.path!r} is not read by --source embedded (it reads the corpus in "
+                         "parallax_titan/assets); use --source local or hub to read it")
+    if spec.kind != "hub":
+        for flag, value, unset in (("--name", spec.name, default.name), ("--split", spec.split, default.split),
+                                   ("--revision", spec.revision, default.revision)):
+            if value != unset:
+                raise ValueError(f"{flag}: {value!r} is not read by --source {spec.kind} (only --source hub reads it)")
+    elif options.docs_per_shard:
+        raise ValueError(f"--docs-per-shard: {options.docs_per_shard} is not read by --source hub (a hub dataset is "
+                         "cut into units by its own files)")
+
+
 def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Options = Options(), num_proc: int = 1,
                 progress: bool = True) -> dict:
     """Pre-tokenize ``spec`` into the folder ``root`` (module docstring); returns the manifest.
@@ -265,8 +314,7 @@ def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Optio
     """
     from parallax_titan.tokenizer import EOS_TOKEN, load_tokenizer_json, tokenizer_sha256
 
-    if spec.kind not in SOURCE_KINDS:
-        raise ValueError(f"--source: {spec.kind!r}; expected one of {SOURCE_KINDS}")
+    check_source(spec, options)
     check_options(options)
     tokenizer = load_tokenizer_json(tokenizer_path)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
@@ -277,10 +325,10 @@ def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Optio
             "source": describe_source(spec, options), "options": asdict(options), "units": plan_units(spec, options)}
     os.makedirs(root, exist_ok=True)
     _check_plan(root, plan)
-    done = finished_units(root)
+    done = finished_units(root, plan["units"])
     todo = [u for u in plan["units"] if u["name"] not in done]
     _run(todo, root, spec, options, tokenizer_path, eos_id, num_proc, progress, len(plan["units"]))
-    done = finished_units(root)
+    done = finished_units(root, plan["units"])
     manifest = dataset_manifest(plan, [done[u["name"]] for u in plan["units"]])
     write_json_atomic(os.path.join(root, MANIFEST), manifest)
     return manifest

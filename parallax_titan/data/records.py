@@ -15,6 +15,7 @@ import glob
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ NOT_AN_OBJECT = "not a JSON object"
 NO_CONTENT = f"no '{TEXT_COLUMN}' field"
 NOT_A_STRING = f"'{TEXT_COLUMN}' is not a string"
 TOO_LONG = "record too long"
+UNREADABLE = "file unreadable"  # a truncated or corrupt .gz: nothing after the point can be read
+_READ_ERRORS = (EOFError, OSError, zlib.error)  # what gzip raises for a truncated or damaged stream
 
 
 class BadRecordError(ValueError):
@@ -91,17 +94,27 @@ def open_binary(path: str):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
+def _readline(f, size: int, path: str, lineno: int) -> bytes:
+    """``f.readline(size)``; a read that fails (a truncated or corrupt gzip stream) is a BadRecordError
+    naming the file and the line, instead of gzip's EOFError that names neither."""
+    try:
+        return f.readline(size)
+    except _READ_ERRORS as e:
+        raise BadRecordError(f"{path}, line {lineno}: the file cannot be read from here on ({e}); it is truncated "
+                             "or corrupt", UNREADABLE) from None
+
+
 def _read_line(f, path: str, lineno: int, max_bytes: int) -> bytes | None:
     """The next line of ``f`` (None at the end). A line over ``max_bytes`` is consumed in chunks and
     reported as a BadRecordError, so its size never sits in memory."""
-    line = f.readline(max_bytes + 1)
+    line = _readline(f, max_bytes + 1, path, lineno)
     if not line:
         return None
     if len(line) <= max_bytes or line.endswith(b"\n") and len(line) == max_bytes + 1:
         return line
     size = len(line)
     while not line.endswith(b"\n"):
-        line = f.readline(_CHUNK)
+        line = _readline(f, _CHUNK, path, lineno)
         if not line:
             break
         size += len(line)
@@ -137,7 +150,8 @@ def jsonl_texts(path: str, bad: BadRecords | None = None, start: int = 0, stop: 
                 max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[tuple[int, str]]:
     """(line number, text) of each good record of a JSONL(.gz) file, lines ``[start, stop)`` (0-based).
 
-    ``bad``: count bad records there (``bad_data = "skip"``); None raises the first one."""
+    ``bad``: count bad records there (``bad_data = "skip"``); None raises the first one. A file that
+    cannot be read on (a truncated or corrupt .gz) ends there, as one bad record."""
     with open_binary(path) as f:
         lineno = 0
         while stop is None or lineno < stop:
@@ -151,6 +165,8 @@ def jsonl_texts(path: str, bad: BadRecords | None = None, start: int = 0, stop: 
                     if bad is None:
                         raise
                     bad.add(path, e)
+                if e.reason == UNREADABLE:
+                    return
                 text = None
             lineno += 1
             if text is not None:
@@ -199,14 +215,20 @@ def file_texts(path: str, bad: BadRecords | None = None, start: int = 0, stop: i
 
 
 def record_count(path: str) -> int:
-    """Records (JSONL lines, parquet rows) in one data file, good or bad: the footer, or a line count."""
+    """Records (JSONL lines, parquet rows) in one data file, good or bad: the footer, or a line count.
+    ValueError naming the file when it cannot be read to its end (a truncated or corrupt .gz): its
+    records cannot be counted, whatever the bad-data policy."""
     if path.endswith(PARQUET_SUFFIXES):
         return pq.ParquetFile(path).metadata.num_rows
     count, last = 0, b"\n"
     with open_binary(path) as f:
-        while chunk := f.read(_CHUNK):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
+        try:
+            while chunk := f.read(_CHUNK):
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+        except _READ_ERRORS as e:
+            raise ValueError(f"data file {path!r} cannot be read to its end ({e}); it is truncated or "
+                             "corrupt") from None
     return count + (last != b"\n")
 
 
@@ -230,7 +252,7 @@ def check_file(path: str, skip_bad: bool = False, max_bytes: int = DEFAULT_MAX_R
         bad = BadRecords()
         try:
             found = next(jsonl_texts(path, bad if skip_bad else None, max_bytes=max_bytes), None)
-        except (OSError, EOFError) as e:  # a .gz that is not gzip
+        except OSError as e:  # a file that cannot be opened (its reads are bad records)
             raise ValueError(f"data file {path!r} cannot be read ({e})") from None
         if found is None:
             if bad.total(path):

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from parallax_titan.atomic import write_text
+
 FORMAT = "parallax-titan-tokens"
 VERSION = 1
 TOKEN_DTYPE = np.dtype("<u4")
@@ -45,12 +47,10 @@ def shard_paths(root: str, split: str, unit: str) -> tuple[str, str]:
 
 
 def write_json_atomic(path: str, data: dict) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename (never half a file)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write ``data`` as JSON to ``path`` whole (:func:`parallax_titan.atomic.write_text`: synced before
+    the rename, so a crash leaves no empty file under the final name; a unit manifest marks its shards
+    finished)."""
+    write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 class ShardWriter:

@@ -2,7 +2,8 @@
 
 Inputs follow the model's layout: q, r (batch, seq, Hq, D), k, v (batch, seq, Hkv, D), after
 norms, gate and RoPE; query head h reads kv head h // (Hq / Hkv). ``mask`` (batch, seq, seq) bool
-is True where query i may read key j (causal, and same document under block-causal masking).
+is True where query i may read key j (causal, same document under block-causal masking, within a
+sliding window).
 ``r = None`` means softmax attention: the probe-only statistics are then left out.
 
 Per query i (weights w_ij = p_ij (1 - t_ij + tbar_i), correction c_i = Sigma_KV(i) rho_i):
@@ -40,11 +41,15 @@ def query_positions(seq_len: int, max_queries: int, device=None) -> torch.Tensor
     return torch.linspace(1, seq_len - 1, n, device=device).round().long().unique()
 
 
-def causal_document_mask(tokens: torch.Tensor, eos_id: int | None) -> torch.Tensor:
-    """(batch, seq) tokens -> (batch, seq, seq) bool mask: causal, and within one document when
-    ``eos_id`` is given (a document ends with its eos token, as the model's block-causal masks)."""
+def causal_document_mask(tokens: torch.Tensor, eos_id: int | None, window: int | None = None) -> torch.Tensor:
+    """(batch, seq) tokens -> (batch, seq, seq) bool mask: causal, within one document when
+    ``eos_id`` is given (a document ends with its eos token, as the model's block-causal masks), and
+    within the sliding window i - W < j <= i when ``window`` = W is given (SPEC 1b)."""
     batch, seq = tokens.shape
-    mask = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).tril().expand(batch, seq, seq)
+    band = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).tril()
+    if window:
+        band = band.triu(1 - window)
+    mask = band.expand(batch, seq, seq)
     if eos_id is None:
         return mask.clone()
     ends = (tokens == eos_id).long()

@@ -18,6 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from parallax_titan.atomic import replacing, write_text
 from parallax_titan.checkpoint_files import (
     describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
 from parallax_titan.diagnostics import plots
@@ -125,12 +126,16 @@ REPORT_FILES = ("report.md", "results.json", *FIGURES, *SPECTRAL_FIGURES)
 
 
 def report_owned(name: str) -> bool:
-    """Whether ``name`` is a file :func:`write_report` writes (for ``check_output_folder``)."""
-    return name in REPORT_FILES
+    """Whether ``name`` is a file :func:`write_report` writes (for ``check_output_folder``), or the
+    temporary file of one (``.<name>.partial-<pid>``, :func:`parallax_titan.atomic.replacing`) that a
+    killed run left behind."""
+    own, partial, pid = name.removeprefix(".").partition(".partial-")
+    return name in REPORT_FILES or (name.startswith(".") and own in REPORT_FILES and bool(partial) and pid.isdigit())
 
 
 def save_figures(runs: dict, out_dir: str) -> list[str]:
-    """Write every report figure into ``out_dir``; returns their file names."""
+    """Write every report figure into ``out_dir``, each whole (:func:`parallax_titan.atomic.replacing`);
+    returns their file names."""
     figures = {name: plots.depth_panels(runs, metrics, title) for name, (title, metrics) in FIGURES.items()}
     rank, erank, spectra, cka = SPECTRAL_FIGURES
     figures[rank] = plots.spectral_depth_figure(runs, "stable_rank")
@@ -138,7 +143,8 @@ def save_figures(runs: dict, out_dir: str) -> list[str]:
     figures[spectra] = plots.spectra_figure(runs)
     figures[cka] = plots.cka_figure(runs)
     for name, figure in figures.items():
-        figure.savefig(os.path.join(out_dir, name), dpi=110)
+        with replacing(os.path.join(out_dir, name)) as temporary:
+            figure.savefig(temporary, dpi=110, format="png")  # the temporary name has no .png to infer it from
     return list(figures)
 
 
@@ -150,15 +156,17 @@ def result_to_json(result: DiagnosticsResult) -> dict:
 
 
 def write_report(runs: dict, sources: dict, out_dir: str, settings: dict, command: str) -> str:
-    """Write ``report.md``, its PNG figures and ``results.json`` into ``out_dir``.
+    """Write ``report.md``, its PNG figures and ``results.json`` into ``out_dir``, each whole
+    (:mod:`parallax_titan.atomic`: a killed or failed run leaves the earlier file or the new one),
+    ``report.md`` last.
 
     runs: label -> DiagnosticsResult; sources: label -> (checkpoint folder, model name/flavor);
     settings: held-out batch and diagnostics settings shown in the report. Returns the report path.
     """
     os.makedirs(out_dir, exist_ok=True)
     save_figures(runs, out_dir)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({label: result_to_json(r) for label, r in runs.items()}, f)
+    write_text(os.path.join(out_dir, "results.json"),
+               json.dumps({label: result_to_json(r) for label, r in runs.items()}))
     md = ["# Diagnostics report", "", f"Command: `{command}`", "", "| run | checkpoint | model |", "|---|---|---|"]
     md += [f"| {label} | `{path}` | {model} |" for label, (path, model) in sources.items()]
     md += ["", "Held-out batch and settings: " + ", ".join(f"{k} = {v}" for k, v in settings.items()), "",
@@ -182,6 +190,5 @@ def write_report(runs: dict, sources: dict, out_dir: str, settings: dict, comman
            "| run | attention pass (s) | spectral metrics (s) |", "|---|---|---|"]
     md += [f"| {label} | {r.cost.get('attention_s', 0):.2f} | {r.cost.get('spectral_s', 0):.2f} |" for label, r in runs.items()]
     path = os.path.join(out_dir, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(md) + "\n")
+    write_text(path, "\n".join(md) + "\n")
     return path

@@ -78,18 +78,19 @@ def _sync(device: torch.device) -> None:
 def collect_attention(model: torch.nn.Module, tokens: torch.Tensor, tokenizer, config: Diagnostics) -> dict[int, dict[str, float]]:
     """Per-layer attention statistics of ``model`` on ``tokens`` (batch, seq) through its own forward.
 
-    Masks follow the model: causal, plus document boundaries (at the tokenizer's eos) when
-    ``model_args.attn_mask_type == "block_causal"``. Adds ``gate`` (mean sigmoid gate) for gated
-    Parallax layers and ``cka_v`` (cross-head linear CKA of V outputs on the real inputs).
+    Masks follow the forward: causal, plus document boundaries (at the tokenizer's eos) when the
+    model takes document masks (:meth:`get_attention_masks` returns some), plus the layer's sliding
+    window (``parallax.window``). Adds ``gate`` (mean sigmoid gate) for gated Parallax layers and
+    ``cka_v`` (cross-head linear CKA of V outputs on the real inputs).
     """
-    args = model.model_args
     masks = model.get_attention_masks(input_batch=tokens, tokenizer=tokenizer)  # None when causal
-    block_causal = getattr(args, "attn_mask_type", "causal") == "block_causal"
-    mask = causal_document_mask(tokens, tokenizer.eos_id if block_causal else None)
+    eos_id = None if masks is None else tokenizer.eos_id
     results: dict[int, dict[str, float]] = {}
 
     def on_layer(layer, module, x, rope_cache, positions):
         q, r, k, v = project_qrkv(module, x, rope_cache, positions)
+        # ParallaxAttention.window: None or W; softmax layers have none
+        mask = causal_document_mask(tokens, eos_id, getattr(module, "window", None))
         stats = layer_statistics(q, r, k, v, mask, scale=module.scaling, max_queries=config.max_queries,
                                  ridge=config.corr_ridge)
         gate = gate_openings(module, x)

@@ -21,7 +21,7 @@ class SamplingParams:
     tokens (0 = all). top_p: keep the smallest set of most likely tokens whose probability reaches
     top_p (1 = all). repetition_penalty: a token already in the sequence (prompt or generated) has
     its logit divided by the penalty if positive, multiplied if negative (1 = off). seed: seeds the
-    draws (None: a fresh random seed).
+    draws, an integer in [0, 2**64) (None: a fresh random seed).
     """
 
     temperature: float = 0.0
@@ -46,8 +46,11 @@ class SamplingParams:
             out.append(f"top_p: expected a number in (0, 1] (1 = off), got {self.top_p!r}")
         if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:
             out.append(f"repetition_penalty: expected a number > 0 (1 = off), got {self.repetition_penalty!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            out.append(f"seed: expected an integer or None, got {self.seed!r}")
+        # torch.Generator takes a seed as 64 bits: -1 would silently be the fixed seed 2**64 - 1 (not
+        # "random", as in other tools), and 2**64 an overflow error only once generation starts
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**64):
+            out.append(f"seed: expected an integer in [0, 2**64) or None (a fresh random seed), got {self.seed!r}")
         return out
 
     @property
@@ -148,7 +151,17 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token of every row, (batch,) int64 on the logits' device; each also counts as
-        seen from now on."""
+        seen from now on.
+
+        Raises ValueError naming the rows whose logits are not finite: the argmax of NaN is a
+        token like any other, and a draw fails inside torch.multinomial (a device-side assert on
+        CUDA, which ends the process)."""
+        finite = torch.isfinite(logits).all(dim=-1)
+        if not bool(finite.all()):  # a read back per step, before the draw that NaN would break
+            rows = (~finite).nonzero()[:, 0].tolist()
+            raise ValueError(f"logits: rows {rows} of the batch hold inf or NaN; the model overflowed its dtype "
+                             "(float16 holds at most 65504: run it in bfloat16 or float32) or its weights are "
+                             "not finite")
         if self.params.greedy:
             tokens = _penalized(logits, self.params, self.seen).argmax(dim=-1)
         else:
