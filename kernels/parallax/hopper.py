@@ -182,6 +182,21 @@ def _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM: gl.co
 
 
 @gluon.jit
+def _column_scores(keys, v_smem, rows, slot, zero_s):
+    """The query tile in ring slot ``slot`` of ``rows`` (q, rho, dO) and its score products against a
+    column-pass program's key tile (``keys``: k in shared memory or registers; v in ``v_smem``):
+    s^T = k q^T, t^T = k rho^T, a^T = v dO^T issued together as asynchronous wgmmas into [BN, BM] fp32
+    (``zero_s``'s layout). Returns (q, rho, dO tiles, s^T, t^T, a^T in flight)."""
+    q_tile = rows[0].index(slot)
+    r_tile = rows[1].index(slot)
+    do_tile = rows[2].index(slot)
+    st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    return q_tile, r_tile, do_tile, st, tt, at
+
+
+@gluon.jit
 def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, kv_ready, DK, DV, n0, kv_h, lo,
                  n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW, scale, qk_scale, D: gl.constexpr, BM: gl.constexpr,
                  BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr, KEYS_IN_REGISTERS: gl.constexpr,
@@ -222,13 +237,7 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         if (m0 >= my_lo) & (m0 < my_hi):
-            q_tile = rows[0].index(slot)
-            r_tile = rows[1].index(slot)
-            do_tile = rows[2].index(slot)
-            # s^T = k q^T, t^T = k rho^T, a^T = v dO^T issued together
-            st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            q_tile, r_tile, do_tile, st, tt, at = _column_scores(keys, v_smem, rows, slot, zero_s)
             offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
             st = warpgroup_mma_wait(2, deps=(st, ))
             pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, offs_m < T, m0, d_hi, f_hi,

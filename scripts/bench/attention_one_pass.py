@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.parallax import fused, hopper, naive
-from kernels.parallax.hopper import (_NO_SPECIALIZE, _column_gradients, _column_probabilities, _invalidate,
-                                     _mma_layout, _once, _ring, _tma_load, _wait_slot)
+from kernels.parallax.hopper import (_NO_SPECIALIZE, _column_gradients, _column_probabilities, _column_scores,
+                                     _invalidate, _mma_layout, _once, _ring, _tma_load, _wait_slot)
 
 # The CTA barrier's name: thread_barrier in triton 3.6 (torch 2.11), barrier from 3.9.
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -110,12 +110,7 @@ def _column_tile(i, keys, v_smem, row_smem, rings, zero_s, lo, n_per_head, kv_h,
     the rows ([BM] in ``layout``) and which of them are < T)."""
     slot = i % STAGES
     _wait_slot(rings, slot, (i // STAGES) & 1)
-    q_tile = row_smem[0].index(slot)
-    r_tile = row_smem[1].index(slot)
-    do_tile = row_smem[2].index(slot)
-    st = warpgroup_mma(keys, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    tt = warpgroup_mma(keys, r_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    at = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    q_tile, r_tile, do_tile, st, tt, at = _column_scores(keys, v_smem, row_smem, slot, zero_s)
     h = kv_h * GROUP + i // n_per_head
     m0 = lo + (i % n_per_head) * BM
     offs_m = m0 + gl.arange(0, BM, layout=layout)
