@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eval import hf_modeling
+from eval.checkpoint import DTYPES
 from parallax_titan.checkpoint_files import check_output_folder, replaced_folder
 from parallax_titan.hf_adapter import PARALLAX_HF_NAMES, ParallaxStateDictAdapter, abstract_name
 from parallax_titan.model import ParallaxModelArgs
@@ -80,7 +81,7 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     """Write ``model`` as ``model.safetensors`` + ``config.json`` (+ the tokenizer) into ``output_dir``;
     for Parallax variants also the modeling code (``configuration_parallax.py``, ``modeling_parallax.py``).
 
-    dtype: storage dtype (default: the parameters'). eos_id: the tokenizer's end-of-document id
+    dtype: storage dtype, float32, bfloat16 or float16 (default: the parameters'). eos_id: the tokenizer's end-of-document id
     (default: Qwen3's). Returns ``output_dir``.
 
     Atomic: the files go into a folder beside ``output_dir`` that then replaces it whole, so a failed
@@ -92,6 +93,8 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     """
     args = model.model_args
     dtype = dtype or next(model.parameters()).dtype
+    if dtype not in DTYPES.values():  # an int8 cast would write truncated weights, finite and wrong
+        raise ValueError(f"{dtype_key}: got {dtype!r}; expected one of {list(DTYPES.values())}")
     config = hf_config(args, dtype, eos_id)  # before anything is written: it refuses what HF cannot hold
     hf_state = ParallaxStateDictAdapter(args).to_hf(model.state_dict())
     tensors = _stored_tensors(hf_state, dtype, dtype_key)

@@ -46,6 +46,12 @@ def positive_int(name: str, value) -> int:
     return number
 
 
+def window_length(value) -> int:
+    """``max_length`` as given (an int or its digits): 0 for the config's ``training.seq_len``, else a
+    positive integer; ValueError naming ``max_length`` otherwise (``model_args`` passes text)."""
+    return 0 if str(value).strip() == "0" else positive_int("max_length", value)
+
+
 def _flag(name: str, value, where: str = "model_args:") -> bool:
     """A boolean given as True/False or its text ``true``/``false`` (lm-eval passes ``model_args``
     bools, a quoted value stays a string); ValueError naming ``where`` and ``name`` otherwise: a truthy
@@ -121,9 +127,10 @@ class ParallaxLM(TemplateLM):
 
         verify: check the folder's files against its checksum manifest first (a corrupt or truncated
         file, or no manifest, raises CheckpointError naming ``who``, the file and ``off_switch``);
-        see :func:`eval.checkpoint.load_checkpoint`. ``batch_size`` and ``max_gen_toks`` are checked
-        before anything is read."""
+        see :func:`eval.checkpoint.load_checkpoint`. ``batch_size``, ``max_length`` and ``max_gen_toks``
+        are checked before anything is read."""
         positive_int("batch_size", batch_size)
+        max_length = window_length(max_length)
         positive_int("max_gen_toks", max_gen_toks)
         model, _ = load_model(job_config, checkpoint_dir, device=device, dtype=dtype, max_length=max_length,
                               verify=verify, who=who, off_switch=off_switch)

@@ -178,6 +178,15 @@ def test_float16_export_that_would_overflow_is_refused_before_writing(tmp_path):
     assert json.loads((tmp_path / "earlier" / "config.json").read_text())["torch_dtype"] == "float32"
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.bool])
+def test_export_refuses_a_storage_dtype_other_than_the_float_ones(tmp_path, dtype):
+    """int8 wrote weights truncated to integers (finite, so nothing refused them); the command line
+    offers the three float types only, the Python API took any dtype."""
+    with pytest.raises(ValueError, match=f"dtype: got {dtype!r}; expected one of"):
+        export_hf(tiny_model("transformer", seed=0), str(tmp_path / "out"), dtype=dtype)
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_non_finite_weights_are_not_exported(tmp_path):
     model = tiny_model("transformer", seed=0)
     with torch.no_grad():

@@ -149,6 +149,9 @@ def test_from_job_config_checks_sizes_before_loading(monkeypatch):
         ParallaxLM.from_job_config(None, "DIR", batch_size="auto")
     with pytest.raises(ValueError, match="max_gen_toks: got 0"):
         ParallaxLM.from_job_config(None, "DIR", max_gen_toks=0)
+    for bad in ("abc", "4.5", -8):  # model_args passes text; "abc" was a TypeError inside the model build
+        with pytest.raises(ValueError, match=f"max_length: got {bad!r}; expected a positive integer"):
+            ParallaxLM.from_job_config(None, "DIR", max_length=bad)
 
 
 @pytest.fixture

@@ -124,3 +124,10 @@ def test_a_float16_model_that_overflows_is_refused_not_decoded():
     assert len(generate(models[torch.float32], [prompt], stopping=StopCriteria(max_new_tokens=3))[0].tokens) == 3
     with pytest.raises(ValueError, match=r"float16 holds at most 65504: run it in bfloat16 or float32"):
         generate(models[torch.float16], [prompt], stopping=StopCriteria(max_new_tokens=3))
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5, True])
+def test_generate_refuses_a_batch_size_that_is_not_a_positive_count(model, batch_size):
+    """0 meant "all prompts at once" (as None does), -1 failed deeper in the decode session."""
+    with pytest.raises(ValueError, match=f"batch_size: expected a positive integer or None .*got {batch_size!r}"):
+        generate(model, [[1, 2, 3]], batch_size=batch_size)

@@ -221,6 +221,9 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling:
              document_end: int | None = None) -> list[Completion]:
     """One-off generation: a :class:`Generator` sized for these prompts (batch: all of them, or
     ``batch_size``; capacity: the longest prompt plus its max_new_tokens, or ``capacity``)."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        # 0 would have meant "all prompts", unlike every other count here
+        raise ValueError(f"batch_size: expected a positive integer or None (all prompts at once), got {batch_size!r}")
     stoppings = _per_prompt(stopping, len(prompts))
     if not stoppings:
         return []  # no prompts: nothing to size a generator for
