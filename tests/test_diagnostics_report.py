@@ -12,7 +12,7 @@ from parallax_titan.checkpointing import save_checksummed
 from matplotlib.figure import Figure
 
 from parallax_titan.diagnostics.report import (
-    load_checkpoint_model, match_checkpoint, report_owned, write_report)
+    load_checkpoint_model, match_checkpoint, report_owned, result_to_json, write_report)
 from parallax_titan.diagnostics.runner import DiagnosticsResult
 from eval.checkpoint import load_job_config as load_config
 from scripts.analyze import main
@@ -248,3 +248,19 @@ def test_compare_config_with_a_copy_of_the_tokenizer_is_accepted(tmp_path, check
                    "--compare-config", str(compare), "--out", str(tmp_path / "out"), "--seq-len", "16",
                    "--max-queries", "2"])
     assert os.path.isfile(report)
+
+
+def test_results_json_holds_null_for_metrics_that_are_not_finite():
+    """The spectra of a zero W_R (up-training's start) are NaN: Python wrote bare NaN, which strict
+    JSON readers refuse; now null, the finite values unchanged."""
+    import json
+
+    result = DiagnosticsResult(attention={0: {"cor": 0.5, "cpa": float("nan")}},
+                               spectral={0: {"W_R": {"stable_rank": float("nan"), "erank": float("inf")}}},
+                               spectra={0: {"W_R": torch.tensor([1.0, float("nan")], dtype=torch.float64)}},
+                               cost={"attention": 0.25})
+    text = json.dumps(result_to_json(result), allow_nan=False)
+    back = json.loads(text)
+    assert back["attention"]["0"] == {"cor": 0.5, "cpa": None}
+    assert back["spectral"]["0"]["W_R"] == {"stable_rank": None, "erank": None}
+    assert back["spectra"]["0"]["W_R"] == [1.0, None] and back["cost"] == {"attention": 0.25}

@@ -148,11 +148,24 @@ def save_figures(runs: dict, out_dir: str) -> list[str]:
     return list(figures)
 
 
+def _finite_or_null(value):
+    """``value`` (nested dicts, lists, floats) with every NaN or inf float as None: strict JSON
+    readers (jq, JSON.parse) refuse the bare NaN Python writes (the spectra of a zero W_R)."""
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def result_to_json(result: DiagnosticsResult) -> dict:
-    return {
+    """``result`` as strict JSON values (a NaN or inf metric becomes null)."""
+    return _finite_or_null({
         "attention": result.attention, "spectral": result.spectral, "cost": result.cost,
         "spectra": {layer: {k: v.tolist() for k, v in mats.items()} for layer, mats in result.spectra.items()},
-    }
+    })
 
 
 def write_report(runs: dict, sources: dict, out_dir: str, settings: dict, command: str) -> str:
@@ -166,7 +179,7 @@ def write_report(runs: dict, sources: dict, out_dir: str, settings: dict, comman
     os.makedirs(out_dir, exist_ok=True)
     save_figures(runs, out_dir)
     write_text(os.path.join(out_dir, "results.json"),
-               json.dumps({label: result_to_json(r) for label, r in runs.items()}))
+               json.dumps({label: result_to_json(r) for label, r in runs.items()}, allow_nan=False))
     md = ["# Diagnostics report", "", f"Command: `{command}`", "", "| run | checkpoint | model |", "|---|---|---|"]
     md += [f"| {label} | `{path}` | {model} |" for label, (path, model) in sources.items()]
     md += ["", "Held-out batch and settings: " + ", ".join(f"{k} = {v}" for k, v in settings.items()), "",
