@@ -44,6 +44,8 @@ MODEL_TYPES = ("qwen3", "parallax_qwen3")
 PARALLAX_FIELDS = ("rho_rope", "gate", "attn_mask_type")  # a Parallax export's ``parallax`` block
 # Files an export writes: an --output holding anything else is refused (never replaced).
 EXPORT_FILES = (CONFIG_FILE, WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json", *hf_modeling.REMOTE_CODE_FILES)
+# every export holds these: a folder of tokenizer files alone is a tokenizer's, not an earlier export
+EXPORT_REQUIRED = (CONFIG_FILE, WEIGHTS_FILE)
 
 
 def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = None) -> dict:
@@ -98,7 +100,7 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     config = hf_config(args, dtype, eos_id)  # before anything is written: it refuses what HF cannot hold
     hf_state = ParallaxStateDictAdapter(args).to_hf(model.state_dict())
     tensors = _stored_tensors(hf_state, dtype, dtype_key)
-    with replaced_folder(output_dir, key, _export_owned, "a Hugging Face export") as stage:
+    with replaced_folder(output_dir, key, _export_owned, "a Hugging Face export", EXPORT_REQUIRED) as stage:
         save_file(tensors, os.path.join(stage, WEIGHTS_FILE), metadata={"format": "pt"})
         with open(os.path.join(stage, CONFIG_FILE), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
@@ -144,7 +146,7 @@ def _export_owned(name: str) -> bool:
 def check_export_folder(output_dir: str, key: str = "output") -> None:
     """ValueError (naming ``key``) unless ``output_dir`` is new, empty or an earlier export, which
     :func:`export_hf` replaces whole; call it before the work whose result goes there."""
-    check_output_folder(output_dir, key, _export_owned, "a Hugging Face export")
+    check_output_folder(output_dir, key, _export_owned, "a Hugging Face export", required=EXPORT_REQUIRED)
 
 
 def read_hf_config(hf_dir: str) -> dict:

@@ -209,11 +209,12 @@ def unwritable_folder(folder: str) -> str | None:
 
 
 def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], what: str,
-                        reuse: str = "which is replaced whole") -> None:
+                        reuse: str = "which is replaced whole", required: tuple[str, ...] = ()) -> None:
     """Refuse to replace ``folder`` unless it does not exist (and can be created: the nearest folder
     above it that exists is a writable folder), is empty, or holds only files that ``owned`` accepts
-    (``what`` written earlier by the same command, ``reuse`` saying what becomes of it), so that an
-    output path mistyped as a run's folder, a checkpoint or a home folder is never deleted.
+    and every name in ``required`` (``what`` written earlier by the same command, ``reuse`` saying
+    what becomes of it), so that an output path mistyped as a run's folder, a checkpoint, a home
+    folder or another folder of the same file names (a tokenizer's, beside an export) is never deleted.
 
     Raises ValueError naming ``key`` (the option that named the folder), the folder and the entries
     it holds besides ``what``. Cheap: call it before the work whose result goes there."""
@@ -223,11 +224,16 @@ def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], wha
     unwritable = unwritable_folder(folder)
     if unwritable:
         raise ValueError(f"{key}: {unwritable}; {expected}")
-    foreign = sorted(name for name in (os.listdir(folder) if os.path.isdir(folder) else []) if not owned(name))
+    entries = os.listdir(folder) if os.path.isdir(folder) else []
+    foreign = sorted(name for name in entries if not owned(name))
     if foreign:
         shown = ", ".join(map(repr, foreign[:5])) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise ValueError(f"{key}: {folder!r} holds {shown}, which are not part of {what}; nothing was written "
                          f"({expected}, {reuse})")
+    missing = sorted(set(required) - set(entries)) if entries else []
+    if missing:
+        raise ValueError(f"{key}: {folder!r} holds {sorted(entries)} but not {missing}, so it is not {what}; "
+                         f"nothing was written ({expected}, {reuse})")
 
 
 def fsync_path(path: str) -> None:
@@ -261,14 +267,16 @@ def _swap_in(stage: str, final: str, old: str) -> None:
 
 
 @contextmanager
-def replaced_folder(folder: str, key: str, owned: Callable[[str], bool], what: str) -> Iterator[str]:
+def replaced_folder(folder: str, key: str, owned: Callable[[str], bool], what: str,
+                    required: tuple[str, ...] = ()) -> Iterator[str]:
     """Write ``folder`` whole: yields a new empty folder beside it (``.<name>.partial-<unique>``) to
     write into. When the block ends without error, the new folder replaces ``folder`` by two renames
     (the old one, if any, first moves to ``.<name>.partial-<unique>.old`` and is then deleted), so
     ``folder`` only ever holds the old files or all new ones; on an error the new folder is deleted
     and ``folder`` stays as it was. ``folder`` must pass :func:`check_output_folder` (``key``,
-    ``owned``, ``what``) before and after. A process killed in between leaves its hidden folders."""
-    check_output_folder(folder, key, owned, what)
+    ``owned``, ``what``, ``required``) before and after. A process killed in between leaves its hidden
+    folders."""
+    check_output_folder(folder, key, owned, what, required=required)
     final = os.path.normpath(folder)
     parent, name = os.path.dirname(final) or ".", os.path.basename(final)
     os.makedirs(parent, exist_ok=True)
@@ -278,7 +286,7 @@ def replaced_folder(folder: str, key: str, owned: Callable[[str], bool], what: s
     try:
         yield stage
         _fsync_tree(stage)
-        check_output_folder(final, key, owned, what)
+        check_output_folder(final, key, owned, what, required=required)
         _swap_in(stage, final, old)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

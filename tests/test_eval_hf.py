@@ -178,6 +178,21 @@ def test_float16_export_that_would_overflow_is_refused_before_writing(tmp_path):
     assert json.loads((tmp_path / "earlier" / "config.json").read_text())["torch_dtype"] == "float32"
 
 
+def test_export_refuses_a_tokenizer_folder_that_is_not_an_earlier_export(tmp_path):
+    """tokenizer.json and tokenizer_config.json are export files too: a tokenizer's own folder (the
+    tiny tokenizer's holds just those) passed for an earlier export and was replaced whole."""
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"output: .* holds \['tokenizer.json', 'tokenizer_config.json'\] but not "
+                                         r"\['config.json', 'model.safetensors'\], so it is not a Hugging Face export"):
+        export_hf(tiny_model("transformer", seed=0), str(folder))
+    assert sorted(os.listdir(folder)) == ["tokenizer.json", "tokenizer_config.json"]
+    earlier = export_hf(tiny_model("transformer", seed=0), str(tmp_path / "export"))
+    export_hf(tiny_model("transformer", seed=1), earlier)  # an earlier export is still replaced
+
+
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.bool])
 def test_export_refuses_a_storage_dtype_other_than_the_float_ones(tmp_path, dtype):
     """int8 wrote weights truncated to integers (finite, so nothing refused them); the command line
