@@ -54,9 +54,9 @@ def main(argv: list[str]) -> None:
     single_process_env()
     config = load_config(argv)
     if config.eval.at_end or config.eval.every_n_steps:
-        from eval.at_end import check_task_files
+        from eval.at_end import check_before_training
 
-        check_task_files(config)  # before training, not after the last step
+        check_before_training(config)  # before training, not after the last step
     finished = False
     try:
         final_step = train(config)

@@ -1,8 +1,8 @@
 """``[eval] at_end``: score the final checkpoint on the downstream suite when training ends.
 
-``train.py`` calls :func:`check_task_files` on every rank before training (the task files of
-``data_dir``, for this and for ``every_n_steps``) and :func:`run_at_end` on rank 0 after the last
-checkpoint is saved; the section's keys are :class:`parallax_titan.config.Eval`.
+``train.py`` calls :func:`check_before_training` on every rank before training (the task files of
+``data_dir``, for this and for ``every_n_steps``; the device of ``at_end``) and :func:`run_at_end` on
+rank 0 after the last checkpoint is saved; the section's keys are :class:`parallax_titan.config.Eval`.
 """
 
 import os
@@ -15,19 +15,24 @@ def output_dir(job_config: JobConfig) -> str:
     return os.path.join(job_config.job.dump_folder, "eval")
 
 
-def check_task_files(job_config: JobConfig) -> None:
+def check_before_training(job_config: JobConfig) -> None:
     """ConfigError naming ``eval.data_dir`` when it lacks the file of a task the final evaluation
-    (``at_end``) or the evaluation during training (``every_n_steps``) scores. ``train.py`` calls it
-    before training: :func:`run_at_end` would find out only after the last step, and a plain
-    ValueError from the evaluator's construction would end the run with a traceback. (The config's
-    own validation cannot look: ``parallax_titan`` does not import ``eval``, which knows the task
-    files.)"""
+    (``at_end``) or the evaluation during training (``every_n_steps``) scores, and ``eval.device``
+    when ``at_end`` names a CUDA device this machine lacks. ``train.py`` calls it before training:
+    :func:`run_at_end` would find out only after the last step, and a plain ValueError from the
+    evaluator's construction would end the run with a traceback. (The config's own validation checks
+    the device's name only: a config may be checked on another machine than the one that trains;
+    and ``parallax_titan`` does not import ``eval``, which knows the task files.)"""
+    from eval.checkpoint import resolve_device
     from eval.tasks import check_data_dir
 
     try:
         check_data_dir(job_config.eval)
+        if job_config.eval.at_end:
+            resolve_device(job_config.eval.device or None)
     except ValueError as exc:
-        raise ConfigError(f"invalid config:\n  {exc}") from None
+        message = f"eval.{exc}" if str(exc).startswith("device:") else str(exc)
+        raise ConfigError(f"invalid config:\n  {message}") from None
 
 
 def run_at_end(job_config: JobConfig, checkpoint_dir: str) -> str:

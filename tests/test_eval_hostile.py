@@ -277,10 +277,10 @@ def test_downstream_data_dir_is_checked_when_training_starts(tmp_path):
 
 def test_at_end_data_dir_is_checked_before_training(tmp_path):
     """[eval] at_end with a data_dir lacking a task's file failed only when the final evaluation
-    started, after the last training step; train.py now calls check_task_files first (exit code 2)."""
+    started, after the last training step; train.py now calls check_before_training first (exit code 2)."""
     import os
 
-    from eval.at_end import check_task_files
+    from eval.at_end import check_before_training
     from parallax_titan.config import ConfigError
     from parallax_titan.config import load_config as load_job
     from tests._train_runs import REPO
@@ -291,9 +291,32 @@ def test_at_end_data_dir_is_checked_before_training(tmp_path):
 
     (tmp_path / "boolq.jsonl").write_text("{}\n")
     with pytest.raises(ConfigError, match=r"eval.data_dir: .* has no file for task 'piqa'; expected piqa.jsonl"):
-        check_task_files(config("--eval.data_dir", str(tmp_path)))
-    check_task_files(config("--eval.data_dir", os.path.join(REPO, "tests", "fixtures", "lm_eval")))
-    check_task_files(config())  # no data_dir: the hub or its cache, read when the evaluation runs
+        check_before_training(config("--eval.data_dir", str(tmp_path)))
+    check_before_training(config("--eval.data_dir", os.path.join(REPO, "tests", "fixtures", "lm_eval")))
+    check_before_training(config())  # no data_dir: the hub or its cache, read when the evaluation runs
+
+
+def test_at_end_device_this_machine_lacks_is_refused_before_training():
+    """A well-formed eval.device of a CUDA device the machine lacks passed the config's name check
+    and failed only when the final evaluation built its model, after the last training step."""
+    import os
+
+    import torch
+
+    from eval.at_end import check_before_training
+    from parallax_titan.config import ConfigError
+    from parallax_titan.config import load_config as load_job
+    from tests._train_runs import REPO
+
+    def config(*overrides):
+        return load_job(["--job.config_file", os.path.join(REPO, "configs", "test_cpu_2rank.toml"), "--eval.tasks",
+                         "boolq", *overrides], check_data=False)
+
+    lacking = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(ConfigError, match=rf"eval.device: got '{lacking}', but this machine has "):
+        check_before_training(config("--eval.at_end", "--eval.device", lacking))
+    check_before_training(config("--eval.at_end", "--eval.device", "cpu"))
+    check_before_training(config("--eval.every_n_steps", "3", "--eval.device", lacking))  # at_end reads it only
 
 
 def test_train_refuses_a_downstream_data_dir_without_the_task_files_with_exit_code_2(tmp_path):
