@@ -66,6 +66,19 @@ CASES = [
      "optimizer.muon_headwise: 'HHF' asks for per-head updates of ['attn_q', 'attn_k', 'attn_r'], which go to "
      "Adam (muon_categories = ['attn_v', 'attn_o', 'mlp', 'other']); expected F for them, or them in "
      "muon_categories"),
+    # S_p settings no S_p term reads: plain weight decay trained, the key ignored
+    (["--optimizer.spectral_power_attn", "2"],
+     "optimizer.spectral_power_attn: 2 is read with spectral_coeff_attn > 0 only, and spectral_coeff_attn = 0; "
+     "expected spectral_coeff_attn > 0, or the default 1"),
+    (["--optimizer.spectral_power_mlp", "0", "--optimizer.spectral_coeff_attn", "1e-3"],
+     "optimizer.spectral_power_mlp: 0 is read with spectral_coeff_mlp > 0 only"),
+    (["--optimizer.spectral_band", "top", "--optimizer.spectral_band_tau", "0.5"],
+     "optimizer.spectral_band: 'top' selects the band of the S_p term, and spectral_coeff_attn = "
+     "spectral_coeff_mlp = 0"),
+    (["--optimizer.spectral_band_tau", "0.5", "--optimizer.spectral_coeff_attn", "1e-3"],
+     "optimizer.spectral_band_tau: 0.5 is read with a spectral_band only, and spectral_band = 'none'"),
+    (["--optimizer.msign_steps", "10"],
+     "optimizer.msign_steps: 10 is read with a spectral_band only"),
     # the MLP coefficient with spectral_categories naming attention only
     (["--optimizer.spectral_categories", "attn_v", "--optimizer.spectral_coeff_mlp", "1e-4"],
      "optimizer.spectral_coeff_mlp: 0.0001 reaches no parameter: spectral_categories = ['attn_v'] has none of "
@@ -90,6 +103,9 @@ def test_no_op_value_is_refused_by_key(overrides, message):
     ["--optimizer.muon_headwise", "FHF", "--optimizer.muon_categories", "attn_k,mlp,other"],
     ["--optimizer.spectral_categories", "attn_v,mlp", "--optimizer.spectral_coeff_mlp", "1e-4"],
     ["--optimizer.spectral_categories", "attn_v", "--optimizer.spectral_coeff_attn", "7e-5"],
+    ["--optimizer.spectral_power_attn", "2", "--optimizer.spectral_coeff_attn", "1e-3"],
+    ["--optimizer.spectral_band", "top", "--optimizer.spectral_band_tau", "0.5", "--optimizer.msign_steps", "10",
+     "--optimizer.spectral_coeff_mlp", "1e-3"],
 ])
 def test_sound_values_next_to_the_refused_ones_pass(overrides):
     load_config(["--job.config_file", DEMO, *overrides], check_data=False)

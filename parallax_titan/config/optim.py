@@ -223,7 +223,7 @@ class Optimizer(titan.Optimizer):
         problems += [p for p in parsed if p]
         if not any(parsed[1:]):  # the category names, once the rules and multipliers parse
             problems += [p for p in [_problem_of(lambda: self._check_categories(parsed[0] is None))] if p]
-        return problems + self._other_name_problems() + self._unused_coeff_problems()
+        return problems + self._other_name_problems() + self._unused_coeff_problems() + self._unused_sp_problems()
 
     def _other_name_problems(self) -> list[str]:
         """Keys set (away from their defaults) that ``name`` does not read: e.g. ``normuon_beta2`` with
@@ -247,6 +247,26 @@ class Optimizer(titan.Optimizer):
                 problems.append(f"optimizer.{key}: {coeff!r} reaches no parameter: spectral_categories = "
                                 f"{list(self.spectral_categories)} has none of {mine}; expected 0, or one of "
                                 f"them in spectral_categories")
+        return problems
+
+    def _unused_sp_problems(self) -> list[str]:
+        """S_p settings that no S_p term reads: a power whose module's coefficient is 0, a band with
+        both coefficients 0, and ``spectral_band_tau`` or ``msign_steps`` without a band (the band
+        selection is the only reader of both)."""
+        defaults = type(self)()
+        problems = []
+        for module in ("attn", "mlp"):
+            power, coeff = f"spectral_power_{module}", f"spectral_coeff_{module}"
+            if getattr(self, power) != getattr(defaults, power) and getattr(self, coeff) == 0:
+                problems.append(f"optimizer.{power}: {getattr(self, power)!r} is read with {coeff} > 0 only, and "
+                                f"{coeff} = 0; expected {coeff} > 0, or the default {getattr(defaults, power)!r}")
+        if self.spectral_band != "none" and self.spectral_coeff_attn == 0 and self.spectral_coeff_mlp == 0:
+            problems.append(f"optimizer.spectral_band: {self.spectral_band!r} selects the band of the S_p term, and "
+                            "spectral_coeff_attn = spectral_coeff_mlp = 0; expected a coefficient > 0, or 'none'")
+        for key in ("spectral_band_tau", "msign_steps"):
+            if self.spectral_band == "none" and getattr(self, key) != getattr(defaults, key):
+                problems.append(f"optimizer.{key}: {getattr(self, key)!r} is read with a spectral_band only, and "
+                                f"spectral_band = 'none'; expected the default {getattr(defaults, key)!r} or a band")
         return problems
 
     def head_dim_problems(self, model_head_dim: int) -> list[str]:
