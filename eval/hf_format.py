@@ -31,6 +31,7 @@ from parallax_titan.uptrain import zero_probes
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"  # a sharded folder's weight name -> file map
 # config.json key -> ParallaxModelArgs field, checked on import.
 SHAPE_FIELDS = {
     "vocab_size": "vocab_size", "hidden_size": "dim", "intermediate_size": "hidden_dim",
@@ -167,11 +168,31 @@ def read_hf_config(hf_dir: str) -> dict:
     return config
 
 
+def _check_shard_index(hf_dir: str) -> None:
+    """ValueError naming the shards that ``hf_dir``'s ``model.safetensors.index.json`` maps weights to
+    and the folder lacks (a download or copy cut short: the weights would read as missing weights,
+    not as a missing file), or an index that is not a weight map; no index: nothing to check."""
+    path = os.path.join(hf_dir, SHARD_INDEX)
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            shards = set(json.load(f)["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"hf: {path!r} is not a shard index with a weight_map ({type(exc).__name__}: {exc})") from None
+    missing = sorted(name for name in shards if not os.path.isfile(os.path.join(hf_dir, str(name))))
+    if missing:
+        raise ValueError(f"hf: {hf_dir!r} lacks {missing[:3]} ({len(missing)} of the {len(shards)} shards its "
+                         f"{SHARD_INDEX} lists); a download or copy cut short?")
+
+
 def read_hf_state(hf_dir: str) -> dict[str, torch.Tensor]:
     """Every tensor of the ``*.safetensors`` files (sharded or not) in ``hf_dir``.
 
-    Raises ValueError naming the file that cannot be read (a truncated or foreign file), and a tensor
-    that two files hold (a stale shard beside the weights: which copy won would depend on the names)."""
+    Raises ValueError naming the file that cannot be read (a truncated or foreign file), a shard that
+    ``model.safetensors.index.json`` lists and the folder lacks, and a tensor that two files hold (a
+    stale shard beside the weights: which copy won would depend on the names)."""
+    _check_shard_index(hf_dir)
     state: dict[str, torch.Tensor] = {}
     source: dict[str, str] = {}
     for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):

@@ -135,6 +135,33 @@ def test_tensor_in_two_safetensors_files_is_refused(tmp_path):
         read_hf(folder)
 
 
+def test_shard_that_the_index_lists_and_the_folder_lacks_is_named(tmp_path):
+    """A sharded folder cut short: its weights read as "missing weights", not as the missing file."""
+    import json
+
+    from safetensors.torch import load_file
+
+    folder = exported(tmp_path)
+    weights = load_file(os.path.join(folder, "model.safetensors"))
+    names = sorted(weights)
+    first, second = names[: len(names) // 2], names[len(names) // 2:]
+    os.remove(os.path.join(folder, "model.safetensors"))
+    save_file({k: weights[k] for k in first}, os.path.join(folder, "model-00001-of-00002.safetensors"))
+    index = {"metadata": {}, "weight_map": {**dict.fromkeys(first, "model-00001-of-00002.safetensors"),
+                                            **dict.fromkeys(second, "model-00002-of-00002.safetensors")}}
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f)
+    with pytest.raises(ValueError, match=r"lacks \['model-00002-of-00002.safetensors'\] \(1 of the 2 shards"):
+        read_hf(folder)
+    save_file({k: weights[k] for k in second}, os.path.join(folder, "model-00002-of-00002.safetensors"))
+    _, state = read_hf(folder)  # complete: the two shards read as the one file
+    assert sorted(state) == names and all(torch.equal(state[k], weights[k]) for k in names)
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        f.write("[]")
+    with pytest.raises(ValueError, match="is not a shard index with a weight_map"):
+        read_hf(folder)
+
+
 # ---- outputs ------------------------------------------------------------------------------------
 
 def test_failed_export_leaves_the_earlier_export_as_it_was(tmp_path):
