@@ -29,10 +29,9 @@ def check_before_training(job_config: JobConfig) -> None:
     try:
         check_data_dir(job_config.eval)
         if job_config.eval.at_end:
-            resolve_device(job_config.eval.device or None)
+            resolve_device(job_config.eval.device or None, "eval.device")
     except ValueError as exc:
-        message = f"eval.{exc}" if str(exc).startswith("device:") else str(exc)
-        raise ConfigError(f"invalid config:\n  {message}") from None
+        raise ConfigError(f"invalid config:\n  {exc}") from None
 
 
 def run_at_end(job_config: JobConfig, checkpoint_dir: str) -> str:

@@ -47,22 +47,23 @@ def model_args_of(job_config: JobConfig, max_length: int = 0) -> ParallaxModelAr
     return args
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None, key: str = "device") -> torch.device:
     """``None``/``""``/``"auto"`` -> CUDA when available, else CPU; otherwise the CPU or a CUDA device
-    of this machine. ValueError naming ``device`` for another name, or a CUDA device that is not here
-    (torch would fail on it only when the model is built, after the checkpoints' checksums were read)."""
+    of this machine. ValueError naming ``key`` (the option that gave ``device``) for another name, or a
+    CUDA device that is not here (torch would fail on it only when the model is built, after the
+    checkpoints' checksums were read)."""
     if device in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     expected = "expected 'cpu', 'cuda' or 'cuda:N' (or none: CUDA when available)"
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device: got {device!r}; {expected}") from None
+        raise ValueError(f"{key}: got {device!r}; {expected}") from None
     if resolved.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: got {device!r}; {expected}")
+        raise ValueError(f"{key}: got {device!r}; {expected}")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if resolved.type == "cuda" and (resolved.index or 0) >= count:
-        raise ValueError(f"device: got {device!r}, but this machine has {count} CUDA device(s); {expected}")
+        raise ValueError(f"{key}: got {device!r}, but this machine has {count} CUDA device(s); {expected}")
     return resolved
 
 

@@ -25,11 +25,11 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable
 from tqdm import tqdm
 
-from parallax_titan.atomic import write_text
 from eval.checkpoint import DTYPES, check_job_checkpoint, load_job_config, resolve_device
 from eval.model import ParallaxLM, positive_int
 from eval.table import markdown_table
 from eval.tasks import data_file, parse_tasks, task_specs
+from parallax_titan.atomic import write_text
 from parallax_titan.checkpoint_files import CheckpointError, unwritable_folder, verify_before_load
 
 SUITES = ("paper",)

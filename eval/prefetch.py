@@ -13,8 +13,8 @@ import argparse
 import os
 import sys
 
-from parallax_titan.atomic import replacing
 from eval.tasks import eval_split, parse_tasks, task_config
+from parallax_titan.atomic import replacing
 
 
 def hub_source(task: str) -> dict:

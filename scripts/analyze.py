@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import filecmp
 import os
 import sys
 
@@ -27,7 +26,7 @@ from parallax_titan.config import ConfigError
 from parallax_titan.diagnostics import Diagnostics, collect
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
 from parallax_titan.diagnostics.report import load_checkpoint_model, report_owned, write_report
-from parallax_titan.tokenizer import build_tokenizer
+from parallax_titan.tokenizer import build_tokenizer, tokenizer_sha256
 from scripts.bench.results import command_line
 
 
@@ -89,8 +88,7 @@ def check_compare_config(path: str, compare, job, seq_len: int) -> None:
         raise ValueError(f"--compare-config {path!r}: training.seq_len = {compare.training.seq_len} (the model's "
                          f"RoPE table) is shorter than the held-out rows of {seq_len} tokens; expected at least "
                          f"{seq_len}, or pass --seq-len {compare.training.seq_len}")
-    if not filecmp.cmp(*(os.path.join(c.model.hf_assets_path, "tokenizer.json") for c in (job, compare)),
-                       shallow=False):
+    if tokenizer_sha256(compare.model.hf_assets_path) != tokenizer_sha256(job.model.hf_assets_path):
         raise ValueError(f"--compare-config {path!r}: model.hf_assets_path = {compare.model.hf_assets_path!r} holds "
                          f"another tokenizer than --config's {job.model.hf_assets_path!r}; expected the same "
                          "tokenizer.json (every checkpoint reads the held-out batch tokenized by --config's)")

@@ -13,9 +13,9 @@ import json
 import os
 from collections import defaultdict
 
-from parallax_titan.atomic import replacing, write_text
 from eval.mad.grid import task_settings
 from eval.mad.tasks import SHORT, TASKS
+from parallax_titan.atomic import replacing, write_text
 
 # Parallax paper, Table 1(a): MAD accuracy, Muon, two blocks at width 128 (SPEC.md section 4).
 PAPER = {

@@ -25,11 +25,11 @@ from multiprocessing import get_context
 
 import torch
 
-from parallax_titan.atomic import write_text
 from eval.mad.grid import RunConfig
 from eval.mad.models import build_model
 from eval.mad.tasks import TaskSetting, make_dataset
 from eval.mad.training import train_and_evaluate
+from parallax_titan.atomic import write_text
 
 PARTIAL = "partial"  # the folder in --out of the partial states of unfinished runs
 
