@@ -216,7 +216,11 @@ def build_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: LR
                         ) -> WDALRSchedulersContainer:
     """TorchTitan TrainSpec ``build_lr_schedulers_fn``: TorchTitan's WSD/cosine lr plus WDA.
 
-    Raises ValueError for WDA on a schedule without a decay stage (it would never anneal)."""
+    Raises ValueError for a warmup or decay stage that does not fit ``training_steps`` (TorchTitan
+    would shorten it) and for WDA on a schedule without a decay stage (it would never anneal)."""
+    problems = lr_scheduler_config.stage_problems(training_steps)
+    if problems:  # load_config refuses them too; callers may skip it
+        raise ValueError("; ".join(problems))
     base = titan_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
     phases = SchedulePhases(*schedule_phases(base))
     gamma = lr_scheduler_config.wd_anneal_gamma

@@ -36,9 +36,10 @@ CASES = [
     (["--lr_scheduler.wd_anneal_gamma", "1", "--lr_scheduler.decay_ratio", "0"],
      "lr_scheduler.wd_anneal_gamma: 1.0 anneals the decay over the lr decay stage, which has 0 of 200 steps "
      "(lr_scheduler.warmup_steps = 0, lr_scheduler.decay_ratio = 0.0)"),
-    # TorchTitan clamps the warmup to the run and the decay to what the warmup leaves
+    # a warmup longer than the run is the one problem named (not also WDA's missing decay stage)
     (["--lr_scheduler.wd_anneal_gamma", "2", "--lr_scheduler.warmup_steps", "500"],
-     "which has 0 of 200 steps (lr_scheduler.warmup_steps = 500"),
+     "lr_scheduler.warmup_steps: 500 warmup steps do not fit the schedule's 200 steps (training.steps); expected "
+     "at most 200 (TorchTitan would cut the warmup to 200)"),
     (["--lr_scheduler.wd_anneal_gamma", "2", "--lr_scheduler.decay_ratio", "0.001"],  # round(0.2) = 0 steps
      "which has 0 of 200 steps"),
     (["--lr_scheduler.wd_anneal_gamma", "0.5", "--optimizer.weight_decay", "0"],
@@ -91,6 +92,10 @@ def test_no_op_value_is_refused_by_key(overrides, message):
     assert message in refused(*overrides)
 
 
+def test_a_warmup_longer_than_the_run_is_not_also_a_missing_decay_stage():
+    assert "wd_anneal_gamma" not in refused("--lr_scheduler.wd_anneal_gamma", "2", "--lr_scheduler.warmup_steps", "500")
+
+
 @pytest.mark.parametrize("overrides", [
     ["--optimizer.muon_headwise", "HHF", "--optimizer.muon_head_dim", "32"],
     ["--optimizer.muon_headwise", "HHF"],
@@ -117,8 +122,8 @@ def test_parse_multipliers_refuses_a_category_given_twice():
 
 
 @pytest.mark.parametrize("total,warmup,ratio,expected", [
-    (200, 0, 0.2, 40), (200, 0, 0.0, 0), (200, 200, None, 0), (200, 500, 0.2, 0), (200, 190, 0.2, 10),
-    (200, 10, None, 190), (200, 0, 0.001, 0),
+    (200, 0, 0.2, 40), (200, 0, 0.0, 0), (200, 200, None, 0), (200, 160, 0.2, 40), (200, 10, None, 190),
+    (200, 0, 0.001, 0), (200, 0, 1.0, 200),
 ])
 def test_decay_steps_are_torchtitans(total, warmup, ratio, expected):
     """The config check's count agrees with the schedule TorchTitan builds (read back by the builder)."""
@@ -126,6 +131,31 @@ def test_decay_steps_are_torchtitans(total, warmup, ratio, expected):
     opt = build_optimizers([TinyParallax()], Optimizer(), None)
     sched = build_lr_schedulers(opt, LRScheduler(warmup_steps=warmup, decay_ratio=ratio), total)
     assert sched.phases.decay_steps == expected
+    assert sched.phases.warmup_steps == warmup
+
+
+@pytest.mark.parametrize("steps,overrides,message", [
+    (100, ["--lr_scheduler.warmup_steps", "101"],
+     r"lr_scheduler.warmup_steps: 101 warmup steps do not fit the schedule's 100 steps \(training.steps\); "
+     r"expected at most 100 \(TorchTitan would cut the warmup to 100\)"),
+    (100, ["--lr_scheduler.warmup_steps", "90", "--lr_scheduler.decay_ratio", "0.2"],
+     r"lr_scheduler.decay_ratio: 0.2 of 100 steps \(training.steps\) is a 20-step decay, which with "
+     r"lr_scheduler.warmup_steps = 90 exceeds the 100 steps; expected warmup_steps \+ round\(100 \* decay_ratio\) "
+     r"<= 100 \(TorchTitan would cut the decay to 10 steps\)"),
+    (100, ["--lr_scheduler.total_steps", "120", "--lr_scheduler.warmup_steps", "100", "--lr_scheduler.decay_ratio",
+           "0.5"], r"lr_scheduler.decay_ratio: 0.5 of 120 steps \(lr_scheduler.total_steps\) is a 60-step decay"),
+])
+def test_stages_that_do_not_fit_the_run_are_refused(steps, overrides, message):
+    """TorchTitan shortens them with a log warning: the run's lr would not follow its config."""
+    with pytest.raises(ValueError, match=message):
+        load_config(["--job.config_file", DEMO, "--training.steps", str(steps), *overrides], check_data=False)
+
+
+@pytest.mark.parametrize("total,warmup,ratio", [(200, 500, 0.2), (200, 201, None), (200, 190, 0.2)])
+def test_builder_refuses_stages_that_do_not_fit(total, warmup, ratio):
+    opt = build_optimizers([TinyParallax()], Optimizer(), None)
+    with pytest.raises(ValueError, match=r"lr_scheduler\.(warmup_steps|decay_ratio): .* \(TorchTitan would cut"):
+        build_lr_schedulers(opt, LRScheduler(warmup_steps=warmup, decay_ratio=ratio), total)
 
 
 def test_builders_refuse_what_validation_refuses():

@@ -362,7 +362,8 @@ class JobConfig(titan.JobConfig):
 
     def _job_problems(self) -> list[str]:
         """The final evaluation, the validation and diagnostics windows, the global batch and WDA."""
-        problems = self._batch_problems() + self.lr_scheduler.anneal_problems(self.training.steps, self.optimizer)
+        problems = self._batch_problems() + self.lr_scheduler.stage_problems(self.training.steps)
+        problems += self.lr_scheduler.anneal_problems(self.training.steps, self.optimizer)
         problems += self._total_steps_problems()
         if self.eval.at_end and not self.checkpoint.enable:
             problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")

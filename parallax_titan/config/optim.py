@@ -321,12 +321,34 @@ class LRScheduler(titan.LRScheduler):
             problems.append(f"lr_scheduler.min_lr_factor: expected a float in [0, 1], got {self.min_lr_factor!r}")
         return problems
 
+    def stage_problems(self, training_steps: int) -> list[str]:
+        """Warmup or decay stages that do not fit the run's ``training_steps`` (or ``total_steps``):
+        TorchTitan would shorten them with a log warning, so the run's schedule would not be the one
+        its config gives. A section that is not valid on its own is reported by ``validate``."""
+        total = self.total_steps if self.total_steps is not None else training_steps
+        if self.validate() or not _is_int(total) or total < 1:
+            return []
+        key = "lr_scheduler.total_steps" if self.total_steps is not None else "training.steps"
+        if self.warmup_steps > total:
+            return [f"lr_scheduler.warmup_steps: {self.warmup_steps} warmup steps do not fit the schedule's {total} "
+                    f"steps ({key}); expected at most {total} (TorchTitan would cut the warmup to {total})"]
+        if self.decay_ratio is None:
+            return []
+        decay = round(total * self.decay_ratio)
+        if self.warmup_steps + decay > total:
+            return [f"lr_scheduler.decay_ratio: {self.decay_ratio!r} of {total} steps ({key}) is a {decay}-step decay, "
+                    f"which with lr_scheduler.warmup_steps = {self.warmup_steps} exceeds the {total} steps; expected "
+                    f"warmup_steps + round({total} * decay_ratio) <= {total} (TorchTitan would cut the decay to "
+                    f"{total - self.warmup_steps} steps)"]
+        return []
+
     def anneal_problems(self, training_steps: int, optimizer: Optimizer) -> list[str]:
         """WDA (``wd_anneal_gamma`` > 0) that would never change a coefficient: the lr schedule of
         ``training_steps`` steps has no decay stage (WDA runs over that stage only), or ``optimizer``
-        has no decay to anneal. A section that is not valid on its own is reported by ``validate``."""
+        has no decay to anneal. A section that is not valid on its own is reported by ``validate``, stages
+        that do not fit the run by ``stage_problems``."""
         gamma = self.wd_anneal_gamma
-        if not (finite_at_least(gamma, 0) and gamma > 0) or self.validate():
+        if not (finite_at_least(gamma, 0) and gamma > 0) or self.validate() or self.stage_problems(training_steps):
             return []
         total = self.total_steps if self.total_steps is not None else training_steps
         if not _is_int(total) or total < 1:
