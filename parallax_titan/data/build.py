@@ -19,7 +19,9 @@ from torchtitan.tools.logging import logger
 from parallax_titan.data.pretokenized import DOCUMENT_STARTS, PretokenizedLoader, SequenceSource, sequence_count_problem
 from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES, check_file, resolve_data_files
 from parallax_titan.data.shards import TokenStream, check_split, read_manifest, split_shards
-from parallax_titan.data.text import EMBEDDED, GLOBAL_STATE_KEY, TEXT_DATASETS, build_text_loader
+from parallax_titan.data.text import (
+    EMBEDDED, GLOBAL_STATE_KEY, TEXT_DATASETS, build_text_loader, check_ultrafineweb_path,
+)
 
 PRETOKENIZED = "pretokenized"
 DATASET_NAMES = (*TEXT_DATASETS, PRETOKENIZED)
@@ -96,7 +98,8 @@ def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False,
 
     ``cfg`` is JobConfig.training or JobConfig.validation (``section`` names it in errors). For
     ``local`` each file's footer / first record is checked; for ``pretokenized``,
-    :func:`check_pretokenized` without checksums; remote datasets are not contacted. Raises
+    :func:`check_pretokenized` without checksums; for ``ultrafineweb`` a ``dataset_path`` folder must
+    be a clone with the English split's files; remote datasets are not contacted. Raises
     ValueError naming the key and the value.
     """
     name = (cfg.dataset or "").lower()
@@ -110,6 +113,8 @@ def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False,
         raise ValueError(f"{section}.data_seed = {cfg.data_seed!r}: {seed_problem}")
     if name == "local":
         resolve_data_files(cfg.dataset_path, f"{section}.dataset_path", skip_bad, max_bytes)
+    elif name == "ultrafineweb" and cfg.dataset_path:
+        check_ultrafineweb_path(cfg.dataset_path, f"{section}.dataset_path")
     elif name in EMBEDDED:
         check_file(cfg.dataset_path or TEXT_DATASETS[name].path)
     elif name == PRETOKENIZED:

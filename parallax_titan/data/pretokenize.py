@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from torchtitan.tools.logging import logger
 
+from parallax_titan.data.hub_clone import load_split
 from parallax_titan.data.records import (
     DEFAULT_MAX_RECORD_BYTES, NOT_A_STRING, TEXT_COLUMN, BadRecordError, BadRecords, file_texts, record_count,
     resolve_data_files,
@@ -70,8 +71,11 @@ def is_validation(text: str, fraction: float) -> bool:
 
 
 def _hub_dataset(spec: SourceSpec):
+    """The source's split, streamed: from the hub, or from a local clone's README-declared files."""
     from datasets import load_dataset
 
+    if os.path.isdir(spec.path):
+        return load_split(spec.path, spec.name, spec.split, "--path")
     return load_dataset(spec.path, name=spec.name, split=spec.split, streaming=True, revision=spec.revision)
 
 
@@ -303,6 +307,9 @@ def check_source(spec: SourceSpec, options: Options) -> None:
     elif options.docs_per_shard:
         raise ValueError(f"--docs-per-shard: {options.docs_per_shard} is not read by --source hub (a hub dataset is "
                          "cut into units by its own files)")
+    elif spec.revision is not None and os.path.isdir(spec.path):
+        raise ValueError(f"--revision: {spec.revision!r} is not read from a local clone ({spec.path!r} is a folder: "
+                         "its files are read as they are); check out that revision into the clone instead")
 
 
 def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Options = Options(), num_proc: int = 1,

@@ -33,6 +33,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
 
+from parallax_titan.data.hub_clone import is_hub_id, load_split, split_files
 from parallax_titan.data.records import (
     DEFAULT_MAX_RECORD_BYTES, TEXT_COLUMN, check_file, documents, jsonl_texts, resolve_data_files,
 )
@@ -65,8 +66,11 @@ def load_embedded(path: str) -> Dataset:
 
 
 def load_ultrafineweb(path: str) -> IterableDataset:
-    """Stream Ultra-FineWeb's English split (``path`` = hub id or a local mirror). Unreachable (no
-    network, no mirror): ConnectionError naming the keys and the ways to run without the hub."""
+    """Stream Ultra-FineWeb's English split (``path`` = hub id, or a local clone: only the English
+    files need be there, :mod:`.hub_clone`). Unreachable (no network, no clone): ConnectionError
+    naming the keys and the ways to run without the hub."""
+    if os.path.isdir(path):
+        return load_split(path, "default", "en", "training.dataset_path (or validation.dataset_path)")
     try:
         return load_dataset(path, name="default", split="en", streaming=True)
     except ConnectionError as exc:
@@ -74,6 +78,16 @@ def load_ultrafineweb(path: str) -> IterableDataset:
             f'training.dataset = "ultrafineweb": {path!r} could not be reached ({exc}); expected network access '
             f"to the Hugging Face hub, or a local clone of {ULTRAFINEWEB} in training.dataset_path (docs/data.md), "
             'or its parquet files through dataset = "local", or pre-tokenized shards') from exc
+
+
+def check_ultrafineweb_path(path: str, key: str) -> None:
+    """ValueError naming ``key`` unless ``path`` is a hub id (not contacted here) or a local clone
+    whose README declares config ``default``, split ``en``, with at least one of its files present."""
+    if os.path.isdir(path):
+        split_files(path, "default", "en", key)
+    elif not is_hub_id(path):
+        raise ValueError(f"{key} = {path!r}: no such folder; expected a local clone of {ULTRAFINEWEB} or a hub "
+                         "dataset id (owner/name)")
 
 
 TEXT_DATASETS = {
