@@ -10,8 +10,12 @@ import os
 import pytest
 import torch
 
-from parallax_titan.generation import Generator, Sampler, SamplingParams, StopCriteria, generate, token_probabilities
+from parallax_titan.generation import (
+    Generator, Sampler, SamplingParams, StopCriteria, generate, token_ids, token_probabilities,
+)
+from parallax_titan.generation.sampling import NOT_FINITE
 from scripts import generate as script
+from tests._aten_ops import recorded_ops
 from tests._generation_models import recompute_greedy, tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,9 +112,25 @@ def test_logits_that_are_not_finite_are_named(temperature):
     """The argmax of a NaN row was a token like any other (greedy text of garbage), and a draw failed
     inside torch.multinomial ("probability tensor contains either inf, nan ...")."""
     logits = torch.tensor([[1.0, 3.0, -2.0], [0.5, float("nan"), 0.0], [0.0, 0.0, float("inf")]])
-    sampler = Sampler(SamplingParams(temperature=temperature, seed=0), 3, 3, torch.device("cpu"))
+    sampler = Sampler(SamplingParams(temperature=temperature, seed=0, repetition_penalty=1.5), 3, 3,
+                      torch.device("cpu"))
+    tokens = sampler(logits)
+    assert tokens.tolist()[1:] == [NOT_FINITE, NOT_FINITE]
+    assert sampler.seen[1:].sum() == 0  # no token of those rows counts as seen
     with pytest.raises(ValueError, match=r"logits: rows \[1, 2\] of the batch hold inf or NaN; the model overflowed"):
-        sampler(logits)
+        token_ids(tokens)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=2, top_p=0.9, seed=1,
+                                                                      repetition_penalty=1.3)])
+def test_the_sampler_reads_nothing_back(params):
+    """The check for non-finite logits rides on the step's one read of the tokens (`token_ids`), not
+    a read of its own before the draw (a second host sync per decode step on a GPU)."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, 0.5], [0.5, float("nan"), 0.0, 1.0]])
+    sampler = Sampler(params, 2, 4, torch.device("cpu"))
+    ops = recorded_ops(lambda: sampler(logits))
+    assert ops and not [op for op in ops if op.split(".")[1] in ("_local_scalar_dense", "is_nonzero", "nonzero",
+                                                                "item", "masked_select")]
 
 
 def test_a_float16_model_that_overflows_is_refused_not_decoded():

@@ -4,7 +4,7 @@
   :class:`RecurrentCache` (fla's state) in :mod:`.cache`;
 * :class:`DecodeSession`: prefill prompts into cache rows, one decode step per token, optionally
   one CUDA graph per step (:mod:`.session`);
-* :class:`SamplingParams`, :class:`Sampler`, :func:`token_probabilities` (:mod:`.sampling`);
+* :class:`SamplingParams`, :class:`Sampler`, :func:`token_ids`, :func:`token_probabilities` (:mod:`.sampling`);
 * :class:`Generator`, :func:`generate`, :class:`StopCriteria`, :class:`Completion` (:mod:`.generate`);
 * :class:`TextStream`: stop strings and streaming text (:mod:`.text`).
 
@@ -13,9 +13,9 @@ The model's side of the cached path is ``ParallaxQwen3Model.forward_cached`` (pa
 
 from parallax_titan.generation.cache import KVCache, RecurrentCache
 from parallax_titan.generation.generate import Completion, Generator, StopCriteria, generate
-from parallax_titan.generation.sampling import Sampler, SamplingParams, token_probabilities
+from parallax_titan.generation.sampling import Sampler, SamplingParams, token_ids, token_probabilities
 from parallax_titan.generation.session import DecodeSession
 from parallax_titan.generation.text import TextStream, cut_at_stop
 
 __all__ = ["Completion", "DecodeSession", "Generator", "KVCache", "RecurrentCache", "Sampler", "SamplingParams",
-           "StopCriteria", "TextStream", "cut_at_stop", "generate", "token_probabilities"]
+           "StopCriteria", "TextStream", "cut_at_stop", "generate", "token_ids", "token_probabilities"]

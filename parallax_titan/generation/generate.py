@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from parallax_titan.generation.sampling import Sampler, SamplingParams
+from parallax_titan.generation.sampling import Sampler, SamplingParams, token_ids
 from parallax_titan.generation.session import DecodeSession
 from parallax_titan.generation.text import TextStream, cut_at_stop
 
@@ -176,7 +176,7 @@ class Generator:
             sampler.observe(i, rows[i].history if i < len(rows) else context)
         while True:
             tokens = sampler(logits)
-            for row, token in zip(rows, tokens.tolist()):
+            for row, token in zip(rows, token_ids(tokens)):
                 if not row.finished:
                     text = row.accept(token)
                     if text and on_text is not None:

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 import torch
 
 
+NOT_FINITE = -1
+"""The token :class:`Sampler` gives a row whose logits hold inf or NaN (:func:`token_ids` refuses it)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen (the same for every row of a batch).
@@ -151,22 +155,30 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token of every row, (batch,) int64 on the logits' device; each also counts as
-        seen from now on.
-
-        Raises ValueError naming the rows whose logits are not finite: the argmax of NaN is a
-        token like any other, and a draw fails inside torch.multinomial (a device-side assert on
-        CUDA, which ends the process)."""
+        seen from now on. A row whose logits hold inf or NaN gets :data:`NOT_FINITE` (the argmax of
+        NaN is a token like any other, and a draw from it fails inside torch.multinomial: a
+        device-side assert on CUDA). Nothing is read back here: :func:`token_ids`, the one read of
+        each step, refuses those rows."""
         finite = torch.isfinite(logits).all(dim=-1)
-        if not bool(finite.all()):  # a read back per step, before the draw that NaN would break
-            rows = (~finite).nonzero()[:, 0].tolist()
-            raise ValueError(f"logits: rows {rows} of the batch hold inf or NaN; the model overflowed its dtype "
-                             "(float16 holds at most 65504: run it in bfloat16 or float32) or its weights are "
-                             "not finite")
+        logits = torch.where(finite[:, None], logits, 0.0)  # a legal draw; its token is replaced below
         if self.params.greedy:
             tokens = _penalized(logits, self.params, self.seen).argmax(dim=-1)
         else:
             probs = token_probabilities(logits, self.params, self.seen)
             tokens = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
         if self.seen is not None:
-            self.seen[torch.arange(tokens.shape[0], device=tokens.device), tokens] = True
-        return tokens
+            rows = torch.arange(tokens.shape[0], device=tokens.device)
+            self.seen[rows, tokens] |= finite
+        return torch.where(finite, tokens, NOT_FINITE)
+
+
+def token_ids(tokens: torch.Tensor) -> list[int]:
+    """A step's tokens (batch,) from :class:`Sampler` as a list, read back once. Raises ValueError
+    naming the rows whose logits were not finite (:data:`NOT_FINITE`)."""
+    ids = tokens.tolist()
+    rows = [i for i, token in enumerate(ids) if token == NOT_FINITE]
+    if rows:
+        raise ValueError(f"logits: rows {rows} of the batch hold inf or NaN; the model overflowed its dtype "
+                         "(float16 holds at most 65504: run it in bfloat16 or float32) or its weights are "
+                         "not finite")
+    return ids
