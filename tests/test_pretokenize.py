@@ -155,6 +155,30 @@ def test_rerun_redoes_a_unit_whose_manifest_or_shards_are_damaged(tmp_path, docs
         check_split(str(out), manifest, split, "out", checksums=True)
 
 
+def test_units_of_another_tokenizer_are_redone_when_the_plan_is_gone(tmp_path, docs, local_run):
+    """With plan.json deleted, the unit manifests of a run with another tokenizer (the same unit
+    ranges) were taken as finished: the dataset's manifest named the new tokenizer over the old one's
+    token ids."""
+    other = tmp_path / "other_tokenizer"
+    other.mkdir()
+    spec = json.loads((open(os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), encoding="utf-8")).read())
+    vocab = spec["model"]["vocab"]
+    vocab["e"], vocab["t"] = vocab["t"], vocab["e"]  # the same text, other ids
+    (other / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    source = pt.SourceSpec("local", write_jsonl(tmp_path / "docs.jsonl", docs))
+    out = tmp_path / "out"
+    opts = pt.Options(validation_fraction=FRACTION, docs_per_shard=25)
+    first = pt.pretokenize(source, str(out), str(other), opts, progress=False)
+    assert first["splits"]["train"]["tokens"] == local_run[2]["splits"]["train"]["tokens"]
+    assert [s["bin_sha256"] for s in first["splits"]["train"]["shards"]] != \
+        [s["bin_sha256"] for s in local_run[2]["splits"]["train"]["shards"]]
+    os.remove(out / "plan.json")
+    manifest = run(source, out)
+    assert manifest["splits"] == local_run[2]["splits"]
+    for split in SPLITS:
+        check_split(str(out), manifest, split, "out", checksums=True)
+
+
 def test_resume_with_other_settings_is_refused(local_run):
     source, out, _ = local_run
     with pytest.raises(ValueError, match=r"other settings \(options differ\); rerun with the same arguments"):

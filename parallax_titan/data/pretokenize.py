@@ -205,6 +205,15 @@ def _run_unit_star(args) -> dict:
     return run_unit(*args)
 
 
+def settings_sha256(plan: dict) -> str:
+    """What every unit's shards depend on besides its records, hashed: the tokenizer's content and
+    eos id, the source and the options. Each planned unit carries it, so a unit manifest left by
+    another tokenizer or source is not taken as finished even when ``plan.json`` is gone."""
+    settings = {"tokenizer": {k: plan["tokenizer"][k] for k in ("sha256", "eos_id")}, "source": plan["source"],
+                "options": plan["options"]}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
 def _check_plan(root: str, plan: dict) -> None:
     """Write ``plan.json``, or check that a resumed run was asked for the same thing."""
     path = os.path.join(root, PLAN)
@@ -212,6 +221,8 @@ def _check_plan(root: str, plan: dict) -> None:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
         differing = sorted(k for k in plan.keys() | saved.keys() if plan.get(k) != saved.get(k))
+        if len(differing) > 1 and "units" in differing:  # they carry the settings' hash
+            differing.remove("units")
         if differing:
             raise ValueError(f"--out {root!r} holds a pre-tokenization with other settings ({', '.join(differing)} "
                              "differ); rerun with the same arguments to finish it, or choose another --out")
@@ -329,7 +340,9 @@ def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Optio
         raise ValueError(f"--tokenizer {tokenizer_path!r}: tokenizer.json has no {EOS_TOKEN} token")
     plan = {"tokenizer": {"sha256": tokenizer_sha256(tokenizer_path), "path": tokenizer_path, "eos_id": eos_id,
                           "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True)},
-            "source": describe_source(spec, options), "options": asdict(options), "units": plan_units(spec, options)}
+            "source": describe_source(spec, options), "options": asdict(options)}
+    settings = settings_sha256(plan)
+    plan["units"] = [{**unit, "settings": settings} for unit in plan_units(spec, options)]
     os.makedirs(root, exist_ok=True)
     _check_plan(root, plan)
     done = finished_units(root, plan["units"])
