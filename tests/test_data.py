@@ -3,6 +3,7 @@ determinism, disjoint DP ranks, the global data order, exact resume, local files
 
 import gzip
 import json
+import logging
 import os
 from types import SimpleNamespace
 
@@ -22,6 +23,7 @@ from parallax_titan.data import (
     load_ultrafineweb,
     rank_keeps_sequence,
 )
+from parallax_titan.data.build import training_overlap
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, build_tokenizer
 
 SEQ_LEN, BATCH = 32, 2
@@ -236,6 +238,37 @@ def test_validation_loader_finite(tok):
     loader = build_validation_dataloader(1, 0, tok, make_job("default_corpus_validation", seq_len=512, batch=8))
     n_tokens = sum(len(tok.encode(d)) + 1 for d in read_contents(os.path.join(CORPUS_DIR, "validation.jsonl.gz")))
     assert sum(x["input"].shape[0] for x, _ in loader) == n_tokens // 513 // 8 * 8  # whole rounds only
+
+
+def overlap_job(train, val):
+    job = make_job()
+    (job.training.dataset, job.training.dataset_path), (job.validation.dataset, job.validation.dataset_path) = train, val
+    return job
+
+
+def test_validation_on_training_documents_is_named(tmp_path, docs):
+    write_jsonl(tmp_path / "a.jsonl", docs[:5])
+    write_jsonl(tmp_path / "b.jsonl", docs[5:10])
+    for train, val in ((("default_corpus", None), ("default_corpus", None)),
+                       (("default_corpus", None), ("local", TRAIN_FILE)),
+                       (("local", str(tmp_path)), ("local", str(tmp_path / "b.jsonl"))),
+                       (("ultrafineweb", None), ("ultrafineweb", "openbmb/Ultra-FineWeb"))):
+        note = training_overlap(overlap_job(train, val))
+        assert note and note.startswith(f"validation.dataset = {val[0]!r} reads ") and "not a held-out loss" in note
+    for train, val in ((("default_corpus", None), ("default_corpus_validation", None)),
+                       (("local", str(tmp_path / "a.jsonl")), ("local", str(tmp_path / "b.jsonl"))),
+                       (("ultrafineweb", None), ("local", str(tmp_path / "b.jsonl")))):
+        assert training_overlap(overlap_job(train, val)) is None
+
+
+def test_the_validation_loader_warns_of_training_documents(tok, caplog):
+    with caplog.at_level(logging.WARNING):
+        build_validation_dataloader(1, 0, tok, overlap_job(("default_corpus", None), ("default_corpus", None)))
+    assert "which training.dataset = 'default_corpus' trains on" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build_validation_dataloader(1, 0, tok, overlap_job(("default_corpus", None), ("default_corpus_validation", None)))
+    assert "trains on" not in caplog.text
 
 
 def test_text_validation_gives_every_rank_the_same_batches_of_one_stream(tok):

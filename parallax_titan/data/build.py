@@ -268,6 +268,32 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
                              infinite=infinite, skip_bad=_skip_bad(job_config), max_bytes=_max_bytes(job_config))
 
 
+def _text_sources(cfg, skip_bad: bool, max_bytes: int) -> set[str]:
+    """The files (real paths) or hub ids a text dataset section reads."""
+    name = cfg.dataset.lower()
+    if name == "local":
+        paths = resolve_data_files(cfg.dataset_path, "dataset_path", skip_bad, max_bytes)
+    else:
+        paths = [cfg.dataset_path or TEXT_DATASETS[name].path]
+    return {os.path.realpath(p) if os.path.exists(p) else p for p in paths}
+
+
+def training_overlap(job_config) -> str | None:
+    """Why ``[validation]`` reads documents ``[training]`` trains on, or None: both text datasets
+    reading a file (or hub dataset) in common. The pre-tokenized validation split is held out by text
+    hash, so a pre-tokenized section on either side does not overlap."""
+    train, val = job_config.training, job_config.validation
+    if PRETOKENIZED in (train.dataset.lower(), val.dataset.lower()):
+        return None
+    skip_bad, max_bytes = _skip_bad(job_config), _max_bytes(job_config)
+    shared = _text_sources(train, skip_bad, max_bytes) & _text_sources(val, skip_bad, max_bytes)
+    if not shared:
+        return None
+    return (f"validation.dataset = {val.dataset!r} reads {sorted(shared)[:3]}, which training.dataset = "
+            f"{train.dataset!r} trains on: the validation loss is not a held-out loss (the embedded corpus's "
+            "held-out file is default_corpus_validation; pre-tokenized data has a validation split)")
+
+
 def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = False):
     """The loader of ``[validation]`` (same batch format as :func:`build_dataloader`).
 
@@ -277,6 +303,9 @@ def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job
     on the number of ranks, as the pre-tokenized validation split's do not."""
     validation = job_config.validation
     check_dataset_config(validation, "validation", _skip_bad(job_config), max_bytes=_max_bytes(job_config))
+    overlap = training_overlap(job_config)
+    if overlap and dp_rank == 0:
+        logger.warning(overlap)
     if validation.dataset.lower() == PRETOKENIZED:
         return build_pretokenized_loader(job_config, "validation", dp_world_size, dp_rank)
     return build_text_loader(validation, dp_world_size, dp_rank, tokenizer, data_order="global", infinite=infinite,
