@@ -1,0 +1,1 @@
+"""Drafts of the Hopper attention kernels and the benchmarks that compared them with the shipped ones."""
