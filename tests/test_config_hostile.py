@@ -149,6 +149,8 @@ CASES = [
     (["--memory_estimation.enable"], "memory_estimation.enable: true is never read by train.py"),
     (["--fault_tolerance.enable"], "fault_tolerance.enable: true is never read by Parallax-Titan's trainer"),
     (["--debug.moe_force_load_balance"], "debug.moe_force_load_balance: true applies to MoE layers"),
+    (["--debug.seed", "-1"], "debug.seed: expected unset or an integer in [0, 2**64) (torch's seed), got -1"),
+    (["--debug.seed", str(2**64)], f"debug.seed: expected unset or an integer in [0, 2**64) (torch's seed), got {2**64}"),
     (["--model.converters", "quantize.grouped_mm.float8"],
      "model.converters: 'quantize.grouped_mm.float8' converts MoE expert layers"),
     (["--checkpoint.export_dtype", "bfloat16", "--checkpoint.no-last_save_model_only"],

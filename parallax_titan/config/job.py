@@ -205,7 +205,15 @@ class JobConfig(titan.JobConfig):
         """TorchTitan sections our classes do not subclass: values TorchTitan accepts and then ignores
         in our trainer, or asserts on only when the model is parallelised or training starts."""
         return (self._activation_checkpoint_problems() + self._compile_problems() + self._comm_problems()
-                + self._profiling_problems() + self._unsupported_switches())
+                + self._profiling_problems() + self._unsupported_switches() + self._seed_problems())
+
+    def _seed_problems(self) -> list[str]:
+        """``debug.seed`` is torch's: a negative one is taken modulo 2**64 (another seed than the config
+        gives), and one of 2**64 or more fails when the trainer seeds, after the config is read."""
+        seed = self.debug.seed
+        if seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64):
+            return []
+        return [f"debug.seed: expected unset or an integer in [0, 2**64) (torch's seed), got {seed!r}"]
 
     def _activation_checkpoint_problems(self) -> list[str]:
         ac, problems = self.activation_checkpoint, []
