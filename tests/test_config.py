@@ -95,6 +95,9 @@ SEMANTIC_CASES = [
     (["--model.converters", "quantize.linear.fp4"], "model.converters: 'quantize.linear.fp4' is not a TorchTitan"),
     (["--model.converters", "quantize.linear.float8"], "needs quantize.linear.float8.emulate = true"),
     (["--training.dataloader.prefetch_factor", "2"], "training.dataloader.prefetch_factor: expected unset"),
+    (["--training.dataloader.persistent_workers"],
+     "training.dataloader.persistent_workers: true keeps worker processes alive between epochs, but num_workers = 0 "
+     "starts none (it would be ignored); expected false, or num_workers = 1"),
     (["--training.global_batch_size", "12"],
      "training.global_batch_size: 12 is not a positive multiple of training.local_batch_size x data-parallel degree "
      "= 8 x 1 = 8 (on 1 rank)"),

@@ -154,10 +154,17 @@ def test_exact_lla_cost_names_the_sizes_and_the_limit():
     assert "model.name: 'exact_lla' costs B*Hq*L*(L*D^2 + D^3) = 5.67e+11 multiply-adds" in text
     assert "training.local_batch_size B = 64, training.seq_len L = 1024, Hq = 8, D = 32" in text
     assert "above the limit 1.37e+11" in text and "MAD and small models" in text
-    with pytest.raises(ConfigError) as info:  # the final eval's shape counts too
-        load_config([*base, "--training.local_batch_size", "1", "--training.seq_len", "1024", "--eval.at_end",
-                     "--eval.batch_size", "64"], check_data=False)
-    assert "for the final eval (eval.batch_size B = 64, eval.max_length L = 1024" in str(info.value)
+    small = [*base, "--training.local_batch_size", "1", "--training.seq_len", "1024"]
+    # the evaluation's shape counts too, at the end or during training, and so does the diagnostics pass's
+    for extra, shape in ((["--eval.at_end", "--eval.batch_size", "64"],
+                          "for evaluation (eval.batch_size B = 64, eval.max_length L = 1024"),
+                         (["--eval.every_n_steps", "100", "--eval.batch_size", "64"],
+                          "for evaluation (eval.batch_size B = 64, eval.max_length L = 1024"),
+                         (["--diagnostics.enable", "--diagnostics.batch_size", "64", "--diagnostics.freq", "100"],
+                          "for diagnostics (diagnostics.batch_size B = 64, diagnostics.seq_len L = 1024")):
+        with pytest.raises(ConfigError) as info:
+            load_config([*small, *extra], check_data=False)
+        assert shape in str(info.value)
 
 
 # One run per optimizer, each with a family mixer: the trainer builds, parallelises and steps them.

@@ -174,9 +174,12 @@ def _exact_lla_cost_problems(job, args) -> list[str]:
     if job.validation.enable:
         shapes.append(("validation", "validation.local_batch_size", job.validation.local_batch_size,
                        "validation.seq_len", job.validation.seq_len))
-    if job.eval.at_end:
-        shapes.append(("the final eval", "eval.batch_size", job.eval.batch_size, "eval.max_length",
+    if job.eval.at_end or job.eval.every_n_steps:
+        shapes.append(("evaluation", "eval.batch_size", job.eval.batch_size, "eval.max_length",
                        job.eval.max_length or training.seq_len))
+    if job.diagnostics.enable:
+        shapes.append(("diagnostics", "diagnostics.batch_size", job.diagnostics.batch_size, "diagnostics.seq_len",
+                       job.diagnostics.seq_len or training.seq_len))
     problems = []
     for what, batch_key, batch, len_key, seq_len in shapes:
         cost = exact_lla_cost(batch, seq_len, args.n_heads, args.head_dim)
@@ -197,6 +200,11 @@ def loader_problems(loader, section: str) -> list[str]:
         # every worker would replay the whole stream: our datasets are split by rank, not by worker
         problems.append(f"{section}.dataloader.num_workers: expected 0 (load in the training process) or 1 "
                         f"(one background process), got {loader.num_workers!r}")
+    if loader.persistent_workers and loader.num_workers == 0:
+        # TorchTitan drops it without a word when there is no worker to keep
+        problems.append(f"{section}.dataloader.persistent_workers: true keeps worker processes alive between "
+                        "epochs, but num_workers = 0 starts none (it would be ignored); expected false, or "
+                        "num_workers = 1")
     if loader.prefetch_factor is not None and (loader.num_workers == 0 or loader.prefetch_factor < 1):
         problems.append(f"{section}.dataloader.prefetch_factor: expected unset with num_workers = 0, or a "
                         f"positive integer with num_workers = 1; got {loader.prefetch_factor!r} with "
