@@ -61,7 +61,7 @@ def parse_rules(rules) -> list[tuple[str, re.Pattern]]:
 def parse_headwise(spec: str) -> dict[str, bool]:
     """``"HHF"`` -> per-head flags for attn_q/k/v(/r); R follows Q when omitted."""
     if not isinstance(spec, str) or not _HEADWISE.match(spec):
-        raise ValueError(f"muon_headwise={spec!r}; expected 3 or 4 letters from H/F for Q,K,V(,R), e.g. 'HHF'")
+        raise ValueError(f"muon_headwise: {spec!r}; expected 3 or 4 letters from H/F for Q,K,V(,R), e.g. 'HHF'")
     letters = spec + (spec[0] if len(spec) == 3 else "")
     return {c: l == "H" for c, l in zip(("attn_q", "attn_k", "attn_v", "attn_r"), letters)}
 
@@ -137,7 +137,7 @@ def _group_options(cat: str, is_matrix: bool, cfg: RoutingConfig) -> dict[str, A
     flags = parse_headwise(cfg.headwise)
     if muon and flags.get(cat):
         if cfg.head_dim <= 0:
-            raise ValueError(f"muon_headwise={cfg.headwise!r} needs a head_dim > 0; got {cfg.head_dim}")
+            raise ValueError(f"muon_headwise: {cfg.headwise!r} needs a head_dim > 0; got {cfg.head_dim}")
         opts["head_dim"] = cfg.head_dim
     module = MODULE_OF.get(cat)
     if is_matrix and module in cfg.spectral and cat in cfg.spectral_categories:

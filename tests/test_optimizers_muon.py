@@ -177,7 +177,7 @@ def test_categorize_strips_wrappers_and_custom_rules():
 def test_headwise_parse_and_errors():
     assert parse_headwise("HHF") == {"attn_q": True, "attn_k": True, "attn_v": False, "attn_r": True}
     assert parse_headwise("FFFH")["attn_r"] is True
-    with pytest.raises(ValueError, match="muon_headwise='HXF'"):
+    with pytest.raises(ValueError, match="muon_headwise: 'HXF'"):
         parse_headwise("HXF")
     with pytest.raises(ValueError, match="head_dim"):
         build_param_groups(TinyParallax(), RoutingConfig(headwise="HHH", head_dim=0))

@@ -120,7 +120,7 @@ def test_toml_recipe_builds_groups_and_metrics(tmp_path):
 
 @pytest.mark.parametrize("section,key,value,match", [
     ("optimizer", "orthogonalizer", '"svd"', "optimizer.orthogonalizer: expected one of"),
-    ("optimizer", "muon_headwise", '"HQF"', "optimizer.muon_headwise='HQF'"),
+    ("optimizer", "muon_headwise", '"HQF"', "optimizer.muon_headwise: 'HQF'"),
     ("optimizer", "lr", "-1.0", "optimizer.lr: expected a finite float > 0, got -1.0"),
     ("optimizer", "spectral_power_mlp", "-2", "optimizer.spectral_power_mlp: expected an int >= 0, got -2"),
     ("optimizer", "name", '"SGD"', "optimizer.name: expected one of ('Muon', 'NorMuon', 'Aurora', 'SOAP', 'AdamW'), got 'SGD'"),
