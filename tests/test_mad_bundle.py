@@ -36,11 +36,18 @@ def test_pack_groups_within_the_bound_and_unpack_restores_every_byte(tmp_path):
 
 
 def test_pack_replaces_the_tars_of_an_earlier_call(tmp_path):
-    _states(tmp_path, [10])
-    (tmp_path / "partial_7.tar").write_bytes(b"stale")
+    """An earlier tar's state of the same run is replaced by partial/'s; the tar file goes."""
+    contents = _states(tmp_path, [10])
+    older = tmp_path / "older" / "run0.pt"
+    older.parent.mkdir()
+    older.write_bytes(b"older state")
+    with tarfile.open(tmp_path / "partial_7.tar", "w") as tar:
+        tar.add(older, arcname="run0.pt")
     tars = bundle.pack(str(tmp_path), max_bytes=100)
     assert [os.path.basename(t) for t in tars] == ["partial_1.tar"]
     assert sorted(p.name for p in tmp_path.glob(bundle.TAR_PATTERN)) == ["partial_1.tar"]
+    bundle.unpack(str(tmp_path))
+    assert (tmp_path / PARTIAL / "run0.pt").read_bytes() == contents["run0.pt"]
 
 
 def test_unpack_refuses_a_tar_with_a_path_outside_the_folder(tmp_path):

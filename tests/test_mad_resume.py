@@ -225,6 +225,29 @@ def test_grid_resumes_its_partial_runs_first(tmp_path, monkeypatch):
     assert not os.listdir(out / "partial")
 
 
+def test_a_failed_job_in_a_worker_fails_the_command_and_the_others_are_kept(tmp_path, monkeypatch, capsys):
+    """With --workers a failed job was logged and the command exited 0 (the report short of a run,
+    nothing else said). Here the 5e-3 run finds the partial state of the 5e-4 run at its path
+    (refused: another run's state); the other two runs finish and are reported, the exit code is 1."""
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY)
+    cfg = load_config(str(cfg_path))
+    out = tmp_path / "out"
+    with monkeypatch.context() as m:
+        m.setattr(cfg.train, "lrs", [5e-4])
+        kill_after(m, 2)
+        with pytest.raises(Killed):
+            runner.run_grid(cfg, cfg.mixers, str(out), log=lambda *_: None)
+    label = cfg.settings()[0].label()
+    os.replace(runner.partial_path(str(out), label, "attention", 5e-4, 0.1),
+               runner.partial_path(str(out), label, "attention", 5e-3, 0.1))
+    assert main(["--config", str(cfg_path), "--out", str(out), "--device", "cpu", "--workers", "1"]) == 1
+    assert "[mad] 1 of 3 jobs failed (first: ValueError: " in capsys.readouterr().err
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["lr"] for r in runs) == [5e-4, 1e-3]
+    assert json.loads((out / "results.json").read_text())["runs_finished"] == 2
+
+
 def test_partial_file_names_are_readable_and_safe():
     """A label holds "(", "=" and ","; the file name keeps the task, mixer, lr and wd and a hash of the key."""
     path = runner.partial_path("out", SETTING_LABEL, "attention", 5e-4, 0.1)

@@ -15,7 +15,8 @@ import math
 import os
 import sys
 
-from eval.mad.grid import SWEEPS, RunConfig, check_checkpoint_seconds, check_mixers, check_value, load_config
+from eval.mad.grid import (SWEEPS, RunConfig, check_checkpoint_seconds, check_config_id, check_mixers, check_value,
+                           load_config)
 from eval.mad.models import MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
@@ -73,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="save each run's training state this often into OUT/partial/, so that a rerun continues "
                         "an unfinished run from it with the same result; 0 = off (override [train] "
                         "checkpoint_seconds)")
-    p.add_argument("--backend", default=None, help="override [model] backend (auto/reference/triton)")
+    p.add_argument("--backend", choices=("auto", "reference", "triton"), default=None,
+                   help="override [model] backend")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--workers", type=int, default=0, help="worker processes (0 = inline)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
@@ -104,6 +106,8 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
         cfg.sweep = args.sweep
     if args.settings:
         cfg.only_settings = split_fragments(args.settings)
+        if not cfg.only_settings:  # e.g. "," would otherwise keep every setting
+            raise ValueError(f"--settings = {args.settings!r}: expected label fragments, e.g. seq_len=512")
     overrides = [("train", "epochs", args.epochs, "--epochs"),
                  ("train", "lrs", args.lrs and _floats(args.lrs, "--lrs"), "--lrs"),
                  ("train", "weight_decays", args.wds and _floats(args.wds, "--wds"), "--wds"),
@@ -134,13 +138,31 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
 
 
 def _check_running(args) -> None:
-    """--workers, --threads and --deadline, before any run (ValueError naming the option)."""
+    """--out, --workers, --threads and --deadline, before any run (ValueError naming the option)."""
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out = {args.out!r}: a file; expected a folder (made when missing)")
     if args.workers < 0:
         raise ValueError(f"--workers = {args.workers}: expected 0 (inline) or a number of processes")
     if args.threads < 1:
         raise ValueError(f"--threads = {args.threads}: expected an integer >= 1")
     if args.deadline is not None and not (math.isfinite(args.deadline) and args.deadline > 0):
         raise ValueError(f"--deadline = {args.deadline}: expected a number of seconds > 0")
+
+
+def _check_device(device: str) -> None:
+    """SystemExit naming --device when it is not cpu or a CUDA device of this machine: every job
+    would fail on it (logged one by one in worker processes)."""
+    import torch
+
+    try:
+        kind = torch.device(device)
+    except RuntimeError:
+        kind = None
+    if kind is None or kind.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device = {device!r}: expected cpu, cuda or cuda:<index>")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind.type == "cuda" and (kind.index or 0) >= count:
+        raise SystemExit(f"--device = {device!r}: this machine has {count} CUDA device(s); expected cpu or one of them")
 
 
 def main(argv=None) -> int:
@@ -157,29 +179,45 @@ def main(argv=None) -> int:
     title = args.title or f"MAD ({cfg.sweep} sweep): {', '.join(mixers)}"
     config = {"argv": sys.argv[1:] if argv is None else list(argv), "sweep": cfg.sweep,
               **dataclasses.asdict(cfg)}
+    failed = None
     if not args.report_only:
         import torch
 
-        from eval.mad.runner import run_grid
+        from eval.mad.runner import JobsFailed, run_grid
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        _check_device(device)
         on_fla = [m for m in mixers if MIXERS[m][0] in FLA_MIXERS]
         if on_fla and not device.startswith("cuda"):
             raise SystemExit(f"mixers {on_fla} run fla's Triton kernels, which need CUDA; got device {device!r}")
         try:
             run_grid(cfg, mixers, args.out, device=device, workers=args.workers, threads=args.threads,
                      deadline=args.deadline)
-        except ValueError as exc:  # runs.jsonl of another config in --out
+        except ValueError as exc:  # runs.jsonl of another config in --out, or a damaged one
             raise SystemExit(str(exc)) from None
+        except JobsFailed as exc:  # the report of the finished runs is still written; the exit code says it
+            failed = str(exc)
     runs_path = os.path.join(args.out, "runs.jsonl")
     if not os.path.exists(runs_path):  # e.g. every run of a call still unfinished, its state saved
         print(f"[mad] no finished run in {runs_path} yet: no report written")
-        return 0
-    runs = load_runs(runs_path)
+        return _failed(failed)
+    try:  # a damaged runs.jsonl, or one of another config, would give a wrong report
+        runs = load_runs(runs_path)
+        check_config_id(runs, cfg, runs_path)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     planned = len(cfg.settings()) * len(mixers) * len(cfg.train.lrs) * len(cfg.train.weight_decays)
     scores = write_report(runs, args.out, title, args.note, config, planned, mixers)
     for mixer, s in sorted(scores.items()):
         print(mixer, {k: round(v[0], 3) for k, v in s.items()})
+    return _failed(failed)
+
+
+def _failed(message: str | None) -> int:
+    """The exit code: 1 after failed jobs (named on stderr), else 0."""
+    if message:
+        print(message, file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import tarfile
 
@@ -38,12 +39,15 @@ def _groups(paths: list[str], max_bytes: int) -> list[list[str]]:
 
 def pack(out_dir: str, max_bytes: int) -> list[str]:
     """Move ``out_dir/partial/*.pt`` into ``out_dir/partial_<i>.tar`` (replacing earlier tars);
-    returns the tar paths. Each tar is written under a temporary name and renamed when complete."""
+    returns the tar paths. The states of earlier tars are packed too, each unless ``partial/`` holds
+    a state of the same run: a second pack, or one after a call that did not unpack, loses none.
+    Each tar is written under a temporary name and renamed when complete."""
     if max_bytes < 1:
         raise ValueError(f"bundle.pack: max_bytes={max_bytes!r}; expected an int >= 1")
-    for old in glob.glob(os.path.join(out_dir, TAR_PATTERN)):
-        os.remove(old)
     folder = os.path.join(out_dir, PARTIAL)
+    earlier = sorted(glob.glob(os.path.join(out_dir, TAR_PATTERN)))
+    for path in earlier:
+        _extract(path, folder, keep=True)
     states = sorted(glob.glob(os.path.join(folder, "*.pt")))
     tars = []
     for i, group in enumerate(_groups(states, max_bytes), 1):
@@ -53,11 +57,33 @@ def pack(out_dir: str, max_bytes: int) -> list[str]:
                 tar.add(state, arcname=os.path.basename(state))
         os.replace(path + ".tmp", path)
         tars.append(path)
+    for old in set(earlier) - set(tars):
+        os.remove(old)
     for state in states:
         os.remove(state)
     if os.path.isdir(folder) and not os.listdir(folder):
         os.rmdir(folder)  # nothing left to carry back
     return tars
+
+
+def _extract(path: str, target: str, keep: bool = False) -> list[str]:
+    """Extract the states of the tar ``path`` into ``target``, skipping those already there when
+    ``keep``; returns their paths. Only plain files at the top of a tar are taken (ValueError)."""
+    os.makedirs(target, exist_ok=True)
+    states = []
+    try:
+        tar = tarfile.open(path)
+    except tarfile.TarError as exc:
+        raise ValueError(f"bundle: {path} is not a tar of states ({exc}); expected one written by pack") from None
+    with tar:
+        for member in tar.getmembers():
+            if not member.isfile() or os.path.basename(member.name) != member.name:
+                raise ValueError(f"bundle: {path} holds {member.name!r}; expected plain state files")
+            if keep and os.path.exists(os.path.join(target, member.name)):
+                continue
+            tar.extract(member, target, filter="data")
+            states.append(os.path.join(target, member.name))
+    return states
 
 
 def unpack(out_dir: str) -> list[str]:
@@ -67,12 +93,7 @@ def unpack(out_dir: str) -> list[str]:
     os.makedirs(target, exist_ok=True)
     states = []
     for path in sorted(glob.glob(os.path.join(out_dir, TAR_PATTERN))):
-        with tarfile.open(path) as tar:
-            for member in tar.getmembers():
-                if not member.isfile() or os.path.basename(member.name) != member.name:
-                    raise ValueError(f"bundle.unpack: {path} holds {member.name!r}; expected plain state files")
-                tar.extract(member, target, filter="data")
-                states.append(os.path.join(target, member.name))
+        states += _extract(path, target)
         os.remove(path)
     return states
 
@@ -83,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir")
     parser.add_argument("--max-mib", type=float, default=15.0, help="largest tar (MiB) when packing")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.max_mib) and args.max_mib * 2**20 >= 1):
+        parser.error(f"--max-mib = {args.max_mib}: expected a finite size > 0")
     if args.action == "pack":
         paths = pack(args.out_dir, int(args.max_mib * 2**20))
     else:

@@ -10,13 +10,15 @@ protocol; ``"hard"`` is the harder ICR/NCR/SC ladder (vocabulary up to 512, cont
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from eval.mad.tasks import TASKS, TaskSetting
+from eval.mad.tasks import READS, TASKS, TaskSetting
 from parallax_titan.config.schema import describe, matches
 
 MAD_BASELINES = {
@@ -59,7 +61,8 @@ SELECTIVE_COPY = ("setting", "mad_lab_cached")
 
 def task_settings(task: str, sweep: str, seed: int = 12345, selective_copy: str = "setting",
                   **overrides) -> list[TaskSetting]:
-    """The settings of ``task`` in ``sweep``; ``overrides`` (e.g. num_train_examples) apply to all.
+    """The settings of ``task`` in ``sweep``; ``overrides`` (e.g. num_train_examples) apply to all, each
+    where the task reads it (``tasks.READS``).
 
     ``selective_copy``: "setting" copies each setting's num_tokens_to_copy (mad-lab since 35772e8);
     "mad_lab_cached" copies 16 tokens in every setting, as the cached data the paper used.
@@ -70,6 +73,9 @@ def task_settings(task: str, sweep: str, seed: int = 12345, selective_copy: str 
         raise ValueError(f"task={task!r}; expected one of {TASKS}")
     if selective_copy not in SELECTIVE_COPY:
         raise ValueError(f"selective_copy={selective_copy!r}; expected one of {SELECTIVE_COPY}")
+    fields = {f.name for f in dataclasses.fields(TaskSetting)} - {"task", "seed"}
+    if set(overrides) - fields:
+        raise ValueError(f"overrides {sorted(set(overrides) - fields)}; expected some of {sorted(fields)}")
     if sweep == "hard":
         params = [dict(p) for p in HARD_LEVELS.get(task, [])]
     else:
@@ -77,7 +83,8 @@ def task_settings(task: str, sweep: str, seed: int = 12345, selective_copy: str 
         params = [dict(base)]
         if sweep == "mad":
             params += [{**base, key: v} for key, values in MAD_CHANGES[task].items() for v in values]
-    params = [{**p, **overrides} for p in params]
+    # an override sets the parameters this task reads (e.g. frac_noise is ICR's and NCR's only)
+    params = [{**p, **{k: v for k, v in overrides.items() if k in READS[task]}} for p in params]
     if selective_copy == "mad_lab_cached" and task == "selective-copying":
         params = [{**p, "tokens_copied": MAD_LAB_CACHED_COPIES} if p["num_tokens_to_copy"] != MAD_LAB_CACHED_COPIES
                   else p for p in params]
@@ -136,10 +143,22 @@ class RunConfig:
 
     def settings(self) -> list[TaskSetting]:
         """Every distinct task setting of the grid, task by task; with ``only_settings``, those whose label
-        (``TaskSetting.label()``) contains one of its fragments. A fragment that matches no setting
-        of the grid raises ValueError."""
-        every = [s for t in self.tasks
-                 for s in task_settings(t, self.sweep, self.seed, self.selective_copy, **self.data)]
+        (``TaskSetting.label()``) contains one of its fragments. ValueError for a fragment that matches
+        no setting of the grid, no tasks, a [data] key that no task of the grid reads, and a task listed
+        with no setting in the sweep (CMP, FCR, MEM in "hard"; allowed when the grid lists all six)."""
+        if not self.tasks:
+            raise ValueError(f"tasks = []: expected 'all' or a non-empty list from {TASKS}")
+        for key, value in self.data.items():
+            readers = [t for t in TASKS if key in READS[t]]
+            if not set(readers) & set(self.tasks):
+                raise ValueError(f"[data] {key} = {value!r}: no task of the grid {self.tasks} reads it; "
+                                 f"expected a grid with one of {readers}")
+        per_task = {t: task_settings(t, self.sweep, self.seed, self.selective_copy, **self.data) for t in self.tasks}
+        empty = [t for t, settings in per_task.items() if not settings]
+        if empty and set(self.tasks) != set(TASKS):
+            raise ValueError(f"tasks = {self.tasks!r}: {empty} have no setting in the {self.sweep!r} sweep; "
+                             f"expected tasks from {[t for t in TASKS if task_settings(t, self.sweep)]}")
+        every = [s for settings in per_task.values() for s in settings]
         # Once each: a num_train_examples override makes MAD's training-size changes equal to the
         # baseline, and a task may be listed twice; a repeat would be planned but never run.
         every = list(dict.fromkeys(every))
@@ -151,6 +170,27 @@ class RunConfig:
             raise ValueError(f"only_settings = {self.only_settings!r}: {unmatched} match no setting of the grid; "
                              f"its settings are {sorted(set(labels))}")
         return [s for s, label in zip(every, labels) if any(f in label for f in self.only_settings)]
+
+
+def config_id(cfg: RunConfig) -> str:
+    """Short hash of what decides a run's result besides (setting, mixer, lr, wd)."""
+    settings = {"train": dataclasses.asdict(cfg.train), "model": dataclasses.asdict(cfg.model),
+                "data": cfg.data, "seed": cfg.seed}
+    for key in ("lrs", "weight_decays"):  # the sweep lists pick runs; they do not change one
+        settings["train"].pop(key)
+    for key in ("compile", "checkpoint_seconds"):  # how a run executes, not what it computes
+        settings["train"].pop(key)
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_config_id(records: list[dict], cfg: RunConfig, path: str) -> None:
+    """ValueError when ``records`` (read from ``path``) hold runs of a config other than ``cfg``: a
+    grid would mix them in, a report would score them under ``cfg``'s name."""
+    ours = config_id(cfg)
+    other = sorted({r.get("config_id", "none") for r in records} - {ours})
+    if other:
+        raise ValueError(f"--out: {path} holds runs of other configs ({other}; this one is {ours}); "
+                         "expected runs of this --config and options: use another --out or move runs.jsonl away")
 
 
 def check_mixers(mixers: list, where: str, *, installed: bool = True) -> None:
@@ -267,4 +307,8 @@ def load_config(path: str) -> RunConfig:
     cfg.train.lrs, cfg.train.weight_decays = _once(cfg.train.lrs), _once(cfg.train.weight_decays)
     cfg.model = _fill(ModelConfig, raw.get("model", {}), "model")
     check_section("model", dataclasses.asdict(cfg.model), f"{path}: [model]")
+    dim, heads = cfg.model.dim, cfg.model.n_heads
+    if dim % heads or dim // heads % 2:  # RoPE rotates pairs of a head's columns
+        raise ValueError(f"{path}: [model] n_heads = {heads}: expected a divisor of dim = {dim} that leaves "
+                         "heads of an even size")
     return cfg

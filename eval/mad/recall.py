@@ -64,6 +64,7 @@ def in_context_recall(rng: np.random.Generator, num_examples: int, vocab_size: i
     """
     _check(seq_len >= 4 and seq_len % 2 == 0, "seq_len", seq_len, "an even number >= 4")
     _check(0.0 <= frac_noise < 1.0, "frac_noise", frac_noise, "0 <= frac_noise < 1")
+    _check(noise_vocab_size >= 0, "noise_vocab_size", noise_vocab_size, ">= 0")
     _check(frac_noise == 0 or noise_vocab_size > 0, "noise_vocab_size", noise_vocab_size,
            "> 0 when frac_noise > 0")
     n = vocab_size - noise_vocab_size
@@ -139,6 +140,8 @@ def fuzzy_in_context_recall(rng: np.random.Generator, num_examples: int, vocab_s
     ``k_motif_size`` tokens, as in MAD. The probe pair appears once inside the sequence and
     again at its end. Returns (inputs, train_targets, test_targets), (num_examples, seq_len) int64.
     """
+    _check(k_motif_size >= 1, "k_motif_size", k_motif_size, ">= 1")
+    _check(v_motif_size >= 1, "v_motif_size", v_motif_size, ">= 1")
     n = vocab_size - 1
     key_vocab, value_vocab = np.arange(n // 2), np.arange(n // 2, n)
     _check(len(key_vocab) >= k_motif_size and len(value_vocab) >= v_motif_size, "vocab_size", vocab_size,

@@ -24,13 +24,29 @@ PAPER = {
 }
 
 
+RECORD_KEYS = ("task", "setting", "mixer", "lr", "weight_decay", "test_acc")  # what scoring a run reads
+
+
 def load_runs(path: str) -> list[dict]:
-    """Records of a runs.jsonl file (a partial last line, left by a killed write, is skipped)."""
+    """Records of a runs.jsonl file (a partial last line, left by a killed write, is skipped);
+    ValueError naming the file and line for a line that is not a run record."""
     with open(path) as f:
         text = f.read()
     if not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [_record(line, path, number) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def _record(line: str, path: str, number: int) -> dict:
+    """One line of a runs.jsonl file as a run record; ValueError when it is not one."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        record = None
+    if not (isinstance(record, dict) and all(k in record for k in RECORD_KEYS) and record["task"] in TASKS):
+        raise ValueError(f"{path}: line {number} = {line[:80]!r}: expected a run record, a JSON object with "
+                         f"{list(RECORD_KEYS)} and a task from {TASKS}")
+    return record
 
 
 def best_per_setting(runs: list[dict]) -> dict:

@@ -25,8 +25,9 @@ from multiprocessing import get_context
 
 import torch
 
-from eval.mad.grid import RunConfig
+from eval.mad.grid import RunConfig, check_config_id, config_id
 from eval.mad.models import build_model
+from eval.mad.report import load_runs
 from eval.mad.tasks import TaskSetting, make_dataset
 from eval.mad.training import train_and_evaluate
 from parallax_titan.atomic import write_text
@@ -49,17 +50,6 @@ def run_job(setting: TaskSetting, mixer: str, lr: float, wd: float, cfg: RunConf
     return [{**facts, **result}]
 
 
-def config_id(cfg: RunConfig) -> str:
-    """Short hash of what decides a run's result besides (setting, mixer, lr, wd)."""
-    settings = {"train": dataclasses.asdict(cfg.train), "model": dataclasses.asdict(cfg.model),
-                "data": cfg.data, "seed": cfg.seed}
-    for key in ("lrs", "weight_decays"):  # the sweep lists pick runs; they do not change one
-        settings["train"].pop(key)
-    for key in ("compile", "checkpoint_seconds"):  # how a run executes, not what it computes
-        settings["train"].pop(key)
-    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def run_key(record: dict) -> tuple:
     """(setting label, mixer, lr, weight decay): what identifies one run of a grid."""
     return record["setting"], record["mixer"], float(record["lr"]), float(record["weight_decay"])
@@ -75,20 +65,15 @@ def partial_path(out_dir: str, setting: str, mixer: str, lr: float, wd: float) -
 
 def finished_runs(path: str, cfg: RunConfig) -> set[tuple]:
     """Keys of the runs in ``path`` (drops a partial last line left by a kill); ValueError when the
-    file holds runs of another config."""
+    file holds runs of another config or a line that is not a run record."""
     if not os.path.exists(path):
         return set()
     with open(path) as f:
         text = f.read()
     if text and not text.endswith("\n"):  # a write cut short: keep the complete lines only
-        text = text[: text.rfind("\n") + 1]
-        write_text(path, text)  # not truncated in place: a kill then would lose every finished run
-    records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    ours = config_id(cfg)
-    other = sorted({r.get("config_id", "none") for r in records} - {ours})
-    if other:
-        raise ValueError(f"--out: {path} holds runs of other configs ({other}; this one is {ours}); "
-                         "use another --out or move runs.jsonl away")
+        write_text(path, text[: text.rfind("\n") + 1])  # not truncated in place: a kill then would lose every run
+    records = load_runs(path)
+    check_config_id(records, cfg, path)
     return {run_key(r) for r in records}
 
 
@@ -112,12 +97,18 @@ def _cost(job) -> float:
     return setting.num_train_examples * setting.seq_len ** 1.2
 
 
+class JobsFailed(RuntimeError):
+    """Jobs of a grid run in worker processes failed; the others finished and were recorded."""
+
+
 def run_grid(cfg: RunConfig, mixers: list[str], out_dir: str, device: str = "cpu", workers: int = 0,
              threads: int = 1, deadline: float | None = None, log=print) -> list[dict]:
     """Run every (setting, mixer, lr, wd) job not yet in out_dir/runs.jsonl; returns the new records
     (also appended to it). With ``cfg.train.checkpoint_seconds`` > 0, runs save their partial state
     under out_dir/partial/; the runs that have one continue from it and start first (they are the
-    closest to finishing), the others by size, largest first; the log's first line counts them."""
+    closest to finishing), the others by size, largest first; the log's first line counts them.
+    With ``workers``, a failed job is logged and the others go on; then :class:`JobsFailed` names
+    how many failed (inline, the first failure is raised as it is)."""
     os.makedirs(out_dir, exist_ok=True)
     if cfg.train.checkpoint_seconds > 0:
         os.makedirs(os.path.join(out_dir, PARTIAL), exist_ok=True)
@@ -151,6 +142,7 @@ def run_grid(cfg: RunConfig, mixers: list[str], out_dir: str, device: str = "cpu
             save(run_job(*job, cfg, device, checkpoints[job]))
         return records
     ctx = get_context("spawn")
+    failed = []
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
         pending, queue = set(), list(jobs)
         while queue or pending:
@@ -166,4 +158,8 @@ def run_grid(cfg: RunConfig, mixers: list[str], out_dir: str, device: str = "cpu
                     save(fut.result())
                 except Exception as e:  # one failed job must not lose the rest of the grid
                     log(f"[mad] job failed: {type(e).__name__}: {e}")
+                    failed.append(f"{type(e).__name__}: {e}")
+    if failed:
+        raise JobsFailed(f"[mad] {len(failed)} of {len(jobs)} jobs failed (first: {failed[0]}); the "
+                         f"{len(records)} that finished are in {path}, and a rerun runs the rest")
     return records

@@ -10,16 +10,27 @@ so it is the same for every sample of both splits.
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass
 
 import numpy as np
 
 from eval.mad.recall import IGNORE, _check, fuzzy_in_context_recall, in_context_recall
+from parallax_titan.config.schema import describe, matches
 
 TASKS = ("compression", "in-context-recall", "fuzzy-in-context-recall", "noisy-in-context-recall",
          "memorization", "selective-copying")
 SHORT = {"compression": "CMP", "in-context-recall": "ICR", "fuzzy-in-context-recall": "FCR",
          "noisy-in-context-recall": "NCR", "memorization": "MEM", "selective-copying": "SC"}
+_SIZES = ("vocab_size", "seq_len", "num_train_examples", "num_test_examples")
+# The TaskSetting fields each task's generator reads (besides task and seed): a setting that gives
+# another one a value would be labelled by a parameter its data does not have.
+READS = {"compression": _SIZES, "memorization": _SIZES,
+         "in-context-recall": (*_SIZES, "noise_vocab_size", "frac_noise"),
+         "noisy-in-context-recall": (*_SIZES, "noise_vocab_size", "frac_noise"),
+         "fuzzy-in-context-recall": (*_SIZES, "k_motif_size", "v_motif_size"),
+         "selective-copying": (*_SIZES, "num_tokens_to_copy", "tokens_copied")}
 
 
 def selective_copying(rng: np.random.Generator, num_examples: int, vocab_size: int = 16,
@@ -59,6 +70,7 @@ def compression(rng: np.random.Generator, num_examples: int, vocab_size: int = 1
     every input token: targets = inputs. Returns (inputs, targets, targets), (N, seq_len).
     """
     _check(vocab_size >= 2, "vocab_size", vocab_size, ">= 2")
+    _check(seq_len >= 2, "seq_len", seq_len, ">= 2 (a token and the compression token)")
     tokens = rng.integers(0, vocab_size - 1, size=(num_examples, seq_len))
     tokens[:, -1] = vocab_size - 1
     return tokens, tokens.copy(), tokens.copy()
@@ -77,6 +89,7 @@ def memorization(rng: np.random.Generator, num_examples: int, kv_map: np.ndarray
     Returns (inputs, targets, targets), (N, seq_len); only insert positions are scored.
     """
     _check(seq_len >= 2 and seq_len % 2 == 0, "seq_len", seq_len, "an even number >= 2")
+    _check(vocab_size >= 3 and len(kv_map) >= 1, "vocab_size", vocab_size, ">= 3 (a key, a value, the insert token)")
     keys = rng.integers(0, len(kv_map), size=(num_examples, seq_len // 2))
     tokens = np.stack([keys, np.full_like(keys, vocab_size - 1)], axis=2).reshape(num_examples, seq_len)
     targets = np.stack([np.full_like(keys, IGNORE), kv_map[keys]], axis=2).reshape(num_examples, seq_len)
@@ -101,7 +114,29 @@ class TaskSetting:
     seed: int = 12345
 
     def __post_init__(self):
+        """Every value checked when the setting is made (a grid's settings are made before any run):
+        ValueError naming the setting, the field, its value and what was expected."""
         _check(self.task in TASKS, "task", self.task, f"one of {TASKS}")
+        try:
+            self._check_values()
+        except ValueError as exc:
+            raise ValueError(f"{self.label()}: {exc}") from None
+
+    def _check_values(self) -> None:
+        """Types, fields the task does not read left at their defaults, sizes, then the generator's checks."""
+        hints = typing.get_type_hints(TaskSetting)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            _check(matches(value, hints[f.name]), f.name, value, describe(hints[f.name]))
+            _check(not isinstance(value, float) or math.isfinite(value), f.name, value, "a finite number")
+            _check(f.name in READS[self.task] or value == f.default or f.name in ("task", "seed"), f.name, value,
+                   f"the default {f.default!r}: {self.task} does not read it")
+        for name in ("num_train_examples", "num_test_examples"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), ">= 1")
+        for name in ("seed", "tokens_copied"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), ">= 0")
+        # the generator's own checks (vocabulary, length, motif and copy sizes), on one example
+        _generate(self, np.random.default_rng(0), 1, training=False)
 
     def label(self) -> str:
         """Short name listing the parameters that differ from the dataclass defaults."""

@@ -1,0 +1,190 @@
+"""Bad input to the MAD benchmark: refused by name before any run, and nothing written is lost."""
+
+import json
+import math
+import os
+
+import pytest
+
+from eval.mad import bundle
+from eval.mad.__main__ import main
+from eval.mad.grid import load_config, task_settings
+from eval.mad.runner import PARTIAL
+from eval.mad.tasks import TaskSetting
+from tests.test_mad_cli import TINY, fake_runs
+
+
+def _config(tmp_path, text=TINY, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("task, values, message", [
+    ("in-context-recall", dict(noise_vocab_size=-2), r"noise_vocab_size=-2; expected >= 0"),
+    ("in-context-recall", dict(vocab_size=16.5), r"vocab_size=16.5; expected int"),
+    ("noisy-in-context-recall", dict(vocab_size=32, noise_vocab_size=16, frac_noise=math.nan),
+     r"frac_noise=nan; expected a finite number"),
+    ("memorization", dict(vocab_size=2, seq_len=4), r"vocab_size=2; expected >= 3"),
+    ("fuzzy-in-context-recall", dict(k_motif_size=0), r"k_motif_size=0; expected >= 1"),
+    ("compression", dict(seq_len=1), r"seq_len=1; expected >= 2"),
+    ("compression", dict(num_train_examples=0), r"num_train_examples=0; expected >= 1"),
+    ("compression", dict(seed=-1), r"seed=-1; expected >= 0"),
+    ("compression", dict(k_motif_size=3), r"k_motif_size=3; expected the default 1: compression does not read it"),
+])
+def test_a_setting_that_no_generator_can_make_is_refused_when_made(task, values, message):
+    """Each value is checked as the setting is made (a grid makes its settings before any run),
+    with the setting, the field, the value and what was expected; before, these failed in the
+    first run (numpy's "low >= high", a TypeError) or made data that differs from the label."""
+    params = {"vocab_size": 16, "seq_len": 128, **values}
+    with pytest.raises(ValueError, match=message):
+        TaskSetting(task, **params)
+
+
+def test_a_bad_data_value_stops_the_command_before_any_run(tmp_path):
+    config = _config(tmp_path, TINY.replace("num_test_examples = 16", "num_test_examples = 16\nnoise_vocab_size = -2"))
+    with pytest.raises(SystemExit, match=r"ICR\(.*noise_vocab_size=-2\): noise_vocab_size=-2; expected >= 0"):
+        main(["--config", config, "--mixers", "attention", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_data_key_sets_the_tasks_that_read_it(tmp_path):
+    """[data] k_motif_size is fuzzy recall's: it no longer labels ICR and MEM settings whose data do
+    not have it; a key that no task of the grid reads is refused."""
+    config = _config(tmp_path, TINY.replace('tasks = ["in-context-recall", "memorization"]',
+                                            'tasks = ["in-context-recall", "fuzzy-in-context-recall", "memorization"]')
+                     .replace("num_test_examples = 16", "num_test_examples = 16\nk_motif_size = 2"))
+    settings = load_config(config).settings()
+    assert {s.task: s.k_motif_size for s in settings} == {"in-context-recall": 1, "fuzzy-in-context-recall": 2,
+                                                         "memorization": 1}
+    assert [s.label() for s in settings if "k_motif_size" in s.label()] == [
+        "FCR(vocab_size=16,seq_len=128,num_train_examples=32,k_motif_size=2,v_motif_size=3)"]
+    cfg = load_config(_config(tmp_path, TINY.replace("num_test_examples = 16", "num_test_examples = 16\n"
+                                                     "num_tokens_to_copy = 8"), "sc.toml"))
+    with pytest.raises(ValueError, match=r"\[data\] num_tokens_to_copy = 8: no task of the grid .* reads it"):
+        cfg.settings()
+    with pytest.raises(ValueError, match=r"overrides \['foo'\]"):  # filtered by task, yet no name is lost
+        task_settings("compression", "mad", foo=1)
+
+
+def test_a_task_without_settings_in_the_sweep_is_refused(tmp_path):
+    """The harder sweep has no compression setting: asking for it ran nothing and exited 0."""
+    with pytest.raises(SystemExit, match=r"\['compression'\] have no setting in the 'hard' sweep"):
+        main(["--config", _config(tmp_path), "--tasks", "CMP", "--sweep", "hard", "--mixers", "attention",
+              "--out", str(tmp_path / "out"), "--device", "cpu"])
+    cfg = load_config(_config(tmp_path))
+    cfg.tasks = []  # [grid] tasks = []: no run, exit 0
+    with pytest.raises(ValueError, match=r"tasks = \[\]: expected 'all' or a non-empty list"):
+        cfg.settings()
+    cfg.tasks, cfg.sweep = ["compression", "in-context-recall", "fuzzy-in-context-recall",
+                            "noisy-in-context-recall", "memorization", "selective-copying"], "hard"
+    assert len(cfg.settings()) == 12  # all six tasks: the sweep's own
+
+
+@pytest.mark.parametrize("heads", [3, 32])
+def test_heads_must_split_the_width_into_even_heads(tmp_path, heads):
+    """n_heads 3 does not divide 32; 32 heads of 1 column cannot take RoPE: both failed in the first run."""
+    with pytest.raises(ValueError, match=rf"\[model\] n_heads = {heads}: expected a divisor of dim = 32"):
+        load_config(_config(tmp_path, TINY.replace("n_heads = 2", f"n_heads = {heads}")))
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--backend", "foo", None),  # ran attention, which ignores it, as if it had been given
+    ("--device", "foo", r"--device = 'foo': expected cpu, cuda or cuda:<index>"),
+    ("--device", "cuda:7", r"--device = 'cuda:7': this machine has \d+ CUDA device"),
+    ("--settings", ",", r"--settings = ',': expected label fragments"),
+])
+def test_bad_options_stop_before_any_run(tmp_path, monkeypatch, option, value, message):
+    from eval.mad import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
+    with pytest.raises(SystemExit, match=message):
+        main(["--config", _config(tmp_path), "--mixers", "attention", "--out", str(tmp_path / "out"),
+              "--device", "cpu", option, value])
+    assert not calls and not (tmp_path / "out" / "runs.jsonl").exists()
+
+
+def test_an_output_folder_that_is_a_file_is_refused(tmp_path):
+    out = tmp_path / "out"
+    out.write_text("notes")
+    with pytest.raises(SystemExit, match=r"--out = '.*out': a file; expected a folder"):
+        main(["--config", _config(tmp_path), "--mixers", "attention", "--out", str(out), "--device", "cpu"])
+    assert out.read_text() == "notes"
+
+
+def _grid(tmp_path, monkeypatch, config):
+    from eval.mad import runner
+
+    monkeypatch.setattr(runner, "run_job", fake_runs([]))
+    out = tmp_path / "out"
+    assert main(["--config", config, "--mixers", "attention", "--out", str(out), "--device", "cpu"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("report_only", [False, True])
+def test_a_damaged_runs_file_is_named_and_kept(tmp_path, monkeypatch, report_only):
+    """A line in the middle that is not a run record stops the command with the file and line,
+    instead of a JSONDecodeError traceback; the file is left as it was."""
+    config = _config(tmp_path)
+    out = _grid(tmp_path, monkeypatch, config)
+    lines = (out / "runs.jsonl").read_text().splitlines()
+    damaged = "\n".join([lines[0], '{"task": "in-context-re', *lines[1:]]) + "\n"
+    (out / "runs.jsonl").write_text(damaged)
+    with pytest.raises(SystemExit, match=r"runs.jsonl: line 2 = .*: expected a run record"):
+        main(["--config", config, "--mixers", "attention", "--out", str(out), "--device", "cpu"]
+             + (["--report-only"] if report_only else []))
+    assert (out / "runs.jsonl").read_text() == damaged
+
+
+def test_report_only_refuses_the_runs_of_another_config(tmp_path, monkeypatch):
+    """Rebuilding the tables under another config (here --epochs 5) would score the folder's runs
+    under a config they did not run with."""
+    config = _config(tmp_path)
+    out = _grid(tmp_path, monkeypatch, config)
+    table = (out / "table.md").read_text()
+    with pytest.raises(SystemExit, match="runs of other configs"):
+        main(["--config", config, "--out", str(out), "--report-only", "--epochs", "5"])
+    assert (out / "table.md").read_text() == table
+
+
+def test_a_second_pack_keeps_every_state(tmp_path):
+    """Packing twice deleted the first pack's tars and found no state left to pack: every state lost."""
+    folder = tmp_path / PARTIAL
+    folder.mkdir()
+    (folder / "a.pt").write_bytes(b"state a")
+    bundle.pack(str(tmp_path), max_bytes=100)
+    (folder).mkdir()
+    (folder / "b.pt").write_bytes(b"state b")  # a run saved after the first pack
+    bundle.pack(str(tmp_path), max_bytes=100)
+    bundle.pack(str(tmp_path), max_bytes=100)
+    bundle.unpack(str(tmp_path))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {"a.pt": b"state a", "b.pt": b"state b"}
+
+
+def test_pack_refuses_a_file_that_is_not_a_tar_of_states(tmp_path):
+    (tmp_path / "partial_1.tar").write_bytes(b"half copied")
+    with pytest.raises(ValueError, match="partial_1.tar is not a tar of states"):
+        bundle.pack(str(tmp_path), max_bytes=100)
+    assert (tmp_path / "partial_1.tar").read_bytes() == b"half copied"
+
+
+@pytest.mark.parametrize("size", ["0", "nan", "-1"])
+def test_bundle_size_option_is_checked(tmp_path, capsys, size):
+    with pytest.raises(SystemExit):
+        bundle.main(["pack", str(tmp_path), "--max-mib", size])
+    assert f"--max-mib = {float(size)}: expected a finite size > 0" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_runs_file_line_is_a_record(tmp_path):
+    """A JSON line that is not a run record (no setting, an unknown task) is refused by name too."""
+    from eval.mad.report import load_runs
+
+    record = {"task": "in-context-recall", "setting": "s", "mixer": "attention", "lr": 1e-3, "weight_decay": 0.0,
+              "test_acc": 0.5}
+    path = tmp_path / "runs.jsonl"
+    for bad in ([1, 2], {**record, "task": "recall"}, {k: v for k, v in record.items() if k != "setting"}):
+        path.write_text(json.dumps(record) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(ValueError, match=r"line 2 = .*: expected a run record"):
+            load_runs(str(path))
