@@ -3,7 +3,6 @@ logged, and without any effect on training."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from types import SimpleNamespace

@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import sys
-import types
 
 import pytest
 import torch

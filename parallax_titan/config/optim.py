@@ -19,7 +19,6 @@ from optimizers.orthogonalize import ORTHOGONALIZERS
 from optimizers.routing import (
     ATTN_CATEGORIES, DEFAULT_PARAM_RULES, MODULE_OF, RoutingConfig, check_categories, parse_headwise, parse_rules,
 )
-from optimizers.spectral import BANDS
 from parallax_titan.config.schema import value_problems
 from parallax_titan.config.sections import finite_at_least
 
