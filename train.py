@@ -5,8 +5,9 @@
 
 (``parallax_titan.launch`` is torchrun with a shutdown timeout that covers a checkpoint save and
 SIGTERM handled as a stop; plain ``torchrun`` works too.) Without a launcher, ``python train.py ...``
-runs as one process. Any TOML key can be overridden on the command line (``--training.steps 100``).
-The config is checked (unknown keys, types, meaning) before any model is built or data is read.
+runs as one process. Any TOML key can be overridden on the command line (``--training.steps 100``);
+``--job.config_file`` may be given once. The config is checked (unknown keys, types, meaning) before
+any model is built or data is read.
 
 Exit codes: 0 done (or stopped by SIGTERM / ``reliability.stop_at_step`` with a checkpoint saved;
 SIGTERM with ``checkpoint.enable = false`` stops without one and logs so), 2 invalid config (also

@@ -236,6 +236,17 @@ def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], wha
                          f"nothing was written ({expected}, {reuse})")
 
 
+def check_output_files(folder: str, key: str, names: tuple[str, ...]) -> None:
+    """ValueError naming ``key`` (the option that named ``folder``) when one of ``names``, the files a
+    command writes whole into ``folder``, is there as a folder (or another non-file): the rename
+    over it would fail only after the work. Cheap: call it before that work."""
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise ValueError(f"{key}: {path!r} is a folder or another non-file; expected a file of that name there, or "
+                             "none; nothing was written")
+
+
 def fsync_path(path: str) -> None:
     """fsync the file or folder ``path`` (a folder: so that a rename in it is on disk)."""
     fd = os.open(path, os.O_RDONLY)

@@ -16,7 +16,8 @@ It runs ``torch.distributed.run`` (torchrun) as a child process and adds two thi
   versions whose ``LaunchConfig`` has no ``shutdown_timeout`` ignore the variable and wait 30 s:
   the launcher says so at start.
 
-The exit code is torchrun's (128 + the signal number if torchrun was killed by a signal).
+The exit code is torchrun's (128 + the signal number if torchrun was killed by a signal), or 2
+before torchrun starts when ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` is not a whole number of seconds.
 """
 
 from __future__ import annotations
@@ -71,10 +72,24 @@ def forward_to_workers(torchrun: subprocess.Popen, signum: int) -> None:
             pass
 
 
+def shutdown_timeout_problem(value: str) -> str | None:
+    """Why ``value`` of ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` is no timeout torchrun can use (torchrun
+    fails on a non-integer with a traceback, and takes a negative one as no wait); None when it is."""
+    if value.isdigit():
+        return None
+    return (f"{SHUTDOWN_TIMEOUT_ENV}: {value!r} is not a whole number of seconds; expected 0 or more "
+            f"(unset: {SHUTDOWN_TIMEOUT_S})")
+
+
 def main(argv: list[str]) -> int:
-    """Run torchrun with ``argv`` until it exits; returns its exit code."""
+    """Run torchrun with ``argv`` until it exits; returns its exit code (2: a bad
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, before torchrun starts)."""
     env = dict(os.environ)
     env.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
+    problem = shutdown_timeout_problem(env[SHUTDOWN_TIMEOUT_ENV])
+    if problem:
+        print(f"parallax_titan.launch: error: {problem}", file=sys.stderr)
+        return 2
     if not torchrun_reads_shutdown_timeout():
         print(f"parallax_titan.launch: this torch's torchrun ignores {SHUTDOWN_TIMEOUT_ENV} and kills signalled "
               "workers after 30 s; send SIGTERM to this launcher (it never signals torchrun) to give a save more time",

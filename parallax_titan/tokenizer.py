@@ -19,6 +19,8 @@ from tokenizers import Tokenizer
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from torchtitan.tools.logging import logger
 
+from parallax_titan.atomic import write_text
+
 EOS_TOKEN = "<|endoftext|>"
 TINY_TOKENIZER_PATH = os.path.join(os.path.dirname(__file__), "assets", "tokenizer", "tiny")
 QWEN3_TOKENIZER_PATH = os.path.join("assets", "tokenizer", "qwen3")
@@ -41,9 +43,7 @@ TOKENIZER_CONFIG = {
 def write_tokenizer_config(directory: str) -> str:
     """Write our pretraining ``tokenizer_config.json`` into ``directory``; returns its path."""
     path = os.path.join(directory, "tokenizer_config.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(TOKENIZER_CONFIG, f, indent=2)
-        f.write("\n")
+    write_text(path, json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
     return path
 
 

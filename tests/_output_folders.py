@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
 from pathlib import Path
 
 
@@ -17,3 +19,15 @@ def refused_output(tmp_path: Path, layout: str, users_file: str = "", text: str 
         return out
     out.write_text("a file")
     return out / "sub" if layout == "under_file" else out
+
+
+@contextlib.contextmanager
+def full_disk(limit_bytes: int):
+    """Within the block, no file of this process may grow beyond ``limit_bytes`` (a full disk: Python
+    ignores SIGXFSZ, so a write past it fails with EFBIG, as ENOSPC would)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -301,3 +301,12 @@ def test_diagnostics_figures_need_tensorboard_when_training_loads_the_config():
         load_config(off)
     load_config(off, check_data=False)
     load_config([*off, "--diagnostics.no-figures"])
+
+
+@pytest.mark.parametrize("second", [["--job.config_file", DEMO], [f"--job.config-file={DEMO}"]])
+def test_a_second_config_file_is_refused_by_every_tool(second):
+    """TorchTitan read the first file's TOML and recorded the last as job.config_file (train.py, the
+    Slurm state command, export and evaluation all load configs through load_config)."""
+    with pytest.raises(ConfigError, match=r"job.config_file: given 2 times \('configs/test_cpu_2rank.toml', '.*demo_"
+                                          r"cpu.toml'\); expected one"):
+        load_config(["--job.config_file", "configs/test_cpu_2rank.toml", *second], check_data=False)

@@ -99,6 +99,16 @@ def test_bad_checkpoint_is_rejected(tmp_path, checkpoints):
         load_checkpoint_model(job, checkpoints[0])
 
 
+def test_load_errors_name_the_option_that_gave_the_checkpoint(tmp_path, checkpoints):
+    """A --compare checkpoint of another model was reported as --checkpoint's."""
+    job = load_config(CONFIG)
+    job.model.n_layers = 3
+    with pytest.raises(ValueError, match=r"^--compare .* holds another model than parallax/debug"):
+        load_checkpoint_model(job, checkpoints[0], who="--compare")
+    with pytest.raises(ValueError, match=r"^--compare .* has no DCP .metadata file"):
+        load_checkpoint_model(load_config(CONFIG), str(tmp_path), who="--compare")
+
+
 def test_gate_is_read_from_the_checkpoint():
     job = load_config(CONFIG)
     keys = {"layers.0.attention.wr.weight": (64, 64), "layers.0.attention.gate.weight": (4, 64)}
@@ -151,6 +161,32 @@ def test_labels_of_two_checkpoints_must_differ(tmp_path, capsys, no_loading, ext
         main(["--config", CONFIG, "--checkpoint", "A", *extra, "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2 and no_loading == []
     assert "--labels" in capsys.readouterr().err
+
+
+def test_repeated_list_flags_add_up(tmp_path):
+    """A second --compare (or --labels, --compare-config) replaced the first: its checkpoints were
+    dropped from the report without a word."""
+    from scripts.analyze import parse_args
+
+    args = parse_args(["--config", CONFIG, "--checkpoint", "run/a", "--compare", "run/b", "--compare", "run/c", "run/d",
+                       "--labels", "a", "b", "--labels", "c", "d", "--compare-config", CONFIG,
+                       "--compare-config", CONFIG, CONFIG, "--out", str(tmp_path / "out")])
+    assert args.compare == ["run/b", "run/c", "run/d"] and args.labels == ["a", "b", "c", "d"]
+    assert args.compare_config == [CONFIG] * 3
+
+
+@pytest.mark.parametrize("verify", [[], ["--no-verify"]])
+@pytest.mark.parametrize("compare", ["missing", "parent"])
+def test_compare_that_is_no_checkpoint_is_refused_before_any_work(tmp_path, checkpoints, no_loading, verify,
+                                                                  compare):
+    """A --compare path that is no checkpoint (a typo, the checkpoint/ folder above the steps) was
+    found when its turn to load came, after the checkpoints before it were loaded and analysed, and
+    was reported as --checkpoint."""
+    path = str(tmp_path / "missing") if compare == "missing" else os.path.dirname(checkpoints[1])
+    with pytest.raises(ValueError, match=rf"^--compare '{path}' (is not a directory|has no DCP .metadata file)"):
+        main(["--config", CONFIG, "--checkpoint", checkpoints[0], "--compare", path, "--out", str(tmp_path / "out"),
+              *verify])
+    assert no_loading == []  # not even a checksum was read
 
 
 def test_compare_config_without_compare_is_refused(tmp_path, capsys, no_loading):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from parallax_titan.launch import child_pids
+from scripts.launch.state import main as state_main
 from scripts.launch.state import trim_metrics
 from tests._train_runs import REPO, TEST_CONFIG, losses
 
@@ -46,12 +47,40 @@ def test_dry_run_prints_the_cluster_commands():
     assert "#SBATCH --signal=USR1@600" in header and "#SBATCH --requeue" in header
 
 
+@pytest.mark.parametrize("name, value", [("MAX_REQUEUES", "abc"), ("NPROC", "0"), ("PORT", "70000"),
+                                         ("SHUTDOWN_TIMEOUT", "15m")])
+def test_bad_numbers_are_refused_before_anything_runs(name, value):
+    """They reached torchrun on every node (or, MAX_REQUEUES, the test after training, where bash's
+    "integer expression expected" counted as under the limit: the job requeued without one)."""
+    env = launcher_env(DRY_RUN="1", SLURM_JOB_ID="77", CONFIG=TEST_CONFIG, DUMP="/shared/runs/x", **{name: value})
+    result = subprocess.run(["bash", SBATCH], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{name}: '{value}'" in result.stderr and "expected a whole number" in result.stderr
+    assert result.stdout == "" and "scripts.launch.state" not in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--job.config_file", "no_such.toml"], "job.config_file: 'no_such.toml' does not exist"),
+    (["--job.config_file", TEST_CONFIG, "--checkpoint.load_step", "5"], "step 5: "),
+])
+def test_state_reports_a_bad_config_in_one_line(tmp_path, capsys, args, message):
+    """A traceback: the first thing the job printed, on every start."""
+    argv = [*args, "--job.dump_folder", str(tmp_path), "prepare"]
+    assert state_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
 def test_metrics_trimmed_to_the_resumed_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "lo')
     assert trim_metrics(str(path), 3) == 2
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
     assert trim_metrics(str(path), 3) == 0
+    with open(path, "a") as f:  # valid JSON that is no row (it stopped the trim with an AttributeError)
+        f.write("[4]\n7\n")
+    assert trim_metrics(str(path), 3) == 2
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
 
 
 def start_local(dump, steps: int) -> subprocess.Popen:

@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from parallax_titan import launch
 from parallax_titan.checksums import content_problems, read_manifest
 from parallax_titan.launch import SHUTDOWN_TIMEOUT_ENV, SHUTDOWN_TIMEOUT_S, child_pids
 from tests._train_runs import REPO, TEST_CONFIG, losses, metric_rows, run_single
@@ -60,3 +63,14 @@ def test_sigterm_to_the_launcher_saves_and_exits_0_without_a_traceback(tmp_path)
     assert 1 <= step < 1000
     path = str(tmp_path / "checkpoint" / f"step-{step}")
     assert content_problems(path, read_manifest(path)) == []
+
+
+@pytest.mark.parametrize("value", ["abc", "12.5", "-1", "15m", ""])
+def test_bad_shutdown_timeout_is_refused_before_torchrun_starts(monkeypatch, capsys, value):
+    """torchrun failed on a non-integer with a traceback on every node, and took a negative timeout
+    as none: the workers were killed at once, without their checkpoint."""
+    monkeypatch.setenv(SHUTDOWN_TIMEOUT_ENV, value)
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun started"))
+    assert launch.main(["--standalone", "--nproc_per_node=1", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert f"{SHUTDOWN_TIMEOUT_ENV}: {value!r} is not a whole number of seconds" in err

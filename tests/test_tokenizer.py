@@ -16,7 +16,7 @@ from parallax_titan.tokenizer import (
     build_tokenizer,
     check_tokenizer_path,
 )
-from tests._output_folders import refused_output
+from tests._output_folders import full_disk, refused_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3_PATH = os.path.join(ROOT, "assets", "tokenizer", "qwen3")
@@ -192,3 +192,78 @@ def test_build_corpus_folders_are_checked_before_downloading(tmp_path, capsys, n
     with pytest.raises(SystemExit) as exit_info:
         main([flag, str(tmp_path / "file"), *([] if flag == "--out-dir" else ["--out-dir", str(tmp_path / "o")])])
     assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_get_tokenizer_failed_write_leaves_nothing_the_rerun_refuses(tmp_path, monkeypatch):
+    """tokenizer.json was opened at its final path: a write that failed part-way (a full disk, a kill)
+    left a part of it, which every rerun then refused as another tokenizer."""
+    import scripts.get_tokenizer as get_tokenizer
+
+    with open(os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), "rb") as f:
+        data = f.read()
+    monkeypatch.setattr(get_tokenizer, "fetch", lambda source: (data, "a test"))
+    monkeypatch.setattr(get_tokenizer, "TOKENIZER_SHA256", hashlib.sha256(data).hexdigest())
+    monkeypatch.setattr(get_tokenizer, "EOS_ID", Tokenizer.from_str(data.decode()).token_to_id(EOS_TOKEN))
+    out = tmp_path / "qwen3"
+    with full_disk(len(data) // 2), pytest.raises(OSError):
+        get_tokenizer.main(["--out-dir", str(out)])
+    assert os.listdir(out) == []
+    get_tokenizer.main(["--out-dir", str(out)])
+    assert (out / "tokenizer.json").read_bytes() == data
+
+
+@pytest.mark.parametrize("layout", ["foreign", "train_only"])
+def test_build_corpus_refuses_a_folder_of_other_data_before_downloading(tmp_path, capsys, no_download, layout):
+    """--out-dir a folder of the user's data had its train.jsonl.gz replaced by the corpus."""
+    from scripts.build_corpus import main
+
+    out = refused_output(tmp_path, "foreign", "train.jsonl.gz", "the user's data")
+    if layout == "train_only":
+        (out / "notes.txt").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--out-dir" in err and str(out) in err
+    assert (out / "train.jsonl.gz").read_text() == "the user's data"
+
+
+def test_build_corpus_accepts_an_earlier_corpus(tmp_path):
+    """Its own output (and a split a killed run left half written) is rewritten."""
+    from scripts.build_corpus import check_out_dir
+
+    for name in ("train.jsonl.gz", "validation.jsonl.gz", "SOURCE.md", ".train.jsonl.gz.partial-123"):
+        (tmp_path / name).write_text("earlier")
+    check_out_dir(str(tmp_path))
+
+
+def test_build_corpus_failed_write_leaves_the_earlier_split_whole(tmp_path):
+    """Each split was opened over the earlier one: a write that failed part-way left a cut gzip
+    stream, read as fewer documents or failing part-way through training."""
+    from scripts.build_corpus import write_jsonl_gz
+
+    path = str(tmp_path / "train.jsonl.gz")
+    docs = [{"content": f"document {i} " + os.urandom(64).hex(), "source": str(i)} for i in range(200)]
+    write_jsonl_gz(docs[:10], path)
+    with open(path, "rb") as f:
+        earlier = f.read()
+    with full_disk(len(earlier) + 4096), pytest.raises(OSError):
+        write_jsonl_gz(docs, path)
+    with open(path, "rb") as f:
+        assert f.read() == earlier
+    assert os.listdir(tmp_path) == ["train.jsonl.gz"]
+
+
+@pytest.mark.parametrize("script, name", [("get_tokenizer", "tokenizer.json"), ("get_tokenizer", "SOURCE.md"),
+                                          ("build_corpus", "validation.jsonl.gz")])
+def test_a_folder_where_an_output_file_goes_is_refused_before_downloading(tmp_path, capsys, no_download, script,
+                                                                          name):
+    """The rename over it failed with a traceback, after the downloads."""
+    import importlib
+
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    if script == "build_corpus":
+        (out / "train.jsonl.gz").write_text("an earlier split")
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(f"scripts.{script}").main(["--out-dir", str(out)])
+    assert exit_info.value.code == 2 and f"--out-dir: {str(out / name)!r} is a folder" in capsys.readouterr().err

@@ -498,21 +498,34 @@ CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 CUSTOM_CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
 
 
-def flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
-    """The value of the first of ``flags`` in ``argv`` (either ``--k v`` or ``--k=v``), as TorchTitan's
-    loader reads it; None when none is there."""
+def flag_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """Every value ``argv`` gives one of ``flags`` (either ``--k v`` or ``--k=v``), in order."""
+    values = []
     for i, arg in enumerate(argv):
         key, sep, value = arg.partition("=")
         if sep and key in flags:
-            return value
-        if arg in flags and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
+            values.append(value)
+        elif arg in flags and i + 1 < len(argv):
+            values.append(argv[i + 1])
+    return values
+
+
+def flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value of the first of ``flags`` in ``argv``, as TorchTitan's loader reads it; None when
+    none is there."""
+    values = flag_values(argv, flags)
+    return values[0] if values else None
 
 
 def config_file_from_argv(argv: list[str]) -> str | None:
-    """The value of ``--job.config_file`` (or ``--job.config-file``) in ``argv``, if any."""
-    return flag_value(argv, CONFIG_FILE_FLAGS)
+    """The value of ``--job.config_file`` (or ``--job.config-file``) in ``argv``, if any. ConfigError
+    when it is given more than once: TorchTitan reads the first file's TOML and records the last as
+    ``job.config_file`` (e.g. a launcher's flag followed by the user's own)."""
+    files = flag_values(argv, CONFIG_FILE_FLAGS)
+    if len(files) > 1:
+        raise ConfigError(f"job.config_file: given {len(files)} times ({', '.join(map(repr, files))}); expected "
+                          "one (the first file's values would be used, the others ignored)")
+    return files[0] if files else None
 
 
 def custom_config_module(argv: list[str], data: dict) -> str | None:

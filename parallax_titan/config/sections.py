@@ -134,7 +134,8 @@ def mixer_problems(job, args) -> list[str]:
     ``[parallax]`` switches and with the shapes the run feeds it: block-causal masks need a mixer that
     takes document boundaries, a sliding window needs Parallax attention, and exact LLA's cost per
     forward (``kernels.exact_lla_cost``, the direct Cholesky solve) must stay within
-    ``args.lla_max_cost`` for every (batch, seq_len) the run uses (training, validation, final eval)."""
+    ``args.lla_max_cost`` for every (batch, seq_len) the run uses (training, validation, evaluation,
+    diagnostics)."""
     from parallax_titan.mixers import VARLEN_MIXERS
 
     name, parallax, problems = job.model.name, job.parallax, []

@@ -60,7 +60,7 @@ def load_checkpoint_model(job_config, checkpoint_dir: str, verify: bool = True, 
     try:
         keys = saved_shapes(checkpoint_dir)
     except ValueError as exc:
-        raise ValueError(f"--checkpoint {exc}") from None
+        raise ValueError(f"{who} {exc}") from None
     job_config = copy.deepcopy(job_config)
     match_checkpoint(job_config, keys)
     register_all()
@@ -73,7 +73,7 @@ def load_checkpoint_model(job_config, checkpoint_dir: str, verify: bool = True, 
     state = get_model_state_dict(model)
     mismatches = weight_mismatches(keys, state_shapes(state))
     if mismatches:
-        raise ValueError(f"--checkpoint {checkpoint_dir!r} holds another model than "
+        raise ValueError(f"{who} {checkpoint_dir!r} holds another model than "
                          f"{job_config.model.name}/{job_config.model.flavor}: {describe(mismatches)}; wrong config?")
     check_model_settings(checkpoint_dir, args, who)
     dcp.load(state, checkpoint_id=checkpoint_dir)

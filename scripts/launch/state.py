@@ -6,7 +6,7 @@
 the rows of steps up to it, so the rows a killed job logged after its last checkpoint are not
 repeated when the resumed run logs those steps again: one continuous file across requeues.
 ``step`` prints the newest complete checkpoint step; ``finished`` exits 0 when it is
-``training.steps`` (or later), else 1.
+``training.steps`` (or later), else 1. An invalid config or ``checkpoint.load_step``: exit code 2.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+from parallax_titan.atomic import write_text
 from parallax_titan.checkpoint_files import step_to_load
 from parallax_titan.metrics import METRICS_FILE
 
@@ -38,16 +39,13 @@ def trim_metrics(path: str, last_step: int) -> int:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                dropped += 1
-                continue
-            if row.get("step", 0) <= last_step:
+                row = None
+            if isinstance(row, dict) and row.get("step", 0) <= last_step:
                 kept.append(line if line.endswith("\n") else line + "\n")
-            else:
+            else:  # a later step, a torn line, or a line that is no row
                 dropped += 1
     if dropped:
-        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-            f.writelines(kept)
-        os.replace(f"{path}.tmp", path)
+        write_text(path, "".join(kept))
     return dropped
 
 
@@ -57,8 +55,12 @@ def main(argv: list[str]) -> int:
     if not argv or argv[-1] not in COMMANDS:
         print(f"usage: python -m scripts.launch.state [config arguments] {{{','.join(COMMANDS)}}}", file=sys.stderr)
         return 2
-    config = load_config(argv[:-1], check_data=False)
-    step = resume_step(config)
+    try:  # an invalid config or checkpoint.load_step: one line, as train.py says it (not a traceback)
+        config = load_config(argv[:-1], check_data=False)
+        step = resume_step(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if argv[-1] == "prepare":
         trim_metrics(os.path.join(config.job.dump_folder, METRICS_FILE), step)
     if argv[-1] == "finished":
