@@ -162,6 +162,19 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
     return write_outputs(output, rows)
 
 
+def count(minimum: int):
+    """argparse type: an int >= ``minimum``; anything else is an error naming the option."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= {minimum}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eval.lm_eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", nargs="+", required=True, help="training TOML: one for all checkpoints or one each")
@@ -169,14 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--suite", default="paper", choices=SUITES, help="task suite (SPEC.md section 4)")
     parser.add_argument("--tasks", default=None, help="comma-separated subset of the suite (default: all)")
     parser.add_argument("--output", required=True, help="folder for results.md and the lm-eval JSON files")
-    parser.add_argument("--limit", type=int, default=0, help="documents per task (0 = all)")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
+    parser.add_argument("--limit", type=count(0), default=0, help="documents per task (0 = all)")
+    parser.add_argument("--batch-size", type=count(1), default=8, help="sequences per forward pass")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    parser.add_argument("--max-length", type=int, default=0, help="scoring window (0 = the config's training.seq_len)")
+    parser.add_argument("--max-length", type=count(0), default=0, help="scoring window (0 = the config's training.seq_len)")
     parser.add_argument("--data-dir", default=None, help="read each task from DIR/<task>.jsonl (offline)")
     parser.add_argument("--names", nargs="+", default=None, help="row names (default: <run>/step-N)")
-    parser.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
+    parser.add_argument("--bootstrap-iters", type=count(0), default=DEFAULT_BOOTSTRAP_ITERS,
                         help="lm-eval bootstrap iterations for standard errors (0 = none)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="load the checkpoints without checking their files against their checksum manifests")
