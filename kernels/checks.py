@@ -9,7 +9,8 @@ import torch
 
 
 def is_finite_number(x) -> bool:
-    """True for a finite real Python number (a bool is not one).
+    """True for a finite real Python number (a bool is not one) that a float holds: an int beyond
+    the float range (10**400) is not one, since the callers go on to ``float(x)``.
 
     Under torch.compile a module's float attribute can arrive as a symbolic float (dynamo makes it
     dynamic after recompiling a block's code with other values), which ``math.isfinite`` cannot
@@ -17,4 +18,9 @@ def is_finite_number(x) -> bool:
     """
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         return False
-    return torch.compiler.is_compiling() or math.isfinite(x)
+    if torch.compiler.is_compiling():
+        return True
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # math.isfinite converts to float first
+        return False

@@ -40,12 +40,20 @@ def exact_lla_cost(batch: int, seq_len: int, q_heads: int, head_dim: int, solver
                    cg_steps: int | None = None) -> int:
     """Multiply-adds of one exact LLA forward, the quantity ``max_cost`` bounds.
 
-    solver: "cholesky" or "cg" (ValueError otherwise).
+    batch, seq_len, q_heads, head_dim: ints >= 0; solver: "cholesky" or "cg"; cg_steps: None (T = D) or
+    an int >= 1 (ValueError otherwise: a negative size would give a negative cost, under any limit).
     cholesky: B * Hq * L * (L * D^2 + D^3)   (forming Sigma_KK(i) for every query, then factoring it)
     cg:       B * Hq * L^2 * D * (T + 4)      (T Sigma_i products, plus softmax, kbar, vbar, output)
     Dense upper bounds: causal masking halves the L^2 terms in the arithmetic but not in this count.
     """
-    check_choice("exact_lla_cost", "solver", solver, SOLVERS)
+    fn = "exact_lla_cost"
+    sizes = dict(batch=batch, seq_len=seq_len, q_heads=q_heads, head_dim=head_dim)
+    for name, value in sizes.items():  # exact_lla's traced calls (torch.compile) pass SymInt sizes
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
+            raise ValueError(f"{fn}: {name}={value!r} must be an int >= 0")
+    check_choice(fn, "solver", solver, SOLVERS)
+    if cg_steps is not None:
+        check_positive_int(fn, "cg_steps", cg_steps)
     b, n, h, d = batch, seq_len, q_heads, head_dim
     if solver == "cholesky":
         return b * h * n * (n * d * d + d ** 3)

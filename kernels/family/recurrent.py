@@ -40,20 +40,24 @@ class AffineState:
     @classmethod
     def zeros(cls, batch: int, kv_heads: int, head_dim: int, *, dtype=torch.float32, device=None,
               with_kk: bool = False) -> "AffineState":
-        """Empty state; batch, kv_heads, head_dim: ints >= 1; dtype is the accumulation dtype (float32 or float64)."""
+        """Empty state; batch, kv_heads, head_dim: ints >= 1; dtype is the accumulation dtype (float32 or float64);
+        with_kk a bool (the s_kk sums Affine MesaNet reads)."""
         if any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in (batch, kv_heads, head_dim)):
             raise ValueError(f"AffineState.zeros: batch={batch!r}, kv_heads={kv_heads!r}, head_dim={head_dim!r} must be "
                              "ints >= 1")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"AffineState.zeros: dtype={dtype}, expected torch.float32 or torch.float64")
+        check_flag("AffineState.zeros", "with_kk", with_kk)
         vec = torch.zeros(batch, kv_heads, head_dim, dtype=dtype, device=device)
         mat = torch.zeros(batch, kv_heads, head_dim, head_dim, dtype=dtype, device=device)
         return cls(0, vec, vec.clone(), mat, mat.clone() if with_kk else None)
 
     @classmethod
     def from_sequence(cls, k: torch.Tensor, v: torch.Tensor, *, with_kk: bool = False) -> "AffineState":
-        """State after a whole prompt: k, v (B, L, Hkv, D) -> sums over L (prefill, then decode)."""
+        """State after a whole prompt: k, v (B, L, Hkv, D) -> sums over L (prefill, then decode);
+        with_kk a bool (the s_kk sums Affine MesaNet reads)."""
         _check_kv("AffineState.from_sequence", k, v)
+        check_flag("AffineState.from_sequence", "with_kk", with_kk)
         work = work_dtype(k.dtype)
         kw, vw = k.to(work), v.to(work)
         s_kk = torch.einsum("nlha,nlhc->nhac", kw, kw) if with_kk else None

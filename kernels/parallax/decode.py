@@ -61,12 +61,12 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
     ``DecodePlan`` built once also skips the validation here (the leanest path, CUDA graphs).
     """
     if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+        raise ValueError(f"parallax_decode: backend must be one of {_BACKENDS}, got {backend!r}")
     check_window(window, who="parallax_decode")
     if not isinstance(check_seqlens, bool):
         raise ValueError(f"parallax_decode: check_seqlens={check_seqlens!r} must be a bool")
     seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_seqlens)
-    scale = _check_scale(scale, q.shape[-1])
+    scale = _check_scale(scale, q.shape[-1], "parallax_decode")
     batch, _, hq, dim = q.shape
     plan = _cached_plan(batch, hq, k_cache.shape[2], dim, k_cache.shape[1], q.dtype, k_cache.dtype, q.device,
                         window, scale, backend)
@@ -110,7 +110,7 @@ class DecodePlan:
 
         self.device = torch.device(device)
         self.dtype, self.cache_dtype, self.window = dtype, cache_dtype, window
-        self.scale = _check_scale(scale, head_dim)
+        self.scale = _check_scale(scale, head_dim, "DecodePlan")
         self._q_shape, self._kv_shape = (batch, 1, hq, head_dim), (batch, cache_len, hkv, head_dim)
         fits = decode_fused.supports(dtype, head_dim) and cache_dtype == dtype
         if backend == "auto":
@@ -121,6 +121,7 @@ class DecodePlan:
                             f"{dtype}, cache_dtype {cache_dtype}, head_dim {head_dim}")
         self.backend = backend
         self._triton = None
+        self._out_strides = None  # the last strides of an ``out`` found valid
         if backend == "triton":
             self._triton = decode_fused.TritonDecodePlan(batch, hq, hkv, head_dim, cache_len, dtype, self.device,
                                                          scale=self.scale, window=window)
@@ -129,6 +130,10 @@ class DecodePlan:
     def like(cls, q, k_cache, **kwargs):
         """The plan for tensors shaped like q (batch, 1, Hq, D) and k_cache (batch, L, Hkv, D); kwargs
         as the constructor's (window, scale, backend)."""
+        for name, x in (("q", q), ("k_cache", k_cache)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 4:
+                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"DecodePlan.like: {name} must be a 4-D tensor, got {got}")
         batch, _, hq, dim = q.shape
         return cls(batch, hq, k_cache.shape[2], dim, k_cache.shape[1], q.dtype, q.device, cache_dtype=k_cache.dtype,
                    **kwargs)
@@ -141,7 +146,8 @@ class DecodePlan:
     def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, *, out=None):
         """(batch, 1, Hq, D) in the plan's dtype, for tensors of the plan's geometry (ValueError
         naming the tensor otherwise); ``out``: optional tensor of q's shape, the plan's dtype and
-        device, last dim contiguous, to write into."""
+        device, last dim contiguous and no two elements at one address (not an expanded view: the
+        kernel would write several heads to one row), to write into."""
         tensors = [("q", q, self._q_shape, self.dtype), ("r", r, self._q_shape, self.dtype),
                    ("k_cache", k_cache, self._kv_shape, self.cache_dtype),
                    ("v_cache", v_cache, self._kv_shape, self.cache_dtype)]
@@ -153,8 +159,11 @@ class DecodePlan:
             if x.shape != shape or x.dtype != dtype or x.device != self.device:
                 raise ValueError(f"DecodePlan: {name} is {x.dtype} {tuple(x.shape)} on {x.device}; the plan "
                                  f"expects {dtype} {shape} on {self.device}")
-        if out is not None and out.stride(-1) != 1:
-            raise ValueError(f"DecodePlan: out must have its last dim contiguous (stride 1), got strides {out.stride()}")
+        if out is not None and out.stride() != self._out_strides:
+            if out.stride(-1) != 1 or _overlapping(out):
+                raise ValueError(f"DecodePlan: out must have its last dim contiguous (stride 1) and no two elements "
+                                 f"at one address, got strides {out.stride()} for shape {tuple(out.shape)}")
+            self._out_strides = out.stride()  # checked once per layout: a plan call's host time is the point
         if cache_seqlens is not None and (not isinstance(cache_seqlens, torch.Tensor)
                                           or cache_seqlens.shape != self._q_shape[:1] or cache_seqlens.device != self.device
                                           or cache_seqlens.dtype != torch.int32):
@@ -172,6 +181,18 @@ class DecodePlan:
         return o if out is None else out.copy_(o)
 
 
+def _overlapping(x):
+    """Whether two elements of x might share an address: its dims of size > 1, by increasing stride,
+    must each step past all the offsets of the ones before (strides 0, or heads closer than D apart,
+    do not). Every layout of slices, transposes and permutes of a buffer passes."""
+    reach = 0  # the largest offset the dims so far reach
+    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 @functools.lru_cache(maxsize=32)
 def _cached_plan(batch, hq, hkv, dim, length, dtype, cache_dtype, device, window, scale, backend):
     return DecodePlan(batch, hq, hkv, dim, length, dtype, device, cache_dtype=cache_dtype, window=window,
@@ -181,7 +202,7 @@ def _cached_plan(batch, hq, hkv, dim, length, dtype, cache_dtype, device, window
 def rolling_cache_write(k_cache, v_cache, k, v, start):
     """Write new tokens into rolling (ring) KV caches of W = k_cache.shape[1] slots, in place.
 
-    k_cache, v_cache: (batch, W, Hkv, D) floating, W >= 1. k, v: (batch, n, Hkv, D), n >= 1, on the
+    k_cache, v_cache: (batch, W, Hkv, D) floating, W >= 1. k, v: (batch, n, Hkv, D) floating, n >= 1, on the
     caches' device, the tokens at absolute positions start[b] + [0, n), RoPE already applied at those
     positions. start: int tensor (batch,) on the caches' device, values >= 0 (not checked: no host
     sync). The token at position p goes to slot p % W; of n > W new tokens only the last W are
@@ -196,6 +217,9 @@ def rolling_cache_write(k_cache, v_cache, k, v, start):
         if x.dim() != 4 or not x.is_floating_point():
             raise ValueError(f"rolling_cache_write: {name} must be a 4-D (batch, W, Hkv, D) floating tensor, got "
                              f"{x.dtype} {tuple(x.shape)}")
+    for name, x in (("k", k), ("v", v)):
+        if not x.is_floating_point():  # an int or bool token would be cast into the cache as numbers
+            raise ValueError(f"rolling_cache_write: {name} must be a floating tensor, got {x.dtype}")
     for name, x in (("v_cache", v_cache), ("k", k), ("v", v)):
         if x.device != k_cache.device:
             raise ValueError(f"rolling_cache_write: {name} is on {x.device}, the caches on {k_cache.device}")
@@ -277,29 +301,31 @@ def _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_values=True):
     for name, x in (("q", q), ("r", r), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a 4-D tensor, got {got}")
+            raise ValueError(f"parallax_decode: {name} must be a 4-D tensor, got {got}")
         if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+            raise TypeError(f"parallax_decode: {name} must be a floating tensor, got dtype {x.dtype}")
         if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device}, expected q's device {q.device}")
+            raise ValueError(f"parallax_decode: {name} is on {x.device}, expected q's device {q.device}")
     if q.shape[1] != 1:
-        raise ValueError(f"q must have shape (batch, 1, Hq, D) (one query token), got {tuple(q.shape)}")
+        raise ValueError(f"parallax_decode: q must have shape (batch, 1, Hq, D) (one query token), "
+                         f"got {tuple(q.shape)}")
     if r.shape != q.shape:
-        raise ValueError(f"r must have q's shape {tuple(q.shape)}, got {tuple(r.shape)}")
+        raise ValueError(f"parallax_decode: r must have q's shape {tuple(q.shape)}, got {tuple(r.shape)}")
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+        raise ValueError(f"parallax_decode: v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
+                         f"got {tuple(v_cache.shape)}")
     batch, _, hq, dim = q.shape
     kb, length, hkv, kd = k_cache.shape
     if kb != batch or kd != dim:
         raise ValueError(
-            f"k_cache must have shape (batch={batch}, L, Hkv, D={dim}), got {tuple(k_cache.shape)}"
+            f"parallax_decode: k_cache must have shape (batch={batch}, L, Hkv, D={dim}), got {tuple(k_cache.shape)}"
         )
     if batch < 1 or length < 1 or hq < 1 or hkv < 1 or dim < 1 or hq % hkv != 0:
-        raise ValueError(f"need batch >= 1, L >= 1, Hq >= 1, Hkv >= 1, D >= 1 and Hq % Hkv == 0, got batch={batch}, "
-                         f"L={length}, Hq={hq}, Hkv={hkv}, D={dim}")
+        raise ValueError(f"parallax_decode: need batch >= 1, L >= 1, Hq >= 1, Hkv >= 1, D >= 1 and Hq % Hkv == 0, "
+                         f"got batch={batch}, L={length}, Hq={hq}, Hkv={hkv}, D={dim}")
     if r.dtype != q.dtype or v_cache.dtype != k_cache.dtype:
         raise TypeError(
-            f"r must match q's dtype and v_cache k_cache's: got q {q.dtype}, r {r.dtype}, "
+            f"parallax_decode: r must match q's dtype and v_cache k_cache's: got q {q.dtype}, r {r.dtype}, "
             f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}"
         )
     if cache_seqlens is None:
@@ -310,25 +336,26 @@ def _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_values=True):
 def _check_seqlens(cache_seqlens, batch, length, device, check_values):
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (batch,):
         got = tuple(cache_seqlens.shape) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
-        raise ValueError(f"cache_seqlens must be a tensor of shape ({batch},), got {got}")
+        raise ValueError(f"parallax_decode: cache_seqlens must be a tensor of shape ({batch},), got {got}")
     if cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"cache_seqlens must be int32 (or int64), got {cache_seqlens.dtype}")
+        raise TypeError(f"parallax_decode: cache_seqlens must be int32 (or int64), got {cache_seqlens.dtype}")
     if cache_seqlens.device != device:
-        raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, expected q's device {device}")
+        raise ValueError(f"parallax_decode: cache_seqlens is on {cache_seqlens.device}, expected q's device {device}")
     # The value check needs a host sync (one copy of min and max), which a CUDA graph capture forbids.
     # It reads the values before the int32 cast, at which int64 lengths of 2^31 or more would wrap.
     if check_values and not (cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
         lo, hi = torch.stack(torch.aminmax(cache_seqlens)).tolist()
         if lo < 1 or hi > length:
-            raise ValueError(f"cache_seqlens values must lie in [1, L={length}], got min {lo}, max {hi}")
+            raise ValueError(f"parallax_decode: cache_seqlens values must lie in [1, L={length}], "
+                             f"got min {lo}, max {hi}")
     return cache_seqlens.to(dtype=torch.int32).contiguous()
 
 
-def _check_scale(scale, dim):
+def _check_scale(scale, dim, who):
     """scale as a float: None gives 1/sqrt(dim); else a finite positive real Python number (not a bool,
-    str or tensor; ValueError)."""
+    str or tensor; ValueError naming ``who``)."""
     if scale is None:
         return 1.0 / math.sqrt(dim)
     if not is_finite_number(scale) or scale <= 0:
-        raise ValueError(f"scale must be a finite positive number, got {scale!r}")
+        raise ValueError(f"{who}: scale must be a finite positive number, got {scale!r}")
     return float(scale)

@@ -118,7 +118,7 @@ def _decode_split_kernel(
     L, WINDOW, chunk, num_splits,
     HKV: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, IEEE: tl.constexpr,
-    SP: tl.constexpr, PDL: tl.constexpr = False,
+    SP: tl.constexpr, PDL: tl.constexpr = False, WIDE: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()
@@ -150,8 +150,17 @@ def _decode_split_kernel(
     row_scale = tl.where(is_q, scale_log2, 1.0)
 
     offs_n = tl.arange(0, BN)
-    k_ptrs = K + b64 * stride_kb + hkv * stride_kh + (start + offs_n)[:, None] * stride_kl + offs_d[None, :]
-    v_ptrs = V + b64 * stride_vb + hkv * stride_vh + (start + offs_n)[:, None] * stride_vl + offs_d[None, :]
+    pos = start + offs_n
+    kv_head = hkv
+    k_step = BN * stride_kl
+    v_step = BN * stride_vl
+    if WIDE:  # a cache's positions or heads reach 2^31 elements: 64-bit offsets
+        pos = pos.to(tl.int64)
+        kv_head = kv_head.to(tl.int64)
+        k_step = tl.cast(stride_kl, tl.int64) * BN
+        v_step = tl.cast(stride_vl, tl.int64) * BN
+    k_ptrs = K + b64 * stride_kb + kv_head * stride_kh + pos[:, None] * stride_kl + offs_d[None, :]
+    v_ptrs = V + b64 * stride_vb + kv_head * stride_vh + pos[:, None] * stride_vl + offs_d[None, :]
     m = tl.full([HP], float("-inf"), tl.float32)
     d1 = tl.zeros([HP], tl.float32)
     d2 = tl.zeros([HP], tl.float32)
@@ -180,8 +189,8 @@ def _decode_split_kernel(
             pv = tl.dot(pp, vt)
         acc = acc * _vec_to_rows(alpha, HP)[:, None] + pv
         m = m_new
-        k_ptrs += BN * stride_kl
-        v_ptrs += BN * stride_vl
+        k_ptrs += k_step
+        v_ptrs += v_step
 
     if SPLIT:
         # Split index innermost, so the merge reads each head's splits as one tile.
@@ -350,6 +359,7 @@ class TritonDecodePlan:
         self._grid = (self.num_splits, n_groups)
         self._scale_log2 = scale * LOG2E
         self._sizes = (length, span, chunk, self.num_splits)
+        self._reach = (length + block_n, hkv)  # positions and kv heads the split kernel's offsets span
         hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
         self.merge_block_d = pick_merge_block_d(dim, merge_block_d)
         launch = dict(PDL=True, launch_pdl=True) if self.pdl else dict(PDL=False)
@@ -362,18 +372,26 @@ class TritonDecodePlan:
 
     def __call__(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
         """o (batch, 1, Hq, D) in q's dtype, written into ``out`` when given. Tensors as the plan's
-        geometry (not checked here); cache_seqlens int32 (batch,) or None (all L), values in [1, L]
-        (not checked; the kernel clamps them to [0, L], so it never reads outside the cache)."""
+        geometry (not checked here), any strides; cache_seqlens int32 (batch,) or None (all L), values
+        in [1, L] (not checked; the kernel clamps them to [0, L], so it never reads outside the cache).
+        Caches whose position or head offsets reach 2^31 elements (a long cache, or a strided view of
+        one) take the kernel's 64-bit offset variant."""
         tensors = [q, r, k_cache, v_cache]
         if any(x.stride(-1) != 1 for x in tensors):
             tensors = [x.contiguous() for x in tensors]
         q, r, k_cache, v_cache = tensors
+        if cache_seqlens is not None and cache_seqlens.stride(0) != 1:
+            cache_seqlens = cache_seqlens.contiguous()  # the kernel reads length b at SEQLENS + b
         out = torch.empty_like(q) if out is None else out
         tensors += [out, self._part_s[0] if cache_seqlens is None else cache_seqlens]
         sq, sr, sk, sv, so = (x.stride() for x in tensors[:5])
         strides = (sq[0], sq[2], sr[0], sr[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[2])
         args = (*tensors, self._part_o, *self._part_s, self._counter, self._scale_log2, *strides, *self._sizes)
-        meta = {**self._meta, "HAS_SEQLENS": cache_seqlens is not None}
+        # 32-bit offsets into the caches unless a position (masked tail included) or head reaches 2^31
+        # elements; the strides are part of the launch key, so WIDE needs no key of its own
+        reach, heads = self._reach
+        wide = reach * max(sk[1], sv[1]) + heads * max(sk[2], sv[2]) >= 2 ** 31
+        meta = {**self._meta, "HAS_SEQLENS": cache_seqlens is not None, "WIDE": wide}
         self._launch(_decode_split_kernel, self._grid, args, meta, (meta["HAS_SEQLENS"], strides, tensors))
         if self.split and not self.fused_merge:
             args = (self._part_o, *self._part_s, out, self.num_splits, so[0], so[2])
