@@ -110,6 +110,16 @@ def test_plan_refuses_an_out_whose_elements_share_addresses():
     assert untouched
 
 
+def test_a_plan_for_cuda_takes_the_current_cuda_device(monkeypatch):
+    """Tensors made on "cuda" are on "cuda:<current>", which torch.device("cuda") does not equal: a
+    plan built for "cuda" refused every tensor. (No GPU here: the reference backend allocates nothing.)"""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    plan = DecodePlan(1, 2, 1, 16, 8, torch.float32, "cuda", backend="reference")
+    assert plan.device == torch.device("cuda", 3)
+    assert DecodePlan(1, 2, 1, 16, 8, torch.float32, "cuda:1", backend="reference").device == torch.device("cuda", 1)
+    assert DecodePlan(1, 2, 1, 16, 8, torch.float32, "cpu").device == torch.device("cpu")
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
 def test_rolling_cache_write_refuses_non_float_tokens(dtype):
     """int or bool k / v were cast into the float cache as numbers (True -> 1.0) without a word."""

@@ -108,7 +108,7 @@ class DecodePlan:
         check_window(window, who="DecodePlan")
         from kernels.parallax import decode_fused
 
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.dtype, self.cache_dtype, self.window = dtype, cache_dtype, window
         self.scale = _check_scale(scale, head_dim, "DecodePlan")
         self._q_shape, self._kv_shape = (batch, 1, hq, head_dim), (batch, cache_len, hkv, head_dim)
@@ -179,6 +179,14 @@ class DecodePlan:
             return self._triton(q, r, k_cache, v_cache, cache_seqlens, out)
         o = parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, self.scale, window=self.window)
         return o if out is None else out.copy_(o)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index: a tensor made on "cuda" is on "cuda:<current>", which a bare "cuda"
+    does not equal (a plan built for "cuda" refused every tensor)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _overlapping(x):
