@@ -164,6 +164,44 @@ CASES = [
      "experimental.custom_import: 'no.such.module' cannot be imported here"),
     (["--job.custom_config_module", "no_such_module"],
      "job.custom_config_module: 'no_such_module' is not supported"),
+    # keys nothing on train.py's path reads: accepted, then ignored
+    (["--memory_estimation.disable_fake_mode"],
+     "memory_estimation.disable_fake_mode: true is never read by train.py (TorchTitan's separate estimation script "
+     "reads it); expected false"),
+    (["--fault_tolerance.replica_id", "2"],
+     "fault_tolerance.replica_id: 2 is never read by Parallax-Titan's trainer (TorchTitan's TorchFT manager reads it, "
+     "which the trainer never builds), so it would be ignored; expected 0"),
+    (["--fault_tolerance.semi_sync_method", "diloco"],
+     "fault_tolerance.semi_sync_method: 'diloco' is never read by Parallax-Titan's trainer"),
+    (["--checkpoint.no-enable_ft_dataloader_checkpoints"],
+     "checkpoint.enable_ft_dataloader_checkpoints: False is never read by Parallax-Titan's trainer"),
+    # keys read only under another key's setting, set while it is off
+    (["--debug.deterministic_warn_only"],
+     "debug.deterministic_warn_only: true is read with debug.deterministic = true only, and debug.deterministic = "
+     "false (it would be ignored"),
+    (["--lr_scheduler.decay_ratio", "0", "--lr_scheduler.decay_type", "cosine"],
+     "lr_scheduler.decay_type: 'cosine' shapes the lr decay stage, which has 0 of 200 steps (lr_scheduler."
+     "warmup_steps = 0, lr_scheduler.decay_ratio = 0.0), so no trained step reads it (it would be ignored); "
+     "expected the default 'linear'"),
+    (["--lr_scheduler.decay_ratio", "0.005", "--lr_scheduler.min_lr_factor", "0.1"],  # round(1.0): 1 step
+     "lr_scheduler.min_lr_factor: 0.1 shapes the lr decay stage, which has 1 of 200 steps"),
+    (["--checkpoint.no-enable", "--checkpoint.initial_load_in_hf"],
+     "checkpoint.initial_load_in_hf: set to True, but checkpoint.enable = false loads nothing (it would be ignored)"),
+    (["--checkpoint.no-enable", "--checkpoint.no-initial_load_model_only"],
+     "checkpoint.initial_load_model_only: set to False, but checkpoint.enable = false loads nothing"),
+    (["--checkpoint.no-enable", "--checkpoint.last_save_model_only", "--checkpoint.last_save_in_hf"],
+     "checkpoint.last_save_in_hf: set to True, but checkpoint.enable = false writes no checkpoint (it would be "
+     "ignored)"),
+    (["--checkpoint.no-enable", "--checkpoint.enable_first_step_checkpoint"],
+     "checkpoint.enable_first_step_checkpoint: set to True, but checkpoint.enable = false writes no checkpoint"),
+    (["--checkpoint.no-enable", "--checkpoint.last_save_model_only", "--checkpoint.export_dtype", "bfloat16"],
+     "checkpoint.export_dtype: set to 'bfloat16', but checkpoint.enable = false writes no checkpoint"),
+    (["--metrics.save_for_all_ranks", "--metrics.no-enable_tensorboard", "--diagnostics.no-figures"],
+     "metrics.save_for_all_ranks: true writes the TensorBoard and W&B logs of every rank, but "
+     "metrics.enable_tensorboard and enable_wandb are false"),
+    (["--training.verify_shards", "size"],
+     "training.verify_shards: 'size' is read with pre-tokenized data only, and training.dataset = 'default_corpus' "
+     "and validation.dataset = 'default_corpus_validation' are text (it would be ignored); expected 'checksum'"),
 ]
 
 
@@ -258,6 +296,13 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],
     ["--job.save_config_file", "config.json"],
     ["--experimental.custom_import", "parallax_titan.metrics"],
+    ["--debug.deterministic", "--debug.deterministic_warn_only"],
+    ["--lr_scheduler.decay_ratio", "0.01", "--lr_scheduler.decay_type", "cosine", "--lr_scheduler.min_lr_factor",
+     "0.1"],  # a 2-step decay: the last step trains at its first value
+    ["--lr_scheduler.total_steps", "400", "--lr_scheduler.decay_type", "cosine"],  # decay past the run: resumes
+    ["--checkpoint.no-enable"],  # what the benchmarks pass: interval, keep_latest_k, last_save_model_only stay
+    ["--metrics.save_for_all_ranks"],  # TensorBoard on
+    ["--training.verify_shards", "size", "--training.dataset", "pretokenized", "--training.dataset_path", "/tmp"],
 ])
 def test_sound_values_next_to_the_refused_ones_pass(overrides):
     load_config(["--job.config_file", DEMO, *overrides], check_data=False)

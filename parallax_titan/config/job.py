@@ -290,10 +290,24 @@ class JobConfig(titan.JobConfig):
         if self.memory_estimation.enable:
             problems.append("memory_estimation.enable: true is never read by train.py (TorchTitan's separate "
                             "estimation script reads it); expected false")
+        if self.memory_estimation.disable_fake_mode:
+            problems.append("memory_estimation.disable_fake_mode: true is never read by train.py (TorchTitan's "
+                            "separate estimation script reads it); expected false")
         if self.fault_tolerance.enable:
             problems.append("fault_tolerance.enable: true is never read by Parallax-Titan's trainer (TorchTitan "
                             "0.2.2's Trainer builds no TorchFT manager), so the run would not be fault tolerant; "
                             "expected false")
+        default_ft = titan.FaultTolerance()
+        problems += [f"fault_tolerance.{f.name}: {getattr(self.fault_tolerance, f.name)!r} is never read by "
+                     "Parallax-Titan's trainer (TorchTitan's TorchFT manager reads it, which the trainer never "
+                     f"builds), so it would be ignored; expected {getattr(default_ft, f.name)!r}"
+                     for f in fields(titan.FaultTolerance) if f.name != "enable"
+                     and getattr(self.fault_tolerance, f.name) != getattr(default_ft, f.name)]
+        if self.debug.deterministic_warn_only and not self.debug.deterministic:
+            # TorchTitan passes it to torch.use_deterministic_algorithms under debug.deterministic only
+            problems.append("debug.deterministic_warn_only: true is read with debug.deterministic = true only, and "
+                            "debug.deterministic = false (it would be ignored: no deterministic algorithms, no "
+                            "warnings); expected false, or debug.deterministic = true")
         if self.debug.moe_force_load_balance:
             problems.append("debug.moe_force_load_balance: true applies to MoE layers; Parallax-Titan's models have "
                             "none (it would be ignored); expected false")
@@ -372,6 +386,8 @@ class JobConfig(titan.JobConfig):
         """The final evaluation, the validation and diagnostics windows, the global batch and WDA."""
         problems = self._batch_problems() + self.lr_scheduler.stage_problems(self.training.steps)
         problems += self.lr_scheduler.anneal_problems(self.training.steps, self.optimizer)
+        problems += self.lr_scheduler.decay_shape_problems(self.training.steps)
+        problems += self._verify_shards_problems()
         problems += self._total_steps_problems()
         if self.eval.at_end and not self.checkpoint.enable:
             problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
@@ -395,6 +411,18 @@ class JobConfig(titan.JobConfig):
             problems.append(f"validation.seq_len: expected at most training.seq_len = {self.training.seq_len} (the "
                             f"model's RoPE table), got {self.validation.seq_len!r}")
         return problems + self._diagnostics_dataset_problems()
+
+    def _verify_shards_problems(self) -> list[str]:
+        """``training.verify_shards`` applies to pre-tokenized shards only (the training data's, and the
+        validation data's when enabled); with text datasets alone nothing reads it."""
+        sections = [("training", self.training)] + ([("validation", self.validation)] if self.validation.enable else [])
+        datasets = [(name, section.dataset) for name, section in sections]
+        if self.training.verify_shards == "checksum" or any(
+                isinstance(d, str) and d.lower() == "pretokenized" for _, d in datasets):
+            return []
+        read = " and ".join(f"{name}.dataset = {d!r}" for name, d in datasets)
+        return [f"training.verify_shards: {self.training.verify_shards!r} is read with pre-tokenized data only, and "
+                f"{read} {'are' if len(datasets) > 1 else 'is'} text (it would be ignored); expected 'checksum'"]
 
     def _total_steps_problems(self) -> list[str]:
         """TorchTitan's schedule ends at ``lr_scheduler.total_steps``: past it a decay's factor keeps

@@ -362,6 +362,28 @@ class LRScheduler(titan.LRScheduler):
                     "spectral_coeff_attn and spectral_coeff_mlp are all 0; expected 0, or a decay coefficient > 0"]
         return []
 
+    def decay_shape_problems(self, training_steps: int) -> list[str]:
+        """``decay_type`` or ``min_lr_factor`` changed from its default on a schedule whose decay stage
+        no trained step reaches: 0 steps, or 1 (TorchTitan's lr at the last step is 1/decay_steps of
+        its peak: a 1-step decay begins at the virtual step after the run), so the key would be
+        ignored. A section that is not valid on its own, or stages that do not fit the run, are
+        reported by ``validate`` and ``stage_problems``."""
+        defaults = titan.LRScheduler()
+        changed = [key for key in ("decay_type", "min_lr_factor") if getattr(self, key) != getattr(defaults, key)]
+        if not changed or self.validate() or self.stage_problems(training_steps):
+            return []
+        total = self.total_steps if self.total_steps is not None else training_steps
+        if not _is_int(total) or total < 1:
+            return []  # reported by [training] (or TorchTitan's lr_scheduler.total_steps)
+        decay = titan_decay_steps(total, self.warmup_steps, self.decay_ratio)
+        if decay > 1:
+            return []
+        virtual = "; its one step is TorchTitan's virtual last step, after the run" if decay else ""
+        return [f"lr_scheduler.{key}: {getattr(self, key)!r} shapes the lr decay stage, which has {decay} of {total} "
+                f"steps (lr_scheduler.warmup_steps = {self.warmup_steps}, lr_scheduler.decay_ratio = "
+                f"{self.decay_ratio!r}{virtual}), so no trained step reads it (it would be ignored); expected the "
+                f"default {getattr(defaults, key)!r}, or a decay stage of 2 steps or more" for key in changed]
+
 
 def titan_decay_steps(total: int, warmup: int, ratio: float | None) -> int:
     """Steps of the lr decay stage as TorchTitan 0.2.2's ``build_lr_schedulers`` clamps them:

@@ -312,6 +312,11 @@ class Metrics(titan.Metrics):
         problems = value_problems(self, "metrics")
         if not positive_int(self.log_freq):
             problems.append(f"metrics.log_freq: expected a positive integer, got {self.log_freq!r}")
+        if self.save_for_all_ranks and not (self.enable_tensorboard or self.enable_wandb):
+            # TorchTitan builds no logger then; metrics.jsonl is rank 0's whatever this says
+            problems.append("metrics.save_for_all_ranks: true writes the TensorBoard and W&B logs of every rank, but "
+                            "metrics.enable_tensorboard and enable_wandb are false (metrics.jsonl is rank 0's only), "
+                            "so it would be ignored; expected false, or a logger on")
         return problems
 
 
@@ -340,7 +345,7 @@ class Checkpoint(titan.Checkpoint):
             # TorchTitan converts only the model-only last save
             problems.append(f"checkpoint.export_dtype: {self.export_dtype!r} applies to the model-only last save; "
                             "with checkpoint.last_save_model_only = false it would be ignored")
-        return problems + self._load_problems()
+        return problems + self._load_problems() + self._fault_tolerance_problems()
 
     def _load_problems(self) -> list[str]:
         """What the run loads: TorchTitan fails on these only when training starts (after the build),
@@ -363,13 +368,31 @@ class Checkpoint(titan.Checkpoint):
             problems.append("checkpoint.create_seed_checkpoint: true writes nothing with checkpoint.load_only = true")
         if not self.enable:
             ignored = [("load_step", self.load_step != -1), ("initial_load_path", bool(self.initial_load_path)),
-                       ("exclude_from_loading", bool(self.exclude_from_loading))]
+                       ("exclude_from_loading", bool(self.exclude_from_loading)),
+                       ("initial_load_in_hf", self.initial_load_in_hf),
+                       ("initial_load_model_only", not self.initial_load_model_only)]
             problems += [f"checkpoint.{key}: set to {getattr(self, key)!r}, but checkpoint.enable = false loads "
                          "nothing (it would be ignored); set checkpoint.enable = true" for key, on in ignored if on]
             if self.create_seed_checkpoint:
                 problems.append("checkpoint.create_seed_checkpoint: true writes nothing with checkpoint.enable = false "
                                 "(the run would only log that it did); set checkpoint.enable = true")
+            # what a save would write: with enable = false TorchTitan's manager saves nothing
+            unwritten = [("last_save_in_hf", self.last_save_in_hf),
+                         ("enable_first_step_checkpoint", self.enable_first_step_checkpoint),
+                         ("export_dtype", self.export_dtype != "float32" and self.last_save_model_only)]
+            problems += [f"checkpoint.{key}: set to {getattr(self, key)!r}, but checkpoint.enable = false writes no "
+                         "checkpoint (it would be ignored); set checkpoint.enable = true, or keep the default "
+                         f"{getattr(titan.Checkpoint(), key)!r}" for key, on in unwritten if on]
         return problems
+
+    def _fault_tolerance_problems(self) -> list[str]:
+        """TorchTitan reads ``enable_ft_dataloader_checkpoints`` only with a TorchFT manager, which
+        Parallax-Titan's trainer never builds (``fault_tolerance.enable`` is refused)."""
+        if self.enable_ft_dataloader_checkpoints:
+            return []
+        return ["checkpoint.enable_ft_dataloader_checkpoints: False is never read by Parallax-Titan's trainer "
+                "(TorchTitan reads it with fault tolerance only, which the trainer never builds), so it would be "
+                "ignored; expected True"]
 
 
 # the states a trainer checkpoint holds (TorchTitan's CheckpointManager): what exclude_from_loading may name
