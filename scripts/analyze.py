@@ -24,6 +24,7 @@ from eval.checkpoint import load_job_config
 from parallax_titan.checkpoint_files import (CheckpointError, check_output_folder, has_checkpoint_files, saved_shapes,
                                              verify_before_load)
 from parallax_titan.config import ConfigError
+from parallax_titan.data import record_policy
 from parallax_titan.diagnostics import Diagnostics, collect
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
 from parallax_titan.diagnostics.report import load_checkpoint_model, report_owned, write_report
@@ -135,7 +136,7 @@ def main(argv) -> str:
         verify_before_load(checkpoint, option, "--no-verify", args.verify)
     tokenizer = build_tokenizer(job)
     name, path = resolve_dataset(job, config)
-    tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len)
+    tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len, record_policy(job))
     labels = args.labels
     runs, sources = {}, {}
     torch.manual_seed(0)

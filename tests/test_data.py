@@ -306,6 +306,22 @@ def test_every_validation_pass_starts_from_the_start(tok, infinite):
     assert len(a) == len(b) > 3 and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def test_a_validation_set_shorter_than_its_steps_is_named_once(tok, caplog):
+    """A finite validation set (pre-tokenized data ends; text data with steps = -1 does too) that
+    gives fewer than validation.steps batches was scored over fewer batches without a word."""
+    from parallax_titan.data.build import ValidationPasses
+
+    job = make_job("default_corpus_validation", seq_len=64, batch=4)
+    whole = len(list(build_validation_dataloader(1, 0, tok, job)))
+    job.validation.steps = whole + 7
+    passes = ValidationPasses(build_validation_dataloader(1, 0, tok, job), job.validation, 1)
+    with caplog.at_level(logging.WARNING):
+        assert len(list(passes)) == len(list(passes)) == whole
+    message = (f"validation.steps = {whole + 7}: the validation set gives {whole} batches of 1 data-parallel ranks x "
+               f"validation.local_batch_size 4; each pass scores those {whole}")
+    assert caplog.text.count(message) == 1
+
+
 def test_text_validation_pass_without_a_batch_is_named(tok, tmp_path):
     """A validation set shorter than one round gives no batch: a ValueError naming the keys, not
     TorchTitan's validator failing on an empty list."""

@@ -203,6 +203,25 @@ def test_bad_config_is_rejected(key, value):
     assert any(p.startswith(f"diagnostics.{key}: expected") and p.endswith(f"got {value}") for p in job.validate())
 
 
+def test_the_held_out_batch_is_read_under_the_jobs_bad_data_policy(tmp_path, tokenizer):
+    """The config check read a local held-out file under reliability.bad_data and
+    training.max_record_bytes, the runner under the defaults: a file with a bad line the config took
+    stopped the run when its batch was read (after the model was built)."""
+    texts = [f"document {i} " + "word " * 5 for i in range(12)]
+    path = tmp_path / "heldout.jsonl"
+    lines = [f'{{"content": "{t}"}}\n' for t in texts]
+    path.write_text(lines[0] + '{"content": 5}\n' + "".join(lines[1:]))  # the config check reads line 1
+    args = ["--job.config_file", "configs/test_cpu_2rank.toml", "--diagnostics.enable", "--diagnostics.dataset",
+            "local", "--diagnostics.dataset_path", str(path), "--diagnostics.batch_size", "2",
+            "--diagnostics.seq_len", "16", "--diagnostics.freq", "1"]
+    job = load_config([*args, "--reliability.bad_data", "skip"], check_data=False)
+    expected = [t for text in texts for t in tokenizer.encode(text, add_bos=True, add_eos=True)][:32]
+    assert DiagnosticsRunner.from_config(job, tokenizer).tokens.flatten().tolist() == expected
+    job = load_config(args, check_data=False)
+    with pytest.raises(ValueError, match=r"heldout\.jsonl, line 2: 'content' is 5"):
+        DiagnosticsRunner.from_config(job, tokenizer)
+
+
 def test_missing_dataset_is_rejected(tokenizer):
     job = load_config(["--job.config_file", "configs/test_cpu_2rank.toml"], check_data=False)
     job.diagnostics = Diagnostics(enable=True, dataset="nope")

@@ -14,7 +14,7 @@ docs/data.md describes the formats and guarantees.
 
 from parallax_titan.data.build import (
     DATASET_NAMES, PRETOKENIZED, build_dataloader, build_validation_dataloader, build_validator,
-    check_dataset_config, document_boundaries_from_starts,
+    check_dataset_config, document_boundaries_from_starts, record_policy,
 )
 from parallax_titan.data.pretokenized import DOCUMENT_STARTS, PretokenizedLoader
 from parallax_titan.data.records import BadRecords, resolve_data_files
@@ -26,5 +26,5 @@ __all__ = [
     "BadRecords", "CORPUS_DIR", "DATASET_NAMES", "DOCUMENT_STARTS", "GlobalOrderTextDataset", "PRETOKENIZED",
     "PretokenizedLoader", "build_dataloader", "build_validation_dataloader", "build_validator",
     "check_dataset_config", "document_boundaries_from_starts", "load_embedded", "load_local", "load_ultrafineweb",
-    "rank_keeps_sequence", "resolve_data_files",
+    "rank_keeps_sequence", "record_policy", "resolve_data_files",
 ]

@@ -39,6 +39,12 @@ def _max_bytes(job_config) -> int:
     return getattr(job_config.training, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)
 
 
+def record_policy(job_config) -> tuple[bool, int]:
+    """How a job reads text records: (skip bad ones, ``reliability.bad_data = "skip"``; the longest
+    JSONL line, ``training.max_record_bytes``)."""
+    return _skip_bad(job_config), _max_bytes(job_config)
+
+
 def source_entries(cfg, section: str) -> list[tuple[str, str, float]]:
     """(name, path, weight or token budget) of each pre-tokenized source of a section:
     ``[[training.sources]]`` when given, else ``dataset_path`` with weight 1."""
@@ -332,20 +338,28 @@ class ValidationPasses:
     fail on an empty list, and with ``validation.steps = N`` each pass would score the next N
     batches, so the losses of two steps would come from different data. A pass that gives no batch
     (a set shorter than one round of ranks x ``validation.local_batch_size``) raises ValueError
-    naming the keys.
+    naming the keys. A finite set (pre-tokenized, or ``validation.steps = -1``) that ends before
+    ``validation.steps`` batches is scored whole, with a warning the first time: the loss is over
+    fewer batches than the config asks for.
     """
 
     def __init__(self, loader, section, dp_world_size: int):
         self.loader, self.section, self.dp_world_size = loader, section, dp_world_size
         self.start = copy.deepcopy(loader.state_dict())
+        self.warned = False
 
     def __iter__(self):
         self.loader.load_state_dict(copy.deepcopy(self.start))
-        empty = True
+        count = 0
         for batch in self.loader:
-            empty = False
+            count += 1
             yield batch
-        if empty:
+        if count and count < self.section.steps and not self.warned:
+            self.warned = True
+            logger.warning(f"validation.steps = {self.section.steps}: the validation set gives {count} batches of "
+                           f"{self.dp_world_size} data-parallel ranks x validation.local_batch_size "
+                           f"{self.section.local_batch_size}; each pass scores those {count}")
+        if not count:
             raise ValueError(f"validation.dataset = {self.section.dataset!r}: a validation pass gave no batch, its "
                              f"documents fill fewer than one round of {self.dp_world_size} data-parallel ranks x "
                              f"validation.local_batch_size {self.section.local_batch_size} sequences of "

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
-import parallax_titan.data  # noqa: F401  (registers our datasets with TorchTitan)
 from torchtitan.hf_datasets.text_datasets import DATASETS
+
+from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES
+from parallax_titan.data.text import load_text  # importing it registers our datasets with TorchTitan
 
 DEFAULT_DATASET = "default_corpus_validation"
 
@@ -24,13 +26,16 @@ def resolve_dataset(job_config, config) -> tuple[str, str]:
     return name.lower(), path or DATASETS[name.lower()].path
 
 
-def heldout_tokens(name: str, path: str, tokenizer, batch_size: int, seq_len: int) -> torch.Tensor:
+def heldout_tokens(name: str, path: str, tokenizer, batch_size: int, seq_len: int,
+                   policy: tuple[bool, int] = (False, DEFAULT_MAX_RECORD_BYTES)) -> torch.Tensor:
     """The first ``batch_size * seq_len`` tokens of the dataset's documents, each encoded as
-    tokens + eos (the training convention), as a (batch_size, seq_len) int64 tensor."""
+    tokens + eos (the training convention), as a (batch_size, seq_len) int64 tensor. ``policy``:
+    (skip bad records, longest JSONL line), the job's (``parallax_titan.data.record_policy``), which
+    the config check read the files under."""
     spec = DATASETS[name]
     needed = batch_size * seq_len
     tokens: list[int] = []
-    for sample in spec.loader(path):
+    for sample in load_text(name, path, *policy):
         tokens.extend(tokenizer.encode(spec.sample_processor(sample), add_bos=True, add_eos=True))
         if len(tokens) >= needed:
             return torch.tensor(tokens[:needed], dtype=torch.long).view(batch_size, seq_len)

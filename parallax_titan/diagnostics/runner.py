@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torchtitan.tools.logging import logger
 
+from parallax_titan.data import record_policy
 from parallax_titan.diagnostics.attention import causal_document_mask, layer_statistics
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
 from parallax_titan.diagnostics.capture import attention_hooks, gate_openings, project_qrkv
@@ -141,7 +142,8 @@ class DiagnosticsRunner:
             return cls(config, None, tokenizer)
         name, path = resolve_dataset(job_config, config)
         seq_len = config.seq_len or job_config.training.seq_len
-        return cls(config, heldout_tokens(name, path, tokenizer, config.batch_size, seq_len), tokenizer)
+        tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len, record_policy(job_config))
+        return cls(config, tokens, tokenizer)
 
     def should_run(self, step: int) -> bool:
         return self.config.enable and step % self.config.freq == 0
