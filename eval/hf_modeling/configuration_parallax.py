@@ -18,7 +18,9 @@ class ParallaxQwen3Config(PretrainedConfig):
 
     Raises ValueError naming the field for what the modeling code would not compute: an unknown
     ``parallax`` key, a block-causal model without one ``eos_token_id``, a RoPE scaling
-    (``rope_scaling`` / ``rope_parameters`` of a type other than "default"), silu or biases."""
+    (``rope_scaling`` / ``rope_parameters`` of a type other than "default"), a sliding window or
+    attention chunks (``sliding_window``, ``use_sliding_window``, ``attention_chunk_size``,
+    ``layer_types``), an activation other than silu, biases."""
 
     model_type = "parallax_qwen3"
     keys_to_ignore_at_inference = ["past_key_values", "cache"]
@@ -50,6 +52,21 @@ class ParallaxQwen3Config(PretrainedConfig):
             if isinstance(rope, dict) and rope.get("rope_theta", rope_theta) != rope_theta:
                 raise ValueError(f"{key}: rope_theta = {rope['rope_theta']!r} disagrees with rope_theta = "
                                  f"{rope_theta!r}")
+        # transformers builds generate's cache from these (a "sliding_attention" or chunked layer keeps
+        # only the last sliding_window keys), while this model attends to the whole causal prefix
+        windows = {key: kwargs[key] for key in ("sliding_window", "attention_chunk_size")
+                   if kwargs.get(key) is not None}
+        if kwargs.get("use_sliding_window"):
+            windows["use_sliding_window"] = kwargs["use_sliding_window"]
+        layer_types = kwargs.get("layer_types")
+        if layer_types is not None and (not isinstance(layer_types, (list, tuple))
+                                        or any(kind != "full_attention" for kind in layer_types)):
+            windows["layer_types"] = layer_types
+        if windows:
+            key, value = next(iter(windows.items()))
+            raise ValueError(f"{key}: {value!r}; Parallax-Qwen3 attends to the whole causal prefix (expected "
+                             "sliding_window and attention_chunk_size null, use_sliding_window false, layer_types "
+                             "'full_attention' only)")
         if hidden_act != "silu" or attention_bias:
             raise ValueError(f"hidden_act / attention_bias: Parallax-Qwen3 uses silu without biases, got "
                              f"{hidden_act!r} / {attention_bias!r}")

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_parallax import ParallaxQwen3Config
 
@@ -116,8 +116,9 @@ class ParallaxQwen3Attention(nn.Module):
         self.r_gate = nn.Linear(dim, gate_out, bias=False) if gate_out else None
 
     def forward(self, x, cos, sin, allowed, cache, plain: bool):
-        """x (B, T, dim) -> (B, T, dim). ``plain``: the mask is causal over the whole cache (no
-        padding, no document boundaries), so the fused kernels may run."""
+        """x (B, T, dim) -> (B, T, dim); allowed (B, 1, T, kv_len) over the cache's filled slots.
+        ``plain``: the mask is causal over the whole cache (no padding, no document boundaries), so
+        the fused kernels may run."""
         bs, seqlen, _ = x.shape
         shape = (bs, seqlen, -1, self.head_dim)
         q = self.q_norm(self.q_proj(x).view(shape)).transpose(1, 2)
@@ -131,7 +132,10 @@ class ParallaxQwen3Attention(nn.Module):
         if self.rho_rope:
             r = apply_rope(r, cos, sin)
         if cache is not None:
+            # a static cache returns all its slots, those past the filled ones zero: none is a key
+            kv_len = allowed.shape[-1]
             k, v = cache.update(k, v, self.layer_idx)
+            k, v = k[:, :, :kv_len], v[:, :, :kv_len]
         out = self._attend(q, r, k, v, allowed, plain, past=k.shape[2] - seqlen)
         return self.o_proj(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
@@ -178,6 +182,25 @@ class ParallaxQwen3PreTrainedModel(PreTrainedModel):
     _no_split_modules = ["ParallaxQwen3DecoderLayer"]
     supports_gradient_checkpointing = False
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' ``from_pretrained``; raises ValueError naming the weights that the folder
+        lacks, that the model has no place for, or (with ``ignore_mismatched_sizes``) of another
+        shape. transformers would initialise the first and last at random and drop the others with a
+        warning: a config.json edited to another ``parallax.gate``, layer count or
+        ``tie_word_embeddings`` than the weights' would load and compute something else."""
+        with_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        kinds = {"missing_keys": "missing weights", "unexpected_keys": "unexpected weights",
+                 "mismatched_keys": "weights of another shape"}
+        problems = [f"{kind} {sorted(map(str, info[key]))[:4]} ({len(info[key])} in all)"
+                    for key, kind in kinds.items() if info.get(key)]
+        if problems:
+            raise ValueError(f"{'; '.join(problems)}: the weights do not fit config.json (its parallax.gate, "
+                             "num_hidden_layers or tie_word_embeddings edited?); Parallax-Qwen3 loads a checkpoint "
+                             "whole")
+        return (model, info) if with_info else model
+
 
 def attention_allowed(batch, q_len, past, mask_2d, doc_start, device):
     """(B, 1, Tq, Tk) bool: key j visible to query i (cache index past + i): causal, not padding
@@ -194,14 +217,26 @@ def attention_allowed(batch, q_len, past, mask_2d, doc_start, device):
 
 
 def document_starts(input_ids, eos_id: int, past: int, start):
-    """Block-causal documents: the cache index where each query's document starts (B, Tq), and the
-    start for the next token (B,). A document ends after each ``eos_id``; ``start`` (B,) is that of
-    the tokens before these."""
+    """Block-causal documents: the cache index where each query's document starts (B, Tq), and
+    where the document of a token after each one starts (B, Tq). A document ends after each
+    ``eos_id``; ``start`` (B,) is that of the first of these tokens."""
     index = past + torch.arange(input_ids.shape[1], device=input_ids.device)
     after_eos = torch.where(input_ids == eos_id, index + 1, torch.zeros_like(index))
     previous = torch.cat([start[:, None], after_eos[:, :-1]], dim=1)
     starts = torch.cummax(torch.maximum(previous, start[:, None]), dim=1).values
-    return starts, torch.maximum(starts[:, -1], after_eos[:, -1])
+    return starts, torch.maximum(starts, after_eos)
+
+
+def packed_starts(position_ids):
+    """Index (B, T) where each token's sequence starts in a packed row: a new sequence wherever the
+    position does not follow the previous one by 1 (transformers' reading of ``position_ids``
+    without an attention mask or cache, e.g. padding-free fine-tuning), or None for one sequence."""
+    previous = torch.cat([position_ids[:, :1] - 1, position_ids[:, :-1]], dim=1)
+    index = torch.arange(position_ids.shape[1], device=position_ids.device).expand_as(position_ids)
+    new = position_ids - previous != 1
+    if not bool(new[:, 1:].any()):
+        return None
+    return torch.cummax(torch.where(new, index, torch.zeros_like(index)), dim=1).values
 
 
 class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
@@ -220,43 +255,75 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
+                output_hidden_states=False):
+        """Hidden states after the final norm, ``last_hidden_state`` (B, T, hidden_size), and with
+        ``output_hidden_states`` ``hidden_states``: the embeddings, then each layer's output, the last
+        one after the final norm (n_layers + 1 of them, as transformers' models give them).
+
+        position_ids (B, T) default to the tokens' positions after the cache's, counting only the
+        tokens of a 2-D ``attention_mask`` (1 = token), so that a left-padded row starts at 0.
+        Raises ValueError for a position at or past ``max_position_embeddings`` (the positions the
+        model was built for: Parallax-Titan's RoPE table holds no more)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("input_ids / inputs_embeds: pass exactly one of them")
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         bs, q_len = h.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
+        past = int(cache.get_seq_length()) if cache is not None else 0  # a static cache's is a tensor
         mask_2d, mask_4d = _split_mask(attention_mask, past + q_len)
+        packed, given = None, position_ids is not None
         if position_ids is None:
             if mask_2d is None:
                 position_ids = (past + torch.arange(q_len, device=h.device))[None].expand(bs, -1)
             else:  # left padding: every sequence starts at position 0
                 position_ids = (mask_2d.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
+        elif attention_mask is None and cache is None:
+            packed = packed_starts(position_ids.expand(bs, -1))
+        limit = self.config.max_position_embeddings  # positions made here are below past + q_len: no sync
+        if q_len and (given or past + q_len > limit) and int(position_ids.max()) >= limit:
+            raise ValueError(f"position_ids: position {int(position_ids.max())} is past max_position_embeddings = "
+                             f"{limit}, the positions the model was built for; pass at most that many tokens")
         doc_start = self._document_starts(input_ids, cache, past, bs)
+        if packed is not None:
+            doc_start = packed if doc_start is None else torch.maximum(doc_start, packed)
         plain = mask_4d is None and (mask_2d is None or bool(mask_2d.all()))
         plain = plain and (doc_start is None or not bool(doc_start.any()))
         allowed = mask_4d
         if allowed is None:
             allowed = attention_allowed(bs, q_len, past, mask_2d, doc_start, h.device)
-        elif doc_start is not None:  # a static cache's mask (all its slots): documents on top
-            slots = torch.arange(allowed.shape[-1], device=h.device)
-            allowed = allowed & (slots[None, None, :] >= doc_start[:, :, None])[:, None]
+        else:  # a static cache's mask (all its slots): its filled ones, documents on top
+            allowed = allowed[..., : past + q_len]
+            if doc_start is not None:
+                slots = torch.arange(allowed.shape[-1], device=h.device)
+                allowed = allowed & (slots[None, None, :] >= doc_start[:, :, None])[:, None]
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        hidden = [h] if output_hidden_states else None
         for layer in self.layers:
             h = layer(h, cos, sin, allowed, cache, plain)
-        return self.norm(h)
+            if hidden is not None:
+                hidden.append(h)
+        h = self.norm(h)
+        if hidden is not None:
+            hidden[-1] = h
+        return BaseModelOutputWithPast(last_hidden_state=h, hidden_states=tuple(hidden) if hidden else None)
 
     def _document_starts(self, input_ids, cache, past, bs):
+        """Block-causal documents: where each query's document starts (B, T), or None. The cache
+        keeps, per filled slot, the start for a token after it (``parallax_document_starts`` (B,
+        past)), so that a cache cut back (``crop``, as assisted generation does) is read at its end."""
         if self.config.parallax["attn_mask_type"] != "block_causal":
             return None
         if input_ids is None:
             raise ValueError("inputs_embeds: block-causal documents are found from input_ids (eos_token_id); "
                              "pass input_ids")
-        start = getattr(cache, "parallax_document_start", None) if past else None
-        start = torch.zeros(bs, dtype=torch.long, device=input_ids.device) if start is None else start
+        kept = getattr(cache, "parallax_document_starts", None)
+        if kept is None or kept.shape[1] < past:  # a cache filled elsewhere: one document from slot 0
+            kept = torch.zeros(bs, past, dtype=torch.long, device=input_ids.device)
+        kept = kept[:, :past]
+        start = kept[:, -1] if past else torch.zeros(bs, dtype=torch.long, device=input_ids.device)
         starts, following = document_starts(input_ids, self.config.eos_token_id, past, start)
         if cache is not None:
-            cache.parallax_document_start = following
+            cache.parallax_document_starts = torch.cat([kept, following], dim=1)
         return starts
 
 
@@ -300,20 +367,56 @@ class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
         self.lm_head = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, cache=None, **kwargs):
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, cache=None,
+                output_hidden_states=None, output_attentions=None, return_dict=None, num_items_in_batch=None,
+                shift_labels=None, **kwargs):
         """Logits (B, T, vocab) (the last ``logits_to_keep`` positions when > 0); the cache is
-        transformers' (``cache`` or ``past_key_values``, created when ``use_cache``)."""
+        transformers' (``cache`` or ``past_key_values``, created when ``use_cache``; a legacy tuple
+        of (key, value) per layer is read into a ``DynamicCache``).
+
+        loss (with ``labels`` (B, T), or ``shift_labels`` already shifted): cross-entropy of the
+        logit at i against the label at i + 1, -100 ignored; the mean over the labelled tokens, or
+        their sum over ``num_items_in_batch`` when given (transformers' Trainer passes it).
+        ``output_hidden_states``, ``return_dict`` (default: the config's) as transformers' models;
+        ``output_attentions`` is refused: no attention weights give Parallax's output alone."""
+        if output_attentions if output_attentions is not None else getattr(self.config, "output_attentions", False):
+            raise ValueError("output_attentions: Parallax attention's output is sum_j p_ij (1 - t_ij + tbar_i) v_j, "
+                             "which no attention-weight matrix gives; call without output_attentions")
+        if output_hidden_states is None:
+            output_hidden_states = getattr(self.config, "output_hidden_states", False)
+        if not isinstance(output_hidden_states, bool):  # transformers 5 also takes layer indices
+            raise ValueError(f"output_hidden_states: expected true or false, got {output_hidden_states!r}")
         cache = cache if cache is not None else past_key_values
+        if isinstance(cache, (tuple, list)):
+            cache = _legacy_cache(cache)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and cache is None:
             cache = DynamicCache()
-        h = self.model(input_ids, attention_mask, position_ids, inputs_embeds, cache if use_cache else None)
+        out = self.model(input_ids, attention_mask, position_ids, inputs_embeds, cache if use_cache else None,
+                         output_hidden_states)
+        h = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             h = h[:, -logits_to_keep:] if logits_to_keep > 0 else h
         else:
             h = h[:, logits_to_keep]
         logits = self.lm_head(h)
         loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache if use_cache else None})
+        if labels is not None or shift_labels is not None:
+            if shift_labels is None:  # the label after each position; none after the last
+                shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
+            wide = torch.promote_types(logits.dtype, torch.float32)  # bf16 up to fp32; fp64 stays fp64
+            loss = F.cross_entropy(logits.flatten(0, 1).to(wide), shift_labels.flatten().to(logits.device),
+                                   ignore_index=-100, reduction="mean" if num_items_in_batch is None else "sum")
+            if num_items_in_batch is not None:
+                loss = loss / num_items_in_batch
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        **{CACHE_FIELD: cache if use_cache else None})
+        return_dict = getattr(self.config, "return_dict", True) if return_dict is None else return_dict
+        return output if return_dict else output.to_tuple()
+
+
+def _legacy_cache(cache):
+    """transformers' older cache format, a (key, value) pair per layer, as a ``DynamicCache``."""
+    if hasattr(DynamicCache, "from_legacy_cache"):  # transformers 4
+        return DynamicCache.from_legacy_cache(tuple(cache))
+    return DynamicCache(tuple(cache))
