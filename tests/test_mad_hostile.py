@@ -188,3 +188,14 @@ def test_runs_file_line_is_a_record(tmp_path):
         path.write_text(json.dumps(record) + "\n" + json.dumps(bad) + "\n")
         with pytest.raises(ValueError, match=r"line 2 = .*: expected a run record"):
             load_runs(str(path))
+
+
+def test_an_int_for_a_float_key_is_the_same_config(tmp_path):
+    """TOML's `grad_clip = 1` and `grad_clip = 1.0` are one setting; the config id hashed them apart,
+    so a rerun of the same grid with either spelling refused the other's runs."""
+    from eval.mad.grid import config_id
+
+    one = load_config(_config(tmp_path, TINY.replace("precision", "grad_clip = 1\nmin_lr = 0\nprecision"), "a.toml"))
+    other = load_config(_config(tmp_path, TINY.replace("precision", "grad_clip = 1.0\nmin_lr = 0.0\nprecision"),
+                                "b.toml"))
+    assert config_id(one) == config_id(other)

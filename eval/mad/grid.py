@@ -174,13 +174,20 @@ class RunConfig:
 
 def config_id(cfg: RunConfig) -> str:
     """Short hash of what decides a run's result besides (setting, mixer, lr, wd)."""
-    settings = {"train": dataclasses.asdict(cfg.train), "model": dataclasses.asdict(cfg.model),
+    settings = {"train": _floats_as_floats(cfg.train), "model": _floats_as_floats(cfg.model),
                 "data": cfg.data, "seed": cfg.seed}
     for key in ("lrs", "weight_decays"):  # the sweep lists pick runs; they do not change one
         settings["train"].pop(key)
     for key in ("compile", "checkpoint_seconds"):  # how a run executes, not what it computes
         settings["train"].pop(key)
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _floats_as_floats(section) -> dict:
+    """A config section as a dict, TOML's ``1`` for a float key as ``1.0`` (one setting, one id)."""
+    hints = typing.get_type_hints(type(section))
+    return {key: float(value) if hints[key] is float and type(value) is int else value
+            for key, value in dataclasses.asdict(section).items()}
 
 
 def check_config_id(records: list[dict], cfg: RunConfig, path: str) -> None:
