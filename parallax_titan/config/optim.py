@@ -320,12 +320,21 @@ class LRScheduler(titan.LRScheduler):
             problems.append(f"lr_scheduler.min_lr_factor: expected a float in [0, 1], got {self.min_lr_factor!r}")
         return problems
 
+    def _schedule_steps(self, training_steps: int) -> int | None:
+        """The steps the schedule spans (``total_steps``, else ``training_steps``), or None when the
+        section is not valid on its own (``validate`` reports it) or they are not a positive int (the
+        section that gives them reports it)."""
+        total = self.total_steps if self.total_steps is not None else training_steps
+        if self.validate() or not _is_int(total) or total < 1:
+            return None
+        return total
+
     def stage_problems(self, training_steps: int) -> list[str]:
         """Warmup or decay stages that do not fit the run's ``training_steps`` (or ``total_steps``):
         TorchTitan would shorten them with a log warning, so the run's schedule would not be the one
         its config gives. A section that is not valid on its own is reported by ``validate``."""
-        total = self.total_steps if self.total_steps is not None else training_steps
-        if self.validate() or not _is_int(total) or total < 1:
+        total = self._schedule_steps(training_steps)
+        if total is None:
             return []
         key = "lr_scheduler.total_steps" if self.total_steps is not None else "training.steps"
         if self.warmup_steps > total:
@@ -347,11 +356,9 @@ class LRScheduler(titan.LRScheduler):
         has no decay to anneal. A section that is not valid on its own is reported by ``validate``, stages
         that do not fit the run by ``stage_problems``."""
         gamma = self.wd_anneal_gamma
-        if not (finite_at_least(gamma, 0) and gamma > 0) or self.validate() or self.stage_problems(training_steps):
+        total = self._schedule_steps(training_steps)
+        if not (finite_at_least(gamma, 0) and gamma > 0) or total is None or self.stage_problems(training_steps):
             return []
-        total = self.total_steps if self.total_steps is not None else training_steps
-        if not _is_int(total) or total < 1:
-            return []  # reported by [training] (or TorchTitan's lr_scheduler.total_steps)
         if titan_decay_steps(total, self.warmup_steps, self.decay_ratio) == 0:
             return [f"lr_scheduler.wd_anneal_gamma: {gamma!r} anneals the decay over the lr decay stage, which has "
                     f"0 of {total} steps (lr_scheduler.warmup_steps = {self.warmup_steps}, lr_scheduler.decay_ratio = "
@@ -370,11 +377,9 @@ class LRScheduler(titan.LRScheduler):
         reported by ``validate`` and ``stage_problems``."""
         defaults = titan.LRScheduler()
         changed = [key for key in ("decay_type", "min_lr_factor") if getattr(self, key) != getattr(defaults, key)]
-        if not changed or self.validate() or self.stage_problems(training_steps):
+        total = self._schedule_steps(training_steps)
+        if not changed or total is None or self.stage_problems(training_steps):
             return []
-        total = self.total_steps if self.total_steps is not None else training_steps
-        if not _is_int(total) or total < 1:
-            return []  # reported by [training] (or TorchTitan's lr_scheduler.total_steps)
         decay = titan_decay_steps(total, self.warmup_steps, self.decay_ratio)
         if decay > 1:
             return []
