@@ -309,8 +309,8 @@ def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job
     on the number of ranks, as the pre-tokenized validation split's do not."""
     validation = job_config.validation
     check_dataset_config(validation, "validation", _skip_bad(job_config), max_bytes=_max_bytes(job_config))
-    overlap = training_overlap(job_config)
-    if overlap and dp_rank == 0:
+    overlap = training_overlap(job_config) if dp_rank == 0 else None  # one warning, one pass over the files
+    if overlap:
         logger.warning(overlap)
     if validation.dataset.lower() == PRETOKENIZED:
         return build_pretokenized_loader(job_config, "validation", dp_world_size, dp_rank)
