@@ -90,8 +90,8 @@ def test_heads_must_split_the_width_into_even_heads(tmp_path, heads):
 
 @pytest.mark.parametrize("option, value, message", [
     ("--backend", "foo", None),  # ran attention, which ignores it, as if it had been given
-    ("--device", "foo", r"--device = 'foo': expected cpu, cuda or cuda:<index>"),
-    ("--device", "cuda:7", r"--device = 'cuda:7': this machine has \d+ CUDA device"),
+    ("--device", "foo", r"--device: got 'foo'; expected 'cpu', 'cuda' or 'cuda:N'"),
+    ("--device", "cuda:7", r"--device: got 'cuda:7', but this machine has \d+ CUDA device"),
     ("--settings", ",", r"--settings = ',': expected label fragments"),
 ])
 def test_bad_options_stop_before_any_run(tmp_path, monkeypatch, option, value, message):

@@ -149,22 +149,6 @@ def _check_running(args) -> None:
         raise ValueError(f"--deadline = {args.deadline}: expected a number of seconds > 0")
 
 
-def _check_device(device: str) -> None:
-    """SystemExit naming --device when it is not cpu or a CUDA device of this machine: every job
-    would fail on it (logged one by one in worker processes)."""
-    import torch
-
-    try:
-        kind = torch.device(device)
-    except RuntimeError:
-        kind = None
-    if kind is None or kind.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device = {device!r}: expected cpu, cuda or cuda:<index>")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if kind.type == "cuda" and (kind.index or 0) >= count:
-        raise SystemExit(f"--device = {device!r}: this machine has {count} CUDA device(s); expected cpu or one of them")
-
-
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:  # a bad config or option stops here, before any run, with the key named
@@ -183,10 +167,14 @@ def main(argv=None) -> int:
     if not args.report_only:
         import torch
 
+        from eval.checkpoint import resolve_device
         from eval.mad.runner import JobsFailed, run_grid
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        _check_device(device)
+        try:  # every job would fail on a device this machine lacks (logged one by one by the workers)
+            resolve_device(device, "--device")
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
         on_fla = [m for m in mixers if MIXERS[m][0] in FLA_MIXERS]
         if on_fla and not device.startswith("cuda"):
             raise SystemExit(f"mixers {on_fla} run fla's Triton kernels, which need CUDA; got device {device!r}")
