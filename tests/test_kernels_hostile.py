@@ -1,13 +1,19 @@
 """Hostile arguments to the kernels' public functions: each is refused by name before any work, or,
 where it is valid, computes what the fp64 formula gives.
 
-CPU (one test needs CUDA). The decode kernel runs under TRITON_INTERPRET=1 in one child process
-(``tests._interpret.run_interpreted``): a strided cache_seqlens and caches whose offsets pass 2^31
-elements, against fp64, and an ``out`` expanded over the heads.
+CPU (the ``gpu`` tests need CUDA, one of them two devices). The Triton kernels run under
+TRITON_INTERPRET=1 in one child process (``tests._interpret.run_interpreted``): a strided
+cache_seqlens, caches whose offsets pass 2^31 elements, and q, r, out and Affine LA inputs whose
+head offsets do, against fp64; an ``out`` expanded over the heads; launches over more than 65535
+(batch x heads) and the symmetric product's batch split into launches, their grids recorded; the
+64-bit offset variants forced on small inputs, bit for bit against the 32-bit ones. In this process:
+the launch grids at such sizes, the device guard every launcher enters, and which calls take the
+64-bit offsets (tensors on the meta device: no memory).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -15,10 +21,12 @@ import torch
 
 from kernels import (AffineState, DecodePlan, affine_mesanet, exact_lla, exact_lla_cost, parallax_attention,
                      parallax_decode, rolling_cache_write)
+from kernels import launcher
 from kernels.gram import naive as gram_naive
 from tests._interpret import rel_err, run_interpreted
 
 HUGE = 10 ** 400  # a Python int beyond the float range: math.isfinite raises OverflowError on it
+MANY = 65537  # batch x heads past CUDA's limit on a grid's second and third dims (65535)
 
 
 def _decode_inputs(batch=2, length=9, hq=4, hkv=2, dim=16, seed=0):
@@ -164,11 +172,384 @@ def test_affine_state_with_kk_must_be_a_bool(build, flag):
         build(flag)
 
 
-# ---------------------------------------------------------------- decode kernel, interpreted
+# ---------------------------------------------------------------- launch grids past 65535
+def _within_cuda_limits(grid):
+    return 1 <= len(grid) <= 3 and all(1 <= n <= most for n, most in zip(grid, launcher.MAX_GRID))
+
+
+def _attention_grids():
+    from kernels.parallax.fused import tile_grid
+
+    return [tile_grid(MANY * 16, 16, 8)], MANY * 8  # B 65537 x L 16, 8 heads, 16-token tiles
+
+
+def _decode_grids():
+    from kernels.parallax.decode_fused import launch_grids
+
+    return launch_grids(MANY * 8, 64, 4, 256, 32), MANY * 8 * 64 + MANY * 32 * 8
+
+
+def _affine_grids():
+    from kernels.family.affine_la_fused import scan_grid
+
+    return [scan_grid(MANY, 4, 128, 64)], MANY * 4 * 2
+
+
+def _gram_grids():
+    from kernels.gram.fused import _tiles, launch_grids
+
+    launches = launch_grids(200, 3 * MANY, 64)
+    starts = [rows.start for rows, _ in launches]
+    assert starts == sorted(starts) and all(rows.stop - rows.start == grid[1] for rows, grid in launches)
+    return [grid for _, grid in launches], _tiles(200, 64) * 3 * MANY
+
+
+@pytest.mark.parametrize("grids", [_attention_grids, _decode_grids, _affine_grids, _gram_grids])
+def test_launch_grids_past_65535_batch_heads_fit_cuda(grids):
+    """Each launcher's grids at batch x heads > 65535: every dim within CUDA's limits, and one program
+    per unit of work in all (the decode kernel had its groups, the Affine LA scans and the symmetric
+    product their batch entries on the second dim, which stops at 65535)."""
+    grids, programs = grids()
+    assert all(_within_cuda_limits(grid) for grid in grids), grids
+    assert sum(math.prod(grid) for grid in grids) == programs
+
+
+@pytest.mark.parametrize("splits", [None, 4])
+def test_decode_plan_past_65535_groups_fits_cuda(monkeypatch, splits):
+    """A plan's own grids (split kernel and merge) at 65537 (batch x kv head) groups."""
+    from kernels.parallax.decode_fused import TritonDecodePlan
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU plan: built, never launched
+    plan = TritonDecodePlan(MANY, 1, 1, 16, 64, torch.float32, "cpu", scale=0.25, block_n=16, num_splits=splits)
+    assert plan.num_splits == (splits or 1)
+    assert _within_cuda_limits(plan._grid) and math.prod(plan._grid) == MANY * plan.num_splits
+    assert _within_cuda_limits(plan._merge_grid) and math.prod(plan._merge_grid) == MANY * 16 // plan.merge_block_d
+
+
+# ---------------------------------------------------------------- the device a launch runs on
+def test_launches_switch_to_a_cuda_device_that_is_not_the_current_one(monkeypatch):
+    """Triton launches on the current device's stream: inputs on cuda:1 while cuda:0 is current are
+    launched under torch.cuda.device(cuda:1); the current device and the CPU enter nothing (and the
+    CPU never asks CUDA for its current device)."""
+    entered = []
+
+    class Switch:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "device", Switch)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for device in ("cuda:1", "cuda:0", "cuda"):
+        with launcher.on_device(torch.device(device)):
+            pass
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: pytest.fail("the CPU asked for a CUDA device"))
+    with launcher.on_device(torch.device("cpu")):
+        pass
+    assert entered == [torch.device("cuda:1")]
+
+
+class _Guarded(Exception):
+    """Raised by a stand-in for ``launcher.on_device``: a launcher asked for it, with this device."""
+
+
+def _attention_call(backward):
+    from kernels.parallax import fused
+
+    q, r, k, v = (torch.randn(1, 4, 2, 16) for _ in range(4))
+    if not backward:
+        return lambda: fused.forward(q, r, k, v, 0.25)
+    stats = torch.zeros(2, 4)
+    return lambda: fused.backward(q, q, r, k, v, q, q, stats, stats, 0.25)
+
+
+def _decode_call():
+    from kernels.parallax.decode_fused import TritonDecodePlan
+
+    q, r, k, v = _decode_inputs()
+    return lambda: TritonDecodePlan(2, 4, 2, 16, 9, torch.float32, "cpu", scale=0.25)(q, r, k, v)
+
+
+def _affine_call(backward):
+    from kernels.family import affine_la_fused
+
+    r, k, v = _family_inputs()
+    r, k, v = (torch.cat([x, x], -1) for x in (r, k, v))  # head dim 16
+    if not backward:
+        return lambda: affine_la_fused.forward(r, k, v, True)
+    return lambda: affine_la_fused.backward(r, r, k, v, torch.zeros(1, 4, 5), True)
+
+
+def _projection_call(backward):
+    from kernels.projection import fused
+
+    y, weights, angles = torch.randn(1, 3, 6 * 16), [torch.ones(16)] * 3, torch.zeros(3, 16)
+    if not backward:
+        return lambda: fused.forward(y, 2, 1, weights, 1e-6, angles, True)
+    grads = [torch.zeros(1, 3, heads, 16) for heads in (2, 1, 1, 2)]
+    return lambda: fused.backward(grads, y, 2, 1, weights, 1e-6, angles, True)
+
+
+def _gram_call():
+    from kernels.gram.fused import symmetric_product
+
+    return lambda: symmetric_product(torch.ones(2, 8, 4))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: _attention_call(False), lambda: _attention_call(True), _decode_call, lambda: _affine_call(False),
+    lambda: _affine_call(True), lambda: _projection_call(False), lambda: _projection_call(True), _gram_call,
+], ids=["attention_fwd", "attention_bwd", "decode_plan", "affine_fwd", "affine_bwd", "projection_fwd",
+        "projection_bwd", "symmetric_product"])
+def test_every_launcher_launches_on_its_inputs_device(monkeypatch, call):
+    """Every function that launches Triton kernels asks ``launcher.on_device`` for its inputs' device
+    before the first launch (here a stand-in that stops it there, so nothing launches on the CPU)."""
+    def guard(device):
+        raise _Guarded(device)
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the decode plan's device check
+    monkeypatch.setattr("kernels.gram.fused.INTERPRET", True)  # the symmetric product's
+    monkeypatch.setattr(launcher, "on_device", guard)
+    with pytest.raises(_Guarded) as raised:
+        call()()
+    assert raised.value.args == (torch.device("cpu"),)
+
+
+# ---------------------------------------------------------------- 64-bit offsets: which calls take them
+def _meta_view(shape, strides, dtype=torch.float16):
+    """A view of ``shape`` and ``strides`` into a meta buffer just large enough: sizes of any reach,
+    no memory."""
+    size = 1 + sum((n - 1) * st for n, st in zip(shape, strides))
+    return torch.empty(size, dtype=dtype, device="meta").as_strided(shape, strides)
+
+
+def _heads_apart(apart=None, tokens=1, heads=3, dim=16):
+    """(1, tokens, heads, dim), each head's tokens contiguous, the heads ``apart`` elements apart (by
+    default tokens * dim: no gaps)."""
+    return _meta_view((1, tokens, heads, dim), (tokens * heads * dim, dim, apart or tokens * dim, 1))
+
+
+def test_wide_offsets_from_2_to_the_31_elements():
+    assert not launcher.wide_offsets(2 ** 31 - 1, 7)
+    assert launcher.wide_offsets(7, 2 ** 31)
+
+
+WIDE_HEADS, NARROW_HEADS = 2 ** 30, 2 ** 29  # times 3 heads: past 2^31 elements, and not
+
+
+@pytest.mark.parametrize("name, apart, want", [
+    ("none", None, (False, False)), ("q", WIDE_HEADS, (True, False)), ("q", NARROW_HEADS, (False, False)),
+    ("r", WIDE_HEADS, (True, False)), ("out", WIDE_HEADS, (True, True)), ("out", NARROW_HEADS, (False, False)),
+    ("k_cache", WIDE_HEADS, (True, False)),
+])
+def test_decode_takes_64_bit_offsets_where_heads_reach_2_to_the_31(monkeypatch, name, apart, want):
+    """WIDE of the split and the merge kernel a plan call launches with, for q, r, out or a cache whose
+    3 heads lie ``apart`` elements apart: q's, r's and out's head offsets were 32-bit whatever their
+    reach (out's in both kernels)."""
+    from kernels.parallax.decode_fused import TritonDecodePlan
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a plan on the meta device: never launched
+    hkv = 3 if name == "k_cache" else 1
+    plan = TritonDecodePlan(1, 3, hkv, 16, 64, torch.float16, "meta", scale=0.25, block_n=16, num_splits=2)
+    launched = []
+    monkeypatch.setattr(plan, "_launch", lambda kernel, grid, args, meta, key: launched.append(meta["WIDE"]))
+    tensors = {key: _heads_apart() for key in ("q", "r", "out")}
+    tensors.update(k_cache=_heads_apart(None, 64, hkv), v_cache=_heads_apart(None, 64, hkv))
+    if apart is not None:
+        tensors[name] = _heads_apart(apart, 64 if name == "k_cache" else 1, 3)
+    plan(tensors["q"], tensors["r"], tensors["k_cache"], tensors["v_cache"], None, tensors["out"])
+    assert tuple(launched) == want
+
+
+@pytest.mark.parametrize("apart, copied", [(WIDE_HEADS, True), (NARROW_HEADS, False)])
+def test_attention_reads_inputs_whose_heads_reach_2_to_the_31_from_a_copy(apart, copied):
+    """The attention kernels' head offsets are 32-bit: an input whose 3 heads lie 2^30 elements apart
+    is read from a contiguous copy (heads D apart), one whose heads stay below 2^31 in place."""
+    from kernels.parallax.fused import _tokens
+
+    x = _heads_apart(apart, 8)
+    y, _, head_stride = _tokens(x)
+    assert (y is not x) == copied and head_stride == (16 if copied else apart)
+
+
+@pytest.mark.parametrize("name, apart, want", [
+    ("none", None, False), ("r", WIDE_HEADS, True), ("r", NARROW_HEADS, False), ("kv", WIDE_HEADS, True),
+])
+def test_affine_la_takes_64_bit_offsets_where_heads_reach_2_to_the_31(monkeypatch, name, apart, want):
+    """WIDE of the Affine LA forward scan for r or k, v whose 3 heads lie ``apart`` elements apart
+    (their head offsets were 32-bit whatever their reach)."""
+    from kernels.family import affine_la_fused
+
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append(meta["WIDE"])
+
+    monkeypatch.setattr(affine_la_fused, "_scan_fwd_kernel", Kernel())
+    r, k = _heads_apart(None, 8), _heads_apart(None, 8)
+    if name == "r":
+        r = _heads_apart(apart, 8)
+    elif name == "kv":
+        k = _heads_apart(apart, 8)
+    affine_la_fused.forward(r, k, k, True)
+    assert launched == [want]
+
+
+# ---------------------------------------------------------------- kernels, interpreted
 def _interpret_jobs():
     """Child process (TRITON_INTERPRET=1): one job."""
     return [lambda: {"strided_seqlens": _strided_seqlens_case(), "wide": _wide_offsets_case(),
-                     "expanded_out": _expanded_out_error("triton")}]
+                     "expanded_out": _expanded_out_error("triton"), "large_grid": _large_grid_case(),
+                     "gram_launches": _gram_launches_case(), "forced_wide": _forced_wide_case(),
+                     "wide_heads": _wide_heads_case()}]
+
+
+@contextlib.contextmanager
+def _recorded_grids():
+    """Within, the interpreter records every launch grid (padded to three dims), and runs only the
+    first and last four programs of a grid dim longer than CUDA's 65535 (it runs a grid's programs one
+    after another, about 10 ms each). Yields the list of grids."""
+    from triton.runtime import interpreter
+
+    builder, grids = interpreter.interpreter_builder, []
+    set_grid_dim = builder.set_grid_dim
+
+    def record(*grid):
+        grids.append(grid)
+        set_grid_dim(*grid)
+
+    def ends_of_long(*args):  # the grid loops' range
+        full = range(*args)
+        return [*full[:4], *full[-4:]] if len(args) == 1 and len(full) > launcher.MAX_GRID[1] else full
+
+    builder.set_grid_dim, interpreter.range = record, ends_of_long
+    try:
+        yield grids
+    finally:
+        builder.set_grid_dim = set_grid_dim
+        del interpreter.range
+
+
+def _large_grid_case():
+    """65537 (batch x heads): the decode kernel with one split, with two and the merge kernel, and the
+    Affine LA forward. Their grids, and the relative errors against fp64 of the rows computed by the
+    programs at both ends of the grids (batch entries 0, 1, 65535, 65536)."""
+    from kernels.family import affine_la_fused
+    from kernels.parallax.decode_fused import parallax_decode_triton
+    from tests import _family_reference as ref
+    from tests.test_parallax_decode import explicit_decode
+
+    rows = [0, 1, MANY - 2, MANY - 1]
+    q, r, k, v = _decode_inputs(batch=MANY, length=17, hq=1, hkv=1, dim=16, seed=4)
+    want = explicit_decode(q[rows], r[rows], k[rows], v[rows])
+    g = torch.Generator().manual_seed(5)
+    r2, k2, v2 = (torch.randn(MANY, 3, 1, 16, generator=g) / 4 for _ in range(3))
+    errors = []
+    with _recorded_grids() as grids:
+        for splits in (1, 2):  # 17 positions in blocks of 16: two splits
+            errors.append(rel_err(parallax_decode_triton(q, r, k, v, None, 0.25, block_n=16,
+                                                         num_splits=splits)[rows], want))
+        out, _ = affine_la_fused.forward(r2, k2, v2, True)
+    errors.append(rel_err(out[rows], ref.affine_linear_attention_dense(r2[rows].double(), k2[rows].double(),
+                                                                       v2[rows].double())))
+    return {"grids": grids, "errors": errors}
+
+
+def _gram_launches_case():
+    """The symmetric product of 5 matrices with the grid's second dim capped at 2 (``launcher.MAX_GRID``
+    patched): its grids, and the relative error of the result (Y, scale) against fp64."""
+    from kernels.gram.fused import symmetric_product
+
+    g = torch.Generator().manual_seed(6)
+    P, Y = torch.randn(5, 24, 40, generator=g), torch.randn(5, 24, 24, generator=g)
+    Y, scale, limits = Y + Y.mT, torch.rand(5, generator=g) + 0.5, launcher.MAX_GRID
+    launcher.MAX_GRID = (limits[0], 2, 2)
+    try:
+        with _recorded_grids() as grids:
+            got = symmetric_product(P, 0.7, Y, -0.3, 0.2, scale)
+    finally:
+        launcher.MAX_GRID = limits
+    p = P.double()
+    want = scale.double()[:, None, None] * (0.7 * p @ p.mT - 0.3 * Y.double() + 0.2 * torch.eye(24).double())
+    return {"grids": grids, "error": rel_err(got, want)}
+
+
+def _forced_wide_case():
+    """The decode kernel (one split; two with the merge kernel; two with the fused merge) and the Affine
+    LA forward and backward on small inputs, with 32-bit offsets and with the 64-bit variants forced
+    (``launcher.wide_offsets`` answering True): per output, whether the bits agree; and how often the
+    forced answer was asked for."""
+    from kernels.family import affine_la_fused
+    from kernels.parallax.decode_fused import parallax_decode_triton
+
+    q, r, k, v = _decode_inputs(batch=2, length=40, hq=4, hkv=2, dim=16, seed=7)
+    g = torch.Generator().manual_seed(8)
+    fr, fk, fv, fdo = (torch.randn(2, 20, heads, 32, generator=g) / 4 for heads in (4, 2, 2, 4))
+
+    def outputs():
+        res = {f"decode_{splits}_{fused}": (parallax_decode_triton(q, r, k, v, None, 0.25, block_n=16,
+                                                                    num_splits=splits, fused_merge=fused),)
+               for splits, fused in ((1, False), (2, False), (2, True))}
+        o, tbar = affine_la_fused.forward(fr, fk, fv, True)
+        res["affine_fwd"], res["affine_bwd"] = (o, tbar), affine_la_fused.backward(fdo, fr, fk, fv, tbar, True)
+        return res
+
+    narrow, asked, wide_offsets = outputs(), [], launcher.wide_offsets
+    launcher.wide_offsets = lambda *extents: asked.append(extents) or True
+    try:
+        wide = outputs()
+    finally:
+        launcher.wide_offsets = wide_offsets
+    return {"same": {name: all(map(torch.equal, narrow[name], wide[name])) for name in narrow}, "asked": len(asked)}
+
+
+def _wide_heads_case(device="cpu", dtype=torch.float16, dim=16):
+    """q, r and out of the decode kernel, then r of the Affine LA forward, then q and r of the
+    attention forward, as views whose 3 heads lie 2^30 elements apart in one 4 GiB 16-bit buffer (of
+    which only the rows read are touched): head 2 starts 2^31 elements in, past 32-bit offsets.
+    Relative errors against fp64 (decode with one split, two and the merge kernel, two and the fused
+    merge; Affine LA; attention); None where the allocation fails."""
+    from kernels.family import affine_la_fused
+    from kernels.parallax import fused
+    from kernels.parallax.decode_fused import TritonDecodePlan
+    from tests import _family_reference as ref
+    from tests.test_parallax_decode import explicit_causal, explicit_decode
+
+    try:
+        buffer = torch.empty(2 * WIDE_HEADS + 10 * dim, dtype=dtype, device=device)
+    except RuntimeError:  # no 4 GiB of address space here
+        return None
+
+    def heads(offset, tokens=1):
+        return buffer.as_strided((1, tokens, 3, dim), (tokens * dim, dim, WIDE_HEADS, 1), offset)
+
+    q0, r0, k, v = (x.to(device, dtype) for x in _decode_inputs(batch=1, length=40, hq=3, hkv=1, dim=dim, seed=9))
+    q, r, out = heads(0), heads(dim), heads(2 * dim)
+    q.copy_(q0)
+    r.copy_(r0)
+    want, errors = explicit_decode(q0, r0, k, v), []
+    for splits, fused_merge in ((1, False), (2, False), (2, True)):
+        plan = TritonDecodePlan(1, 3, 1, dim, 40, dtype, device, scale=dim ** -0.5, block_n=16, num_splits=splits,
+                                fused_merge=fused_merge)
+        errors.append(rel_err(plan(q, r, k, v, None, out), want))
+    g = torch.Generator().manual_seed(10)
+    r0, k, v = (torch.randn(1, 5, n, dim, generator=g).to(device, dtype) for n in (3, 1, 1))
+    r = heads(0, 5)
+    r.copy_(r0)
+    o, _ = affine_la_fused.forward(r, k, v, True)
+    errors.append(rel_err(o, ref.affine_linear_attention_dense(r0.double(), k.double(), v.double())))
+    q0, r0, k, v = (torch.randn(1, 5, 3, dim, generator=g).to(device, dtype) for _ in range(4))
+    q, r = heads(0, 5), heads(5 * dim, 5)  # one layout: read in place, were the heads not too far apart
+    q.copy_(q0)
+    r.copy_(r0)
+    errors.append(rel_err(fused.forward(q, r, k, v, dim ** -0.5)[0], explicit_causal(q0, r0, k, v)))
+    return errors
 
 
 def _strided_seqlens_case():
@@ -240,3 +621,114 @@ def test_decode_kernel_reaches_cache_offsets_past_2_to_the_31(interpreted):
 def test_gpu_decode_kernel_reaches_cache_offsets_past_2_to_the_31():
     errors = _wide_offsets_case("cuda", torch.bfloat16, dim=64)
     assert errors is not None and all(err < 1e-2 for err in errors), errors
+
+
+def test_launches_past_65535_batch_heads_fit_cuda_and_match_fp64(interpreted):
+    """The decode kernel (one split; two and the merge kernel) and the Affine LA forward over 65537
+    (batch x heads): the grids the interpreter ran fit CUDA (the decode kernel's had the 65537 groups
+    in its second dim), and the programs at both ends of them compute their rows."""
+    res = interpreted["large_grid"]
+    assert len(res["grids"]) == 4 and all(_within_cuda_limits(grid) for grid in res["grids"]), res["grids"]
+    assert all(err < 1e-5 for err in res["errors"]), res["errors"]
+
+
+def test_symmetric_product_takes_a_launch_per_run_of_batch_entries(interpreted):
+    """5 matrices with at most 2 per launch: three launches of their batch entries' views (P, Y, the
+    scale factors and the output alike), the result as fp64 gives it."""
+    res = interpreted["gram_launches"]
+    assert res["grids"] == [(1, 2, 1), (1, 2, 1), (1, 1, 1)]
+    assert res["error"] < 1e-5
+
+
+def test_forced_64_bit_offsets_give_the_32_bit_bits(interpreted):
+    """Every launch asked for its variant (three decode calls, split and merge each; four Affine LA
+    scans), and the 64-bit variants' outputs equal the 32-bit ones bit for bit."""
+    res = interpreted["forced_wide"]
+    assert res["asked"] == 10 and all(res["same"].values()), res
+
+
+def test_head_offsets_past_2_to_the_31_elements(interpreted):
+    """Before 64-bit head offsets (and the attention's copy), head 2 of q (of the Affine LA's r) was
+    read 2^31 elements below where it lies."""
+    if interpreted["wide_heads"] is None:
+        pytest.skip("a 4 GiB CPU allocation failed")
+    assert all(err < 5e-3 for err in interpreted["wide_heads"]), interpreted["wide_heads"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_head_offsets_past_2_to_the_31_elements():
+    errors = _wide_heads_case("cuda", torch.bfloat16, dim=64)
+    assert errors is not None and all(err < 1e-2 for err in errors), errors
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_launches_past_65535_batch_heads():
+    """The decode kernel (one split; two and the merge), the Affine LA forward and backward and the
+    symmetric product over 65537 (batch x heads, or matrices), fp32, against fp64: each launch failed
+    before (a grid's second dim past 65535)."""
+    from kernels import affine_linear_attention
+    from kernels.gram.fused import symmetric_product
+    from kernels.parallax.decode import parallax_decode_reference
+    from kernels.parallax.decode_fused import parallax_decode_triton
+
+    q, r, k, v = (x.cuda() for x in _decode_inputs(batch=MANY, length=40, hq=2, hkv=1, dim=64, seed=11))
+    want = parallax_decode_reference(*(x.double() for x in (q, r, k, v)), None, 0.125)
+    errors = [rel_err(parallax_decode_triton(q, r, k, v, None, 0.125, block_n=16, num_splits=splits), want)
+              for splits in (1, 2)]
+    g = torch.Generator().manual_seed(12)
+    leaves = [(torch.randn(MANY, 6, 1, 16, generator=g) / 4).cuda().requires_grad_() for _ in range(3)]
+    grads = []
+    for backend, dtype in (("triton", torch.float32), ("reference", torch.float64)):
+        o = affine_linear_attention(*(x.to(dtype) for x in leaves), backend=backend)
+        grads.append([o, *torch.autograd.grad(o.square().sum(), leaves)])
+    errors += [rel_err(a, b) for a, b in zip(*grads)]
+    P = torch.randn(MANY, 8, 16, generator=g).cuda()
+    errors.append(rel_err(symmetric_product(P), P.double() @ P.double().mT))
+    assert all(err < 1e-5 for err in errors), errors
+
+
+def _with_grads(fn, *inputs):
+    """fn's outputs on leaves copied from ``inputs``, then the leaves' gradients of their squares' sum."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    outs = out if isinstance(out, tuple) else (out,)
+    return (*outs, *torch.autograd.grad(sum(o.float().square().sum() for o in outs), leaves))
+
+
+def _on_device(device):
+    """What every launching entry point gives for fixed inputs made on ``device``, with the gradients
+    where there is a backward."""
+    from kernels import affine_linear_attention, split_norm_rope
+    from kernels.gram.fused import symmetric_product
+
+    g = torch.Generator().manual_seed(13)
+    q, r, k, v = (torch.randn(2, 40, heads, 64, generator=g).to(device) for heads in (4, 4, 2, 2))
+    y, table = torch.randn(2, 40, 12 * 64, generator=g).to(device), torch.randn(40, 128, generator=g).to(device)
+    weights = [(1 + torch.rand(64, generator=g)).to(device) for _ in range(3)]
+    table = torch.cat([table[:, :32]] * 2 + [table[:, 64:96]] * 2, -1)  # cos, sin halves repeated
+    attention = lambda *x: parallax_attention(*x, backend="triton")  # noqa: E731
+    return {
+        "attention": _with_grads(attention, q, r, k, v),
+        "attention_bf16": _with_grads(attention, *(x.bfloat16() for x in (q, r, k, v))),  # Hopper kernels
+        "affine": _with_grads(lambda *x: affine_linear_attention(*x, backend="triton"), r, k, v),
+        "decode": DecodePlan.like(q[:, :1], k, backend="triton")(q[:, :1], r[:, :1], k, v),
+        "projection": _with_grads(lambda y, *w: split_norm_rope(y, 4, 2, w, 1e-6, table), y, *weights),
+        "symmetric_product": symmetric_product(torch.randn(3, 48, 80, generator=g).to(device)),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_gpu_inputs_on_a_device_that_is_not_the_current_one():
+    """With cuda:0 current, inputs on cuda:1 give the bits they give with cuda:1 current (the kernels
+    were launched on cuda:0's stream, reading cuda:1's memory)."""
+    with torch.cuda.device(1):
+        want = _on_device("cuda:1")
+    with torch.cuda.device(0):
+        got = _on_device("cuda:1")
+    torch.cuda.synchronize(1)
+    for name in want:
+        pairs = zip(*((x[name],) if torch.is_tensor(x[name]) else x[name] for x in (want, got)))
+        assert all(torch.equal(a, b) for a, b in pairs), name

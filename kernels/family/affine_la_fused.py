@@ -25,6 +25,8 @@ a_j b_j^T over the tokens before the chunk, not their sum, so that its cast to a
 the tensor-core product cannot overflow fp16 at long lengths; the reverse state sum x_i y_i^T / i
 grows only like log L. x, b / y and outputs are per query head; a (and b in the forward) per kv head
 h // GROUP. dk and dv come out per query head (fp32) and are summed over each GQA group.
+Batch and token offsets are 64-bit; head offsets are 32-bit unless some tensor's heads reach 2^31
+elements (``wide_heads``: a head-strided view of a long buffer), which takes the WIDE variant.
 Matmuls accumulate in fp32 (fp32 inputs use IEEE fp32 dots). With 16-bit inputs the operands read
 from memory are exact in the input dtype, and the fp32 intermediates that enter a product (the
 carried state, the masked scores, x_i / i in the reverse scan) go in as a hi + lo pair of the
@@ -42,6 +44,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from kernels import launcher
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HEAD_DIMS = (16, 32, 64, 128)
@@ -94,18 +98,29 @@ def _dot_f32(lhs, rhs, acc, LHS32: tl.constexpr):
     return acc
 
 
+@triton.jit
+def _program(HX, GROUP, NV: tl.constexpr, WIDE: tl.constexpr):
+    """(batch x head index, column block, batch, head, kv head) of this program on the 1-D grid of
+    ``scan_grid`` (CUDA's second and third grid dims stop at 65535, which batch x heads can pass), the
+    NV column blocks of one head consecutive. The heads are 64-bit in the WIDE variant: some
+    tensor's heads reach 2^31 elements."""
+    pid = tl.program_id(0)
+    pid_bh = pid // NV
+    h = pid_bh % HX
+    if WIDE:
+        h = h.to(tl.int64)
+    return pid_bh, pid % NV, pid_bh // HX, h, h // GROUP
+
+
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
                      sxb, sxt, sxh, sab, sat, sah, sob, sot, soh, c0,
-                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr):
+                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
+                     WIDE: tl.constexpr = False):
     """out_i[cols] = (1/i) [(c0 + m_i) s_b(i)[cols] - sum_{j<=i} (x_i . a_j) b_j[cols]]; SIDE_i = m_i.
     X, OUT: (B, L, HX, D) strides (sxb, sxt, sxh) / (sob, sot, soh); A, Bv: (B, L, HX // GROUP, D),
-    strides (sab, sat, sah); SIDE: (B, HX, L) fp32."""
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // HX
-    h = pid_bh % HX
-    hk = h // GROUP
+    strides (sab, sat, sah); SIDE: (B, HX, L) fp32. WIDE: 64-bit head offsets."""
+    pid_bh, pid_v, b, h, hk = _program(HX, GROUP, D // BV, WIDE)
     offs_d = tl.arange(0, D)
     offs_v = pid_v * BV + tl.arange(0, BV)
     mean_state = tl.zeros((D, BV), dtype=tl.float32)  # mean of a_j b_j^T over the t0 tokens before the chunk
@@ -140,15 +155,12 @@ def _scan_fwd_kernel(X, A, Bv, OUT, SIDE, L, HX, GROUP,
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _scan_rev_kernel(X, A, Y, W, OUT, L, HX, GROUP,
                      sxb, sxt, sxh, sab, sat, sah, sob, sot, soh,
-                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr):
+                     D: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, INTERCEPT: tl.constexpr,
+                     WIDE: tl.constexpr = False):
     """out_j[cols] = sum_{i>=j} w_i y_i[cols] - sum_{i>=j} (x_i . a_j) y_i[cols] / i.
     X, Y: (B, L, HX, D) strides (sxb, sxt, sxh); A: (B, L, HX // GROUP, D) strides (sab, sat, sah);
-    W: (B, HX, L) fp32; OUT: (B, L, HX, D) fp32 strides (sob, sot, soh)."""
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // HX
-    h = pid_bh % HX
-    hk = h // GROUP
+    W: (B, HX, L) fp32; OUT: (B, L, HX, D) fp32 strides (sob, sot, soh). WIDE: 64-bit head offsets."""
+    pid_bh, pid_v, b, h, hk = _program(HX, GROUP, D // BV, WIDE)
     offs_d = tl.arange(0, D)
     offs_v = pid_v * BV + tl.arange(0, BV)
     state = tl.zeros((D, BV), dtype=tl.float32)
@@ -183,6 +195,19 @@ def _contiguous(*xs):
     return [x if x.stride(-1) == 1 else x.contiguous() for x in xs]
 
 
+def scan_grid(batch: int, heads: int, d: int, bv: int) -> tuple[int]:
+    """The scans' launch grid: one program per (batch, head, block of ``bv`` of the ``d`` columns), on
+    one grid dim (``_program``)."""
+    return (batch * heads * (d // bv),)
+
+
+def wide_heads(*tensors) -> bool:
+    """Whether the scans over these (B, L, H, D) tensors need 64-bit head offsets: some tensor's
+    heads times its head stride reaches 2^31 elements (a head-strided view of a long buffer); its
+    batch and token offsets are 64-bit in both variants."""
+    return launcher.wide_offsets(*(x.shape[2] * x.stride(2) for x in tensors))
+
+
 def _scan_fwd(x, a, b, c0, intercept):
     """Forward scan; returns out (x's shape and dtype) and side m (B, HX, L) fp32."""
     x, a, b = _contiguous(x, a, b)
@@ -192,12 +217,12 @@ def _scan_fwd(x, a, b, c0, intercept):
     cfg = _config(d)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     side = torch.empty(bsz, hx, n, dtype=torch.float32, device=x.device)
-    grid = (d // cfg["BV"], bsz * hx)
-    _scan_fwd_kernel[grid](x, a, b, out, side, n, hx, hx // a.shape[2],
-                           x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-                           out.stride(0), out.stride(1), out.stride(2), float(c0),
-                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept,
-                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _scan_fwd_kernel[scan_grid(bsz, hx, d, cfg["BV"])](
+        x, a, b, out, side, n, hx, hx // a.shape[2],
+        x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), float(c0),
+        D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, WIDE=wide_heads(x, a, b, out),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out, side
 
 
@@ -209,12 +234,12 @@ def _scan_rev(x, a, y, w, intercept):
     bsz, n, hx, d = x.shape
     cfg = _config(d)
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    grid = (d // cfg["BV"], bsz * hx)
-    _scan_rev_kernel[grid](x, a, y, w, out, n, hx, hx // a.shape[2],
-                           x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
-                           out.stride(0), out.stride(1), out.stride(2),
-                           D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept,
-                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _scan_rev_kernel[scan_grid(bsz, hx, d, cfg["BV"])](
+        x, a, y, w, out, n, hx, hx // a.shape[2],
+        x.stride(0), x.stride(1), x.stride(2), a.stride(0), a.stride(1), a.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        D=d, BT=cfg["BT"], BV=cfg["BV"], INTERCEPT=intercept, WIDE=wide_heads(x, a, y, out),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     hk = a.shape[2]
     return out.view(bsz, n, hk, hx // hk, d).sum(3)
 
@@ -222,14 +247,16 @@ def _scan_rev(x, a, y, w, intercept):
 def forward(r, k, v, intercept: bool):
     """o (B, L, Hq, D) in r's dtype and tbar (B, Hq, L) fp32."""
     check_head_dim(r.shape[-1])
-    return _scan_fwd(r, k, v, 1.0, intercept)
+    with launcher.on_device(r.device):
+        return _scan_fwd(r, k, v, 1.0, intercept)
 
 
 def backward(do, r, k, v, tbar, intercept: bool):
     """dr (B, L, Hq, D) and dk, dv (B, L, Hkv, D), in the inputs' dtypes."""
-    do = do.contiguous()
-    dr, beta = _scan_fwd(do, v, k, 0.0, intercept)
-    n = torch.arange(1, r.shape[1] + 1, dtype=torch.float32, device=r.device)
-    dk = _scan_rev(do, v, r, beta / n, intercept)
-    dv = _scan_rev(r, k, do, (1.0 + tbar) / n, intercept)
+    with launcher.on_device(r.device):
+        do = do.contiguous()
+        dr, beta = _scan_fwd(do, v, k, 0.0, intercept)
+        n = torch.arange(1, r.shape[1] + 1, dtype=torch.float32, device=r.device)
+        dk = _scan_rev(do, v, r, beta / n, intercept)
+        dv = _scan_rev(r, k, do, (1.0 + tbar) / n, intercept)
     return dr.to(r.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -20,13 +20,13 @@ transposed view) without a copy. Products accumulate in fp32; fp32 inputs use IE
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels import launcher
 from kernels.gram.naive import check_args
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -61,6 +61,15 @@ def _tiles(k: int, bm: int) -> int:
     """Number of tiles on and above the diagonal of a k x k output in bm x bm tiles."""
     t = triton.cdiv(k, bm)
     return t * (t + 1) // 2
+
+
+def launch_grids(k: int, batch: int, bm: int) -> list[tuple[slice, tuple[int, int]]]:
+    """(batch entries, grid) of each launch for ``batch`` k x k outputs in bm x bm tiles: a matrix's
+    tiles on the grid's first dim (``_tile_of``'s order, whose neighbours share row blocks of P), its
+    batch entry on the second, which CUDA stops at 65535: a longer batch takes a launch per run of
+    65535 entries."""
+    step, tiles = launcher.MAX_GRID[1], _tiles(k, bm)
+    return [(slice(b0, min(b0 + step, batch)), (tiles, min(step, batch - b0))) for b0 in range(0, batch, step)]
 
 
 @triton.jit
@@ -206,12 +215,14 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
         ys = (0, 0, 0) if Y3 is None else Y3.stride()
         upcast = _upcast(P.dtype)
         config = launch_config(k, K)
-        grid = (_tiles(k, config["BM"]), B)
-        with torch.cuda.device(P.device) if P.is_cuda else contextlib.nullcontext():
+        launches = launch_grids(k, B, config["BM"])
+        with launcher.on_device(P.device):
             factors = out if scale is None else scale.reshape(B).to(torch.float32).contiguous()
-            _symmetric_product_kernel[grid](P3, P3 if Y3 is None else Y3, factors, out, k, K, *P3.stride(), *ys,
-                                            float(alpha), float(beta), float(gamma), HAS_Y=Y3 is not None,
-                                            HAS_SCALE=scale is not None,
-                                            PRECISION="ieee" if P.dtype == torch.float32 or upcast else "tf32",
-                                            UPCAST=upcast, **config)
+            tensors = (P3, P3 if Y3 is None else Y3, factors, out)
+            for rows, grid in launches:
+                part = tensors if len(launches) == 1 else [x[rows] for x in tensors]
+                _symmetric_product_kernel[grid](*part, k, K, *P3.stride(), *ys, float(alpha), float(beta),
+                                                float(gamma), HAS_Y=Y3 is not None, HAS_SCALE=scale is not None,
+                                                PRECISION="ieee" if P.dtype == torch.float32 or upcast else "tf32",
+                                                UPCAST=upcast, **config)
     return out[0] if flat else out

@@ -35,6 +35,7 @@ import triton.language as tl
 from triton.compiler import CompiledKernel
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kernels import launcher
 from kernels.parallax import tuning
 
 LOG2E = 1.4426950408889634
@@ -65,21 +66,32 @@ def _vec_to_rows(a, HP: tl.constexpr):
 
 
 @triton.jit
+def _head_offsets(heads, WIDE: tl.constexpr):
+    """Head indices as the offsets into q, r and o take them: 64-bit in the WIDE variant (some
+    tensor's heads reach 2^31 elements)."""
+    if WIDE:
+        return heads.to(tl.int64)
+    else:
+        return heads
+
+
+@triton.jit
 def _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh,
-                  G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr):
+                  G: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr):
     """o = (1 + d2/d1) O1/d1 - O2/d1 for the group's G heads; acc rows = [O1; O2]."""
     o1, o2 = _rows_to_halves(acc, HP, D)
     inv = tl.where(d1 > 0.0, 1.0 / d1, 0.0)
     out = ((1.0 + d2 * inv) * inv)[:, None] * o1 - inv[:, None] * o2
     hp = tl.arange(0, HP)
     offs_d = tl.arange(0, D)
-    ptrs = O + b64 * stride_ob + (hkv * G + hp)[:, None] * stride_oh + offs_d[None, :]
+    heads = _head_offsets(hkv * G + hp, WIDE)
+    ptrs = O + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(ptrs, out.to(O.dtype.element_ty), mask=(hp < G)[:, None])
 
 
 @triton.jit
 def _merge_head(PO, PM, PD1, PD2, O, gid, g, d0, b64, hkv, num_splits, stride_ob, stride_oh,
-                G: tl.constexpr, D: tl.constexpr, DM: tl.constexpr, SP: tl.constexpr):
+                G: tl.constexpr, D: tl.constexpr, DM: tl.constexpr, SP: tl.constexpr, WIDE: tl.constexpr):
     """Log-sum-exp merge of the num_splits (<= SP) partials of head g of group gid, dims [d0, d0 + DM),
     then o = (1 + d2/d1) O1/d1 - O2/d1 for them.
 
@@ -105,7 +117,7 @@ def _merge_head(PO, PM, PD1, PD2, O, gid, g, d0, b64, hkv, num_splits, stride_ob
     d2 = tl.sum(w * pd2, 0)
     inv = tl.where(d1 > 0.0, 1.0 / d1, 0.0)
     out = (1.0 + d2 * inv) * inv * tl.sum(w[:, None] * po1, 0) - inv * tl.sum(w[:, None] * po2, 0)
-    tl.store(O + b64 * stride_ob + (hkv * G + g) * stride_oh + offs_d, out.to(O.dtype.element_ty))
+    tl.store(O + b64 * stride_ob + _head_offsets(hkv * G + g, WIDE) * stride_oh + offs_d, out.to(O.dtype.element_ty))
 
 
 @triton.jit
@@ -123,8 +135,8 @@ def _decode_split_kernel(
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    sid = tl.program_id(0)
-    gid = tl.program_id(1)
+    gid = tl.program_id(0)  # batch x kv heads on the first grid dim: CUDA's second stops at 65535
+    sid = tl.program_id(1)
     b = gid // HKV
     hkv = gid % HKV
     b64 = b.to(tl.int64)
@@ -140,7 +152,7 @@ def _decode_split_kernel(
     rows = tl.arange(0, BM)
     is_q = rows < HP
     row_ok = (rows % HP) < G
-    head = hkv * G + rows % HP
+    head = _head_offsets(hkv * G + rows % HP, WIDE)
     offs_d = tl.arange(0, D)
     q_rows = tl.load(Q + b64 * stride_qb + head[:, None] * stride_qh + offs_d[None, :],
                      mask=(row_ok & is_q)[:, None], other=0.0)
@@ -154,7 +166,7 @@ def _decode_split_kernel(
     kv_head = hkv
     k_step = BN * stride_kl
     v_step = BN * stride_vl
-    if WIDE:  # a cache's positions or heads reach 2^31 elements: 64-bit offsets
+    if WIDE:  # some tensor's positions or heads reach 2^31 elements: 64-bit offsets
         pos = pos.to(tl.int64)
         kv_head = kv_head.to(tl.int64)
         k_step = tl.cast(stride_kl, tl.int64) * BN
@@ -209,17 +221,17 @@ def _decode_split_kernel(
             if ticket == num_splits - 1:
                 for g in tl.static_range(G):
                     _merge_head(PO, PM, PD1, PD2, O, gid, g, 0, b64, hkv, num_splits, stride_ob, stride_oh,
-                                G, D, D, SP)
+                                G, D, D, SP, WIDE)
                 # Re-arm the ticket for the next launch (stream order publishes it).
                 tl.store(COUNTER + gid, 0)
     else:
-        _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh, G, HP, D)
+        _finish_store(d1, d2, acc, O, b64, hkv, stride_ob, stride_oh, G, HP, D, WIDE)
 
 
 @triton.jit
 def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
                   HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DM: tl.constexpr, SP: tl.constexpr,
-                  PDL: tl.constexpr = False):
+                  PDL: tl.constexpr = False, WIDE: tl.constexpr = False):
     """One program per (query head, DM of its D dims): many short programs, not one per group."""
     if PDL:
         gdc_wait()
@@ -228,7 +240,7 @@ def _merge_kernel(PO, PM, PD1, PD2, O, num_splits, stride_ob, stride_oh,
     gid = head // G
     b64 = (gid // HKV).to(tl.int64)
     _merge_head(PO, PM, PD1, PD2, O, gid, head % G, tl.program_id(1) * DM, b64, gid % HKV, num_splits,
-                stride_ob, stride_oh, G, D, DM, SP)
+                stride_ob, stride_oh, G, D, DM, SP, WIDE)
 
 
 def pdl_supported(device) -> bool:
@@ -292,6 +304,26 @@ def split_chunk(span, num_splits, block_n):
     return chunk, triton.cdiv(span, chunk)
 
 
+def launch_grids(n_groups, num_splits, group, dim, merge_block_d):
+    """(the split kernel's grid, the merge kernel's grid) for ``n_groups`` (batch x kv heads) groups of
+    ``group`` query heads: a program per (group, split) and per (query head, ``merge_block_d`` of its
+    ``dim`` dims), the groups and heads on the first grid dim (CUDA's second and third stop at 65535,
+    which batch x kv heads can pass; at most 64 splits and ``dim`` blocks cannot)."""
+    return (n_groups, num_splits), (n_groups * group, dim // merge_block_d)
+
+
+def wide_variants(positions, kv_heads, q_heads, strides) -> tuple[bool, bool]:
+    """WIDE of the split and of the merge kernel for a call with ``strides`` (q's and r's batch and
+    head, k's and v's batch, position and head, out's batch and head), where the split kernel's
+    offsets span ``positions`` cache positions and ``kv_heads`` / ``q_heads`` heads: 64-bit offsets
+    where a cache's position plus head offset, or a head offset of q, r or out, reaches 2^31
+    elements (the batch offsets are 64-bit in both variants)."""
+    _, sq_h, _, sr_h, _, sk_l, sk_h, _, sv_l, sv_h, _, so_h = strides
+    out = q_heads * so_h
+    caches = (positions * sk_l + kv_heads * sk_h, positions * sv_l + kv_heads * sv_h)
+    return launcher.wide_offsets(*caches, q_heads * sq_h, q_heads * sr_h, out), launcher.wide_offsets(out)
+
+
 def pick_config(n_groups: int, dim: int, device) -> tuple[int, int, int]:
     """(block_n, num_warps, num_stages) for ``n_groups`` (batch x kv heads) groups of head dim ``dim``:
     the many-groups configs once the groups alone fill more than two waves of one program per SM."""
@@ -331,7 +363,7 @@ class TritonDecodePlan:
 
     def __init__(self, batch, hq, hkv, dim, length, dtype, device, *, scale, window=None, num_splits=None,
                  block_n=None, num_warps=None, num_stages=None, fused_merge=False, pdl=None, merge_block_d=None):
-        device = torch.device(device)
+        self.device = device = torch.device(device)
         if not supports(dtype, dim):
             raise TypeError(f"triton decode needs a dtype in {_DTYPES} and a power-of-2 head dim in [16, 256]; "
                             f"got {dtype}, D={dim}")
@@ -356,14 +388,13 @@ class TritonDecodePlan:
         self._part_s = [torch.empty(scratch, dtype=torch.float32, device=device) for _ in range(3)]
         tickets = self.split and fused_merge
         self._counter = torch.zeros(n_groups, dtype=torch.int32, device=device) if tickets else self._part_s[0]
-        self._grid = (self.num_splits, n_groups)
         self._scale_log2 = scale * LOG2E
         self._sizes = (length, span, chunk, self.num_splits)
-        self._reach = (length + block_n, hkv)  # positions and kv heads the split kernel's offsets span
+        self._reach = (length + block_n, hkv, hq)  # the positions (masked tail included) and heads offsets span
         hp, sp = max(8, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(self.num_splits))
         self.merge_block_d = pick_merge_block_d(dim, merge_block_d)
         launch = dict(PDL=True, launch_pdl=True) if self.pdl else dict(PDL=False)
-        self._merge_grid = (n_groups * group, dim // self.merge_block_d)
+        self._grid, self._merge_grid = launch_grids(n_groups, self.num_splits, group, dim, self.merge_block_d)
         self._merge_meta = dict(HKV=hkv, G=group, D=dim, DM=self.merge_block_d, SP=sp, num_warps=4, **launch)
         self._meta = dict(BN=block_n, SPLIT=self.split, FUSED_MERGE=fused_merge, IEEE=dtype == torch.float32,
                           num_warps=num_warps, num_stages=num_stages, HKV=hkv, G=group, HP=hp, D=dim, SP=sp,
@@ -374,8 +405,8 @@ class TritonDecodePlan:
         """o (batch, 1, Hq, D) in q's dtype, written into ``out`` when given. Tensors as the plan's
         geometry (not checked here), any strides; cache_seqlens int32 (batch,) or None (all L), values
         in [1, L] (not checked; the kernel clamps them to [0, L], so it never reads outside the cache).
-        Caches whose position or head offsets reach 2^31 elements (a long cache, or a strided view of
-        one) take the kernel's 64-bit offset variant."""
+        Tensors whose position or head offsets reach 2^31 elements (a long cache, or a strided view of
+        a wide buffer) take the kernels' 64-bit offset variant (``wide_variants``)."""
         tensors = [q, r, k_cache, v_cache]
         if any(x.stride(-1) != 1 for x in tensors):
             tensors = [x.contiguous() for x in tensors]
@@ -387,15 +418,15 @@ class TritonDecodePlan:
         sq, sr, sk, sv, so = (x.stride() for x in tensors[:5])
         strides = (sq[0], sq[2], sr[0], sr[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[2])
         args = (*tensors, self._part_o, *self._part_s, self._counter, self._scale_log2, *strides, *self._sizes)
-        # 32-bit offsets into the caches unless a position (masked tail included) or head reaches 2^31
-        # elements; the strides are part of the launch key, so WIDE needs no key of its own
-        reach, heads = self._reach
-        wide = reach * max(sk[1], sv[1]) + heads * max(sk[2], sv[2]) >= 2 ** 31
+        # the strides are part of the launch keys, so WIDE needs no key of its own
+        wide, merge_wide = wide_variants(*self._reach, strides)
         meta = {**self._meta, "HAS_SEQLENS": cache_seqlens is not None, "WIDE": wide}
-        self._launch(_decode_split_kernel, self._grid, args, meta, (meta["HAS_SEQLENS"], strides, tensors))
-        if self.split and not self.fused_merge:
-            args = (self._part_o, *self._part_s, out, self.num_splits, so[0], so[2])
-            self._launch(_merge_kernel, self._merge_grid, args, self._merge_meta, (None, (so[0], so[2]), [out]))
+        with launcher.on_device(self.device):
+            self._launch(_decode_split_kernel, self._grid, args, meta, (meta["HAS_SEQLENS"], strides, tensors))
+            if self.split and not self.fused_merge:
+                args = (self._part_o, *self._part_s, out, self.num_splits, so[0], so[2])
+                self._launch(_merge_kernel, self._merge_grid, args, {**self._merge_meta, "WIDE": merge_wide},
+                             (None, (so[0], so[2]), [out]))
         return out
 
     def _launch(self, kernel, grid, args, meta, key):

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import launcher
 from kernels.parallax import cu_seqlens as offsets
 from kernels.parallax import tuning
 
@@ -418,10 +419,12 @@ JIT_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kerne
 
 
 def _tokens(x):
-    """(B, L, H, D) -> (tensor, token stride, head stride); copies if tokens are not uniformly strided.
-    A slice of a wider per-token tensor (v cut from the fused q, k, v, rho projection) is read in place."""
-    b, n, _, _ = x.shape
-    if x.stride(-1) != 1 or (b > 1 and x.stride(0) != n * x.stride(1)):
+    """(B, L, H, D) -> (tensor, token stride, head stride); copies if tokens are not uniformly strided,
+    or if the heads reach 2^31 elements (the kernels' head offsets are 32-bit; a head-strided view of
+    a long buffer). A slice of a wider per-token tensor (v cut from the fused q, k, v, rho projection)
+    is read in place."""
+    b, n, h, _ = x.shape
+    if x.stride(-1) != 1 or (b > 1 and x.stride(0) != n * x.stride(1)) or launcher.wide_offsets(h * x.stride(2)):
         x = x.contiguous()
     return x, x.stride(1), x.stride(2)
 
@@ -510,6 +513,12 @@ def _common(q, k, scale, cu_seqlens, window):
     return total, n, hq, docs, doce, meta, scale * LOG2E, band, tune, total * keys * hq * d
 
 
+def tile_grid(total: int, tile: int, heads: int) -> tuple[int]:
+    """The launch grid of a kernel over ``tile``-token tiles of ``total`` tokens and ``heads`` heads:
+    one (tile, head) program each, on one grid dim (``_tile_order``)."""
+    return (triton.cdiv(total, tile) * heads,)
+
+
 def stats_buffer(q):
     """Empty fp32 per-(head, token) statistics for q (B, L, Hq, D): shape (Hq, B * L), head-major,
     so that a tile of consecutive tokens of one head reads and writes one contiguous run (the
@@ -537,19 +546,20 @@ def forward(q, r, k, v, scale, cu_seqlens=None, window=None, *, config=None, hop
     tbar = stats_buffer(q)
     lse = torch.empty_like(tbar)
     rows = [(q, sqt), (r, sqt), (k, skt), (v, svt)]
-    if hopper and config is None and hopper_unusable(q, total, rows, "fwd", scale=scale) is None:
-        from kernels.parallax import hopper
+    with launcher.on_device(q.device):
+        if hopper and config is None and hopper_unusable(q, total, rows, "fwd", scale=scale) is None:
+            from kernels.parallax import hopper
 
-        hopper.forward(q, r, k, v, (o, vbar, tbar, lse), docs, strides={"q": sqt, "k": skt, "v": svt}, total=total,
-                       seq_len=n, window=band, qk_scale=qk_scale, varlen=meta["VARLEN"])
-        return o, vbar, tbar, lse
-    meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], rows)
-    if meta["TMA_OK"]:
-        _tma_allocator(q.device)
-    kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
-    grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
-    kernel[grid](q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, svt, svh, qk_scale, band,
-                 *tune, **meta, **launch)
+            hopper.forward(q, r, k, v, (o, vbar, tbar, lse), docs, strides={"q": sqt, "k": skt, "v": svt},
+                           total=total, seq_len=n, window=band, qk_scale=qk_scale, varlen=meta["VARLEN"])
+            return o, vbar, tbar, lse
+        meta["TMA_OK"] = tuning.wants_tma("fwd", config) and _tma_ok(q.shape[-1], rows)
+        if meta["TMA_OK"]:
+            _tma_allocator(q.device)
+        kernel, launch = tuning.select("fwd", _fwd_kernel, work, config)
+        kernel[lambda meta_: tile_grid(total, meta_["BM"], hq)](
+            q, r, k, v, o, vbar, tbar, lse, docs, total, n, hq, sqt, sqh, skt, skh, svt, svh, qk_scale, band, *tune,
+            **meta, **launch)
     return o, vbar, tbar, lse
 
 
@@ -575,25 +585,27 @@ def backward(do, q, r, k, v, o, vbar, tbar, lse, scale, cu_seqlens=None, window=
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dr = torch.empty_like(r, memory_format=torch.contiguous_format)
     rows = [(q, sqt), (r, sqt), (k, skt), (v, svt), (do, do.stride(1))]
-    if hopper and dq_config is None and dkdv_config is None and hopper_unusable(q, total, rows, "dq", "dkdv") is None:
-        from kernels.parallax import hopper
+    with launcher.on_device(q.device):
+        if (hopper and dq_config is None and dkdv_config is None
+                and hopper_unusable(q, total, rows, "dq", "dkdv") is None):
+            from kernels.parallax import hopper
 
-        hopper.backward(q, r, k, v, o, vbar, do, tbar, lse, (dq, dr, dk, dv), docs, doce,
-                        strides={"q": sqt, "do": do.stride(1), "k": skt, "v": svt}, total=total, seq_len=n,
-                        window=band, scale=scale, qk_scale=qk_scale, varlen=meta["VARLEN"])
-        return dq, dr, dk, dv
-    tau = torch.empty_like(tbar)
-    beta = torch.empty_like(tbar)
-    wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
-    meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], rows)
-    if meta["TMA_OK"]:
-        _tma_allocator(q.device)
-    kernel, launch = tuning.select("dq", _bwd_dq_kernel, work, dq_config)
-    grid = lambda meta_: (triton.cdiv(total, meta_["BM"]) * hq,)  # noqa: E731
-    kernel[grid](q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
-                 sqt, sqh, skt, skh, svt, svh, scale, qk_scale, band, *tune, **meta, **launch)
-    kernel, launch = tuning.select("dkdv", _bwd_dkdv_kernel, work, dkdv_config)
-    grid = lambda meta_: (triton.cdiv(total, meta_["BN"]) * k.shape[2],)  # noqa: E731
-    kernel[grid](q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq,
-                 k.shape[2], sqt, sqh, skt, skh, svt, svh, scale, qk_scale, band, *tune, **meta, **launch)
+            hopper.backward(q, r, k, v, o, vbar, do, tbar, lse, (dq, dr, dk, dv), docs, doce,
+                            strides={"q": sqt, "do": do.stride(1), "k": skt, "v": svt}, total=total, seq_len=n,
+                            window=band, scale=scale, qk_scale=qk_scale, varlen=meta["VARLEN"])
+            return dq, dr, dk, dv
+        tau = torch.empty_like(tbar)
+        beta = torch.empty_like(tbar)
+        wanted = tuning.wants_tma("dq", dq_config) or tuning.wants_tma("dkdv", dkdv_config)
+        meta["TMA_OK"] = wanted and _tma_ok(q.shape[-1], rows)
+        if meta["TMA_OK"]:
+            _tma_allocator(q.device)
+        kernel, launch = tuning.select("dq", _bwd_dq_kernel, work, dq_config)
+        kernel[lambda meta_: tile_grid(total, meta_["BM"], hq)](
+            q, r, k, v, o, vbar, do, tbar, lse, tau, beta, dq, dr, docs, total, n, hq,
+            sqt, sqh, skt, skh, svt, svh, scale, qk_scale, band, *tune, **meta, **launch)
+        kernel, launch = tuning.select("dkdv", _bwd_dkdv_kernel, work, dkdv_config)
+        kernel[lambda meta_: tile_grid(total, meta_["BN"], k.shape[2])](
+            q, r, k, v, do, tbar, lse, tau, beta, dk, dv, docs, doce, total, n, hq,
+            k.shape[2], sqt, sqh, skt, skh, svt, svh, scale, qk_scale, band, *tune, **meta, **launch)
     return dq, dr, dk, dv

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import launcher
+
 
 class Launch(NamedTuple):
     """Tokens per tile, warps per program and tiles per program of both kernels (the backward writes
@@ -225,9 +227,10 @@ def forward(y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch = FORWARD
     total = b * n
     q, r = (torch.empty((b, n, hq, d), dtype=y.dtype, device=y.device) for _ in range(2))
     k, v = (torch.empty((b, n, hkv, d), dtype=y.dtype, device=y.device) for _ in range(2))
-    _forward_kernel[(_spans(total, launch) * (2 * hq + hkv),)](
-        y, q, k, r, v, *_weights(weights), angles, total, n, y_stride, hq, hkv, _rope_slots(hq, hkv, rope_rho), eps,
-        HALF=d // 2, BT=launch.bt, TILES=launch.tiles, num_warps=launch.warps)
+    with launcher.on_device(y.device):
+        _forward_kernel[(_spans(total, launch) * (2 * hq + hkv),)](
+            y, q, k, r, v, *_weights(weights), angles, total, n, y_stride, hq, hkv, _rope_slots(hq, hkv, rope_rho),
+            eps, HALF=d // 2, BT=launch.bt, TILES=launch.tiles, num_warps=launch.warps)
     return q, k, v, r
 
 
@@ -244,10 +247,11 @@ def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch =
     dq, dk, dv, dr = (g.contiguous() for g in grads)
     read = _weights(weights)
     part = torch.empty((spans * (2 * hq + hkv), d), dtype=torch.float32, device=y.device)
-    _backward_kernel[(spans * (2 * hq + hkv),)](
-        dq, dk, dr, y, dy, *read, angles, part, dv, total, n, y_stride, hq, hkv, _rope_slots(hq, hkv, rope_rho), eps,
-        HALF=d // 2, BT=launch.bt, TILES=launch.tiles, num_warps=launch.warps)
     dws = [torch.empty((d,), dtype=w.dtype, device=y.device) for w in read]
     cols = min(d, 16)  # 3 D / 16 programs: the partials (a few MiB) are read at a fair share of the bandwidth
-    _weight_grads_kernel[(3, d // cols)](part, *dws, spans, hq, hkv, D=d, COLS=cols, BLOCK=256, num_warps=4)
+    with launcher.on_device(y.device):
+        _backward_kernel[(spans * (2 * hq + hkv),)](
+            dq, dk, dr, y, dy, *read, angles, part, dv, total, n, y_stride, hq, hkv, _rope_slots(hq, hkv, rope_rho),
+            eps, HALF=d // 2, BT=launch.bt, TILES=launch.tiles, num_warps=launch.warps)
+        _weight_grads_kernel[(3, d // cols)](part, *dws, spans, hq, hkv, D=d, COLS=cols, BLOCK=256, num_warps=4)
     return dy, *(g.to(w.dtype) for g, w in zip(dws, weights))
