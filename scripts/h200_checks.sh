@@ -153,7 +153,8 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     scaling) python3 -m scripts.bench.train parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
                --out "$work/scaling" ;;
     scaling-noreshard) python3 -m scripts.bench.train parallax --scaling 2 --steps 24 --run-timeout $(( t / 3 )) \
-                         --extra "--parallelism.fsdp_reshard_after_forward never" --out "$work/scaling_noreshard" ;;
+                         --multi-gpu-extra "--parallelism.fsdp_reshard_after_forward never" \
+                         --out "$work/scaling_noreshard" ;;
     profile-transformer) profile transformer 1 "$t" ;;
     profile-parallax) profile parallax 1 "$t" ;;
     power) power "$t" ;;

@@ -42,10 +42,24 @@ def test_defaults_and_options(monkeypatch):
 @pytest.mark.parametrize("argv", [["parallax", "--scaling", "1"], ["transformer", "parallax", "--scaling", "2"],
                                   ["parallax", "--scaling", "2", "--ngpu", "2"], ["parallax", "--resume", "30"],
                                   ["transformer", "parallax", "--resume", "3"], ["parallax", "--resume", "-1"],
-                                  ["parallax", "--resume", "3", "--scaling", "2"]])
+                                  ["parallax", "--resume", "3", "--scaling", "2"],
+                                  ["parallax", "--multi-gpu-extra", "--compile.no-enable"],  # one GPU: no run
+                                  ["parallax", "--ngpu", "2", "--resume", "3", "--multi-gpu-extra", "-x"]])
 def test_bad_scaling_options_are_refused(argv):
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+def test_multi_gpu_extra_reaches_the_runs_on_several_gpus_only():
+    """FSDP settings are refused by the config check of a one-GPU run (nothing is sharded there): the
+    scaling check's 1-GPU runs get --extra only, its N-GPU run --multi-gpu-extra after it."""
+    args = parse_args(["parallax", "--scaling", "2", "--extra", "--compile.no-enable", "--multi-gpu-extra",
+                       "--parallelism.fsdp_reshard_after_forward never"])
+    one, two = (train_command(args, "parallax", "p", nproc) for nproc in (1, 2))
+    assert one[-1] == "--compile.no-enable" and "--parallelism.fsdp_reshard_after_forward" not in one
+    assert two[-3:] == ["--compile.no-enable", "--parallelism.fsdp_reshard_after_forward", "never"]
+    eight = parse_args(["parallax", "--ngpu", "8", "--multi-gpu-extra", "--compile.no-enable"])
+    assert train_command(eight, "parallax", "p", eight.ngpu)[-1] == "--compile.no-enable"
 
 
 def test_run_past_its_timeout_is_stopped(tmp_path):
@@ -137,8 +151,10 @@ def test_resume_check_is_exact_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_scaling_check_runs_on_cpu_ranks(tmp_path):
-    """--scaling 2 on the tiny CPU config: 1 rank with accumulation 2 and 2 gloo ranks agree."""
-    _bench_on_cpu(tmp_path, "parallax", "--scaling", "2")
+    """--scaling 2 on the tiny CPU config: 1 rank with accumulation 2 and 2 gloo ranks agree; the FSDP
+    setting of --multi-gpu-extra reaches the 2-rank run only (the 1-rank runs' config check refuses it)."""
+    _bench_on_cpu(tmp_path, "parallax", "--scaling", "2", "--multi-gpu-extra",
+                  "--parallelism.fsdp_reshard_after_forward never")
     report = json.loads((tmp_path / "scaling.json").read_text())
     assert [r["step"] for r in report["losses"]] == [1, 2, 3, 4]
     assert report["max_rel_diff"] < 1e-5 and report["per_gpu_efficiency"] > 0

@@ -8,11 +8,14 @@ import os
 import pytest
 import torch
 
-from parallax_titan.config import ConfigError, load_config
+from parallax_titan.config import ConfigError, Training, load_config
+from parallax_titan.data import check_dataset_config
+from parallax_titan.generation import SamplingParams
 from parallax_titan.spec import register_all
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo_cpu.toml")
+CORPUS = os.path.join(REPO, "parallax_titan", "assets", "corpus", "validation.jsonl.gz")  # as local files
 register_all()
 
 
@@ -42,6 +45,7 @@ def test_unreadable_config_file_is_named(tmp_path):
 
 
 OP_SAC = ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"]
+PRETOKENIZED = ["--training.dataset", "pretokenized", "--training.dataset_path", "/tmp"]
 # overrides of the demo config, and the text the refusal must contain
 CASES = [
     # TorchTitan's assert inside the parser: a raw AssertionError that named no key
@@ -56,6 +60,21 @@ CASES = [
      "parallax.gate: 'head' configures the probe rho of Parallax attention, but model.name 'transformer' has none"),
     (["--model.name", "transformer", "--parallax.probe_init", "zero"], "parallax.probe_init: 'zero' configures"),
     (["--model.name", "value_averaging", "--parallax.no-rho_rope"], "parallax.rho_rope: False configures"),
+    # kernel switches on a model whose mixer never reads them were dropped without a word
+    (["--model.name", "transformer", "--parallax.attn_backend", "reference"],
+     "parallax.attn_backend: 'reference' configures the kernels of Parallax attention and Affine Linear Attention, "
+     "but model.name 'transformer' has none (it would be ignored); use model.name parallax, parallax_dagger or "
+     "affine_la, or keep the default 'auto'"),
+    (["--model.name", "exact_lla", "--parallax.attn_backend", "triton"], "parallax.attn_backend: 'triton' configures"),
+    (["--model.name", "transformer_dagger", "--parallax.no-fused_norm_rope"],
+     "parallax.fused_norm_rope: False configures the norm and RoPE kernels of Parallax attention's input projection, "
+     "but model.name 'transformer_dagger' has none (it would be ignored); use model.name parallax or parallax_dagger, "
+     "or keep the default True"),
+    (["--model.name", "affine_la", "--parallax.no-fused_norm_rope"], "parallax.fused_norm_rope: False configures"),
+    (["--model.name", "affine_la", "--parallax.no-hopper_kernels"],
+     "parallax.hopper_kernels: False configures the sm_90 Gluon kernels of Parallax attention, but model.name "
+     "'affine_la' has none (it would be ignored)"),
+    (["--model.name", "value_averaging", "--parallax.no-hopper_kernels"], "parallax.hopper_kernels: False configures"),
     # a misspelled category named no parameter: the norms were decayed after all
     (["--optimizer.no_decay_categories", "norms"],
      "optimizer.no_decay_categories: category 'norms' is produced by no param_rules rule"),
@@ -149,8 +168,10 @@ CASES = [
     (["--memory_estimation.enable"], "memory_estimation.enable: true is never read by train.py"),
     (["--fault_tolerance.enable"], "fault_tolerance.enable: true is never read by Parallax-Titan's trainer"),
     (["--debug.moe_force_load_balance"], "debug.moe_force_load_balance: true applies to MoE layers"),
-    (["--debug.seed", "-1"], "debug.seed: expected unset or an integer in [0, 2**64) (torch's seed), got -1"),
-    (["--debug.seed", str(2**64)], f"debug.seed: expected unset or an integer in [0, 2**64) (torch's seed), got {2**64}"),
+    (["--debug.seed", "-1"],
+     "debug.seed: expected an integer in [0, 2**64) or unset (torch's own random seed), got -1"),
+    (["--debug.seed", str(2**64)],
+     f"debug.seed: expected an integer in [0, 2**64) or unset (torch's own random seed), got {2**64}"),
     (["--model.converters", "quantize.grouped_mm.float8"],
      "model.converters: 'quantize.grouped_mm.float8' converts MoE expert layers"),
     (["--checkpoint.export_dtype", "bfloat16", "--checkpoint.no-last_save_model_only"],
@@ -202,6 +223,25 @@ CASES = [
     (["--training.verify_shards", "size"],
      "training.verify_shards: 'size' is read with pre-tokenized data only, and training.dataset = 'default_corpus' "
      "and validation.dataset = 'default_corpus_validation' are text (it would be ignored); expected 'checksum'"),
+    # TorchTitan's loader keys beside pre-tokenized data, which its own loader reads in the training process
+    (PRETOKENIZED + ["--training.dataloader.num_workers", "2"],
+     "training.dataloader.num_workers: expected 0 (load in the training process) or 1 (one background reader), got 2"),
+    (PRETOKENIZED + ["--training.dataloader.num_workers", "1", "--training.dataloader.persistent_workers"],
+     "training.dataloader.persistent_workers: true keeps worker processes alive between epochs, but "
+     "training.dataset = 'pretokenized' (read ahead on a thread) starts none (it would be ignored); expected false"),
+    (["--validation.dataset", "pretokenized", "--validation.dataset_path", "/tmp", "--diagnostics.dataset",
+      "default_corpus_validation", "--validation.dataloader.num_workers", "1",
+      "--validation.dataloader.persistent_workers"],
+     "validation.dataloader.persistent_workers: true keeps worker processes alive between epochs, but "
+     "validation.dataset = 'pretokenized' (read ahead on a thread)"),
+    # the record policy of local files, with no local file read
+    (["--training.max_record_bytes", "1024"],
+     "training.max_record_bytes: set to 1024, but it is read with dataset = 'local' files only, and this run reads "
+     "none (training.dataset = 'default_corpus', validation.dataset = 'default_corpus_validation'), so it would be "
+     "ignored; expected the default 67108864"),
+    (PRETOKENIZED + ["--reliability.bad_data", "skip"],
+     "reliability.bad_data: set to 'skip', but it is read with dataset = 'local' files only, and this run reads none "
+     "(training.dataset = 'pretokenized', validation.dataset = 'default_corpus_validation')"),
 ]
 
 
@@ -251,6 +291,47 @@ def test_cpu_offload_without_sharding_is_refused(monkeypatch):
     load_config(offload)  # two shards
 
 
+@pytest.mark.parametrize("seed", [-1, 2**64, True])
+def test_the_64_bit_seeds_of_three_layers_are_checked_alike(seed):
+    """``debug.seed`` (config), ``training.data_seed`` (data) and generation's ``seed``: one range check,
+    one wording (key, value, [0, 2**64)); the largest seed passes each."""
+    config = load_config(["--job.config_file", DEMO], check_data=False)
+    config.debug.seed = seed
+    assert [p for p in config.validate(check_data=False) if "seed" in p] == [
+        f"debug.seed: expected an integer in [0, 2**64) or unset (torch's own random seed), got {seed!r}"]
+    with pytest.raises(ValueError) as data:
+        check_dataset_config(Training(dataset="pretokenized", data_seed=seed))
+    assert str(data.value) == f"training.data_seed: expected an integer in [0, 2**64), got {seed!r}"
+    with pytest.raises(ValueError) as sampling:
+        SamplingParams(seed=seed)
+    assert str(sampling.value) == f"seed: expected an integer in [0, 2**64) or None (a fresh random seed), got {seed!r}"
+    config.debug.seed = 2**64 - 1
+    assert not [p for p in config.validate(check_data=False) if "seed" in p]
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+
+
+@pytest.mark.parametrize("world, overrides, ranks", [
+    ("1", [], "1 rank"),
+    ("2", ["--parallelism.data_parallel_replicate_degree", "2"], "2 ranks"),  # DDP across the two replicas
+])
+def test_fsdp_reshard_without_sharding_is_refused(monkeypatch, world, overrides, ranks):
+    """TorchTitan applies FSDP only with a shard degree above 1: on one rank, or with DDP, the reshard
+    setting was ignored without a word. The ranks are known at launch only (WORLD_SIZE): tools that
+    load the config without torchrun do not check it."""
+    never = ["--job.config_file", DEMO, "--parallelism.fsdp_reshard_after_forward", "never",
+             "--training.global_batch_size", "-1", *overrides]
+    monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(ConfigError, match=r"parallelism.fsdp_reshard_after_forward: set to 'never', but the shard "
+                                          rf"degree is 1 on {ranks} \(FSDP is not applied: nothing is gathered to "
+                                          r"reshard\), so it would be ignored; expected the default 'default'"):
+        load_config(never)
+    load_config([*never[:3], "default", *never[4:]])
+    monkeypatch.setenv("WORLD_SIZE", str(2 * int(world)))
+    load_config(never)  # two shards
+    monkeypatch.delenv("WORLD_SIZE")
+    load_config(never, check_data=False)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the checks of a machine without CUDA")
 @pytest.mark.parametrize("overrides,message", MACHINE_CASES, ids=[" ".join(o) for o, _ in MACHINE_CASES])
 def test_what_this_machine_lacks_is_refused_when_training_loads_the_config(overrides, message):
@@ -269,7 +350,10 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--validation.steps", "-1"],
     ["--validation.seq_len", "128"],
     ["--validation.no-enable", "--validation.seq_len", "4096"],  # not used: not checked
-    ["--model.name", "transformer", "--parallax.attn_backend", "reference"],  # applies to every mixer
+    ["--model.name", "parallax_dagger", "--parallax.attn_backend", "reference", "--parallax.no-fused_norm_rope",
+     "--parallax.no-hopper_kernels", "--parallax.gate", "head"],
+    ["--model.name", "affine_la", "--parallax.attn_backend", "reference"],  # the family kernel's backend
+    ["--model.name", "transformer", "--parallax.attn_backend", "auto", "--parallax.fused_norm_rope"],  # defaults
     ["--eval.device", "cuda:1"],
     ["--eval.device", "cpu"],
     ["--optimizer.no_decay_categories", "norm,bias,other"],
@@ -303,6 +387,14 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--checkpoint.no-enable"],  # what the benchmarks pass: interval, keep_latest_k, last_save_model_only stay
     ["--metrics.save_for_all_ranks"],  # TensorBoard on
     ["--training.verify_shards", "size", "--training.dataset", "pretokenized", "--training.dataset_path", "/tmp"],
+    PRETOKENIZED + ["--validation.dataloader.num_workers", "1"],  # text validation data: its loader reads it
+    # the paper configs' loader settings: shards are read ahead on a thread, into pinned memory
+    PRETOKENIZED + ["--training.dataloader.num_workers", "1", "--training.dataloader.prefetch_factor", "2",
+                    "--training.dataloader.pin_memory"],
+    ["--validation.no-enable", "--validation.dataset", "pretokenized", "--validation.dataloader.pin_memory"],  # off
+    ["--training.dataset", "local", "--training.dataset_path", CORPUS, "--training.max_record_bytes", "1024",
+     "--reliability.bad_data", "skip"],
+    ["--diagnostics.dataset", "local", "--diagnostics.dataset_path", CORPUS, "--reliability.bad_data", "skip"],
 ])
 def test_sound_values_next_to_the_refused_ones_pass(overrides):
     load_config(["--job.config_file", DEMO, *overrides], check_data=False)

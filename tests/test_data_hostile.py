@@ -173,7 +173,7 @@ def test_truncated_gzip_source_is_named_not_a_traceback(tmp_path, capsys):
 def test_data_seed_outside_64_bits_is_refused_before_the_first_batch(small, tmp_path, seed):
     """It passed the config and the loader build, then the first batch failed in NumPy
     (OverflowError: Python integer -1 out of bounds for uint64), after the model was built."""
-    message = rf"training\.data_seed = {seed}: expected an integer in \[0, 2\*\*64\)"
+    message = rf"training\.data_seed: expected an integer in \[0, 2\*\*64\), got {seed}$"
     with pytest.raises(ConfigError, match=message):
         load_config(config_argv(tmp_path, "--training.dataset_path", small, f"--training.data_seed={seed}"))
     config = job(small, batch=1)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -295,3 +297,50 @@ def test_sources_from_toml_and_token_budgets(data, tmp_path):
     assert loader.mixture_metrics(3)["data/shakespeare/fraction"] == 0.75
     with pytest.raises(ValueError, match=r"token budgets add up to 192, but the run trains on .* = 384 tokens"):
         build_dataloader(4, 0, None, config)
+
+
+def reading_ahead(j, workers=1, prefetch=3, pin=False):
+    j.training.dataloader.num_workers, j.training.dataloader.prefetch_factor = workers, prefetch
+    j.training.dataloader.pin_memory = j.validation.dataloader.pin_memory = pin
+    j.validation.dataloader.num_workers, j.validation.dataloader.prefetch_factor = workers, prefetch
+    return j
+
+
+def test_read_ahead_gives_the_same_batches_and_position(data, monkeypatch):
+    """``num_workers = 1`` reads on a thread, ``prefetch_factor`` batches ahead of the trainer: the same
+    batches in the same order, and the saved position counts the batches handed out, not those read
+    (a resume from it would otherwise skip the read-ahead batches)."""
+    plain = build_dataloader(1, 0, None, job(data["a"]))
+    ahead = build_dataloader(1, 0, None, reading_ahead(job(data["a"])))
+    threads = []
+    load = ahead._load
+    monkeypatch.setattr(ahead, "_load", lambda k: threads.append(threading.current_thread().name)
+                        or load(k))
+    it = iter(ahead)
+    first = [next(it) for _ in range(2)]
+    assert ahead.state_dict() == plain.state_dict() | {"position": 2 * 4}
+    deadline = time.monotonic() + 60
+    while len(threads) < 2 + 3 and time.monotonic() < deadline:  # the thread reads 3 batches ahead, unasked
+        time.sleep(0.01)
+    assert len(threads) == 2 + 3 and all(t.startswith("pretokenized-read-ahead") for t in threads)
+    for (x, y), (x0, y0) in zip(first + [next(it) for _ in range(3)], take(plain, 5)):
+        assert torch.equal(x["input"], x0["input"]) and torch.equal(y, y0)
+    it.close()  # the run ends: the reader stops
+    resumed = build_dataloader(1, 0, None, reading_ahead(job(data["a"])))
+    resumed.load_state_dict(ahead.state_dict())
+    fresh = build_dataloader(1, 0, None, job(data["a"]))
+    assert torch.equal(next(iter(resumed))[0]["input"], take(fresh, 6)[5][0]["input"])
+
+
+def test_read_ahead_validation_and_pinned_memory(data, monkeypatch):
+    """Validation passes read ahead alike; ``pin_memory`` pins each tensor of the batch where CUDA is
+    there (torch's CPU build has no page-locked memory: the batch is left as it is)."""
+    plain = [b for b in build_validation_dataloader(1, 0, None, job(data["a"]))]
+    ahead = build_validation_dataloader(1, 0, None, reading_ahead(job(data["a"], mask="block_causal"), pin=True))
+    assert len(list(ahead)) == len(plain)
+    pinned = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t.shape) or t.clone())
+    batches = list(ahead)
+    assert [torch.equal(b[0]["input"], p[0]["input"]) for b, p in zip(batches, plain)] == [True] * len(plain)
+    assert len(pinned) == 3 * len(plain)  # input, document starts, labels

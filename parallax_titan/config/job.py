@@ -18,10 +18,10 @@ from torchtitan.config import job_config as titan
 
 from parallax_titan.config.diagnostics import Diagnostics
 from parallax_titan.config.optim import LRScheduler, Optimizer
-from parallax_titan.config.schema import toml_problems
+from parallax_titan.config.schema import seed_problem, toml_problems
 from parallax_titan.config.sections import (
     Checkpoint, Eval, Metrics, Model, Parallax, Parallelism, Reliability, Training, Validation, _problems_of,
-    finite_at_least, mixer_problems, positive_int,
+    finite_at_least, is_pretokenized, mixer_problems, positive_int,
 )
 
 FLOAT8 = "quantize.linear.float8"
@@ -194,12 +194,23 @@ class JobConfig(titan.JobConfig):
             return [f"parallelism.data_parallel_replicate_degree x data_parallel_shard_degree = {replicate} x {shard}: "
                     f"expected {'a divisor of' if shard == -1 else 'a product equal to'} the {world} rank"
                     f"{'s' if world != 1 else ''} this run has (WORLD_SIZE)"]
-        if self.training.enable_cpu_offload and data_parallel // replicate == 1:
+        return self._unsharded_problems(world) if data_parallel // replicate == 1 else []
+
+    def _unsharded_problems(self, world: int) -> list[str]:
+        """FSDP settings of a run whose shard degree is 1 on ``world`` ranks: TorchTitan applies FSDP
+        only with a shard degree above 1 (one rank, or DDP across replicas, shards nothing)."""
+        ranks, problems = f"{world} rank{'s' if world != 1 else ''}", []
+        if self.training.enable_cpu_offload:
             # TorchTitan builds the model on the CPU for the offload, and only FSDP's sharding moves it
-            return [f"training.enable_cpu_offload: true offloads FSDP-sharded parameters, but the shard degree is 1 "
-                    f"on {world} rank{'s' if world != 1 else ''} (nothing is sharded: the model would stay on the "
-                    "CPU); expected false, or a data_parallel_shard_degree > 1"]
-        return []
+            problems.append(f"training.enable_cpu_offload: true offloads FSDP-sharded parameters, but the shard degree "
+                            f"is 1 on {ranks} (nothing is sharded: the model would stay on the CPU); expected false, "
+                            "or a data_parallel_shard_degree > 1")
+        reshard, default = self.parallelism.fsdp_reshard_after_forward, titan.Parallelism().fsdp_reshard_after_forward
+        if reshard != default:
+            problems.append(f"parallelism.fsdp_reshard_after_forward: set to {reshard!r}, but the shard degree is 1 on "
+                            f"{ranks} (FSDP is not applied: nothing is gathered to reshard), so it would be ignored; "
+                            f"expected the default {default!r}, or a data_parallel_shard_degree > 1")
+        return problems
 
     def _titan_problems(self) -> list[str]:
         """TorchTitan sections our classes do not subclass: values TorchTitan accepts and then ignores
@@ -210,10 +221,8 @@ class JobConfig(titan.JobConfig):
     def _seed_problems(self) -> list[str]:
         """``debug.seed`` is torch's: a negative one is taken modulo 2**64 (another seed than the config
         gives), and one of 2**64 or more fails when the trainer seeds, after the config is read."""
-        seed = self.debug.seed
-        if seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64):
-            return []
-        return [f"debug.seed: expected unset or an integer in [0, 2**64) (torch's seed), got {seed!r}"]
+        problem = seed_problem("debug.seed", self.debug.seed, unset="unset (torch's own random seed)")
+        return [problem] if problem else []
 
     def _activation_checkpoint_problems(self) -> list[str]:
         ac, problems = self.activation_checkpoint, []
@@ -387,7 +396,7 @@ class JobConfig(titan.JobConfig):
         problems = self._batch_problems() + self.lr_scheduler.stage_problems(self.training.steps)
         problems += self.lr_scheduler.anneal_problems(self.training.steps, self.optimizer)
         problems += self.lr_scheduler.decay_shape_problems(self.training.steps)
-        problems += self._verify_shards_problems()
+        problems += self._verify_shards_problems() + self._record_policy_problems()
         problems += self._total_steps_problems()
         if self.eval.at_end and not self.checkpoint.enable:
             problems.append("eval.at_end: true needs checkpoint.enable = true (the suite scores the final checkpoint)")
@@ -417,12 +426,28 @@ class JobConfig(titan.JobConfig):
         validation data's when enabled); with text datasets alone nothing reads it."""
         sections = [("training", self.training)] + ([("validation", self.validation)] if self.validation.enable else [])
         datasets = [(name, section.dataset) for name, section in sections]
-        if self.training.verify_shards == "checksum" or any(
-                isinstance(d, str) and d.lower() == "pretokenized" for _, d in datasets):
+        if self.training.verify_shards == "checksum" or any(is_pretokenized(d) for _, d in datasets):
             return []
         read = " and ".join(f"{name}.dataset = {d!r}" for name, d in datasets)
         return [f"training.verify_shards: {self.training.verify_shards!r} is read with pre-tokenized data only, and "
                 f"{read} {'are' if len(datasets) > 1 else 'is'} text (it would be ignored); expected 'checksum'"]
+
+    def _record_policy_problems(self) -> list[str]:
+        """``training.max_record_bytes`` and ``reliability.bad_data`` are the policy of the reader of
+        local files (``dataset = "local"``, for training, validation or the diagnostics' held-out batch);
+        the embedded corpora, the hub and pre-tokenized shards are read without them."""
+        datasets = {"training.dataset": self.training.dataset, "diagnostics.dataset": self.diagnostics.dataset}
+        if self.validation.enable:
+            datasets["validation.dataset"] = self.validation.dataset
+        if any(isinstance(d, str) and d.lower() == "local" for d in datasets.values()):
+            return []
+        read = ", ".join(f"{key} = {d!r}" for key, d in datasets.items() if d)
+        policy = [(f"{name}.{key}", getattr(section, key), getattr(type(section)(), key))
+                  for name, section, key in (("training", self.training, "max_record_bytes"),
+                                             ("reliability", self.reliability, "bad_data"))]
+        return [f"{key}: set to {value!r}, but it is read with dataset = 'local' files only, and this run reads "
+                f"none ({read}), so it would be ignored; expected the default {default!r}"
+                for key, value, default in policy if value != default]
 
     def _total_steps_problems(self) -> list[str]:
         """TorchTitan's schedule ends at ``lr_scheduler.total_steps``: past it a decay's factor keeps

@@ -2,7 +2,8 @@
 
 TorchTitan's loader accepts a string where an int belongs and fails much later; these checks
 name the key, the expected type and the value. They serve both a TOML dict (before parsing) and
-a parsed section object (values set in code bypass the TOML check).
+a parsed section object (values set in code bypass the TOML check). :func:`seed_problem` is the one
+range check of a 64-bit seed (``debug.seed``, ``training.data_seed``, generation's ``seed``).
 """
 
 import dataclasses
@@ -89,3 +90,19 @@ def value_problems(section, prefix: str) -> list[str]:
         if not dataclasses.is_dataclass(hints[f.name]) and not matches(value, hints[f.name]):
             problems.append(f"{prefix}.{f.name}: expected {describe(hints[f.name])}, got {value!r}")
     return problems
+
+
+def seed_problem(key: str, seed, unset: str = "") -> str | None:
+    """``"<key>: expected an integer in [0, 2**64)..., got <seed>"`` unless ``seed`` is a 64-bit seed (an
+    int, not a bool), or None where ``unset`` allows it; else None.
+
+    torch's generators and the pre-tokenized permutation take 64 bits: a negative seed would be taken
+    modulo 2**64 (another seed than the one given) and one of 2**64 or more fails only when it is
+    first used. ``unset``: how None is given and what it means (e.g. "None (a fresh random seed)");
+    empty: None is refused too.
+    """
+    if seed is None and unset:
+        return None
+    if isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64:
+        return None
+    return f"{key}: expected an integer in [0, 2**64){' or ' + unset if unset else ''}, got {seed!r}"

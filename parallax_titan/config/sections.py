@@ -132,10 +132,10 @@ class Model(titan.Model):
 def mixer_problems(job, args) -> list[str]:
     """Problems of the model's sequence mixer (``args.mixer`` of the model ``job`` builds) with the
     ``[parallax]`` switches and with the shapes the run feeds it: block-causal masks need a mixer that
-    takes document boundaries, a sliding window needs Parallax attention, and exact LLA's cost per
-    forward (``kernels.exact_lla_cost``, the direct Cholesky solve) must stay within
-    ``args.lla_max_cost`` for every (batch, seq_len) the run uses (training, validation, evaluation,
-    diagnostics)."""
+    takes document boundaries, a sliding window needs Parallax attention, a changed switch a mixer
+    that reads it (:data:`MIXER_SWITCHES`), and exact LLA's cost per forward (``kernels.exact_lla_cost``,
+    the direct Cholesky solve) must stay within ``args.lla_max_cost`` for every (batch, seq_len) the
+    run uses (training, validation, evaluation, diagnostics)."""
     from parallax_titan.mixers import VARLEN_MIXERS
 
     name, parallax, problems = job.model.name, job.parallax, []
@@ -146,24 +146,43 @@ def mixer_problems(job, args) -> list[str]:
     if isinstance(parallax.window, int) and parallax.window > 0 and args.mixer != "parallax":
         problems.append(f"parallax.window: a sliding window needs Parallax attention (model.name parallax or "
                         f"parallax_dagger); got window = {parallax.window} with model.name {name!r}")
-    if args.mixer != "parallax":
-        problems += _probe_switch_problems(parallax, name)
+    problems += _unread_switch_problems(parallax, name, args.mixer)
     if args.mixer == "exact_lla" and args.lla_max_cost is not None:
         problems += _exact_lla_cost_problems(job, args)
     return problems
 
 
-# the [parallax] keys that shape the probe rho; other mixers have no probe and would ignore them
-PROBE_SWITCHES = ("rho_rope", "gate", "probe_init")
+# [parallax] switches that some mixers read (parallax_titan.model, parallax_titan.mixers): what each
+# configures and the mixers that read it. The others (TorchTitan's attention, fla's layers, the other
+# family kernels) have no such part and would ignore a changed value.
+MIXER_SWITCHES = {
+    **dict.fromkeys(("rho_rope", "gate", "probe_init"), ("the probe rho of Parallax attention", ("parallax",))),
+    "attn_backend": ("the kernels of Parallax attention and Affine Linear Attention", ("parallax", "affine_la")),
+    "fused_norm_rope": ("the norm and RoPE kernels of Parallax attention's input projection", ("parallax",)),
+    "hopper_kernels": ("the sm_90 Gluon kernels of Parallax attention", ("parallax",)),
+}
 
 
-def _probe_switch_problems(parallax: Parallax, name: str) -> list[str]:
-    """A probe switch changed from its default on a model without a probe: refused, not ignored."""
-    default = Parallax()
-    return [f"parallax.{key}: {getattr(parallax, key)!r} configures the probe rho of Parallax attention, but "
-            f"model.name {name!r} has none (it would be ignored); use a Parallax model or keep the default "
-            f"{getattr(default, key)!r}"
-            for key in PROBE_SWITCHES if getattr(parallax, key) != getattr(default, key)]
+def _unread_switch_problems(parallax: Parallax, name: str, mixer: str) -> list[str]:
+    """A ``[parallax]`` switch changed from its default on a model whose mixer does not read it:
+    refused, not ignored; the message names the models that read it."""
+    default, problems = Parallax(), []
+    for key, (what, readers) in MIXER_SWITCHES.items():
+        value = getattr(parallax, key)
+        if mixer not in readers and value != getattr(default, key):
+            problems.append(f"parallax.{key}: {value!r} configures {what}, but model.name {name!r} has none (it "
+                            f"would be ignored); use model.name {_models_of(readers)}, or keep the default "
+                            f"{getattr(default, key)!r}")
+    return problems
+
+
+def _models_of(mixers: tuple[str, ...]) -> str:
+    """The ``model.name`` values whose mixer is one of ``mixers``, as "a, b or c"."""
+    from parallax_titan.spec import BASE_FLAVORS, VARIANTS, variant_args
+
+    base = BASE_FLAVORS["debug"]  # any size: a variant's mixer does not depend on it
+    names = [v for v in VARIANTS if variant_args(v, base).mixer in mixers]
+    return " or ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
 
 def _exact_lla_cost_problems(job, args) -> list[str]:
@@ -194,23 +213,38 @@ def _exact_lla_cost_problems(job, args) -> list[str]:
     return problems
 
 
-def loader_problems(loader, section: str) -> list[str]:
-    """``[<section>.dataloader]`` of a text dataset: at most one worker, a prefetch factor only with it."""
+def is_pretokenized(dataset) -> bool:
+    """Whether a ``dataset`` key names the pre-tokenized shards (``parallax_titan.data.PRETOKENIZED``),
+    which their own loader reads, and not a text dataset."""
+    return isinstance(dataset, str) and dataset.lower() == "pretokenized"
+
+
+def loader_problems(loader, section: str, dataset) -> list[str]:
+    """``[<section>.dataloader]`` of the section's ``dataset``: at most one worker (a worker process
+    for text, a read-ahead thread for pre-tokenized shards, ``data.pretokenized.ReadAhead``), a
+    prefetch factor only with it, persistent workers only with a worker process."""
     problems = []
     if loader.num_workers not in (0, 1):
         # every worker would replay the whole stream: our datasets are split by rank, not by worker
         problems.append(f"{section}.dataloader.num_workers: expected 0 (load in the training process) or 1 "
-                        f"(one background process), got {loader.num_workers!r}")
-    if loader.persistent_workers and loader.num_workers == 0:
-        # TorchTitan drops it without a word when there is no worker to keep
+                        f"(one background reader), got {loader.num_workers!r}")
+    if loader.persistent_workers and (loader.num_workers == 0 or is_pretokenized(dataset)):
+        # TorchTitan drops it without a word when there is no worker to keep; the pre-tokenized
+        # read-ahead is a thread started per pass, with nothing to keep
         problems.append(f"{section}.dataloader.persistent_workers: true keeps worker processes alive between "
-                        "epochs, but num_workers = 0 starts none (it would be ignored); expected false, or "
-                        "num_workers = 1")
+                        f"epochs, but {_loader_of(loader, section, dataset)} starts none (it would be ignored); "
+                        "expected false")
     if loader.prefetch_factor is not None and (loader.num_workers == 0 or loader.prefetch_factor < 1):
         problems.append(f"{section}.dataloader.prefetch_factor: expected unset with num_workers = 0, or a "
                         f"positive integer with num_workers = 1; got {loader.prefetch_factor!r} with "
                         f"num_workers = {loader.num_workers!r}")
     return problems
+
+
+def _loader_of(loader, section: str, dataset) -> str:
+    if is_pretokenized(dataset):
+        return f"{section}.dataset = 'pretokenized' (read ahead on a thread)"
+    return f"num_workers = {loader.num_workers!r}"
 
 
 @dataclass
@@ -270,7 +304,7 @@ class Training(titan.Training):
                 problems.append(f"training.{key}: expected a positive integer, got {getattr(self, key)!r}")
         if not finite_at_least(self.max_norm, 0) or self.max_norm == 0:
             problems.append(f"training.max_norm: expected a finite number > 0, got {self.max_norm!r}")
-        return problems + loader_problems(self.dataloader, "training") + self._source_problems()
+        return problems + loader_problems(self.dataloader, "training", self.dataset) + self._source_problems()
 
     def _source_problems(self) -> list[str]:
         """Each ``[[training.sources]]`` entry: a path, and a weight > 0 or a token budget > 0 (one kind for all)."""
@@ -417,7 +451,7 @@ class Validation(titan.Validation):
             if self.enable and not positive_int(getattr(self, key)):
                 problems.append(f"validation.{key}: expected a positive integer, got {getattr(self, key)!r}")
         # the text validation loader takes these as the training loader does (data/text.py)
-        return problems + (loader_problems(self.dataloader, "validation") if self.enable else [])
+        return problems + (loader_problems(self.dataloader, "validation", self.dataset) if self.enable else [])
 
 
 @dataclass

@@ -16,7 +16,10 @@ import torch
 from torchtitan.components.validate import Validator
 from torchtitan.tools.logging import logger
 
-from parallax_titan.data.pretokenized import DOCUMENT_STARTS, PretokenizedLoader, SequenceSource, sequence_count_problem
+from parallax_titan.config.schema import seed_problem
+from parallax_titan.data.pretokenized import (
+    DOCUMENT_STARTS, PretokenizedLoader, ReadAhead, SequenceSource, sequence_count_problem,
+)
 from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES, check_file, resolve_data_files
 from parallax_titan.data.shards import TokenStream, check_split, read_manifest, split_shards
 from parallax_titan.data.text import (
@@ -85,17 +88,17 @@ def check_pretokenized(cfg, section: str, tokenizer_path: str | None, checksums:
     return manifests
 
 
-def data_seed_problem(seed: int, dataset: str) -> str | None:
-    """Why ``training.data_seed`` cannot order ``dataset``, or None. Only the pre-tokenized order
-    reads it, as a 64-bit key of its permutation (:func:`~parallax_titan.data.mixture.permutation`):
-    a text dataset's order does not change with it, and a seed outside ``[0, 2**64)`` has no such
-    key (NumPy would fail at the first batch, after the model is built)."""
+def data_seed_problem(seed: int, dataset: str, key: str) -> str | None:
+    """Why ``training.data_seed`` (named ``key``) cannot order ``dataset``, or None. Only the
+    pre-tokenized order reads it, as a 64-bit key of its permutation
+    (:func:`~parallax_titan.data.mixture.permutation`): a text dataset's order does not change with
+    it, and a seed outside ``[0, 2**64)`` has no such key (NumPy would fail at the first batch, after
+    the model is built)."""
     if dataset != PRETOKENIZED and seed:
-        return (f"only dataset = {PRETOKENIZED!r} is shuffled by it; {dataset!r} is read in its stored order, which "
-                "the seed does not change; remove it, or pre-tokenize the data (python -m scripts.pretokenize)")
-    if dataset == PRETOKENIZED and not 0 <= seed < 2**64:
-        return "expected an integer in [0, 2**64) (the permutation's 64-bit key)"
-    return None
+        return (f"{key} = {seed!r}: only dataset = {PRETOKENIZED!r} is shuffled by it; {dataset!r} is read in its "
+                "stored order, which the seed does not change; remove it, or pre-tokenize the data (python -m "
+                "scripts.pretokenize)")
+    return seed_problem(key, seed) if dataset == PRETOKENIZED else None
 
 
 def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False, tokenizer_path: str | None = None,
@@ -114,9 +117,9 @@ def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False,
                          f"{sorted(DATASET_NAMES)}")
     if getattr(cfg, "sources", []) and name != PRETOKENIZED:
         raise ValueError(f"{section}.sources: mixing needs {section}.dataset = {PRETOKENIZED!r}, got {cfg.dataset!r}")
-    seed_problem = data_seed_problem(getattr(cfg, "data_seed", 0), name)
-    if seed_problem:
-        raise ValueError(f"{section}.data_seed = {cfg.data_seed!r}: {seed_problem}")
+    problem = data_seed_problem(getattr(cfg, "data_seed", 0), name, f"{section}.data_seed")
+    if problem:
+        raise ValueError(problem)
     if name == "local":
         resolve_data_files(cfg.dataset_path, f"{section}.dataset_path", skip_bad, max_bytes)
     elif name == "ultrafineweb" and cfg.dataset_path:
@@ -207,7 +210,8 @@ def build_pretokenized_loader(job_config, section_name: str, dp_world_size: int,
     return PretokenizedLoader(
         sources, weights, local_batch_size=section.local_batch_size, dp_rank=dp_rank, dp_world_size=dp_world_size,
         global_batch_size=global_batch_size(job_config, dp_world_size), seed=job_config.training.data_seed,
-        training=training, document_starts=job_config.parallax.attn_mask_type == "block_causal")
+        training=training, document_starts=job_config.parallax.attn_mask_type == "block_causal",
+        read_ahead=ReadAhead.from_config(section.dataloader))
 
 
 def saved_loader_keys(job_config) -> list[str] | None:

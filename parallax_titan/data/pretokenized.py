@@ -11,12 +11,19 @@ positions ``[(k*W + r)*b, (k*W + r + 1)*b)``, so step s trains on positions ``[(
 (G = the global batch) whatever W and the gradient accumulation are. The loader's state is one
 number, the next position ``k*W*b``, the same on every rank: a run resumes on any number of ranks
 with the same global batch.
+
+Batch k is a function of k alone, so reading ahead (:class:`ReadAhead`, TorchTitan's
+``[<section>.dataloader]`` keys) changes when a batch is read, never which: the state counts the
+batches handed to the trainer, not those read.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +69,49 @@ def sequence_count_problem(source: SequenceSource) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ReadAhead:
+    """How batches are read: in the training process (``workers`` 0), or ``prefetch`` batches ahead on
+    one background thread (``workers`` 1: reading memory-mapped shards releases the GIL, and a thread
+    needs no copy of the shards' index as a worker process would); with ``pin_memory``, into page-locked
+    memory where CUDA is there, so the copy to the GPU is a direct one."""
+
+    workers: int = 0
+    prefetch: int = 2
+    pin_memory: bool = False
+
+    @classmethod
+    def from_config(cls, loader) -> "ReadAhead":
+        """From TorchTitan's ``[<section>.dataloader]`` (num_workers 0 or 1, prefetch_factor, pin_memory;
+        checked by the config)."""
+        return cls(workers=loader.num_workers, prefetch=loader.prefetch_factor or 2, pin_memory=loader.pin_memory)
+
+    def read(self, load, keys):
+        """``load(k)`` for each k of ``keys`` in order, read ahead as configured."""
+        if not self.workers:
+            yield from (self._pinned(load(k)) for k in keys)
+            return
+        keys = iter(keys)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretokenized-read-ahead")
+        try:
+            pending = deque(pool.submit(self._read_pinned, load, k) for k in itertools.islice(keys, self.prefetch))
+            while pending:
+                batch = pending.popleft().result()
+                pending.extend(pool.submit(self._read_pinned, load, k) for k in itertools.islice(keys, 1))
+                yield batch
+        finally:  # a closed generator (the run ended) drops the batches read ahead
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _read_pinned(self, load, k):
+        return self._pinned(load(k))
+
+    def _pinned(self, batch):
+        if not (self.pin_memory and torch.cuda.is_available()):
+            return batch
+        inputs, labels = batch
+        return {key: value.pin_memory() for key, value in inputs.items()}, labels.pin_memory()
+
+
 class PretokenizedLoader(BaseDataLoader):
     """Batches of pre-tokenized sequences in the global order (module docstring).
 
@@ -69,17 +119,17 @@ class PretokenizedLoader(BaseDataLoader):
     ``input["document_starts"]`` (bool [b, seq_len]) from the shards' document index when
     ``document_starts`` is set. ``training``: an endless permuted mixture whose position is saved;
     otherwise (validation) each pass reads the first source in stream order from the start, in
-    whole rounds of ``W x b`` sequences, and saves nothing.
+    whole rounds of ``W x b`` sequences, and saves nothing. ``read_ahead``: how batches are read.
     """
 
     def __init__(self, sources: list[SequenceSource], weights: list[float], *, local_batch_size: int,
                  dp_rank: int, dp_world_size: int, global_batch_size: int, seed: int, training: bool,
-                 document_starts: bool):
+                 document_starts: bool, read_ahead: ReadAhead = ReadAhead()):
         self.sources, self.weights = sources, weights
         self.mixture = Mixture.from_weights(weights)
         self.local_batch_size, self.dp_rank, self.dp_world_size = local_batch_size, dp_rank, dp_world_size
         self.global_batch_size, self.seed, self.training = global_batch_size, seed, training
-        self.with_document_starts = document_starts
+        self.with_document_starts, self.read_ahead = document_starts, read_ahead
         self._batch = 0  # batches this rank has handed out since the position was set
 
     @property
@@ -109,20 +159,25 @@ class PretokenizedLoader(BaseDataLoader):
             inputs[DOCUMENT_STARTS] = torch.from_numpy(np.stack([self.sources[s].document_starts(i) for s, i in ids]))
         return inputs, tokens[:, 1:]
 
+    def batch_ids(self, k: int) -> list[tuple[int, int]]:
+        """(source, sequence) ids of this rank's ``k``-th batch: of the training order, or (validation)
+        of the first source in stream order."""
+        if self.training:
+            return [self.sequence_id(g) for g in self.batch_positions(k)]
+        return [(0, g) for g in self.batch_positions(k)]
+
     def __iter__(self):
         if not self.training:
-            yield from self._validation_batches()
+            rounds = self.sources[0].num_sequences // (self.dp_world_size * self.local_batch_size)
+            yield from self.read_ahead.read(self._load, range(rounds))
             return
-        while True:
-            ids = [self.sequence_id(g) for g in self.batch_positions(self._batch)]
-            self._batch += 1  # before the yield: a state taken after this batch points past it
-            yield self.batch(ids)
+        batches = self.read_ahead.read(self._load, itertools.count(self._batch))
+        for k, batch in enumerate(batches, self._batch):
+            self._batch = k + 1  # before the yield: a state taken after this batch points past it
+            yield batch
 
-    def _validation_batches(self):
-        source = self.sources[0]
-        rounds = source.num_sequences // (self.dp_world_size * self.local_batch_size)
-        for k in range(rounds):
-            yield self.batch([(0, g) for g in self.batch_positions(k)])
+    def _load(self, k: int):
+        return self.batch(self.batch_ids(k))
 
     def mixture_metrics(self, step: int) -> dict[str, float]:
         """Realised share of sequences and tokens drawn from each source over steps 1..``step``."""

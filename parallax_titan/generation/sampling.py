@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from parallax_titan.config.schema import seed_problem
+
 
 NOT_FINITE = -1
 """The token :class:`Sampler` gives a row whose logits hold inf or NaN (:func:`token_ids` refuses it)."""
@@ -52,10 +54,8 @@ class SamplingParams:
             out.append(f"repetition_penalty: expected a number > 0 (1 = off), got {self.repetition_penalty!r}")
         # torch.Generator takes a seed as 64 bits: -1 would silently be the fixed seed 2**64 - 1 (not
         # "random", as in other tools), and 2**64 an overflow error only once generation starts
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not 0 <= self.seed < 2**64):
-            out.append(f"seed: expected an integer in [0, 2**64) or None (a fresh random seed), got {self.seed!r}")
-        return out
+        seed = seed_problem("seed", self.seed, unset="None (a fresh random seed)")
+        return out + ([seed] if seed else [])
 
     @property
     def greedy(self) -> bool:

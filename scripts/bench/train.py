@@ -9,11 +9,18 @@ ratios against the first variant::
         --extra "--parallax.attn_backend reference --compile.no-enable"
     python -m scripts.bench.train titan_qwen3 transformer --recipe adamw_wsd   # TorchTitan's own trainer first
 
+``--extra`` goes to every run: a ``[parallax]`` kernel switch (``attn_backend``, ``fused_norm_rope``,
+``hopper_kernels``) only with variants that read it, as above (the config check refuses it on the
+others). ``--multi-gpu-extra`` goes to the runs on more than one GPU only, for settings a one-GPU
+run does not read (FSDP's, refused there by the config check).
+
 Scaling (``--scaling N``): the first variant (a) on 1 GPU with local batch B and gradient
 accumulation N (global batch B x N) and (b) on N GPUs with local batch B, both with
 ``training.data_order = "global"`` from one seed checkpoint, so the two runs take the same steps::
 
     python -m scripts.bench.train parallax --scaling 2 --steps 30
+    python -m scripts.bench.train parallax --scaling 2 --steps 24 \\
+        --multi-gpu-extra "--parallelism.fsdp_reshard_after_forward never"   # on the N-GPU run
 
 Resume (``--resume K``): the first variant on one GPU straight for ``--steps`` steps, and the same
 run stopped at step K (``reliability.stop_at_step``, which saves a full checkpoint) and rerun with
@@ -56,11 +63,11 @@ from scripts.bench.train_scaling import scaling
 
 
 def _glue_extra(argv: list[str]) -> list[str]:
-    """``--extra VALUE`` as ``--extra=VALUE`` (and ``--probe``'s): argparse takes a VALUE like
-    "--compile.no-enable" for an option."""
+    """``--extra VALUE`` as ``--extra=VALUE`` (and ``--multi-gpu-extra``'s, ``--probe``'s): argparse
+    takes a VALUE like "--compile.no-enable" for an option."""
     glued, i = [], 0
     while i < len(argv):
-        if argv[i] in ("--extra", "--probe") and i + 1 < len(argv):
+        if argv[i] in ("--extra", "--multi-gpu-extra", "--probe") and i + 1 < len(argv):
             glued.append(f"{argv[i]}={argv[i + 1]}")
             i += 2
         else:
@@ -79,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--flavor", default="0.6B", help="model size: configs/paper/<flavor>/")
     parser.add_argument("--local-batch", type=int, default=4, help="training.local_batch_size")
     parser.add_argument("--extra", default="", help="more train.py arguments, one string, applied last")
+    parser.add_argument("--multi-gpu-extra", default="", metavar="EXTRA",
+                        help="train.py arguments for the runs on more than one GPU only (FSDP settings, which a "
+                        "one-GPU run does not read), one string, applied after --extra")
     parser.add_argument("--name-prefix", default="", help="prefix of the run names")
     parser.add_argument("--run-timeout", type=int, default=420, help="seconds before a run is stopped")
     parser.add_argument("--out", default=os.environ.get("OUT", os.path.join(REPO, "outputs", "bench_train")),
@@ -120,6 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"(--steps {args.steps}): no step would be profiled")
     if args.resume and not (0 < args.resume < args.steps and len(args.variants) == 1 and not args.scaling):
         parser.error(f"--resume {args.resume}: expected one variant, no --scaling and 0 < K < --steps ({args.steps})")
+    if args.multi_gpu_extra and not (args.scaling or (args.ngpu > 1 and not args.resume)):
+        parser.error(f"--multi-gpu-extra {args.multi_gpu_extra!r}: every run of this command has one GPU "
+                     "(it would reach none); expected --scaling N or --ngpu N > 1 without --resume")
     return args
 
 

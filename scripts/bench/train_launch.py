@@ -32,7 +32,8 @@ def config_args(args: argparse.Namespace, variant: str) -> list[str]:
 
 def train_command(args: argparse.Namespace, variant: str, name: str, nproc: int, *overrides: str) -> list[str]:
     """``torchrun train.py`` (or ``torchrun -m`` the TorchTitan reference) for one benchmark run, to be
-    run from the repository root; ``overrides`` come before ``--extra``."""
+    run from the repository root; ``overrides`` come before ``--extra``, and ``--multi-gpu-extra``
+    (runs of ``nproc`` > 1 only) after it."""
     if variant == REFERENCE:
         entry = ["-m", REFERENCE_MODULE]
     elif args.probe:
@@ -47,6 +48,7 @@ def train_command(args: argparse.Namespace, variant: str, name: str, nproc: int,
         "--training.global_batch_size", "-1", "--training.local_batch_size", str(args.local_batch),
         "--checkpoint.no-enable", "--metrics.log_freq", "5", "--metrics.no-progress-bar",
         "--job.dump_folder", os.path.join(args.out, name), *overrides, *shlex.split(args.extra),
+        *(shlex.split(args.multi_gpu_extra) if nproc > 1 else []),
     ]
 
 
