@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -105,12 +106,40 @@ def check_checkpoint(model: torch.nn.Module, checkpoint_dir: str) -> None:
     check_model_settings(checkpoint_dir, model.model_args)
 
 
-def check_job_checkpoint(job_config: JobConfig, checkpoint_dir: str, max_length: int = 0) -> None:
+@dataclass(frozen=True)
+class CheckedCheckpoint:
+    """The verdict of :func:`check_job_checkpoint`: the folder ``path`` holds the model of ``args``.
+
+    :func:`load_model` takes it instead of reading the folder's metadata and ``settings.json`` again."""
+
+    path: str
+    args: ParallaxModelArgs
+
+
+def check_job_checkpoint(job_config: JobConfig, checkpoint_dir: str, max_length: int = 0) -> CheckedCheckpoint:
     """:func:`check_checkpoint` for the model ``job_config`` builds, without building it (meta device):
     whether :func:`load_model` would accept the checkpoint, in the time of reading its metadata."""
+    return _check_args(model_args_of(job_config, max_length), checkpoint_dir)
+
+
+def _check_args(args: ParallaxModelArgs, checkpoint_dir: str) -> CheckedCheckpoint:
+    """:func:`check_checkpoint` for the model of ``args``, built on the meta device; its verdict."""
     with torch.device("meta"):
-        model = ParallaxQwen3Model(model_args_of(job_config, max_length))
+        model = ParallaxQwen3Model(args)
     check_checkpoint(model, checkpoint_dir)
+    return CheckedCheckpoint(checkpoint_dir, args)
+
+
+def _check_or_take(args: ParallaxModelArgs, checkpoint_dir: str, checked: CheckedCheckpoint | None) -> None:
+    """Refuse ``checkpoint_dir`` unless it holds the model of ``args``: checked now (:func:`_check_args`)
+    or, given ``checked``, by that verdict (no file read). ValueError naming ``checked`` for a verdict
+    on another folder or model."""
+    if checked is None:
+        _check_args(args, checkpoint_dir)
+    elif checked != CheckedCheckpoint(checkpoint_dir, args):
+        raise ValueError(f"checked: a verdict on {checked.path!r} for another folder or model than this load's; "
+                         f"expected check_job_checkpoint's verdict on {checkpoint_dir!r} with this config and "
+                         "max_length")
 
 
 def model_keys(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -121,7 +150,6 @@ def model_keys(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-@torch.no_grad()
 def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = True, *, who: str = "checkpoint",
                     off_switch: str = "verify=False") -> None:
     """Load the model weights of a DCP checkpoint folder into ``model`` (single process).
@@ -139,6 +167,12 @@ def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = 
     """
     verify_before_load(checkpoint_dir, who, off_switch, verify)
     check_checkpoint(model, checkpoint_dir)
+    _read_weights(model, checkpoint_dir)
+
+
+@torch.no_grad()
+def _read_weights(model: torch.nn.Module, checkpoint_dir: str) -> None:
+    """The checkpoint's model weights into ``model`` (checked to fit by the caller)."""
     state = model_keys(model)
     # no_dist: load on this process only, also when called inside a torchrun job.
     dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)
@@ -146,17 +180,21 @@ def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = 
 
 
 def load_model(job_config, checkpoint_dir: str, device=None, dtype="auto", max_length: int = 0,
-               verify: bool = True, *, who: str = "checkpoint", off_switch: str = "verify=False"):
+               verify: bool = True, *, who: str = "checkpoint", off_switch: str = "verify=False",
+               checked: CheckedCheckpoint | None = None):
     """Config + checkpoint -> (model in eval mode on ``device`` in ``dtype``, its model args).
 
-    ``verify``, ``who``, ``off_switch``: the checksum check of :func:`load_checkpoint`, run before
-    the model is built."""
+    ``verify``, ``who``, ``off_switch``: the checksum check of :func:`load_checkpoint`. Then the
+    checkpoint is checked against the config's model on the meta device (the errors of
+    :func:`load_checkpoint`), unless ``checked`` is :func:`check_job_checkpoint`'s verdict on it
+    (:func:`_check_or_take`); both before the model is built."""
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     args = model_args_of(job_config, max_length)
     verify_before_load(checkpoint_dir, who, off_switch, verify)
+    _check_or_take(args, checkpoint_dir, checked)
     model = build_model(args, device)
-    load_checkpoint(model, checkpoint_dir, verify=False)
+    _read_weights(model, checkpoint_dir)
     rope_cache = model.rope_cache  # kept in fp32, as under FSDP mixed precision in training
     model.to(dtype)
     model.rope_cache = rope_cache

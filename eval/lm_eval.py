@@ -26,7 +26,7 @@ from lm_eval.utils import handle_non_serializable
 from tqdm import tqdm
 
 from eval.checkpoint import DTYPES, check_job_checkpoint, load_job_config, resolve_device
-from eval.model import ParallaxLM, positive_int
+from eval.model import ParallaxLM
 from eval.table import markdown_table
 from eval.tasks import data_file, parse_tasks, task_specs
 from parallax_titan.atomic import write_text
@@ -34,6 +34,33 @@ from parallax_titan.checkpoint_files import CheckpointError, unwritable_folder, 
 
 SUITES = ("paper",)
 DEFAULT_BOOTSTRAP_ITERS = 100000  # lm-eval's default
+
+
+# The scoring counts: key -> (least value, what is expected). One check for the API's keys and the
+# command's options (--limit, ...); a negative bootstrap_iters would be taken as 0 by lm-eval and
+# silently compute no standard errors.
+COUNTS = {
+    "limit": (0, "0 (all documents) or a positive count"),
+    "batch_size": (1, "a positive integer"),
+    "max_length": (0, "0 (training seq_len) or a positive length"),
+    "bootstrap_iters": (0, "0 (no standard errors) or a positive count"),
+}
+
+
+def count_problem(key: str, value) -> str | None:
+    """What is wrong with ``value`` for the count ``key`` of :data:`COUNTS` (an int >= its least
+    value), without the name the caller gives it; None when it is right."""
+    least, expected = COUNTS[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        return f"got {value!r}; expected {expected}"
+    return None
+
+
+def check_count(key: str, value) -> None:
+    """ValueError naming ``key`` (the argument's name) when :func:`count_problem` finds a problem."""
+    problem = count_problem(key, value)
+    if problem:
+        raise ValueError(f"{key}: {problem}")
 
 
 def evaluate(lm, tasks: list[str], *, data_dir: str | None = None, limit: int = 0,
@@ -45,8 +72,7 @@ def evaluate(lm, tasks: list[str], *, data_dir: str | None = None, limit: int = 
     limit: documents per task, 0 = all. task_manager: lm-eval's (built here when None; building
     the default index takes seconds, so repeated calls pass one).
     """
-    if limit < 0:
-        raise ValueError(f"limit: got {limit}; expected 0 (all documents) or a positive count")
+    check_count("limit", limit)
     manager = task_manager or TaskManager(include_defaults=not data_dir)
     results = lm_eval.simple_evaluate(
         model=lm, tasks=task_specs(tasks, data_dir), task_manager=manager, num_fewshot=0,
@@ -90,13 +116,9 @@ def check_settings(*, limit: int, batch_size: int, max_length: int, bootstrap_it
                    device: str | None = None) -> None:
     """The scoring settings, checked before any checkpoint is read (ValueError naming the key)."""
     resolve_device(device)
-    if limit < 0:
-        raise ValueError(f"limit: got {limit}; expected 0 (all documents) or a positive count")
-    positive_int("batch_size", batch_size)
-    if max_length < 0:
-        raise ValueError(f"max_length: got {max_length}; expected 0 (training seq_len) or a positive length")
-    if bootstrap_iters < 0:  # lm-eval would take it as 0 and silently compute no standard errors
-        raise ValueError(f"bootstrap_iters: got {bootstrap_iters}; expected 0 (no standard errors) or a positive count")
+    counts = {"limit": limit, "batch_size": batch_size, "max_length": max_length, "bootstrap_iters": bootstrap_iters}
+    for key, value in counts.items():
+        check_count(key, value)
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype: got {dtype!r}; expected 'auto' or one of {sorted(DTYPES)}")
 
@@ -134,7 +156,8 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
     (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``). Then every checkpoint is
     checked against its config (:func:`eval.checkpoint.check_job_checkpoint`), all of them before
     the first is scored: the table is written only when every row is scored, so a pairing found wrong
-    only when its turn came lost the hours spent on the rows before it."""
+    only when its turn came lost the hours spent on the rows before it. Each load takes its
+    checkpoint's verdict instead of reading the metadata and ``settings.json`` again."""
     if len(configs) not in (1, len(checkpoints)):
         raise ValueError(
             f"config: got {len(configs)} configs for {len(checkpoints)} checkpoints; expected 1 or one per checkpoint"
@@ -151,26 +174,29 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
     job_configs = {path: load_job_config(path) for path in configs}
     for checkpoint in checkpoints:  # all of them before hours of scoring
         verify_before_load(checkpoint, "--checkpoint", "--no-verify", verify)
-    for config, checkpoint in zip(configs, checkpoints):
-        check_job_checkpoint(job_configs[config], checkpoint, max_length)
+    # each checkpoint's metadata and settings.json are read here only: the load takes the verdict
+    verdicts = [check_job_checkpoint(job_configs[config], checkpoint, max_length)
+                for config, checkpoint in zip(configs, checkpoints)]
     rows = []
-    for name, config, checkpoint in tqdm(list(zip(names, configs, checkpoints)), desc="checkpoints"):
-        lm = ParallaxLM.from_job_config(job_configs[config], checkpoint, device=device, dtype=dtype,
-                                        batch_size=batch_size, max_length=max_length, verify=False)
+    for name, config, verdict in tqdm(list(zip(names, configs, verdicts)), desc="checkpoints"):
+        lm = ParallaxLM.from_job_config(job_configs[config], verdict.path, device=device, dtype=dtype,
+                                        batch_size=batch_size, max_length=max_length, verify=False, checked=verdict)
         rows.append((name, evaluate(lm, tasks, data_dir=data_dir, limit=limit, bootstrap_iters=bootstrap_iters)))
         del lm
     return write_outputs(output, rows)
 
 
-def count(minimum: int):
-    """argparse type: an int >= ``minimum``; anything else is an error naming the option."""
+def count(key: str):
+    """argparse type of the option for the count ``key``: :func:`count_problem`'s check of its int,
+    an error that argparse prefixes with the option's name."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected an int >= {minimum}")
+            value = text
+        problem = count_problem(key, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
         return value
     return parse
 
@@ -182,14 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--suite", default="paper", choices=SUITES, help="task suite (SPEC.md section 4)")
     parser.add_argument("--tasks", default=None, help="comma-separated subset of the suite (default: all)")
     parser.add_argument("--output", required=True, help="folder for results.md and the lm-eval JSON files")
-    parser.add_argument("--limit", type=count(0), default=0, help="documents per task (0 = all)")
-    parser.add_argument("--batch-size", type=count(1), default=8, help="sequences per forward pass")
+    parser.add_argument("--limit", type=count("limit"), default=0, help="documents per task (0 = all)")
+    parser.add_argument("--batch-size", type=count("batch_size"), default=8, help="sequences per forward pass")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    parser.add_argument("--max-length", type=count(0), default=0, help="scoring window (0 = the config's training.seq_len)")
+    parser.add_argument("--max-length", type=count("max_length"), default=0,
+                        help="scoring window (0 = the config's training.seq_len)")
     parser.add_argument("--data-dir", default=None, help="read each task from DIR/<task>.jsonl (offline)")
     parser.add_argument("--names", nargs="+", default=None, help="row names (default: <run>/step-N)")
-    parser.add_argument("--bootstrap-iters", type=count(0), default=DEFAULT_BOOTSTRAP_ITERS,
+    parser.add_argument("--bootstrap-iters", type=count("bootstrap_iters"), default=DEFAULT_BOOTSTRAP_ITERS,
                         help="lm-eval bootstrap iterations for standard errors (0 = none)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="load the checkpoints without checking their files against their checksum manifests")

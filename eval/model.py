@@ -122,18 +122,20 @@ class ParallaxLM(TemplateLM):
     @classmethod
     def from_job_config(cls, job_config, checkpoint_dir: str, *, device=None, dtype="auto",
                         batch_size: int = 8, max_length: int = 0, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
-                        verify: bool = True, who: str = "checkpoint", off_switch: str = "verify=False"):
+                        verify: bool = True, who: str = "checkpoint", off_switch: str = "verify=False",
+                        checked=None):
         """A parsed JobConfig + a DCP checkpoint folder -> ParallaxLM (model in eval mode).
 
         verify: check the folder's files against its checksum manifest first (a corrupt or truncated
         file, or no manifest, raises CheckpointError naming ``who``, the file and ``off_switch``);
         see :func:`eval.checkpoint.load_checkpoint`. ``batch_size``, ``max_length`` and ``max_gen_toks``
-        are checked before anything is read."""
+        are checked before anything is read. ``checked``: :func:`eval.checkpoint.check_job_checkpoint`'s
+        verdict on the folder, taken instead of reading its metadata again (:func:`load_model`)."""
         positive_int("batch_size", batch_size)
         max_length = window_length(max_length)
         positive_int("max_gen_toks", max_gen_toks)
         model, _ = load_model(job_config, checkpoint_dir, device=device, dtype=dtype, max_length=max_length,
-                              verify=verify, who=who, off_switch=off_switch)
+                              verify=verify, who=who, off_switch=off_switch, checked=checked)
         return cls(model, build_tokenizer(job_config), batch_size=batch_size, max_length=max_length,
                    max_gen_toks=max_gen_toks)
 

@@ -23,7 +23,7 @@ def no_loading(monkeypatch):
     def verify(*args, **kwargs):
         calls.append("verify")
 
-    def load(cls, *args, **kwargs):
+    def load(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
     monkeypatch.setattr(cli, "verify_before_load", verify)
@@ -37,16 +37,38 @@ def cli_args(tmp_path, *extra):
             "--output", str(tmp_path / "out"), "--device", "cpu", *extra]
 
 
-@pytest.mark.parametrize("flag, value, minimum", [
-    ("--limit", "-1", 0), ("--batch-size", "0", 1), ("--max-length", "-4", 0), ("--bootstrap-iters", "-1", 0),
-    ("--limit", "ten", 0),
-])
-def test_cli_counts_are_checked_by_their_option(tmp_path, capsys, no_loading, flag, value, minimum):
-    """The option's own name (the API's check said `limit:` for `--limit`)."""
+# (option, the API's key, the option's text, its value through the API, what is expected): one rule each
+COUNT_CASES = [
+    ("--limit", "limit", "-1", -1, "0 (all documents) or a positive count"),
+    ("--limit", "limit", "ten", "ten", "0 (all documents) or a positive count"),
+    ("--batch-size", "batch_size", "0", 0, "a positive integer"),
+    ("--batch-size", "batch_size", "2.5", 2.5, "a positive integer"),
+    ("--max-length", "max_length", "-4", -4, "0 (training seq_len) or a positive length"),
+    ("--bootstrap-iters", "bootstrap_iters", "-1", -1, "0 (no standard errors) or a positive count"),
+]
+
+
+@pytest.mark.parametrize("flag, key, text, value, expected", COUNT_CASES)
+def test_cli_counts_are_checked_by_their_option(tmp_path, capsys, no_loading, flag, key, text, value, expected):
+    """The option's own name (the API's check says `limit:` for `--limit`), with the API's expectation."""
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(cli_args(tmp_path, flag, value))
+        cli.main(cli_args(tmp_path, flag, text))
     assert exit_info.value.code == 2
-    assert f"argument {flag}: {value!r}: expected an int >= {minimum}" in capsys.readouterr().err
+    typed = int(text) if text.lstrip("-").isdigit() else text
+    assert f"argument {flag}: got {typed!r}; expected {expected}" in capsys.readouterr().err
+    assert no_loading == []
+
+
+@pytest.mark.parametrize("flag, key, text, value, expected", COUNT_CASES + [
+    (None, "batch_size", None, True, "a positive integer"),
+    (None, "limit", None, None, "0 (all documents) or a positive count"),
+])
+def test_api_counts_are_checked_by_their_key(tmp_path, no_loading, flag, key, text, value, expected):
+    """evaluate_checkpoints names the key it was given, with the same rule as the command's option."""
+    settings = {"limit": 0, "batch_size": 8, "max_length": 0, "bootstrap_iters": 0, key: value}
+    with pytest.raises(ValueError, match=re.escape(f"{key}: got {value!r}; expected {expected}")):
+        cli.evaluate_checkpoints(["X.toml"], [str(tmp_path / "step-1")], tasks=["boolq"], output=str(tmp_path / "out"),
+                                 device="cpu", **settings)
     assert no_loading == []
 
 
@@ -117,11 +139,8 @@ def saved_checkpoint(folder, config: str) -> str:
     return str(folder)
 
 
-def test_cli_every_config_and_pairing_is_checked_before_the_first_checkpoint_is_scored(tmp_path, capsys,
-                                                                                        no_loading):
-    """With one --config per checkpoint, a missing second config or a second checkpoint of another
-    model than its config's was found only when its turn came, after the first checkpoint had been
-    scored (hours), and the table of the rows before it was never written."""
+def two_runs(tmp_path):
+    """test_cpu_2rank.toml, a copy naming the Transformer, and two checkpoints of the former (runs a, b)."""
     import os
 
     from tests._train_runs import REPO
@@ -130,12 +149,92 @@ def test_cli_every_config_and_pairing_is_checked_before_the_first_checkpoint_is_
     transformer = tmp_path / "transformer.toml"
     transformer.write_text(open(parallax).read().replace('name = "parallax"', 'name = "transformer"'))
     checkpoints = [saved_checkpoint(tmp_path / run / "checkpoint" / "step-1", parallax) for run in ("a", "b")]
+    return parallax, str(transformer), checkpoints
+
+
+def test_cli_every_config_and_pairing_is_checked_before_the_first_checkpoint_is_scored(tmp_path, capsys,
+                                                                                        no_loading):
+    """With one --config per checkpoint, a missing second config or a second checkpoint of another
+    model than its config's was found only when its turn came, after the first checkpoint had been
+    scored (hours), and the table of the rows before it was never written."""
+    parallax, transformer, checkpoints = two_runs(tmp_path)
     args = ["--checkpoint", *checkpoints, "--output", str(tmp_path / "out"), "--device", "cpu"]
     assert cli.main(["--config", parallax, str(tmp_path / "missing.toml"), *args]) == 2
     assert f"config: '{tmp_path / 'missing.toml'}' is not a file" in capsys.readouterr().err
     assert cli.main(["--config", parallax, str(transformer), *args]) == 2
     assert f"checkpoint: '{checkpoints[1]}' holds another model than the config's" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_reads_each_checkpoints_metadata_once(tmp_path, monkeypatch):
+    """The check before scoring and the load read a checkpoint's DCP metadata and settings.json once
+    between them: the load takes the check's verdict (they were read twice, once in the check and
+    again in the load)."""
+    import torch
+
+    import eval.checkpoint as ckpt
+
+    parallax, _, checkpoints = two_runs(tmp_path)
+    reads = []
+
+    def counted(name):
+        real = getattr(ckpt, name)
+
+        def read(folder, *args):
+            reads.append((name, folder))
+            return real(folder, *args)
+        return read
+
+    for name in ("saved_shapes", "check_model_settings"):
+        monkeypatch.setattr(ckpt, name, counted(name))
+    scored = []
+
+    def evaluate(lm, tasks, **kwargs):
+        scored.append(lm.model)
+        return {"results": {"boolq": {"acc,none": 0.5}}, "n-samples": {"boolq": {"original": 2, "effective": 2}},
+                "config": {"limit": None}}
+
+    monkeypatch.setattr(cli, "evaluate", evaluate)
+    cli.evaluate_checkpoints([parallax], checkpoints, tasks=["boolq"], output=str(tmp_path / "out"), device="cpu")
+    assert sorted(reads) == sorted((name, c) for name in ("saved_shapes", "check_model_settings") for c in checkpoints)
+    assert (tmp_path / "out" / "results.md").exists()
+    for model, checkpoint in zip(scored, checkpoints, strict=True):  # each row scored its checkpoint's weights
+        saved = ckpt.build_model(model.model_args, torch.device("cpu"))
+        ckpt.load_checkpoint(saved, checkpoint, verify=False)
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.state_dict().items())
+
+
+def test_load_model_refuses_another_models_checkpoint_before_building_one(tmp_path, monkeypatch):
+    """[eval] at_end, scripts/generate.py and export load through load_model alone: the checkpoint is
+    checked against the config's model on the meta device before the model is built (it was built,
+    weights allocated and initialised, then refused)."""
+    import eval.checkpoint as ckpt
+
+    _, transformer, checkpoints = two_runs(tmp_path)
+    built = []
+    real_build = ckpt.build_model
+    monkeypatch.setattr(ckpt, "build_model", lambda *args: built.append(args) or real_build(*args))
+    with pytest.raises(ValueError, match="holds another model than the config's"):
+        ckpt.load_model(ckpt.load_job_config(transformer), checkpoints[0], device="cpu", verify=False)
+    assert built == []
+
+
+def test_load_model_refuses_the_verdict_on_another_folder_or_model(tmp_path):
+    """A verdict stands for its folder and model only: the weights of an unchecked checkpoint, or a
+    model of another window, are not loaded under it."""
+    from eval.checkpoint import check_job_checkpoint, load_job_config, load_model
+
+    parallax, transformer, checkpoints = two_runs(tmp_path)
+    job = load_job_config(parallax)
+    verdict = check_job_checkpoint(job, checkpoints[0])
+    with pytest.raises(ValueError, match=re.escape(f"checked: a verdict on {checkpoints[0]!r}")):
+        load_model(job, checkpoints[1], device="cpu", verify=False, checked=verdict)
+    with pytest.raises(ValueError, match=re.escape(f"expected check_job_checkpoint's verdict on {checkpoints[0]!r}")):
+        load_model(job, checkpoints[0], device="cpu", verify=False, max_length=64, checked=verdict)
+    with pytest.raises(ValueError, match="checked: "):
+        load_model(load_job_config(transformer), checkpoints[0], device="cpu", verify=False, checked=verdict)
+    model, _ = load_model(job, checkpoints[0], device="cpu", verify=False, checked=verdict)
+    assert model.model_args == verdict.args
 
 
 def test_table_says_when_a_limit_cut_the_documents():

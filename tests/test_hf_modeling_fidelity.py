@@ -1,8 +1,9 @@
 """The exported Parallax model under every way transformers and lm-eval call it, against our own
 model's forward on each row alone and unpadded, in fp64 (1e-10): left and right padding, the
 position ids transformers passes (RoPE on q, k and rho), the KV cache (generate, step by step with
-each cache format, a static cache, a cache cut back), labels, hidden states, dtypes, and config.json
-edits that would compute something else, refused.
+each cache format, a static cache, a cache cut back, beam search reordering it), labels, hidden
+states, dtypes, and config.json edits that would compute something else, refused. generate's decode
+steps read no tensor back to the host.
 
 RoPE is relative, so a wrong absolute position changes the logits only through the fp32 cos/sin
 table: about 1e-7, far above the tolerance, so these tests see a position that does not follow the
@@ -23,6 +24,7 @@ from parallax_titan.tokenizer import TINY_TOKENIZER_PATH, PretrainTokenizer
 from tests._generation_models import tiny_model
 
 transformers = pytest.importorskip("transformers")
+from transformers import LogitsProcessor, LogitsProcessorList  # noqa: E402
 from transformers.cache_utils import StaticCache  # noqa: E402
 
 EOS = 7  # end of document (tokens are drawn from 8..4095, so only where a test puts it)
@@ -175,6 +177,72 @@ def test_positions_past_max_position_embeddings_are_refused(tmp_path):
             edited(tokens[:, :9])
 
 
+def test_given_positions_past_max_position_embeddings_are_refused(tmp_path):
+    """Given position_ids are checked whatever the token count: in a forward, in a step with the
+    cache handed back, and in generate, whose decode steps check them by a bound known on the host
+    (the prompt's positions plus one per token): the last position 15 of a limit of 16 is computed,
+    16 refused, with generate's own positions and with a caller's that start at 8."""
+    ours = tiny_model("parallax", seed=0, max_seq_len=16)
+    export_hf(ours, str(tmp_path), eos_id=EOS)
+    hf = load(tmp_path, dtype=torch.float32)
+    tokens = random_rows([12])[0][None]
+    kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="position 16 is past max_position_embeddings = 16"):
+            hf(tokens[:, :4], position_ids=torch.arange(13, 17)[None])
+        cache = hf(tokens[:, :8], use_cache=True).cache
+        with pytest.raises(ValueError, match="position 16 is past max_position_embeddings = 16"):
+            hf(tokens[:, 8:9], cache=cache, position_ids=torch.tensor([[16]]))
+        for prompt, positions in ((tokens, None), (tokens[:, :4], torch.arange(8, 12)[None])):
+            last = hf.generate(prompt, position_ids=positions, max_new_tokens=5, **kwargs)  # positions up to 15
+            assert last.shape[1] == prompt.shape[1] + 5
+            with pytest.raises(ValueError, match="position 16 is past max_position_embeddings = 16"):
+                hf.generate(prompt, position_ids=positions, max_new_tokens=6, **kwargs)
+
+
+HOST_READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
+
+
+def host_reads_per_call(model, monkeypatch):
+    """The count of tensor reads back to the host (``item``, ``int(t)``, ``bool(t)``, ...) in each
+    call of ``model``, filled in as it is called."""
+    counts, inside = [], [False]
+
+    def counted(read):
+        def wrapper(self, *args, **kwargs):
+            if inside[0]:
+                counts[-1] += 1
+            return read(self, *args, **kwargs)
+        return wrapper
+
+    def enter(*_):
+        counts.append(0)
+        inside[0] = True
+
+    def leave(*_):
+        inside[0] = False
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave)
+    return counts
+
+
+@pytest.mark.parametrize("changes", [{}, {"attn_mask_type": "block_causal"}], ids=["causal", "block_causal"])
+def test_generate_decode_steps_read_nothing_back(tmp_path, monkeypatch, changes):
+    """generate of a left-padded batch (an attention mask and position_ids passed to every step)
+    reads the prompt's positions back once, to check them against max_position_embeddings, and
+    nothing in the decode steps (each one a device sync)."""
+    _, hf = fp64_pair(tmp_path, **changes)
+    rows = random_rows()
+    rows[0][3] = EOS
+    ids, mask, _ = padded(rows, "left")
+    reads = host_reads_per_call(hf, monkeypatch)
+    hf.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert reads == [1, 0, 0, 0, 0]
+
+
 # ------------------------------------------------------------------------------ the KV cache
 @pytest.mark.parametrize("variant, changes", CASES + [("parallax", {"attn_mask_type": "block_causal"})])
 def test_generate_left_padded_batch_with_and_without_the_cache(tmp_path, variant, changes):
@@ -234,6 +302,40 @@ def test_cache_passed_back_step_by_step(tmp_path, form, variant, changes):
                 torch.testing.assert_close(out.logits[i, -1], ours_alone(ours, whole)[-1], **TOL)
 
 
+class EosOnFirstBeam(LogitsProcessor):
+    """At sequence length ``length``, the end of document gets the best score of the first beam's
+    row only: beams with and without a generated end of document run on side by side."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] == self.length:
+            scores = scores.clone()
+            scores[0, EOS] = scores[0].max()
+        return scores
+
+
+@pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
+def test_beam_search_documents_follow_the_beams(tmp_path, cache):
+    """Beam search reorders the cache's rows after each step (the model's _reorder_cache); the
+    block-causal document starts kept per row follow them: each returned beam's logits at every
+    step are those of its own sequence recomputed whole by our model (fp64), and the beams are
+    those of beam search without a cache. Some beams generate an end of document and go on."""
+    ours, hf = fp64_pair(tmp_path, attn_mask_type="block_causal")
+    prompt = random_rows([6], seed=5)[0][None]
+    kwargs = dict(num_beams=3, num_return_sequences=3, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                  eos_token_id=None, logits_processor=LogitsProcessorList([EosOnFirstBeam(8)]),
+                  return_dict_in_generate=True, output_logits=True)
+    run = hf.generate(prompt, cache_implementation=cache, **kwargs)
+    generated = run.sequences[:, 6:]
+    assert any(EOS in row[:-1].tolist() and row[-1] != EOS for row in generated)  # documents after a generated one
+    assert torch.equal(run.sequences, hf.generate(prompt, use_cache=False, **kwargs).sequences)
+    for sequence, beams in zip(run.sequences, run.beam_indices):
+        steps = torch.stack([step[beam] for step, beam in zip(run.logits, beams)])  # generate's are fp32
+        torch.testing.assert_close(steps, ours_alone(ours, sequence)[5:-1].float(), rtol=0.0, atol=4e-6)
+
+
 def test_block_causal_cache_cut_back_reads_its_documents(tmp_path):
     """Assisted generation cuts the cache back (``crop``) after rejected candidates: an end of
     document among them must not end the document of the next token."""
@@ -247,6 +349,20 @@ def test_block_causal_cache_cut_back_reads_its_documents(tmp_path):
         cache.crop(-2)
         logits = hf(nxt, cache=cache, use_cache=True).logits[0, -1]
     torch.testing.assert_close(logits, ours_alone(ours, torch.cat([prompt, nxt[0]]))[-1], **TOL)
+
+
+def test_block_causal_cache_with_repeated_rows_is_refused(tmp_path):
+    """A cache whose rows were repeated (contrastive search's batch_repeat_interleave) holds document
+    starts of other rows than its keys: refused, naming the operation, rather than read wrongly."""
+    _, hf = fp64_pair(tmp_path, attn_mask_type="block_causal")
+    prompt = random_rows([8])[0]
+    prompt[2] = EOS
+    with torch.no_grad():
+        cache = hf(prompt[None], use_cache=True).cache
+        cache.batch_repeat_interleave(2)
+        with pytest.raises(ValueError, match=r"document starts are kept for 1 rows, the input has 2: .*"
+                                             r"batch_repeat_interleave"):
+            hf(torch.tensor([[55], [56]]), cache=cache, use_cache=True)
 
 
 # ------------------------------------------------------------------------------ outputs, loss, dtypes
@@ -364,7 +480,15 @@ CONFIG_EDITS = {  # id: (edit of config.json, the exported model's changes, the 
     "parallax_key": (lambda c: c["parallax"].update(window=4), {}, r"parallax: unknown keys \['window'\]"),
     "gate_dropped": (lambda c: c["parallax"].update(gate="none"), {"gate": "token"},
                      r"unexpected weights \['model.layers.0.self_attn.r_gate"),
-    "parallax_block_dropped": (lambda c: c.pop("parallax"), {"gate": "token"}, r"unexpected weights .*r_gate"),
+    "parallax_block_dropped": (lambda c: c.pop("parallax"), {"gate": "token"}, r"config.json: missing parallax;"),
+    "parallax_block_null": (lambda c: c.update(parallax=None), {}, r"config.json: missing parallax;"),
+    "parallax_block_list": (lambda c: c.update(parallax=["rho_rope"]), {}, r"parallax: expected a dict"),
+    # the defaults (rho_rope true, gate none, causal) would load these and compute another model
+    "rho_rope_key_dropped": (lambda c: c["parallax"].pop("rho_rope"), {"rho_rope": False},
+                             r"config.json: missing parallax.rho_rope;"),
+    "gate_key_dropped": (lambda c: c["parallax"].pop("gate"), {}, r"config.json: missing parallax.gate;"),
+    "attn_mask_type_key_dropped": (lambda c: c["parallax"].pop("attn_mask_type"), {"attn_mask_type": "block_causal"},
+                                   r"config.json: missing parallax.attn_mask_type;"),
     "gate_added": (lambda c: c["parallax"].update(gate="token"), {},
                    r"missing weights \['model.layers.0.self_attn.r_gate"),
     "fewer_layers": (lambda c: c.update(num_hidden_layers=1), {}, r"unexpected weights \['model.layers.1"),
@@ -377,10 +501,38 @@ CONFIG_EDITS = {  # id: (edit of config.json, the exported model's changes, the 
 @pytest.mark.parametrize("edit, changes, message", list(CONFIG_EDITS.values()), ids=list(CONFIG_EDITS))
 def test_config_edits_are_refused_at_loading(tmp_path, edit, changes, message):
     """config.json edits that would load and compute something else: a window or chunks (generate's
-    cache would keep only the last keys), RoPE scaling, an unknown parallax key, a gate, layer count
-    or tying the weights do not have (transformers would initialise or drop weights with a warning)."""
+    cache would keep only the last keys), RoPE scaling, an unknown parallax key, a parallax key or
+    block left out (its default taken), a gate, layer count or tying the weights do not have
+    (transformers would initialise or drop weights with a warning)."""
     with pytest.raises(ValueError, match=message):
         load(edited_export(tmp_path, edit, **changes), dtype=torch.float32)
+
+
+def test_parallax_defaults_are_for_configs_built_in_code(tmp_path):
+    """ParallaxQwen3Config built in code takes the defaults for the parallax keys it leaves out (a new
+    model), and save_pretrained writes them all, so that it loads again; a config read from a file
+    (from_pretrained, from_json_file, from_dict) must give them all. A parallax keyword of
+    from_pretrained replaces the block, checked as the block is."""
+    config_class = type(load(edited_export(tmp_path, lambda c: None, rho_rope=False), dtype=torch.float32).config)
+    assert config_class().parallax == {"rho_rope": True, "gate": "none", "attn_mask_type": "causal"}
+    assert config_class(parallax={"gate": "head"}).parallax == {"rho_rope": True, "gate": "head",
+                                                                "attn_mask_type": "causal"}
+    config_class(parallax={"gate": "head"}).save_pretrained(str(tmp_path / "new"))
+    assert config_class.from_pretrained(str(tmp_path / "new")).parallax["gate"] == "head"
+    folder = tmp_path / "export"
+    config = json.loads((folder / "config.json").read_text())
+    full = dict(config["parallax"])
+    del config["parallax"]["rho_rope"]
+    (folder / "partial.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json: missing parallax.rho_rope;"):
+        config_class.from_json_file(str(folder / "partial.json"))
+    with pytest.raises(ValueError, match=r"config.json: missing parallax.rho_rope;"):
+        config_class.from_dict(config)
+    with pytest.raises(ValueError, match=r"missing parallax.attn_mask_type, parallax.gate;"):
+        load(folder, dtype=torch.float32, parallax={"rho_rope": True})
+    with pytest.raises(ValueError, match=r"parallax: unknown keys \['window'\]"):
+        load(folder, dtype=torch.float32, parallax={**full, "window": 4})
+    assert load(folder, dtype=torch.float32, parallax={**full, "rho_rope": True}).config.parallax["rho_rope"] is True
 
 
 @pytest.mark.parametrize("edit", [lambda c: c.update(num_attention_heads=16),

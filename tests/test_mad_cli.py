@@ -1,5 +1,6 @@
 """`python -m eval.mad` end to end on a tiny grid, and the report/plot from run records."""
 
+import glob
 import json
 import os
 
@@ -315,3 +316,32 @@ def test_report_only_without_a_finished_run_says_so(tmp_path, capsys):
     assert main(["--config", "configs/mad/cpu_small.toml", "--out", str(tmp_path), "--report-only"]) == 0
     assert "no finished run" in capsys.readouterr().out
     assert not (tmp_path / "table.md").exists()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(f"{ROOT}/docs/mad/*/runs.jsonl"))
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_committed_results_are_rebuilt_by_the_command_they_record(name):
+    """Each results folder under docs/mad/: its results.json records the command that wrote it; that
+    command rebuilds this folder under a config its page names, the runs carry that config's id (so
+    --report-only accepts them instead of refusing them as another config's), and results.json
+    holds the runs and the scores they give."""
+    from eval.mad.__main__ import _apply_overrides, _parser
+    from eval.mad.grid import check_config_id
+    from eval.mad.report import load_runs
+
+    folder = os.path.join(ROOT, "docs", "mad", name)
+    with open(os.path.join(folder, "results.json")) as f:
+        results = json.load(f)
+    args = _parser().parse_args(results["config"]["argv"])
+    assert os.path.normpath(args.out) == os.path.join("docs", "mad", name)  # paths from the repository root
+    with open(os.path.join(folder, "table.md")) as f:
+        assert args.config in f.read()
+    runs_path = os.path.join(folder, "runs.jsonl")
+    runs = load_runs(runs_path)
+    check_config_id(runs, _apply_overrides(load_config(os.path.join(ROOT, args.config)), args), runs_path)
+    assert results["runs"] == runs
+    scores = task_scores(best_per_setting(runs))
+    assert {m: {t: (s["mean"], s["n"]) for t, s in ts.items()} for m, ts in results["scores"].items()} == scores

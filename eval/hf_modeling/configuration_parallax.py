@@ -16,11 +16,14 @@ class ParallaxQwen3Config(PretrainedConfig):
     "token", "head": a sigmoid gate on the probe after its norm) and ``attn_mask_type`` ("causal",
     or "block_causal": no attention across ``eos_token_id``, documents as in training).
 
+    Built in code (a new model), the ``parallax`` keys left out take :data:`PARALLAX_DEFAULTS`; read
+    from a checkpoint (:meth:`from_dict`, :meth:`from_json_file`) every key must be there.
+
     Raises ValueError naming the field for what the modeling code would not compute: an unknown
-    ``parallax`` key, a block-causal model without one ``eos_token_id``, a RoPE scaling
-    (``rope_scaling`` / ``rope_parameters`` of a type other than "default"), a sliding window or
-    attention chunks (``sliding_window``, ``use_sliding_window``, ``attention_chunk_size``,
-    ``layer_types``), an activation other than silu, biases."""
+    ``parallax`` key or a ``parallax`` that is not a dict, a block-causal model without one
+    ``eos_token_id``, a RoPE scaling (``rope_scaling`` / ``rope_parameters`` of a type other than
+    "default"), a sliding window or attention chunks (``sliding_window``, ``use_sliding_window``,
+    ``attention_chunk_size``, ``layer_types``), an activation other than silu, biases."""
 
     model_type = "parallax_qwen3"
     keys_to_ignore_at_inference = ["past_key_values", "cache"]
@@ -29,6 +32,8 @@ class ParallaxQwen3Config(PretrainedConfig):
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="silu",
                  max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
                  attention_bias=False, use_cache=True, initializer_range=0.02, parallax=None, **kwargs):
+        if parallax is not None and not isinstance(parallax, dict):
+            raise ValueError(f"parallax: expected a dict with keys {sorted(PARALLAX_DEFAULTS)}, got {parallax!r}")
         unknown = sorted(set(parallax or {}) - set(PARALLAX_DEFAULTS))
         if unknown:  # a misspelt key would leave its field at the default without a word
             raise ValueError(f"parallax: unknown keys {unknown}; expected {sorted(PARALLAX_DEFAULTS)}")
@@ -81,3 +86,29 @@ class ParallaxQwen3Config(PretrainedConfig):
         self.tie_word_embeddings = tie_word_embeddings
         self.parallax = parallax
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """The config of a checkpoint (transformers' ``from_pretrained`` and ``AutoConfig`` read
+        config.json through this). Its ``parallax`` block must give every key, as exports and
+        ``save_pretrained`` write them: a default taken for a key left out (``rho_rope`` true for a
+        model trained without it) computes another model. A ``parallax`` keyword replaces the block
+        and is checked as it is (transformers would set it after ``__init__``, unchecked).
+
+        Raises ValueError naming the missing keys."""
+        if "parallax" in kwargs:
+            config_dict = {**config_dict, "parallax": kwargs.pop("parallax")}
+        block = config_dict.get("parallax")
+        missing = ["parallax"] if block is None else []
+        if isinstance(block, dict):  # a block of another type is refused by __init__
+            missing = [f"parallax.{key}" for key in sorted(set(PARALLAX_DEFAULTS) - set(block))]
+        if missing:
+            raise ValueError(f"config.json: missing {', '.join(missing)}; a checkpoint's config gives every key of "
+                             f"parallax ({sorted(PARALLAX_DEFAULTS)}), as the export writes them (the defaults "
+                             f"{PARALLAX_DEFAULTS} are for a new model built in code)")
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_json_file(cls, json_file):
+        """The config in ``json_file``, read as a checkpoint's (:meth:`from_dict`)."""
+        return cls.from_dict(cls._dict_from_json_file(json_file))

@@ -239,6 +239,19 @@ def packed_starts(position_ids):
     return torch.cummax(torch.where(new, index, torch.zeros_like(index)), dim=1).values
 
 
+def checked_position_bound(position_ids, bound, limit: int) -> int:
+    """The largest of ``position_ids`` (B, T) as known on the host: ``bound`` (int, or None for
+    unknown) while it is below ``limit``, else their maximum read back from the device. Raises
+    ValueError for a position at or past ``limit`` (max_position_embeddings)."""
+    if bound is not None and bound < limit:
+        return bound
+    largest = int(position_ids.max())
+    if largest >= limit:
+        raise ValueError(f"position_ids: position {largest} is past max_position_embeddings = {limit}, the "
+                         "positions the model was built for; pass at most that many tokens")
+    return largest
+
+
 class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
     """Embeddings, decoder layers, final norm: hidden states (B, T, hidden_size)."""
 
@@ -256,7 +269,7 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         self.embed_tokens = value
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
-                output_hidden_states=False):
+                output_hidden_states=False, position_bound=None):
         """Hidden states after the final norm, ``last_hidden_state`` (B, T, hidden_size), and with
         ``output_hidden_states`` ``hidden_states``: the embeddings, then each layer's output, the last
         one after the final norm (n_layers + 1 of them, as transformers' models give them).
@@ -264,30 +277,35 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         position_ids (B, T) default to the tokens' positions after the cache's, counting only the
         tokens of a 2-D ``attention_mask`` (1 = token), so that a left-padded row starts at 0.
         Raises ValueError for a position at or past ``max_position_embeddings`` (the positions the
-        model was built for: Parallax-Titan's RoPE table holds no more)."""
+        model was built for: Parallax-Titan's RoPE table holds no more). Given position_ids are read
+        back from the device for that check unless ``position_bound`` (int), a bound on them known
+        on the host (generate's decode steps pass one), is below the limit."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("input_ids / inputs_embeds: pass exactly one of them")
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         bs, q_len = h.shape[:2]
         past = int(cache.get_seq_length()) if cache is not None else 0  # a static cache's is a tensor
         mask_2d, mask_4d = _split_mask(attention_mask, past + q_len)
-        packed, given = None, position_ids is not None
+        packed = None
         if position_ids is None:
+            # positions made here count tokens: below the mask's width, or past + q_len
+            position_bound = (past + q_len if mask_2d is None else mask_2d.shape[1]) - 1
             if mask_2d is None:
                 position_ids = (past + torch.arange(q_len, device=h.device))[None].expand(bs, -1)
             else:  # left padding: every sequence starts at position 0
                 position_ids = (mask_2d.long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
         elif attention_mask is None and cache is None:
             packed = packed_starts(position_ids.expand(bs, -1))
-        limit = self.config.max_position_embeddings  # positions made here are below past + q_len: no sync
-        if q_len and (given or past + q_len > limit) and int(position_ids.max()) >= limit:
-            raise ValueError(f"position_ids: position {int(position_ids.max())} is past max_position_embeddings = "
-                             f"{limit}, the positions the model was built for; pass at most that many tokens")
+        if q_len:
+            largest = checked_position_bound(position_ids, position_bound, self.config.max_position_embeddings)
+            if cache is not None:  # generate's next positions follow these (prepare_inputs_for_generation)
+                cache.parallax_max_position = max(largest, getattr(cache, "parallax_max_position", largest))
         doc_start = self._document_starts(input_ids, cache, past, bs)
         if packed is not None:
             doc_start = packed if doc_start is None else torch.maximum(doc_start, packed)
-        plain = mask_4d is None and (mask_2d is None or bool(mask_2d.all()))
-        plain = plain and (doc_start is None or not bool(doc_start.any()))
+        # only the fused kernels need to know (a host read per call); the reference takes any mask
+        plain = (FUSED_KERNELS and h.is_cuda and mask_4d is None and (mask_2d is None or bool(mask_2d.all()))
+                 and (doc_start is None or not bool(doc_start.any())))
         allowed = mask_4d
         if allowed is None:
             allowed = attention_allowed(bs, q_len, past, mask_2d, doc_start, h.device)
@@ -317,6 +335,11 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
             raise ValueError("inputs_embeds: block-causal documents are found from input_ids (eos_token_id); "
                              "pass input_ids")
         kept = getattr(cache, "parallax_document_starts", None)
+        if kept is not None and kept.shape[0] != bs:
+            raise ValueError(f"cache: its block-causal document starts are kept for {kept.shape[0]} rows, the input "
+                             f"has {bs}: the cache's rows were repeated or selected (batch_repeat_interleave, "
+                             "batch_select_indices, as contrastive search does), which the starts do not follow (they "
+                             "follow beam search's _reorder_cache and crop)")
         if kept is None or kept.shape[1] < past:  # a cache filled elsewhere: one document from slot 0
             kept = torch.zeros(bs, past, dtype=torch.long, device=input_ids.device)
         kept = kept[:, :past]
@@ -369,7 +392,7 @@ class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, cache=None,
                 output_hidden_states=None, output_attentions=None, return_dict=None, num_items_in_batch=None,
-                shift_labels=None, **kwargs):
+                shift_labels=None, position_bound=None, **kwargs):
         """Logits (B, T, vocab) (the last ``logits_to_keep`` positions when > 0); the cache is
         transformers' (``cache`` or ``past_key_values``, created when ``use_cache``; a legacy tuple
         of (key, value) per layer is read into a ``DynamicCache``).
@@ -378,7 +401,8 @@ class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
         logit at i against the label at i + 1, -100 ignored; the mean over the labelled tokens, or
         their sum over ``num_items_in_batch`` when given (transformers' Trainer passes it).
         ``output_hidden_states``, ``return_dict`` (default: the config's) as transformers' models;
-        ``output_attentions`` is refused: no attention weights give Parallax's output alone."""
+        ``output_attentions`` is refused: no attention weights give Parallax's output alone.
+        ``position_bound``: see :meth:`ParallaxQwen3DecoderModel.forward`."""
         if output_attentions if output_attentions is not None else getattr(self.config, "output_attentions", False):
             raise ValueError("output_attentions: Parallax attention's output is sum_j p_ij (1 - t_ij + tbar_i) v_j, "
                              "which no attention-weight matrix gives; call without output_attentions")
@@ -393,7 +417,7 @@ class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
         if use_cache and cache is None:
             cache = DynamicCache()
         out = self.model(input_ids, attention_mask, position_ids, inputs_embeds, cache if use_cache else None,
-                         output_hidden_states)
+                         output_hidden_states, position_bound)
         h = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             h = h[:, -logits_to_keep:] if logits_to_keep > 0 else h
@@ -413,6 +437,28 @@ class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
                                         **{CACHE_FIELD: cache if use_cache else None})
         return_dict = getattr(self.config, "return_dict", True) if return_dict is None else return_dict
         return output if return_dict else output.to_tuple()
+
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        """transformers' inputs of a generate step, with ``position_bound`` after the first step:
+        generate makes each new token's position one more than the last one's, so no new position
+        passes the largest the cache has seen (``parallax_max_position``, checked) plus the new tokens,
+        and the check against max_position_embeddings reads nothing back from the device until that
+        bound reaches the limit. The first step's positions (the prompt's, or the caller's) are read."""
+        inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+        seen = getattr(inputs.get("cache"), "parallax_max_position", None)
+        positions = inputs.get("position_ids")
+        if not kwargs.get("is_first_iteration") and seen is not None and positions is not None:
+            inputs["position_bound"] = seen + positions.shape[-1]
+        return inputs
+
+    def _reorder_cache(self, cache, beam_idx):
+        """transformers' beam-search hook: the cache's rows follow the beams (``beam_idx`` (B,), the
+        row each one continues), and so do the block-causal document starts kept with them."""
+        cache.reorder_cache(beam_idx)
+        starts = getattr(cache, "parallax_document_starts", None)
+        if starts is not None:
+            cache.parallax_document_starts = starts.index_select(0, beam_idx.to(starts.device))
+        return cache
 
 
 def _legacy_cache(cache):
