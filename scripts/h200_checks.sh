@@ -7,7 +7,8 @@
 #
 # Every benchmark runs as `python3 -m scripts.bench.<name>` from the repository root. CHECK is one of
 #   gpu-tests     pytest -m gpu over tests/: every GPU test (those needing fla or two GPUs skip without them)
-#   kernel-tests  pytest -m gpu on the attention, decode and projection kernels (and the trainer's flag copy)
+#   kernel-tests  pytest -m gpu on the attention, decode and projection kernels (and the trainer's flag copy), the
+#                 kernels' hostile inputs (grids, devices, 64-bit offsets) and the HF modeling's fused path
 #   fla-tests     pytest -m gpu on the fla mixers (needs the .whl_fla wheels installed)
 #   fla-match     the fla GPU tests not yet seen passing, one process each, under a hard limit (FLA_TIMEOUT, 150 s)
 #   fla-fsdp      the fla mixer's 1- vs 2-rank FSDP2 test (needs 2 GPUs and minutes: three train.py runs compile fla)
@@ -93,7 +94,8 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
   case $name in
     gpu-tests) timeout -s INT "$t" python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider tests ;;
     kernel-tests) timeout "$t" python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_parallax_fused.py tests/test_nonfinite.py \
-                    tests/test_parallax_hopper.py tests/test_parallax_decode.py tests/test_projection_kernel.py ;;
+                    tests/test_parallax_hopper.py tests/test_parallax_decode.py tests/test_projection_kernel.py \
+                    tests/test_kernels_hostile.py tests/test_hf_modeling.py ;;
     fla-tests) timeout "$t" python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 90 tests/test_mixers_fla.py ;;
     attention) timeout "$t" python3 -m scripts.bench.attention --no-competitors --out "$work/attention_train" ;;
     projection) timeout "$t" python3 -m scripts.bench.projection --out "$work/projection" ;;
