@@ -233,7 +233,7 @@ def loader_problems(loader, section: str, dataset) -> list[str]:
         # read-ahead is a thread started per pass, with nothing to keep
         problems.append(f"{section}.dataloader.persistent_workers: true keeps worker processes alive between "
                         f"epochs, but {_loader_of(loader, section, dataset)} starts none (it would be ignored); "
-                        "expected false")
+                        f"expected false{'' if is_pretokenized(dataset) else ', or num_workers = 1'}")
     if loader.prefetch_factor is not None and (loader.num_workers == 0 or loader.prefetch_factor < 1):
         problems.append(f"{section}.dataloader.prefetch_factor: expected unset with num_workers = 0, or a "
                         f"positive integer with num_workers = 1; got {loader.prefetch_factor!r} with "
