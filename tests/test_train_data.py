@@ -42,8 +42,12 @@ def test_pretokenized_same_sequences_on_one_and_two_ranks_and_resume_from_two_on
             "--validation.freq", "2", "--validation.steps", "2", *COMMON, *seed_start)
     train(tmp_path / "one", *args, "--training.local_batch_size", "4")
     train(tmp_path / "two", *args, "--training.local_batch_size", "2", nproc=2)
-    train(tmp_path / "moved", *args, "--training.local_batch_size", "2", "--reliability.stop_at_step", "2", nproc=2)
-    result = train(tmp_path / "moved", *args, "--training.local_batch_size", "4")
+    # the moved run reads ahead on a thread (the paper configs' loader keys): same batches, same position
+    ahead = ("--training.dataloader.num_workers", "1", "--training.dataloader.prefetch_factor", "3",
+             "--validation.dataloader.num_workers", "1")
+    train(tmp_path / "moved", *args, *ahead, "--training.local_batch_size", "2", "--reliability.stop_at_step", "2",
+          nproc=2)
+    result = train(tmp_path / "moved", *args, *ahead, "--training.local_batch_size", "4")
     assert "Training starts at step 3" in result.stdout + result.stderr
     one, two, moved = (losses(tmp_path / name) for name in ("one", "two", "moved"))
     assert sorted(one) == sorted(two) == sorted(moved) == [1, 2, 3, 4]
