@@ -243,6 +243,19 @@ def test_generate_decode_steps_read_nothing_back(tmp_path, monkeypatch, changes)
     assert reads == [1, 0, 0, 0, 0]
 
 
+def test_generate_from_inputs_embeds_as_from_input_ids(tmp_path):
+    """transformers' generate takes ``inputs_embeds`` only from a model whose
+    prepare_inputs_for_generation names it: the tokens and logits of the ids' embeddings are the ids'."""
+    _, hf = fp64_pair(tmp_path)
+    ids, mask, _ = padded(random_rows(), "left")
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None,
+                  return_dict_in_generate=True, output_logits=True)
+    from_ids = hf.generate(ids, **kwargs)
+    from_embeds = hf.generate(inputs_embeds=hf.get_input_embeddings()(ids), **kwargs)
+    assert torch.equal(from_embeds.sequences, from_ids.sequences[:, ids.shape[1]:])
+    torch.testing.assert_close(torch.stack(from_embeds.logits), torch.stack(from_ids.logits), rtol=0.0, atol=0.0)
+
+
 # ------------------------------------------------------------------------------ the KV cache
 @pytest.mark.parametrize("variant, changes", CASES + [("parallax", {"attn_mask_type": "block_causal"})])
 def test_generate_left_padded_batch_with_and_without_the_cache(tmp_path, variant, changes):

@@ -344,3 +344,16 @@ def test_read_ahead_validation_and_pinned_memory(data, monkeypatch):
     batches = list(ahead)
     assert [torch.equal(b[0]["input"], p[0]["input"]) for b, p in zip(batches, plain)] == [True] * len(plain)
     assert len(pinned) == 3 * len(plain)  # input, document starts, labels
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_state_loaded_while_iterating_takes_effect_at_the_next_batch(data, workers):
+    """load_state_dict on a loader already iterated (and read ahead): the next batch is the loaded
+    position's, and the saved position follows it."""
+    loader = build_dataloader(1, 0, None, reading_ahead(job(data["a"]), workers=workers, prefetch=3 if workers else None))
+    fresh = take(build_dataloader(1, 0, None, job(data["a"])), 6)
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(loader.state_dict() | {"position": 4 * 4})
+    assert torch.equal(next(it)[0]["input"], fresh[4][0]["input"]) and loader.state_dict()["position"] == 5 * 4
+    assert torch.equal(next(it)[0]["input"], fresh[5][0]["input"])

@@ -436,6 +436,7 @@ class JobConfig(titan.JobConfig):
         """``training.max_record_bytes`` and ``reliability.bad_data`` are the policy of the reader of
         local files (``dataset = "local"``, for training, validation or the diagnostics' held-out batch);
         the embedded corpora, the hub and pre-tokenized shards are read without them."""
+        # the diagnostics' dataset also when they are off: scripts/analyze turns them on over this config
         datasets = {"training.dataset": self.training.dataset, "diagnostics.dataset": self.diagnostics.dataset}
         if self.validation.enable:
             datasets["validation.dataset"] = self.validation.dataset

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import sys
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -100,7 +101,8 @@ class ReadAhead:
                 pending.extend(pool.submit(self._read_pinned, load, k) for k in itertools.islice(keys, 1))
                 yield batch
         finally:  # a closed generator (the run ended) drops the batches read ahead
-            pool.shutdown(wait=True, cancel_futures=True)
+            if not sys.is_finalizing():  # at interpreter exit the thread module is already torn down
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _read_pinned(self, load, k):
         return self._pinned(load(k))
@@ -171,10 +173,15 @@ class PretokenizedLoader(BaseDataLoader):
             rounds = self.sources[0].num_sequences // (self.dp_world_size * self.local_batch_size)
             yield from self.read_ahead.read(self._load, range(rounds))
             return
-        batches = self.read_ahead.read(self._load, itertools.count(self._batch))
-        for k, batch in enumerate(batches, self._batch):
-            self._batch = k + 1  # before the yield: a state taken after this batch points past it
-            yield batch
+        while True:  # once, unless a state is loaded while iterating: then again from its position
+            start = self._batch
+            batches = self.read_ahead.read(self._load, itertools.count(start))
+            for k, batch in enumerate(batches, start):
+                if self._batch != k:
+                    batches.close()  # drops the batches read ahead of the old position
+                    break
+                self._batch = k + 1  # before the yield: a state taken after this batch points past it
+                yield batch
 
     def _load(self, k: int):
         return self.batch(self.batch_ids(k))
