@@ -26,7 +26,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchtitan.components.checkpoint import DATALOADER, LR_SCHEDULER, OPTIMIZER, TRAIN_STATE
 
-from parallax_titan.checksums import MANIFEST_FILE, content_problems, read_manifest, size_problems
+from parallax_titan.checksums import MANIFEST_FILE, Manifest, content_problems, read_manifest, size_problems
 
 METADATA_FILE = ".metadata"
 SETTINGS_FILE = "settings.json"
@@ -97,27 +97,38 @@ def has_checkpoint_files(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, name)) for name in (MANIFEST_FILE, METADATA_FILE))
 
 
+def unlisted_problems(checkpoint_dir: str, manifest: Manifest) -> list[str]:
+    """The files of the checkpoint folder that a load reads (DCP's ``.metadata`` and ``*.distcp``,
+    ``settings.json``) and its manifest does not list: no check would cover them."""
+    names = sorted(name for name in os.listdir(checkpoint_dir) if name not in manifest.files
+                   and (name == SETTINGS_FILE or dcp_owned(name) and name != MANIFEST_FILE))
+    return [f"{os.path.join(checkpoint_dir, name)}: not listed in {MANIFEST_FILE}, so it cannot be checked (the "
+            "manifest is another save's, or the file was added since)" for name in names]
+
+
 def quick_problem(checkpoint_dir: str, off_switch: str | None = "checkpoint.verify = false") -> str | None:
     """The first problem :func:`parallax_titan.checksums` finds in a step folder without reading its
     tensor files: no readable manifest (then naming ``off_switch``, which loads it unchecked, unless
-    None), a listed file missing or of another size (a truncated file), or ``.metadata`` /
-    ``settings.json`` differing from their checksums. None: none found."""
+    None), a file the load reads that it does not list, a listed file missing or of another size (a
+    truncated file), or ``.metadata`` / ``settings.json`` differing from their checksums. None: none found."""
     try:
         manifest = read_manifest(checkpoint_dir)
     except ValueError as exc:
         return _no_manifest(exc) + (f"; {off_switch} loads it unchecked" if off_switch else "")
     small = [name for name in (METADATA_FILE, SETTINGS_FILE) if name in manifest.files]
     large = [name for name in manifest.files if name not in small]
-    problems = size_problems(checkpoint_dir, manifest, large) + content_problems(checkpoint_dir, manifest, small)
+    problems = (unlisted_problems(checkpoint_dir, manifest) + size_problems(checkpoint_dir, manifest, large)
+                + content_problems(checkpoint_dir, manifest, small))
     return problems[0] if problems else None
 
 
 def folder_problem(checkpoint_dir: str, threads: int = 1, rank: int = 0, world: int = 1,
                    gather: Callable[[list[str]], list[list[str]]] | None = None) -> str | None:
     """The first problem of the checkpoint folder ``checkpoint_dir`` against its manifest: no
-    readable manifest, a listed file missing or of another size (naming the file and both sizes),
-    or a chunk whose checksum differs (naming the file and the bytes). None: every listed file is
-    intact. Hashes in ``threads`` threads.
+    readable manifest, a file the load reads that it does not list (:func:`unlisted_problems`), a
+    listed file missing or of another size (naming the file and both sizes), or a chunk whose
+    checksum differs (naming the file and the bytes). None: every listed file is intact and every
+    file the load reads is listed. Hashes in ``threads`` threads.
 
     Several processes share the work: each passes its ``rank`` of ``world`` and ``gather``, an
     all-gather of one Python object that returns every rank's in rank order (such as
@@ -130,7 +141,8 @@ def folder_problem(checkpoint_dir: str, threads: int = 1, rank: int = 0, world: 
         local = [_no_manifest(exc)]
     else:
         try:
-            local = content_problems(checkpoint_dir, manifest, sorted(manifest.files)[rank::world], threads)
+            local = (unlisted_problems(checkpoint_dir, manifest)
+                     + content_problems(checkpoint_dir, manifest, sorted(manifest.files)[rank::world], threads))
         except (OSError, ValueError) as exc:  # a file vanished while hashed, an unknown algorithm
             local = [f"{checkpoint_dir}: cannot be checked ({type(exc).__name__}: {exc})"]
     problems = sorted(p for part in (gather(local) if gather else [local]) for p in part)

@@ -146,6 +146,11 @@ def read_manifest(folder: str) -> Manifest:
         raise ValueError(f"{path!r} is not a readable manifest ({type(exc).__name__}: {exc})") from None
     if data.get("format") != FORMAT:
         raise ValueError(f"{path!r} has format {data.get('format')!r}; this version reads format {FORMAT}")
+    if manifest.algorithm not in ALGORITHMS:
+        raise ValueError(f"{path!r} has algorithm {manifest.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+    outside = [name for name in sorted(files) if name in ("", ".", "..") or os.path.basename(name) != name]
+    if outside:
+        raise ValueError(f"{path!r} lists {outside[0]!r}; expected the names of files in its own folder")
     _check_chunks(path, manifest)
     return manifest
 
@@ -164,6 +169,8 @@ def _check_chunks(path: str, manifest: Manifest) -> None:
 
 def _size_problem(folder: str, name: str, expected: int) -> str | None:
     path = os.path.join(folder, name)
+    if os.path.lexists(path) and not os.path.isfile(path):
+        return f"{path}: a folder or a broken link, not a file (listed in {MANIFEST_FILE})"
     try:
         size = os.path.getsize(path)
     except OSError:

@@ -57,6 +57,7 @@ def checkpoint_problems(cfg) -> list[str]:
       ``checkpoint.verify`` its folder must pass :func:`quick_problem` (a manifest that its files'
       sizes and small files match), as its load refuses a folder without a manifest.
 
+    A ``checkpoint.folder`` that is a file is refused too (the first save would fail in the run).
     This model's weights: its variant, size and shape overrides. :func:`quick_problem` reads no
     tensor file; each load hashes every file again before it reads them. Call only for a valid config
     (``JobConfig.validate``)."""
@@ -66,6 +67,9 @@ def checkpoint_problems(cfg) -> list[str]:
     errors = []
     if ckpt.enable:
         folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
+        if os.path.lexists(folder) and not os.path.isdir(folder):  # the first save would fail, steps into the run
+            return [f"checkpoint.folder: {folder!r} is a file; expected the folder the run's checkpoints are saved in, "
+                    "or none"]
         try:
             step = resume_step(cfg)
         except ValueError as exc:

@@ -96,9 +96,10 @@ def read_settings(checkpoint_dir: str) -> dict[str, Any] | None:
     """The settings a checkpoint recorded, keys renamed since under their names now (:data:`RENAMED`);
     None when it has no ``settings.json``.
 
-    Raises ValueError naming the file when it cannot be read."""
+    Raises ValueError naming the file when it cannot be read (a folder or a broken link of that name
+    included: taken for no file, the resume rules would compare nothing)."""
     path = os.path.join(checkpoint_dir, SETTINGS_FILE)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:

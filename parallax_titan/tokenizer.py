@@ -58,7 +58,11 @@ def check_tokenizer_path(path: str | None, key: str = "model.hf_assets_path") ->
         raise ValueError(f"{key} is not set (got {path!r}); {_FETCH_HINT}")
     if not os.path.isdir(path):
         raise ValueError(f"{key} = {path!r} is not a directory; {_FETCH_HINT}")
-    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    file = os.path.join(path, "tokenizer.json")
+    if os.path.lexists(file) and not os.path.isfile(file):
+        raise ValueError(f"{key} = {path!r}: {file} is a folder or a broken link; expected the tokenizer file; "
+                         f"{_FETCH_HINT}")
+    if not os.path.isfile(file):
         raise ValueError(
             f"{key} = {path!r} has no tokenizer.json "
             f"(found {sorted(os.listdir(path))}); {_FETCH_HINT}"
@@ -122,7 +126,13 @@ class PretrainTokenizer(HuggingFaceTokenizer):
 
     def __init__(self, tokenizer_path: str):
         load_tokenizer_json(tokenizer_path)  # a clear error naming the file before TorchTitan parses it
-        super().__init__(tokenizer_path)
+        try:
+            super().__init__(tokenizer_path)
+        except (OSError, ValueError, TypeError, AttributeError) as e:  # tokenizer.json parsed: the config failed
+            config = os.path.join(tokenizer_path, "tokenizer_config.json")
+            raise ValueError(f"model.hf_assets_path = {tokenizer_path!r}: {config} cannot be read "
+                             f"({type(e).__name__}: {e}); expected a JSON object whose bos_token and eos_token are "
+                             "strings, {\"content\": ...} objects or null, or no such file") from None
         eos_id = self.tokenizer.token_to_id(EOS_TOKEN)
         if eos_id is None:
             raise ValueError(

@@ -118,6 +118,59 @@ def test_parquet_content_of_another_type_is_named(tmp_path):
         resolve_data_files(str(path))
 
 
+
+def damaged_row_group(path, texts: list[str], group: int, rows_per_group: int) -> str:
+    """A parquet file of ``texts`` whose row group ``group`` is overwritten (its footer intact)."""
+    pq.write_table(pa.table({"content": texts}), path, row_group_size=rows_per_group)
+    column = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    with open(path, "r+b") as f:
+        f.seek(column.dictionary_page_offset or column.data_page_offset)
+        f.write(b"\xff" * column.total_compressed_size)
+    return str(path)
+
+
+def test_parquet_row_group_that_cannot_be_read_is_named_or_skipped(tmp_path, caplog):
+    """The config check reads the footer only; a damaged row group then stopped training mid-run
+    with Arrow's OSError, which names no file, under either bad-data policy."""
+    texts = [f"document {i} " * 20 for i in range(300)]
+    path = damaged_row_group(tmp_path / "damaged.parquet", texts, group=1, rows_per_group=100)
+    check_file(path)
+    with pytest.raises(ValueError, match=r"(?s)damaged\.parquet, rows 101-200: row group 1 cannot be read \(.*\); "
+                                         r"the file is corrupt"):
+        list(documents([path]))
+    with caplog.at_level(logging.WARNING):
+        kept = [d["content"] for d in documents([path], skip_bad=True)]
+    assert kept == texts[:100] + texts[200:]
+    assert "damaged.parquet: skipped 1 bad records" in caplog.text and "1 file unreadable" in caplog.text
+
+
+def test_lone_surrogate_escape_is_a_bad_record_not_a_tokenizer_crash(tmp_path):
+    """``"\\ud800"`` is valid JSON in ASCII, so the record passed every check; its text has no UTF-8
+    form, and the tokenizer raised a TypeError naming no file (in the pre-tokenizer, or in training
+    mid-run), under either bad-data policy."""
+    from parallax_titan.data import pretokenize as pt
+
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text('{"content": "fine"}\n{"content": "half of a pair \\ud800"}\n{"content": "after"}\n')
+    spec = pt.SourceSpec("local", str(path))
+    with pytest.raises(ValueError, match=r"surrogate\.jsonl, line 2: 'content' is not valid Unicode text \(.*"
+                                         r"surrogates not allowed\); expected text without lone surrogate escapes"):
+        pt.pretokenize(spec, str(tmp_path / "error"), TINY_TOKENIZER_PATH, progress=False)
+    manifest = pt.pretokenize(spec, str(tmp_path / "skip"), TINY_TOKENIZER_PATH, pt.Options(bad_data="skip"),
+                              progress=False)
+    assert manifest["bad_records"] == {str(path): {"invalid UTF-8": 1}}
+    assert sum(manifest["splits"][split]["documents"] for split in manifest["splits"]) == 2
+
+
+def test_deeply_nested_json_is_an_invalid_record(tmp_path):
+    """A line of 200,000 nested brackets, well within the length cap, raised RecursionError out of
+    the reader, which neither bad-data policy caught."""
+    path = tmp_path / "nested.jsonl"
+    path.write_text('{"content": "kept"}\n{"content": "x", "a": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
+    assert [d["content"] for d in documents([str(path)], skip_bad=True)] == ["kept"]
+    with pytest.raises(ValueError, match=r"nested\.jsonl, line 2: not valid JSON \(nested too deeply to parse\)"):
+        list(documents([str(path)]))
+
 def test_nothing_usable_is_still_an_error(tmp_path):
     (tmp_path / "e.jsonl").write_bytes(b"")
     with pytest.raises(ValueError, match="none of its 1 files is usable"):

@@ -6,6 +6,7 @@ manifest or settings files edited by hand."""
 import importlib.util
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from eval.checkpoint import build_model, load_checkpoint, load_job_config, model_args_of
 from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
-from parallax_titan.checkpoint_files import folder_problem
+from parallax_titan.checkpoint_files import CheckpointError, folder_problem, quick_problem, verify_before_load
 from parallax_titan.checkpointing import save_checksummed
 from parallax_titan.checksums import MANIFEST_FILE, read_manifest
 from parallax_titan.diagnostics.report import load_checkpoint_model
@@ -327,3 +328,39 @@ def test_settings_file_with_a_wrong_structure_is_named(tmp_path):
     (tmp_path / "settings.json").write_text('{"format": 1, "step": 3, "settings": null}')
     with pytest.raises(ValueError, match="settings.json.*not readable"):
         read_settings(str(tmp_path))
+
+
+@pytest.mark.parametrize("dropped", [["__0_0.distcp"], [".metadata"], ["__0_0.distcp", ".metadata"]])
+def test_manifest_that_leaves_out_a_checkpoint_file_is_refused(tmp_path, dropped):
+    """A manifest that did not list a DCP file (another save's, or edited) passed every check, and
+    that file loaded unchecked; with an empty list the whole checkpoint did."""
+    folder = str(tmp_path / "c")
+    save_checksummed({"w": torch.ones(4)}, folder)
+    data = json.loads((tmp_path / "c" / MANIFEST_FILE).read_text())
+    for name in dropped:
+        del data["files"][name]
+    (tmp_path / "c" / MANIFEST_FILE).write_text(json.dumps(data))
+    first = os.path.join(folder, sorted(dropped)[0])
+    expected = f"{first}: not listed in {MANIFEST_FILE}, so it cannot be checked"
+    assert quick_problem(folder).startswith(expected) and folder_problem(folder).startswith(expected)
+    with pytest.raises(CheckpointError, match=re.escape(expected)):
+        verify_before_load(folder, "--checkpoint", "--no-verify")
+
+
+def test_settings_file_that_is_a_folder_is_named(tmp_path):
+    """It was taken for no settings.json: a resume compared no setting, and an evaluation no model
+    argument."""
+    (tmp_path / "settings.json").mkdir()
+    with pytest.raises(ValueError, match=r"settings\.json' is not readable \(IsADirectoryError"):
+        read_settings(str(tmp_path))
+
+
+def test_checkpoint_folder_that_is_a_file_is_refused_before_the_build(tmp_path):
+    """It passed as a folder without checkpoints: the run trained, and its first save failed
+    checkpoint.interval steps in."""
+    from parallax_titan.resume import checkpoint_problems
+
+    (tmp_path / "checkpoint").write_text("not a folder")
+    cfg = load_job_config(CONFIG, ["--job.dump_folder", str(tmp_path), "--training.dataset", "default_corpus"])
+    assert checkpoint_problems(cfg) == [f"checkpoint.folder: {str(tmp_path / 'checkpoint')!r} is a file; expected the "
+                                        "folder the run's checkpoints are saved in, or none"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import pytest
 
@@ -104,3 +105,34 @@ def test_unknown_algorithm_is_refused(folder):
 def test_manifest_write_leaves_no_temporary_file(folder):
     manifest_of(folder)
     assert sorted(os.listdir(folder)) == [".metadata", "a.distcp", "b.distcp", MANIFEST_FILE]
+
+
+@pytest.mark.parametrize("name", ["../a.distcp", "/etc/hostname", "sub/a.distcp"])
+def test_manifest_listing_files_outside_its_folder_is_refused(folder, name):
+    """A listed path was hashed wherever it led, outside the checkpoint folder."""
+    manifest_of(folder)
+    data = json.loads((folder / MANIFEST_FILE).read_text())
+    data["files"][name] = data["files"].pop("b.distcp")
+    (folder / MANIFEST_FILE).write_text(json.dumps(data))
+    path = str(folder / MANIFEST_FILE)
+    with pytest.raises(ValueError, match=re.escape(f"{path!r} lists {name!r}; expected the names of files in its own")):
+        read_manifest(str(folder))
+
+
+def test_manifest_with_an_unknown_algorithm_is_named(folder):
+    """It was read, and the check that hashed with it raised a ValueError naming no file."""
+    manifest_of(folder)
+    data = json.loads((folder / MANIFEST_FILE).read_text())
+    (folder / MANIFEST_FILE).write_text(json.dumps({**data, "algorithm": "md5"}))
+    with pytest.raises(ValueError, match=re.escape(f"{str(folder / MANIFEST_FILE)!r} has algorithm 'md5'; expected "
+                                                   "one of xxh3_128, blake2b_128")):
+        read_manifest(str(folder))
+
+
+def test_listed_file_that_is_a_folder_is_named_as_one(folder):
+    """It was reported by the folder's own size, as a file longer than written."""
+    manifest = manifest_of(folder)
+    os.remove(folder / "b.distcp")
+    (folder / "b.distcp").mkdir()
+    assert size_problems(str(folder), manifest) == [
+        f"{folder / 'b.distcp'}: a folder or a broken link, not a file (listed in {MANIFEST_FILE})"]

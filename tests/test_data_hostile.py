@@ -5,12 +5,19 @@ which crashed the first validation mid-run, and a data seed that did nothing or 
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from parallax_titan.config import ConfigError, load_config
-from parallax_titan.data import build_dataloader, build_validation_dataloader
+from parallax_titan.data import build_dataloader, build_validation_dataloader, check_dataset_config
 from parallax_titan.data import pretokenize as pt
 from parallax_titan.tokenizer import TINY_TOKENIZER_PATH
 from scripts.pretokenize import main as cli
@@ -193,3 +200,96 @@ def test_data_seed_with_a_text_dataset_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"training\.data_seed = 7: only dataset = 'pretokenized' is shuffled by it; "
                                           r"'default_corpus' is read in its stored order"):
         load_config([*argv, "--training.data_seed", "7"])
+
+
+def _shards(manifest):
+    return manifest["splits"]["train"]["shards"]
+
+
+def _in_place(edit):
+    """``edit`` (which changes the manifest it is given) as a function returning the manifest."""
+    return lambda manifest: (edit(manifest), manifest)[1]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: [m], r"holds a JSON list; expected the object"),
+    (lambda m: {**m, "tokenizer": "qwen3"}, r"tokenizer is 'qwen3'; expected an object with the sha256"),
+    (lambda m: {**m, "splits": ["train"]}, r"splits is \['train'\]; expected an object of splits"),
+    (lambda m: {**m, "splits": {"train": {"tokens": 5}}}, r"splits\.train\.shards is None; expected a list"),
+    (lambda m: {**m, "dtype": "<u2"}, r"dtype is '<u2'; expected '<u4'"),  # was read as uint32 all the same
+    (_in_place(lambda m: _shards(m)[0].pop("bin_sha256")), r"splits\.train\.shards\[0\] has no 'bin_sha256'"),
+    (_in_place(lambda m: _shards(m)[0].update(tokens=-1)), r"splits\.train\.shards\[0\] tokens is -1; expected an"),
+    (_in_place(lambda m: _shards(m)[0].update(tokens=float(_shards(m)[0]["tokens"]))), r"tokens is \d+\.0; expected"),
+    (_in_place(lambda m: _shards(m)[0].update(unit="../validation/00000")),  # a path: another folder's files
+     r"splits\.train\.shards\[0\] unit is '\.\./validation/00000'; expected a file name in the split's folder"),
+    (_in_place(lambda m: _shards(m).append(dict(_shards(m)[0]))),  # trained on twice per epoch, without a word
+     r"splits\.train\.shards\[1\]: unit '00000' is listed twice; expected each shard once"),
+], ids=["list", "tokenizer", "splits", "shards", "dtype", "sha", "negative", "float", "path", "twice"])
+def test_malformed_manifest_is_named_at_config(small, tmp_path, edit, message):
+    """A hand-edited manifest.json gave KeyError, TypeError or AttributeError tracebacks out of the
+    config check, or was taken as it stood: a shard listed twice, a unit path reading another
+    folder's shard, another dtype."""
+    path = tmp_path / "data"
+    shutil.copytree(small, path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps(edit(manifest)))
+    where = re.escape(f"training.dataset_path: {path}/manifest.json ")
+    with pytest.raises(ValueError, match=rf"^{where}.*{message}"):
+        check_dataset_config(job(str(path)).training, "training", tokenizer_path=TINY_TOKENIZER_PATH)
+
+
+@pytest.mark.parametrize("entry, kind", [
+    ("manifest.json", "folder"), ("plan.json", "folder"), ("shards/00000.json", "folder"),
+    ("train/00000.bin", "folder"), ("validation/00000.idx", "folder"), ("shards", "file"), ("train", "file"),
+])
+def test_out_with_a_folder_where_a_file_goes_is_refused_before_any_work(tmp_path, source, capsys, entry, kind):
+    """The rename of the file over the folder (or the write into a file taken for a folder) failed
+    with IsADirectoryError, NotADirectoryError or FileExistsError tracebacks naming no flag, once a
+    unit was tokenized (manifest.json: once all of them were)."""
+    out = tmp_path / "out"
+    target = out / entry
+    target.parent.mkdir(parents=True)
+    if kind == "folder":
+        target.mkdir()
+    else:
+        target.write_text("x")
+    assert cli(cli_args(tmp_path, source)) == 1
+    err = capsys.readouterr().err
+    assert f"error: --out: {str(target)!r} is a {kind}; expected the {'file' if kind == 'folder' else 'folder'} of " \
+           "that name a pre-tokenization writes, or none; nothing was written" in err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == sorted({entry, os.path.dirname(entry)} - {""})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", r"plan\.json is not valid JSON \(Expecting value"),
+    ("[1, 2]", r"plan\.json holds a JSON list"),  # was an AttributeError traceback
+], ids=["empty", "list"])
+def test_plan_that_is_not_a_plan_is_named(small, tmp_path, source, text, message):
+    out = tmp_path / "data"
+    shutil.copytree(small, out)
+    (out / "plan.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"^--out: {re.escape(str(out))}/{message}.*expected the plan an earlier "
+                                         r"run wrote"):
+        pt.pretokenize(source, str(out), TINY_TOKENIZER_PATH, pt.Options(validation_fraction=0.25), progress=False)
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda u: u["splits"]["train"].pop("bin_sha256"), "its train shard has no 'bin_sha256'"),
+    (lambda u: u.pop("bad_records"), "its bad_records is None"),
+    (lambda u: u.update(unit="00007"), "it names unit '00007'"),
+], ids=["sha", "bad_records", "unit"])
+def test_unit_manifest_with_a_malformed_entry_is_done_again(small, tmp_path, source, caplog, edit, reason):
+    """A unit manifest whose input and shard sizes matched was taken as finished whatever its other
+    entries: without bad_records the final manifest raised KeyError after every unit was done;
+    without a checksum it was written as the dataset's, and training raised KeyError."""
+    out = tmp_path / "data"
+    shutil.copytree(small, out)
+    unit = json.loads((out / "shards" / "00000.json").read_text())
+    edit(unit)
+    (out / "shards" / "00000.json").write_text(json.dumps(unit))
+    with caplog.at_level(logging.WARNING):
+        manifest = pt.pretokenize(source, str(out), TINY_TOKENIZER_PATH, pt.Options(validation_fraction=0.25),
+                                  progress=False)
+    assert f"unit 00000 is done again: {reason}" in caplog.text
+    assert manifest == json.loads((pathlib.Path(small) / "manifest.json").read_text())
+    check_dataset_config(job(str(out)).training, "training", tokenizer_path=TINY_TOKENIZER_PATH)

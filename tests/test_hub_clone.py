@@ -5,6 +5,7 @@ records `datasets` gives for a complete clone; bad clones are refused naming the
 from __future__ import annotations
 
 import os
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -59,6 +60,14 @@ def test_a_clone_with_only_the_english_files_is_read(tmp_path):
     (README, "other", "en", r"README.md declares no config 'other'; it declares \['default'\]"),
     (README, "default", "fr", r"config 'default' declares no split 'fr'"),
     (README, "default", "zh", r"no file matches split 'zh' of config 'default' \(\['data/zh/\*.parquet'\]\)"),
+    # a README.md that is not the hub's format: tracebacks (yaml's ParserError, AttributeError, TypeError)
+    ("---\nconfigs: [default\n---\n", "default", "en", r"README.md has metadata that cannot be read \(ParserError"),
+    ("---\nconfigs: default\n---\n", "default", "en", r"README.md's configs is 'default'; expected a list of configs"),
+    (README[:README.index("  data_files:")] + "  data_files: 5\n---\n", "default", "en",
+     r"README.md's config 'default': data_files is 5; expected a path pattern, a list of them, or a list of"),
+    # a pattern out of the clone read the files beside it
+    (README.replace("path: data/en/", "path: ../*/data/en/"), "default", "en",
+     r"README.md's config 'default': path pattern '\.\./\*/data/en/\*\.parquet' reaches outside the clone"),
 ])
 def test_bad_clones_are_refused_naming_the_option(tmp_path, readme, config, split, message):
     root = clone(tmp_path, with_zh=False, readme=readme or "")
@@ -118,3 +127,18 @@ def test_pretokenizer_reads_a_partial_clone_and_refuses_a_revision_for_it(tmp_pa
     assert [u["num_shards"] for u in pt.plan_units(spec, pt.Options())] == [2, 2]
     with pytest.raises(ValueError, match=r"--revision: 'v1' is not read from a local clone"):
         pt.check_source(pt.SourceSpec("hub", root, name="default", split="en", revision="v1"), pt.Options())
+
+
+def test_a_file_cut_short_in_a_clone_is_named_before_anything_is_read(tmp_path):
+    """An interrupted download left a parquet file without its footer: the config check passed, and
+    training stopped at that file mid-run (after the files before it) with Arrow's error; the
+    pre-tokenizer with a traceback, after tokenizing the files before it."""
+    root = clone(tmp_path / "clone", with_zh=False)
+    part = tmp_path / "clone" / "data" / "en" / "part-1.parquet"
+    os.truncate(part, part.stat().st_size // 2)
+    message = re.escape(f" = '{root}': data file '{part}' is not a readable parquet file (Parquet magic bytes")
+    with pytest.raises(ConfigError, match=rf"training\.dataset_path{message}"):
+        load_config(["--job.config_file", DEMO, "--training.dataset", "ultrafineweb", "--training.dataset_path", root])
+    spec = pt.SourceSpec("hub", root, name="default", split="en")
+    with pytest.raises(ValueError, match=rf"--path{message}"):
+        pt.plan_units(spec, pt.Options())

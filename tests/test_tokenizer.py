@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import filecmp
+import re
 import shutil
 from types import SimpleNamespace
 
@@ -86,6 +87,33 @@ def test_missing_tokenizer_json_error(tmp_path):
         check_tokenizer_path(str(tmp_path))
     assert check_tokenizer_path(TINY_TOKENIZER_PATH) == TINY_TOKENIZER_PATH
 
+
+
+@pytest.mark.parametrize("layout", ["folder", "broken_link"])
+def test_tokenizer_json_that_is_not_a_file_is_named(tmp_path, layout):
+    """The message said the folder had no tokenizer.json while listing one among its files."""
+    if layout == "folder":
+        (tmp_path / "tokenizer.json").mkdir()
+    else:
+        (tmp_path / "tokenizer.json").symlink_to(tmp_path / "absent.json")
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path}/tokenizer.json is a folder or a broken link; "
+                                                   "expected the tokenizer file")):
+        check_tokenizer_path(str(tmp_path))
+
+
+@pytest.mark.parametrize("config", ["{not json", "", "[1]", '{"eos_token": 5}', None],
+                         ids=["garbage", "empty", "list", "eos_int", "folder"])
+def test_unreadable_tokenizer_config_is_named(tmp_path, config):
+    """TorchTitan reads tokenizer_config.json after our checks: a bad one stopped the trainer's start
+    with a JSONDecodeError, AttributeError, IsADirectoryError or ValueError naming no file."""
+    shutil.copy(os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), tmp_path)
+    if config is None:
+        (tmp_path / "tokenizer_config.json").mkdir()
+    else:
+        (tmp_path / "tokenizer_config.json").write_text(config)
+    where = f"model.hf_assets_path = '{tmp_path}': {tmp_path}/tokenizer_config.json cannot be read ("
+    with pytest.raises(ValueError, match=rf"^{re.escape(where)}.*\); expected a JSON object whose bos_token and eos_"):
+        build_tokenizer(job(str(tmp_path)))
 
 def test_tiny_tokenizer_training_is_deterministic(tmp_path):
     """Training twice on the same text gives the same tokenizer (validation split: fast)."""

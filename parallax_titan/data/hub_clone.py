@@ -13,6 +13,8 @@ import glob
 import os
 import re
 
+from parallax_titan.data.records import JSONL_SUFFIXES, PARQUET_SUFFIXES, check_file
+
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".csv": "csv"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -22,29 +24,49 @@ def is_hub_id(path: str) -> bool:
     return bool(_HUB_ID.match(path)) and not os.path.exists(path)
 
 
-def declared_configs(root: str) -> list[dict] | None:
-    """The ``configs`` list of ``root/README.md``'s metadata, or None without a README or configs."""
+def declared_configs(root: str, key: str) -> list[dict] | None:
+    """The ``configs`` list of ``root/README.md``'s metadata, or None without a README or configs.
+    ValueError naming ``key`` and the README when its metadata cannot be read (YAML, encoding) or
+    ``configs`` is not a list of objects."""
     from huggingface_hub import DatasetCard
 
     readme = os.path.join(root, "README.md")
     if not os.path.isfile(readme):
         return None
-    configs = DatasetCard.load(readme).data.to_dict().get("configs")
+    try:
+        configs = DatasetCard.load(readme).data.to_dict().get("configs")
+    except Exception as e:  # YAML's, UTF-8's and huggingface_hub's own errors
+        raise ValueError(f"{key} = {root!r}: {readme} has metadata that cannot be read ({type(e).__name__}: "
+                         f"{e})") from None
+    if configs and not (isinstance(configs, list) and all(isinstance(c, dict) for c in configs)):
+        raise ValueError(f"{key} = {root!r}: README.md's configs is {configs!r:.80}; expected a list of configs, "
+                         "each with config_name and data_files")
     return configs or None
 
 
-def _split_patterns(config: dict, split: str) -> list[str]:
+def _patterns(value) -> list[str] | None:
+    """A path pattern or a list of them as a list; None for anything else."""
+    value = [value] if isinstance(value, str) else value
+    return list(value) if isinstance(value, list) and all(isinstance(p, str) for p in value) else None
+
+
+def _split_patterns(config: dict, split: str, where: str) -> list[str]:
     """The path patterns one config declares for ``split`` (``data_files`` without split names is
-    split ``train``, as ``datasets`` reads it)."""
+    split ``train``, as ``datasets`` reads it). ValueError naming ``where`` (the key, the clone and the
+    config) for a ``data_files`` of another shape, or a pattern reaching outside the clone."""
     data_files = config.get("data_files") or []
-    data_files = [data_files] if isinstance(data_files, str) else list(data_files)
-    if all(isinstance(entry, str) for entry in data_files):
-        return data_files if split == "train" else []
-    patterns = []
-    for entry in data_files:
-        if isinstance(entry, dict) and entry.get("split") == split:
-            path = entry.get("path") or []
-            patterns += [path] if isinstance(path, str) else list(path)
+    patterns = _patterns(data_files)
+    if patterns is not None:
+        patterns = patterns if split == "train" else []
+    elif isinstance(data_files, list) and all(isinstance(e, dict) and _patterns(e.get("path")) is not None
+                                              for e in data_files):
+        patterns = [p for e in data_files if e.get("split") == split for p in _patterns(e["path"])]
+    else:
+        raise ValueError(f"{where}: data_files is {data_files!r:.80}; expected a path pattern, a list of them, or a "
+                         "list of {split, path}")
+    outside = [p for p in patterns if os.path.isabs(p) or ".." in p.replace("\\", "/").split("/")]
+    if outside:
+        raise ValueError(f"{where}: path pattern {outside[0]!r} reaches outside the clone; expected a path inside it")
     return patterns
 
 
@@ -53,7 +75,7 @@ def split_files(root: str, config_name: str | None, split: str, key: str) -> lis
     that the clone at ``root`` declares and holds, sorted. Raises ValueError naming ``key`` (the
     option that gave ``root``) when the README declares no such config or split, or when no file
     matches its patterns."""
-    configs = declared_configs(root)
+    configs = declared_configs(root, key)
     if configs is None:
         raise ValueError(f"{key} = {root!r}: no README.md declaring configs; expected a local clone of a Hugging "
                          "Face dataset repository (huggingface-cli download --repo-type dataset --local-dir)")
@@ -62,7 +84,7 @@ def split_files(root: str, config_name: str | None, split: str, key: str) -> lis
     if config is None:
         raise ValueError(f"{key} = {root!r}: README.md declares no config {name!r}; it declares "
                          f"{sorted(str(c.get('config_name')) for c in configs)}")
-    patterns = _split_patterns(config, split)
+    patterns = _split_patterns(config, split, f"{key} = {root!r}: README.md's config {name!r}")
     if not patterns:
         raise ValueError(f"{key} = {root!r}: config {name!r} declares no split {split!r}")
     files = sorted({f for p in patterns for f in glob.glob(os.path.join(root, p), recursive=True)
@@ -82,6 +104,21 @@ def file_format(path: str, key: str) -> str:
         if path.endswith(ext):
             return builder
     raise ValueError(f"{key}: {path!r} is not one of the formats {sorted(FORMATS)}")
+
+
+def checked_split_files(root: str, config_name: str | None, split: str, key: str, skip_bad: bool = False) -> list[str]:
+    """:func:`split_files`, each parquet or JSONL file checked as a ``local`` data file is
+    (:func:`~parallax_titan.data.records.check_file`: a readable footer, or a first good record, with
+    a string ``content``), so that a partial download is named before the reading starts rather than
+    when the stream reaches it. ValueError naming ``key``, the clone and the file."""
+    files = split_files(root, config_name, split, key)
+    for path in files:
+        if path.endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES):
+            try:
+                check_file(path, skip_bad)
+            except ValueError as e:
+                raise ValueError(f"{key} = {root!r}: {e}") from None
+    return files
 
 
 def load_split(root: str, config_name: str | None, split: str, key: str):

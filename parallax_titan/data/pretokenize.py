@@ -22,14 +22,14 @@ from dataclasses import asdict, dataclass
 
 from torchtitan.tools.logging import logger
 
-from parallax_titan.data.hub_clone import load_split
+from parallax_titan.data.hub_clone import checked_split_files, load_split
 from parallax_titan.data.records import (
     DEFAULT_MAX_RECORD_BYTES, NOT_A_STRING, TEXT_COLUMN, BadRecordError, BadRecords, file_texts, record_count,
     resolve_data_files,
 )
 from parallax_titan.data.shards import (
     FORMAT, INDEX_DTYPE, MANIFEST, PLAN, SPLITS, TOKEN_DTYPE, UNITS_DIR, VERSION, ShardWriter, file_sha256,
-    shard_paths, write_json_atomic,
+    shard_entry_problem, shard_paths, write_json_atomic,
 )
 from parallax_titan.data.text import CORPUS_DIR
 
@@ -119,6 +119,8 @@ def plan_units(spec: SourceSpec, options: Options) -> list[dict]:
     """The units of the source, in stream order: ``{"name", "file", "start", "stop"}`` for files
     (records ``[start, stop)``), ``{"name", "hub_shard", "num_shards"}`` for a hub dataset."""
     if spec.kind == "hub":
+        if os.path.isdir(spec.path):  # a local clone: its files checked once, before any unit reads them
+            checked_split_files(spec.path, spec.name, spec.split, "--path", options.bad_data == "skip")
         n = _hub_dataset(spec).num_shards
         return [{"name": f"{i:05d}", "hub_shard": i, "num_shards": n} for i in range(n)]
     units = []
@@ -218,8 +220,7 @@ def _check_plan(root: str, plan: dict) -> None:
     """Write ``plan.json``, or check that a resumed run was asked for the same thing."""
     path = os.path.join(root, PLAN)
     if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+        saved = _read_plan(path)
         differing = sorted(k for k in plan.keys() | saved.keys() if plan.get(k) != saved.get(k))
         if len(differing) > 1 and "units" in differing:  # they carry the settings' hash
             differing.remove("units")
@@ -231,14 +232,61 @@ def _check_plan(root: str, plan: dict) -> None:
     write_json_atomic(path, plan)
 
 
+def _read_plan(path: str) -> dict:
+    """The ``plan.json`` at ``path``; ValueError naming ``--out`` and the file when it is no plan."""
+    fix = "expected the plan an earlier run wrote; choose another --out, or delete the folder to start over"
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except ValueError as e:  # invalid JSON or UTF-8
+        raise ValueError(f"--out: {path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"--out: {path} holds a JSON {type(saved).__name__}; {fix}")
+    return saved
+
+
+def check_layout(root: str, units: list[dict]) -> None:
+    """ValueError naming ``--out`` when a folder stands where the run writes a file in ``root`` (the
+    manifests, the plan, the shards of ``units``), or a file where it writes a folder: the rename or
+    the write would fail only after the units' work. A link is replaced as a file is."""
+    for name in (UNITS_DIR, *SPLITS):
+        path = os.path.join(root, name)
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise ValueError(f"--out: {path!r} is a file; expected the folder of that name a pre-tokenization "
+                             "writes, or none; nothing was written")
+    files = [os.path.join(root, MANIFEST), os.path.join(root, PLAN)]
+    for unit in units:
+        files.append(os.path.join(root, UNITS_DIR, f"{unit['name']}.json"))
+        files += [p for split in SPLITS for p in shard_paths(root, split, unit["name"])]
+    for path in files:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise ValueError(f"--out: {path!r} is a folder; expected the file of that name a pre-tokenization "
+                             "writes, or none; nothing was written")
+
+
+def _is_bad_records(value) -> bool:
+    """Whether ``value`` is a unit's bad-record counts: ``{file: {reason: count}}``."""
+    return isinstance(value, dict) and all(
+        isinstance(counts, dict) and all(isinstance(n, int) and n >= 0 for n in counts.values())
+        for counts in value.values())
+
+
 def _unfinished_reason(root: str, manifest: dict, unit: dict) -> str | None:
     """Why the unit manifest ``manifest`` does not mark plan unit ``unit`` as finished, or None: it
-    was written for another input (an older plan), or a shard it lists is missing or not of its size
-    (truncated, or lost in a crash after the manifest was written)."""
+    was written for another input (an older plan) or unit, an entry the dataset's manifest copies is
+    malformed (an edited file), or a shard it lists is missing or not of its size (truncated, or lost
+    in a crash after the manifest was written)."""
     if manifest.get("input") != unit:
         return f"it records the input {manifest.get('input')}, the plan {unit}"
+    if manifest.get("unit") != unit["name"]:
+        return f"it names unit {manifest.get('unit')!r}"
+    if not _is_bad_records(manifest.get("bad_records")):
+        return f"its bad_records is {manifest.get('bad_records')!r:.80}, expected {{file: {{reason: count}}}}"
     for split in SPLITS:
         entry = manifest["splits"][split]
+        problem = shard_entry_problem(entry)
+        if problem:
+            return f"its {split} shard {problem}"
         for path, size in zip(shard_paths(root, split, unit["name"]),
                               (entry["tokens"] * TOKEN_DTYPE.itemsize, entry["documents"] * INDEX_DTYPE.itemsize)):
             if not os.path.isfile(path) or os.path.getsize(path) != size:
@@ -327,8 +375,9 @@ def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Optio
                 progress: bool = True) -> dict:
     """Pre-tokenize ``spec`` into the folder ``root`` (module docstring); returns the manifest.
 
-    Resumable: finished units are kept. Raises ValueError for bad arguments or, under
-    ``bad_data = "error"``, the first bad record (finished units stay).
+    Resumable: finished units are kept. Raises ValueError for bad arguments, a ``root`` that
+    :func:`check_layout` refuses or whose ``plan.json`` is no plan (before any unit is tokenized) or,
+    under ``bad_data = "error"``, the first bad record (finished units stay).
     """
     from parallax_titan.tokenizer import EOS_TOKEN, load_tokenizer_json, tokenizer_sha256
 
@@ -343,6 +392,7 @@ def pretokenize(spec: SourceSpec, root: str, tokenizer_path: str, options: Optio
             "source": describe_source(spec, options), "options": asdict(options)}
     settings = settings_sha256(plan)
     plan["units"] = [{**unit, "settings": settings} for unit in plan_units(spec, options)]
+    check_layout(root, plan["units"])
     os.makedirs(root, exist_ok=True)
     _check_plan(root, plan)
     done = finished_units(root, plan["units"])

@@ -134,6 +134,9 @@ def parse_jsonl_line(path: str, lineno: int, raw: bytes) -> str | None:
         record = json.loads(line)
     except json.JSONDecodeError as e:
         raise BadRecordError(f"{path}, line {lineno}: not valid JSON ({e})", INVALID_JSON) from None
+    except RecursionError:  # nesting deeper than Python's stack, inside the length cap
+        raise BadRecordError(f"{path}, line {lineno}: not valid JSON (nested too deeply to parse)",
+                             INVALID_JSON) from None
     if not isinstance(record, dict):
         raise BadRecordError(f"{path}, line {lineno}: a JSON {type(record).__name__}, expected an object with a "
                              f"string '{TEXT_COLUMN}'", NOT_AN_OBJECT)
@@ -143,6 +146,11 @@ def parse_jsonl_line(path: str, lineno: int, raw: bytes) -> str | None:
     if not isinstance(text, str):
         raise BadRecordError(f"{path}, line {lineno}: '{TEXT_COLUMN}' is {text!r:.60} ({type(text).__name__}); "
                              "expected a string", NOT_A_STRING)
+    try:  # a \ud800 escape is valid JSON but no Unicode text: the tokenizer would raise a TypeError on it
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRecordError(f"{path}, line {lineno}: '{TEXT_COLUMN}' is not valid Unicode text ({e}); expected "
+                             "text without lone surrogate escapes", INVALID_UTF8) from None
     return text
 
 
@@ -181,10 +189,22 @@ def _string_column(path: str, schema: pa.Schema) -> None:
         raise ValueError(f"{path}: column '{TEXT_COLUMN}' holds {kind}, expected strings")
 
 
+def _row_group_texts(file: pq.ParquetFile, path: str, group: int, first_row: int) -> list[str | None]:
+    """The ``content`` of one row group; a group that cannot be decoded (a damaged file whose footer
+    reads) is a BadRecordError naming the file and its rows, instead of Arrow's error naming neither."""
+    try:
+        return file.read_row_group(group, columns=[TEXT_COLUMN]).column(0).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        rows = file.metadata.row_group(group).num_rows
+        raise BadRecordError(f"{path}, rows {first_row + 1}-{first_row + rows}: row group {group} cannot be read "
+                             f"({e}); the file is corrupt", UNREADABLE) from None
+
+
 def parquet_texts(path: str, bad: BadRecords | None = None, start: int = 0,
                   stop: int | None = None) -> Iterator[tuple[int, str]]:
     """(row number, text) of rows ``[start, stop)`` (0-based) of a parquet file, reading only the row
-    groups that hold them; a null ``content`` is a bad record (row numbers are 1-based in messages)."""
+    groups that hold them; a null ``content`` is a bad record, and so is a row group that cannot be
+    read, as one (row numbers are 1-based in messages)."""
     file = pq.ParquetFile(path)
     _string_column(path, file.schema_arrow)
     stop = file.metadata.num_rows if stop is None else stop
@@ -192,7 +212,13 @@ def parquet_texts(path: str, bad: BadRecords | None = None, start: int = 0,
     for group in range(file.metadata.num_row_groups):
         rows = file.metadata.row_group(group).num_rows
         if first_row + rows > start and first_row < stop:
-            texts = file.read_row_group(group, columns=[TEXT_COLUMN]).column(0).to_pylist()
+            try:
+                texts = _row_group_texts(file, path, group, first_row)
+            except BadRecordError as error:
+                if bad is None:
+                    raise
+                bad.add(path, error)
+                texts = []
             for offset, text in enumerate(texts):
                 row = first_row + offset
                 if start <= row < stop:

@@ -111,10 +111,77 @@ def read_manifest(root: str, key: str) -> dict:
             manifest = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{key}: {path} is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{key}: {path} holds a JSON {type(manifest).__name__}; expected the object "
+                         "`python -m scripts.pretokenize` writes")
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise ValueError(f"{key}: {path} is format {manifest.get('format')!r} version {manifest.get('version')!r}; "
                          f"expected {FORMAT!r} version {VERSION}")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise ValueError(f"{key}: {path} is not a manifest `python -m scripts.pretokenize` wrote: {problem}")
     return manifest
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_sha256(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+_SHARD_FIELDS = (("tokens", _is_count, "an integer >= 0"), ("documents", _is_count, "an integer >= 0"),
+                 ("bin_sha256", _is_sha256, "a sha256 in hex"), ("idx_sha256", _is_sha256, "a sha256 in hex"))
+
+
+def shard_entry_problem(entry) -> str | None:
+    """Why ``entry`` is not a shard's entry (``{"tokens", "documents": integers >= 0, "bin_sha256",
+    "idx_sha256": hex sha256}``), as ``"tokens is '12'; expected an integer >= 0"``, or None."""
+    if not isinstance(entry, dict):
+        return f"is {entry!r:.60}; expected an object with {', '.join(name for name, _, _ in _SHARD_FIELDS)}"
+    for name, valid, expected in _SHARD_FIELDS:
+        if name not in entry:
+            return f"has no {name!r}; expected {expected}"
+        if not valid(entry[name]):
+            return f"{name} is {entry[name]!r:.80}; expected {expected}"
+    return None
+
+
+def _unit_problem(unit) -> str | None:
+    """Why ``unit`` cannot name a shard's files (a path would read files outside the split's folder)."""
+    if not isinstance(unit, str) or unit in ("", ".", "..") or os.path.basename(unit) != unit:
+        return f"unit is {unit!r:.80}; expected a file name in the split's folder, such as '00000'"
+    return None
+
+
+def manifest_problem(manifest: dict) -> str | None:
+    """Why a manifest of this format and version does not describe its data as the readers need, or
+    None: the token dtype, the tokenizer's sha256, and each split's shards, each with a plain unit
+    name (a path would read files elsewhere) listed once (twice would train on it twice per epoch)
+    and the fields of :func:`shard_entry_problem`. A problem names the JSON key."""
+    if manifest.get("dtype") != TOKEN_DTYPE.str:
+        return f"dtype is {manifest.get('dtype')!r}; expected {TOKEN_DTYPE.str!r} (uint32 little-endian)"
+    tokenizer = manifest.get("tokenizer")
+    if not isinstance(tokenizer, dict) or not _is_sha256(tokenizer.get("sha256")):
+        return f"tokenizer is {tokenizer!r:.80}; expected an object with the sha256 of its tokenizer.json"
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict):
+        return f"splits is {splits!r:.80}; expected an object of splits ({', '.join(SPLITS)})"
+    for split, info in splits.items():
+        shards = info.get("shards") if isinstance(info, dict) else None
+        if not isinstance(shards, list):
+            return f"splits.{split}.shards is {shards!r:.80}; expected a list of shard entries"
+        units = set()
+        for i, entry in enumerate(shards):
+            problem = shard_entry_problem(entry) or _unit_problem(entry.get("unit"))
+            if problem:
+                return f"splits.{split}.shards[{i}] {problem}"
+            if entry["unit"] in units:
+                return (f"splits.{split}.shards[{i}]: unit {entry['unit']!r} is listed twice; expected each shard "
+                        "once")
+            units.add(entry["unit"])
+    return None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.hf_datasets import DatasetConfig
 from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataset
 
-from parallax_titan.data.hub_clone import is_hub_id, load_split, split_files
+from parallax_titan.data.hub_clone import checked_split_files, is_hub_id, load_split
 from parallax_titan.data.records import (
     DEFAULT_MAX_RECORD_BYTES, TEXT_COLUMN, check_file, documents, jsonl_texts, resolve_data_files,
 )
@@ -82,9 +82,10 @@ def load_ultrafineweb(path: str) -> IterableDataset:
 
 def check_ultrafineweb_path(path: str, key: str) -> None:
     """ValueError naming ``key`` unless ``path`` is a hub id (not contacted here) or a local clone
-    whose README declares config ``default``, split ``en``, with at least one of its files present."""
+    whose README declares config ``default``, split ``en``, with at least one of its files present
+    and each of them readable (:func:`~parallax_titan.data.hub_clone.checked_split_files`)."""
     if os.path.isdir(path):
-        split_files(path, "default", "en", key)
+        checked_split_files(path, "default", "en", key)
     elif not is_hub_id(path):
         raise ValueError(f"{key} = {path!r}: no such folder; expected a local clone of {ULTRAFINEWEB} or a hub "
                          "dataset id (owner/name)")
