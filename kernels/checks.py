@@ -24,3 +24,22 @@ def is_finite_number(x) -> bool:
         return math.isfinite(x)
     except OverflowError:  # math.isfinite converts to float first
         return False
+
+
+def grad_required(tensors: dict) -> list[str]:
+    """The names of ``tensors`` (name -> tensor or None) that require grad while autograd records
+    ([] under ``torch.no_grad`` or inference mode). Host-only: flags, never tensor values."""
+    if not torch.is_grad_enabled():
+        return []
+    return [name for name, x in tensors.items() if x is not None and x.requires_grad]
+
+
+def refuse_grad(who: str, tensors: dict, instead: str) -> None:
+    """Raise a ValueError naming the tensors of ``tensors`` that ``grad_required`` finds, for a path
+    with no backward: its output would carry no ``grad_fn`` and the gradients would silently stop
+    there. ``instead``: what gives gradients."""
+    names = grad_required(tensors)
+    if names:
+        raise ValueError(f"{who}: {', '.join(names)} require{'s' if len(names) == 1 else ''} grad, but this path "
+                         f"has no backward (its output would carry no gradient); {instead}, or call it under "
+                         "torch.no_grad()")

@@ -20,6 +20,7 @@ on that owner. ``step(skip=flag)`` skips a step on the device (``skip_step.SkipS
 from __future__ import annotations
 
 import math
+import numbers
 from collections import defaultdict
 from typing import Any
 
@@ -31,7 +32,7 @@ from .directions import (GRAM_MODES, MATRIX_ALGOS, ORTHO_DTYPES, ORTHO_KERNELS, 
                          apply_terms, update_scale)
 from .distributed import full_matrix_terms
 from .momentum import momentum_updates
-from .orthogonalize import ORTHOGONALIZERS, default_compute_dtype
+from .orthogonalize import FLOAT_DTYPES, ORTHOGONALIZERS, default_compute_dtype
 from .skip_step import SkipStep
 from .spectral import BANDS
 
@@ -95,12 +96,16 @@ _GROUP_EXTRAS = ("params", "lr", "base_lr", "initial_lr", "soap_calls", "param_n
 
 
 def _real(value) -> float | None:
-    """``value`` as a float (a Python number or a 0-dim tensor), None for a bool or a non-number."""
-    if isinstance(value, bool):
-        return None
+    """``value`` as a float (a real Python number or a 0-dim real tensor), None for anything else: a
+    bool, a complex number, or a string such as "0.1", which ``float`` would take while the step's
+    arithmetic would not."""
+    if isinstance(value, torch.Tensor):
+        real = value.ndim == 0 and value.dtype != torch.bool and not value.is_complex()
+    else:
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
     try:
-        return float(value)
-    except (TypeError, ValueError, RuntimeError):
+        return float(value) if real else None
+    except OverflowError:  # an int beyond the float range
         return None
 
 
@@ -113,23 +118,24 @@ def _finite_at_least(value, least: float) -> bool:
     return x is not None and math.isfinite(x) and x >= least
 
 
-def _check_group(group: dict) -> None:
-    """Raise a ValueError naming the group, the key and the value of the first bad option (a bad value
-    would otherwise be ignored, e.g. a misspelled ``decay_coupling`` meaning "independent", or fail
-    inside the first step with an error that does not name it)."""
+def _check_group(group: dict, who: str = "MuonAdamW") -> None:
+    """Raise a ValueError naming ``who``, the group, the key and the value of the first bad option (a
+    bad value would otherwise be ignored, e.g. a misspelled ``decay_coupling`` meaning "independent",
+    or fail inside the first step with an error that does not name it)."""
     name = group["name"]
 
     def bad(key, expected):
-        raise ValueError(f"MuonAdamW: group {name!r} {key}={group[key]!r}; expected {expected}")
+        raise ValueError(f"{who}: group {name!r} {key}={group[key]!r}; expected {expected}")
 
     unknown = sorted(set(group) - set(GROUP_DEFAULTS) - set(_GROUP_EXTRAS))
     if unknown:  # torch keeps unknown group keys: a misspelled option would be ignored
-        raise ValueError(f"MuonAdamW: group {name!r} has unknown options {unknown}; expected keys of GROUP_DEFAULTS")
+        raise ValueError(f"{who}: group {name!r} has unknown options {unknown}; expected keys of GROUP_DEFAULTS")
     for key, choices in _CHOICES.items():
         if not isinstance(group[key], str) or group[key] not in choices:
             bad(key, f"one of {choices}")
     _check_numbers(group, bad)
-    _check_matrices(group, bad)
+    _check_params(group, who)
+    _check_matrices(group, bad, who)
 
 
 def _check_numbers(group: dict, bad) -> None:
@@ -137,7 +143,9 @@ def _check_numbers(group: dict, bad) -> None:
     for key in _BOOLS:
         if not isinstance(group[key], bool):
             bad(key, "a bool")
-    for key in ("lr", "weight_decay", "sp_coeff"):  # SkipStep relies on non-positive delta coefficients
+    # SkipStep relies on non-positive delta coefficients; base_lr and wd_mult scale the decay (a NaN
+    # one would make every weight NaN at the first step that decays)
+    for key in ("lr", "weight_decay", "sp_coeff", "base_lr", "wd_mult"):
         if not _finite_at_least(group[key], 0):
             bad(key, "a finite float >= 0")
     for key in _UNIT:
@@ -172,17 +180,63 @@ def _check_numbers(group: dict, bad) -> None:
                             f"would multiply the weights by {1 - shrink:g})")
 
 
-def _check_matrices(group: dict, bad) -> None:
+def _check_params(group: dict, who: str) -> None:
+    """Real floating parameters: a complex or integer one failed inside the first step (the momentum's
+    or Adam's kernels), not naming it."""
+    bad = sorted({str(p.dtype) for p in group["params"] if p.dtype not in FLOAT_DTYPES})
+    if bad:
+        raise ValueError(f"{who}: group {group['name']!r} holds parameters of dtype {', '.join(bad)}; expected "
+                         f"one of {[str(d) for d in FLOAT_DTYPES]}")
+
+
+def _check_matrices(group: dict, bad, who: str) -> None:
     """The options that depend on the algorithm and on the parameters' shapes."""
     algo = group["algo"]
-    if algo in MATRIX_ALGOS and any(p.ndim != 2 for p in group["params"]):
-        raise ValueError(f"MuonAdamW: group {group['name']!r} is {algo} but holds non-2-D parameters")
+    shapes = sorted({tuple(p.shape) for p in group["params"] if p.ndim != 2})
+    if algo in MATRIX_ALGOS and shapes:
+        raise ValueError(f"{who}: group {group['name']!r} is {algo} but holds parameters of shapes {shapes}; "
+                         "expected 2-D matrices (route the others to an 'adamw' group)")
     if algo == "soap" and group["head_dim"]:
         bad("head_dim", "0 for algo 'soap' (head-wise updates are for muon, normuon and aurora)")
     if algo in MATRIX_ALGOS and group["head_dim"]:
         rows = sorted({p.shape[0] for p in group["params"]})
         if any(r % group["head_dim"] for r in rows):
             bad("head_dim", f"a divisor of the rows of every parameter (rows {rows})")
+
+
+_PARAM_SHAPED = ("momentum_buffer", "exp_avg", "exp_avg_sq")  # state buffers of the parameter's shape
+_ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
+_WHO_LOADS = "MuonAdamW.load_state_dict"
+
+
+def _check_loaded_group(index: int, merged: dict, group: dict, ids: list, state: dict) -> None:
+    """Group ``index`` of a state_dict being loaded, ``merged`` over this optimizer's ``group``
+    (``MuonAdamW.load_state_dict``); ``ids``: its parameters' keys in ``state``."""
+    if merged["algo"] != group["algo"]:
+        raise ValueError(f"{_WHO_LOADS}: group {index} ({group['name']!r}) is algo={merged['algo']!r} in the "
+                         f"state_dict and {group['algo']!r} here; its state holds the other algorithm's buffers")
+    _check_group(merged, _WHO_LOADS)
+    for position, (key, p) in enumerate(zip(ids, group["params"])):
+        buffers = state.get(key, {})
+        where = f"group {index} ({group['name']!r}) parameter {position} of shape {tuple(p.shape)}"
+        for name in _PARAM_SHAPED:
+            if name in buffers and tuple(buffers[name].shape) != tuple(p.shape):
+                raise ValueError(f"{_WHO_LOADS}: {where} has {name} of shape {tuple(buffers[name].shape)} in the "
+                                 "state_dict; expected the parameter's shape (a state_dict of another model, or "
+                                 "of parameters in another order?)")
+        missing = [name for name in _ADAM_STATE if name not in buffers]
+        if group["algo"] == "adamw" and buffers and missing:
+            raise ValueError(f"{_WHO_LOADS}: {where} lacks Adam's {missing} in the state_dict; expected all of "
+                             f"{list(_ADAM_STATE)} or none")
+
+
+def _check_dense_grads(group: dict, live: list) -> None:
+    """Dense gradients only: a sparse one (``nn.Embedding(sparse=True)``) failed inside the momentum's
+    or Adam's kernels, naming neither the group nor the parameter."""
+    sparse = [tuple(p.shape) for p in live if p.grad.layout != torch.strided]
+    if sparse:
+        raise ValueError(f"MuonAdamW.step: group {group['name']!r} has sparse gradients for parameters of shapes "
+                         f"{sparse}; expected dense (strided) gradients (nn.Embedding(sparse=False))")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -210,6 +264,23 @@ class MuonAdamW(torch.optim.Optimizer):
                 # step() calls that reached the group, skipped ones included: the host decides when
                 # SOAP refreshes its bases without reading the device's skip flag
                 group.setdefault("soap_calls", 0)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load (the saved options and state replace the current ones), after checking that
+        ``state_dict`` fits this optimizer; nothing is loaded when it does not (ValueError naming the
+        group, and the option or the parameter's buffer). Per group: the same ``algo`` (its state
+        holds that algorithm's buffers), options that pass the constructor's checks (an option the
+        state_dict lacks, one from before it existed, keeps this optimizer's value), and per
+        parameter, buffers of its shape (Adam's complete). Group and parameter counts are torch's
+        checks."""
+        saved = state_dict["param_groups"]
+        if len(saved) == len(self.param_groups) and all(
+                len(s["params"]) == len(g["params"]) for s, g in zip(saved, self.param_groups)):
+            groups = [{**g, **s, "params": g["params"]} for s, g in zip(saved, self.param_groups)]
+            for index, (merged, group) in enumerate(zip(groups, self.param_groups)):
+                _check_loaded_group(index, merged, group, saved[index]["params"], state_dict["state"])
+            state_dict = {**state_dict, "param_groups": [{**g, "params": s["params"]} for g, s in zip(groups, saved)]}
+        super().load_state_dict(state_dict)
 
     @staticmethod
     def decay_scale(group: dict) -> float:
@@ -251,8 +322,9 @@ class MuonAdamW(torch.optim.Optimizer):
         mask = SkipStep(skip)
         live_groups = [(g, [p for p in g["params"] if p.grad is not None]) for g in self.param_groups]
         live_groups = [(g, live) for g, live in live_groups if live]
-        for _, live in live_groups:
+        for group, live in live_groups:
             mask.check_device(_local(live[0]).device)
+            _check_dense_grads(group, live)
         # named ranges let a profile attribute the step's host time, the GPU's idle gaps included
         with record_function("muon.momentum"):
             by_param = self._updates(live_groups, mask)

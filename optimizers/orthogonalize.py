@@ -21,10 +21,14 @@ weights; the standard iteration maps every singular value into [0, ~1.2] and can
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
+from kernels.checks import grad_required
+
 __all__ = [
+    "FLOAT_DTYPES",
     "GRAM_SEGMENT",
     "POLAR_EXPRESS_COEFFS",
     "NEWTON_SCHULZ_COEFFS",
@@ -34,6 +38,9 @@ __all__ = [
     "orthogonalize",
     "ORTHOGONALIZERS",
 ]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The real floating dtypes of the matrices (and parameters) the optimizers take."""
 
 _SAFETY = 1.01
 _NORM_EPS = 1e-7
@@ -63,12 +70,26 @@ def default_compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.bfloat16 if t.is_cuda else torch.float32
 
 
-def _check_matrix(G: torch.Tensor, steps: int, name: str) -> None:
-    if not isinstance(G, torch.Tensor) or G.ndim < 2:
-        shape = tuple(G.shape) if isinstance(G, torch.Tensor) else type(G).__name__
-        raise ValueError(f"{name}: G must be a tensor of shape (..., m, n); got {shape}")
-    if not isinstance(steps, int) or steps < 0:
+def check_float_matrix(name: str, arg: str, x) -> None:
+    """Raise a ValueError naming ``name`` and ``arg`` unless x is a real floating tensor (..., m, n):
+    an integer or complex one came back cast to its dtype (rounded to garbage, or its imaginary
+    part dropped) without a word."""
+    if not isinstance(x, torch.Tensor) or x.ndim < 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name}: {arg} must be a tensor of shape (..., m, n); got {shape}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: {arg} has dtype {x.dtype}; expected one of {[str(d) for d in FLOAT_DTYPES]}")
+
+
+def _check_matrix(G: torch.Tensor, steps: int, dtype, gram, kernel, name: str) -> None:
+    check_float_matrix(name, "G", G)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"{name}: steps must be an int >= 0; got {steps!r}")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: dtype={dtype!r}; expected None or one of {[str(d) for d in FLOAT_DTYPES]}")
+    for arg, value in (("gram", gram), ("kernel", kernel)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: {arg}={value!r}; expected a bool")
 
 
 def _dense(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -101,8 +122,9 @@ def _import_symmetric_product():
 
 
 def _gram_kernel(X):
-    """The Triton ``symmetric_product`` for a CUDA fp16/bf16 X, else None."""
-    if not (X.is_cuda and X.dtype in (torch.float16, torch.bfloat16)):
+    """The Triton ``symmetric_product`` for a CUDA fp16/bf16 X, else None (also while autograd
+    records an X that requires grad: the kernel has no backward, torch's GEMMs do)."""
+    if not (X.is_cuda and X.dtype in (torch.float16, torch.bfloat16)) or grad_required({"G": X}):
         return None
     return _import_symmetric_product()
 
@@ -199,7 +221,7 @@ def _iterate(G, coeffs, steps, dtype, safety, gram, kernel):
     and dtype, contiguous."""
     dtype = dtype or default_compute_dtype(G)
     X = _dense(G, dtype)
-    X = X.reshape(-1, *X.shape[-2:])
+    X = X.reshape(math.prod(G.shape[:-2]), *G.shape[-2:])  # not -1: a matrix of no entries is ambiguous
     if gram:
         X = _iterate_gram(_normalised(X, safety), coeffs, steps)
     else:
@@ -222,7 +244,7 @@ def polar_express(G: torch.Tensor, steps: int = 8, dtype: torch.dtype | None = N
     Returns:
         Tensor of ``G``'s shape and dtype; zero matrices map to zeros.
     """
-    _check_matrix(G, steps, "polar_express")
+    _check_matrix(G, steps, dtype, gram, kernel, "polar_express")
     last = len(POLAR_EXPRESS_COEFFS) - 1
     return _iterate(G, lambda i: POLAR_EXPRESS_COEFFS[min(i, last)], steps, dtype, _SAFETY, gram, kernel)
 
@@ -239,7 +261,7 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
     Returns:
         Tensor of ``G``'s shape and dtype with singular values near [0.7, 1.2].
     """
-    _check_matrix(G, steps, "newton_schulz")
+    _check_matrix(G, steps, dtype, gram, kernel, "newton_schulz")
     return _iterate(G, lambda i: NEWTON_SCHULZ_COEFFS, steps, dtype, 1.0, gram, kernel)
 
 

@@ -12,18 +12,27 @@ its decay stage once ``k >= warmup + stable`` with progress
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from kernels.checks import is_finite_number
 
 __all__ = ["SchedulePhases", "decay_progress", "wd_anneal_factor"]
 
 
 @dataclass(frozen=True)
 class SchedulePhases:
-    """Step counts of TorchTitan's schedule (its ``stable_steps`` includes a virtual last step)."""
+    """Step counts of TorchTitan's schedule (its ``stable_steps`` includes a virtual last step), ints
+    >= 0 (ValueError otherwise: a negative decay stage gave a progress outside [0, 1])."""
 
     warmup_steps: int
     stable_steps: int
     decay_steps: int
+
+    def __post_init__(self):
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"SchedulePhases: {field.name}={value!r}; expected an int >= 0")
 
 
 def decay_progress(step: int, phases: SchedulePhases) -> float:
@@ -35,9 +44,10 @@ def decay_progress(step: int, phases: SchedulePhases) -> float:
 
 
 def wd_anneal_factor(step: int, phases: SchedulePhases, gamma: float) -> float:
-    """``(1 - t)^gamma`` (1.0 for gamma = 0 and before the decay stage)."""
-    if gamma < 0:
-        raise ValueError(f"wd_anneal_gamma={gamma}; expected >= 0")
+    """``(1 - t)^gamma`` (1.0 for gamma = 0 and before the decay stage); gamma a finite number >= 0
+    (a NaN one gave NaN decay multipliers once the decay stage began)."""
+    if not is_finite_number(gamma) or gamma < 0:
+        raise ValueError(f"wd_anneal_gamma={gamma!r}; expected a finite number >= 0")
     if gamma == 0:
         return 1.0
     return (1.0 - decay_progress(step, phases)) ** gamma

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .orthogonalize import orthogonalize
+from kernels.checks import is_finite_number
+
+from .orthogonalize import check_float_matrix, orthogonalize
 
 __all__ = ["spectral_power", "matrix_power", "msign", "band_projectors", "banded_spectral_power", "BANDS"]
 
@@ -35,19 +37,21 @@ def spectral_power(W: torch.Tensor, p: int, polar_steps: int = 8,
     """S_p(W) for integer p >= 0 on ``(..., m, n)`` matrices.
 
     Args:
-        W: float tensor ``(..., m, n)``.
+        W: real float tensor ``(..., m, n)``.
         p: power; 1 returns ``W`` itself, 0 the polar factor.
         polar_steps: Polar Express steps for even p.
         dtype: computation dtype (default: W's dtype promoted to at least fp32, since
             the Gram powers amplify bf16 error).
-        polar: optional precomputed polar factor of W (reused by band selection).
+        polar: optional precomputed polar factor of W (reused by band selection), W's shape.
     Returns:
         Tensor of W's shape and dtype.
     """
     if isinstance(p, bool) or not isinstance(p, int) or p < 0:
         raise ValueError(f"spectral_power: p must be an int >= 0; got {p!r}")
-    if W.ndim < 2:
-        raise ValueError(f"spectral_power: W must have shape (..., m, n); got {tuple(W.shape)}")
+    check_float_matrix("spectral_power", "W", W)
+    if polar is not None and (not isinstance(polar, torch.Tensor) or polar.shape != W.shape):
+        got = tuple(polar.shape) if isinstance(polar, torch.Tensor) else type(polar).__name__
+        raise ValueError(f"spectral_power: polar must be None or a tensor of W's shape {tuple(W.shape)}; got {got}")
     if p == 1:
         return W
     dtype = dtype or torch.promote_types(W.dtype, torch.float32)
@@ -70,9 +74,17 @@ def spectral_power(W: torch.Tensor, p: int, polar_steps: int = 8,
 def msign(A: torch.Tensor, steps: int = 20, eps: float = 1e-7) -> torch.Tensor:
     """Matrix sign of symmetric ``A`` ``(..., n, n)``: eigenvalues -> their sign.
 
-    ``Z0 = A / (||A||_F + eps)``, then ``C = Z^2; Z <- Z (3I - 16/5 C + 6/5 C^2)``.
+    ``Z0 = A / (||A||_F + eps)``, then ``steps`` times (an int >= 0)
+    ``C = Z^2; Z <- Z (3I - 16/5 C + 6/5 C^2)``; eps: a finite number > 0 (it keeps a zero A at zero).
     Computed in fp32 at least; returns A's dtype.
     """
+    check_float_matrix("msign", "A", A)
+    if A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"msign: A must be square (..., n, n); got {tuple(A.shape)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"msign: steps={steps!r}; expected an int >= 0")
+    if not is_finite_number(eps) or eps <= 0:
+        raise ValueError(f"msign: eps={eps!r}; expected a finite number > 0")
     dtype = torch.promote_types(A.dtype, torch.float32)
     Z = A.to(dtype)
     Z = Z / (torch.linalg.matrix_norm(Z, keepdim=True) + eps)
@@ -86,8 +98,12 @@ def band_projectors(W: torch.Tensor, tau: float, steps: int = 20) -> tuple[torch
     """Projectors onto singular modes of W above / below ``tau``.
 
     For ``m >= n`` they act on the right (``n x n``, from ``W^T W``), otherwise on
-    the left (``m x m``, from ``W W^T``). Returns ``(P_top, P_bot)``.
+    the left (``m x m``, from ``W W^T``); tau: a finite number > 0 (a singular value), steps: msign's.
+    Returns ``(P_top, P_bot)``.
     """
+    check_float_matrix("band_projectors", "W", W)
+    if not is_finite_number(tau) or tau <= 0:  # -tau selected the same band as tau; NaN gave NaN projectors
+        raise ValueError(f"band_projectors: tau={tau!r}; expected a finite number > 0")
     X = W.to(torch.promote_types(W.dtype, torch.float32))
     tall = X.shape[-2] >= X.shape[-1]
     G = X.mT @ X if tall else X @ X.mT

@@ -103,7 +103,7 @@ def test_bad_sizes_and_inputs_are_named():
     session = DecodeSession(model, batch=2, capacity=8)
     with pytest.raises(ValueError, match="prompts: a prompt of 9 tokens"):
         session.prefill([[1] * 9, [2]])
-    with pytest.raises(ValueError, match="prompts: a prompt of 0 tokens"):
+    with pytest.raises(ValueError, match=r"prompts\[0\]: empty; expected at least one token"):
         session.prefill([[], [2]])
     with pytest.raises(ValueError, match="rows"):
         session.prefill([[1], [2]], rows=[0, 0])

@@ -1,7 +1,8 @@
-"""Generation fed what a careless or hostile caller hands it: token ids outside the vocabulary,
-a stop string given as a bare string, a temperature too small for fp32, a seed outside 64 bits, no
-prompts at all, a model whose float16 activations overflow, and a command line whose bad arguments
-must be refused before the checkpoint is read."""
+"""Generation fed what a careless or hostile caller hands it: token ids outside the vocabulary or
+not ints at all, a stop string given as a bare string, stop criteria and arguments of the wrong
+type, a temperature too small for fp32, a seed outside 64 bits, no prompts at all, a model whose
+float16 activations overflow, logits of another shape, and a command line whose bad arguments must
+be refused before the checkpoint is read."""
 
 from __future__ import annotations
 
@@ -151,3 +152,104 @@ def test_generate_refuses_a_batch_size_that_is_not_a_positive_count(model, batch
     """0 meant "all prompts at once" (as None does), -1 failed deeper in the decode session."""
     with pytest.raises(ValueError, match=f"batch_size: expected a positive integer or None .*got {batch_size!r}"):
         generate(model, [[1, 2, 3]], batch_size=batch_size)
+
+
+@pytest.mark.parametrize("prompt, match", [
+    ([5, 6.7], r"prompts\[1\]: token id 6.7 at position 1 is a float; expected an int"),
+    ([True, 6], r"prompts\[1\]: token id True at position 0 is a bool; expected an int"),
+    ([[5, 6]], r"prompts\[1\]: token id \[5, 6\] at position 0 is a list; expected an int"),
+    ("hello", r"prompts\[1\]: expected a sequence of token ids, got str 'hello' \(a prompt is a list of int ids"),
+    (7, r"prompts\[1\]: expected a sequence of token ids, got int 7"),
+    (torch.tensor([5.0, 6.0]), r"prompts\[1\]: a tensor prompt must be 1-D of an integer dtype, got torch.float32"),
+    (torch.tensor([[5, 6]]), r"prompts\[1\]: a tensor prompt must be 1-D of an integer dtype, got torch.int64 of "
+                             r"shape \(1, 2\)"),
+])
+def test_prompts_that_are_not_token_ids_are_named(model, prompt, match):
+    """A float id was truncated (6.7 ran as token 6) and True ran as token 1 without a word; text was
+    split into characters (then int('h') failed), a flat list of ids failed with "'int' object is not
+    iterable"."""
+    generator = Generator(model, batch_size=2, capacity=8)
+    with pytest.raises(ValueError, match=match):
+        generator.generate([[5, 6], prompt], stopping=StopCriteria(max_new_tokens=2))
+
+
+def test_session_prefill_names_ids_outside_the_vocabulary(model):
+    """DecodeSession.prefill fed them to the embedding: an IndexError on CPU, a device-side assert on
+    CUDA (the process ends); the cache is left as it was."""
+    from parallax_titan.generation import DecodeSession
+
+    session = DecodeSession(model, batch=2, capacity=8)
+    with pytest.raises(ValueError, match=r"prompts\[1\]: token id -1 at position 1 is outside the model's "
+                                         r"vocabulary of 4096"):
+        session.prefill([[5, 6], [7, -1]])
+    assert not session.cache.k.any() and session.lengths == [0, 0]
+
+
+def test_session_step_refuses_tokens_on_another_device(model):
+    """Tokens on another device than the model's (meta here) were run without a word."""
+    from parallax_titan.generation import DecodeSession
+
+    session = DecodeSession(model, batch=2, capacity=8)
+    session.prefill([[5, 6], [7]])
+    with pytest.raises(ValueError, match=r"tokens: expected int64 of shape \(2,\) on cpu, got torch.int64 \(2,\) on "
+                                         "meta"):
+        session.step(torch.tensor([1, 2], device="meta"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(stop_token_ids=(1.5,)), r"stop_token_ids: expected ints, got \(1.5,\)"),
+    (dict(stop_token_ids=True), "stop_token_ids: expected a sequence, got bool True"),
+    (dict(stop=[1, 2]), r"stop: expected strings, got \(1, 2\)"),
+    (dict(stop=None), "stop: expected a sequence, got NoneType None"),
+])
+def test_stop_criteria_of_the_wrong_type_are_named(kwargs, match):
+    """A float stop id was truncated (1.5 stopped at token 1), True meant token 1, int stop strings
+    failed in the text search after the prefill, stop=None with "'NoneType' object is not iterable"."""
+    with pytest.raises(ValueError, match=match):
+        StopCriteria(**kwargs)
+
+
+@pytest.mark.parametrize("document_end", [4096, -1, 2.0])
+def test_a_document_end_outside_the_vocabulary_is_named(document_end):
+    """An end-of-document id the model never emits: no document would ever end, silently."""
+    with pytest.raises(ValueError, match=rf"document_end: expected a token id in \[0, 4096\) or None, got "
+                                         rf"{document_end!r}"):
+        Generator(tiny_model("transformer", n_layers=1), batch_size=1, capacity=8, document_end=document_end)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sampling={"temperature": 1.0}), "sampling: expected a SamplingParams, got dict"),
+    (dict(decode="tokenizer"), "decode: expected a callable or None, got str"),
+    (dict(on_text="print"), "on_text: expected a callable or None, got str"),
+])
+def test_generate_refuses_arguments_of_the_wrong_type_before_the_prefill(model, monkeypatch, kwargs, match):
+    """Each was first used after the prefill (an AttributeError on sampling.greedy, "'str' object is not
+    callable")."""
+    generator = Generator(model, batch_size=1, capacity=8)
+    monkeypatch.setattr(generator.session, "prefill", lambda *a, **k: pytest.fail("prefilled"))
+    with pytest.raises(ValueError, match=match):
+        generator.generate([[5, 6]], **kwargs)
+
+
+@pytest.mark.parametrize("logits", [torch.zeros(4), torch.zeros(3, 4), torch.zeros(2, 5),
+                                    torch.zeros(2, 4, dtype=torch.int64)])
+def test_sampler_refuses_logits_of_another_shape(logits):
+    """(3, 4) logits for a sampler of 2 rows failed deep in the penalty, and (4,) with an IndexError."""
+    sampler = Sampler(SamplingParams(temperature=1.0, repetition_penalty=1.2, seed=0), 2, 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match=rf"Sampler: logits must be a floating tensor of shape \(2, 4\), got "
+                                         rf"{logits.dtype} \({', '.join(map(str, logits.shape))},?\)"):
+        sampler(logits)
+
+
+def test_sampler_observe_refuses_ids_outside_the_vocabulary():
+    """A negative id marked a token from the end of the vocabulary as seen (penalised it) without a word."""
+    sampler = Sampler(SamplingParams(repetition_penalty=1.2), 2, 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"Sampler.observe: tokens of row 1 must lie in \[0, 4\), got \[-1\]"):
+        sampler.observe(1, [2, -1])
+    assert not sampler.seen.any()
+
+
+@pytest.mark.parametrize("seen", [torch.zeros(2, 3, dtype=torch.bool), torch.zeros(2, 4)])
+def test_token_probabilities_refuses_seen_of_another_shape_or_dtype(seen):
+    with pytest.raises(ValueError, match=r"token_probabilities: seen must be bool of the logits' shape \(2, 4\)"):
+        token_probabilities(torch.zeros(2, 4), SamplingParams(temperature=1.0, repetition_penalty=1.2), seen)

@@ -139,6 +139,162 @@ def test_rolling_cache_write_refuses_non_float_tokens(dtype):
     assert all(not c.any() for c in caches)  # refused before any write
 
 
+@pytest.mark.parametrize("name", ["k_cache", "v_cache"])
+def test_rolling_cache_write_refuses_an_expanded_cache(name):
+    """A cache expanded over its slots (stride 0) took every write into all of its slots at once."""
+    caches = {"k_cache": torch.zeros(2, 4, 2, 8), "v_cache": torch.zeros(2, 4, 2, 8)}
+    caches[name] = torch.zeros(2, 1, 2, 8).expand(2, 4, 2, 8)
+    with pytest.raises(ValueError, match=rf"rolling_cache_write: {name} has elements at one address \(strides "
+                                         r"\(16, 0, 8, 1\) for shape \(2, 4, 2, 8\)"):
+        rolling_cache_write(caches["k_cache"], caches["v_cache"], torch.ones(2, 1, 2, 8), torch.ones(2, 1, 2, 8),
+                            torch.zeros(2, dtype=torch.int64))
+    assert not any(c.any() for c in caches.values())
+
+
+def test_rolling_cache_write_refuses_start_on_another_device():
+    """A start elsewhere than the caches failed in the copy to their device (meta: NotImplementedError)."""
+    with pytest.raises(ValueError, match="rolling_cache_write: start is on meta, the caches on cpu"):
+        rolling_cache_write(torch.zeros(2, 4, 2, 8), torch.zeros(2, 4, 2, 8), torch.ones(2, 1, 2, 8),
+                            torch.ones(2, 1, 2, 8), torch.zeros(2, dtype=torch.int64, device="meta"))
+
+
+def test_triton_attention_refuses_float64_by_name():
+    """The fused kernels take 16-bit or fp32 tiles (the documented dtypes): fp64 inputs went into them
+    all the same, a Triton CompilationError deep in the forward on an H200 (under the interpreter they
+    even ran, through numpy)."""
+    q = torch.zeros(1, 4, 2, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"parallax_attention: backend='triton' needs q, r, k, v of a dtype in "
+                                         r"\(torch.float16, torch.bfloat16, torch.float32\), got torch.float64"):
+        parallax_attention(q, q, q, q, backend="triton")
+
+
+def test_attention_auto_takes_the_reference_for_float64_on_cuda():
+    """"auto" sent causal fp64 CUDA inputs to the fused kernels (which fail to compile for them); they
+    take the reference now."""
+    from kernels.parallax.attention import _resolve_backend
+
+    class CudaInput:  # what the dispatch reads of q: its device kind and dtype
+        is_cuda = True
+
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+    assert [_resolve_backend("auto", CudaInput(dtype), True) for dtype in (torch.bfloat16, torch.float64)] == [
+        "triton", "reference"]
+
+
+# ---------------------------------------------------------------- autograd through forward-only kernels
+def test_decode_reference_gradients_match_fp64_with_junk_past_the_lengths():
+    """parallax_decode is differentiable through its reference: output and gradients against the fp64
+    formula's autograd. Slots past a sequence's length hold NaN keys and inf values: the forward
+    masked them, but the backward multiplied the keys by zero score gradients (dq = sum ds * k: 0 * NaN),
+    so q's gradient was NaN."""
+    from tests.test_parallax_decode import explicit_decode
+
+    q, r, k, v = (x.double() for x in _decode_inputs(batch=3, length=11, seed=14))
+    lens = torch.tensor([11, 4, 7], dtype=torch.int32)
+    junk_k, junk_v = k.clone(), v.clone()
+    for b, n in enumerate(lens.tolist()):
+        junk_k[b, n:], junk_v[b, n:] = float("nan"), float("inf")
+    got = _with_grads(lambda *x: parallax_decode(*x, cache_seqlens=lens), q, r, junk_k, junk_v)
+    want = _with_grads(lambda *x: explicit_decode(*x, lens), q, r, k, v)
+    assert got[0].grad_fn is not None
+    assert all(rel_err(a, b) < 1e-6 for a, b in zip(got, want)), [rel_err(a, b) for a, b in zip(got, want)]
+
+
+def test_decode_auto_takes_the_reference_when_an_input_requires_grad(monkeypatch):
+    """The triton kernel has no backward: "auto" (triton on CUDA) plans the reference for a call that
+    autograd records with an input requiring grad, and keeps "auto" otherwise."""
+    from kernels.parallax import decode
+
+    planned, cached_plan = [], decode._cached_plan
+
+    def plan(*args):  # the backend asked for, last; a reference plan runs (the CPU has no kernel)
+        planned.append(args[-1])
+        return cached_plan(*args[:-1], "reference")
+
+    monkeypatch.setattr(decode, "_cached_plan", plan)
+    q, r, k, v = _decode_inputs()
+    parallax_decode(q, r, k, v)
+    parallax_decode(q, r, k.requires_grad_(), v)
+    with torch.no_grad():
+        parallax_decode(q, r, k, v)
+    assert planned == ["auto", "reference", "auto"]
+
+
+@pytest.mark.parametrize("name", ["q", "r", "k_cache", "v_cache"])
+def test_triton_decode_refuses_inputs_that_require_grad(monkeypatch, name):
+    """parallax_decode(backend="triton") and a triton DecodePlan returned an output without grad_fn
+    for inputs that require grad: the gradients silently stopped there."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a triton plan on the CPU: built, refused before its launch
+    tensors = dict(zip(("q", "r", "k_cache", "v_cache"), _decode_inputs()))
+    tensors[name].requires_grad_()
+    plan = DecodePlan.like(tensors["q"], tensors["k_cache"], backend="triton")
+    for who, call in (("parallax_decode", lambda: parallax_decode(**tensors, backend="triton")),
+                      ("DecodePlan", lambda: plan(*tensors.values()))):
+        with pytest.raises(ValueError, match=rf"{who}: {name} requires grad, but this path has no backward .*"
+                                             r"the reference backend is differentiable"):
+            call()
+
+
+def test_triton_decode_without_grad_mode_is_not_refused():
+    """Under torch.no_grad the same call passes the check (and, on the CPU, stops at the device)."""
+    q, r, k, v = _decode_inputs()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="triton decode needs CUDA tensors"):
+        parallax_decode(q.requires_grad_(), r, k, v, backend="triton")
+
+
+@pytest.mark.parametrize("name", ["P", "Y", "scale"])
+def test_symmetric_product_kernel_refuses_inputs_that_require_grad(name):
+    """The Triton symmetric product has no backward; its output carried no gradient to P, Y or scale."""
+    from kernels.gram.fused import symmetric_product
+
+    args = {"P": torch.ones(2, 3, 4), "Y": torch.ones(2, 3, 3), "scale": torch.ones(2)}
+    args[name].requires_grad_()
+    with pytest.raises(ValueError, match=rf"symmetric_product: {name} requires grad, .*"
+                                         r"kernels.gram.naive.symmetric_product is differentiable"):
+        symmetric_product(**args)
+    with torch.no_grad(), pytest.raises(ValueError, match="the Triton kernel needs CUDA tensors"):
+        symmetric_product(**args)
+
+
+def test_split_norm_rope_refuses_a_table_that_requires_grad():
+    """The kernels' backward gives y and the weights their gradients: a learned RoPE table got none."""
+    from kernels import split_norm_rope
+
+    y, weights, table = torch.zeros(1, 3, 6 * 8), [torch.ones(8)] * 3, torch.zeros(3, 16, requires_grad=True)
+    with pytest.raises(ValueError, match="split_norm_rope: table requires grad, but the kernels' backward has no "
+                                         "gradient for the RoPE table"):
+        split_norm_rope(y, 2, 1, weights, 1e-6, table)
+    with torch.no_grad(), pytest.raises(ValueError, match="split_norm_rope: needs CUDA tensors"):
+        split_norm_rope(y, 2, 1, weights, 1e-6, table)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_decode_gradients_through_auto_match_fp64():
+    """On CUDA "auto" would take the forward-only kernel: with inputs that require grad it takes the
+    reference, whose output and gradients match the fp64 formula's."""
+    from tests.test_parallax_decode import explicit_decode
+
+    q, r, k, v = (x.cuda() for x in _decode_inputs(batch=2, length=40, hq=4, hkv=2, dim=64, seed=15))
+    got = _with_grads(parallax_decode, q, r, k, v)
+    want = _with_grads(explicit_decode, q, r, k, v)
+    assert all(rel_err(a, b) < 1e-5 for a, b in zip(got, want))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_polar_express_differentiates_through_torch_gemms():
+    """polar_express on a CUDA bf16 matrix that requires grad forms A and H with torch's GEMMs (the
+    symmetric-product kernel has no backward), so its gradient is the kernel=False one."""
+    from optimizers import polar_express
+
+    G = torch.randn(48, 80, generator=torch.Generator().manual_seed(16)).cuda().bfloat16()
+    grads = [_with_grads(lambda x, kernel=kernel: polar_express(x, kernel=kernel), G) for kernel in (True, False)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 # ---------------------------------------------------------------- family
 @pytest.mark.parametrize("args, kwargs, match", [
     ((-2, 8, 3, 4), {}, "exact_lla_cost: batch=-2 must be an int >= 0"),

@@ -1,6 +1,9 @@
-"""Hostile inputs: misspelled categories and group options are refused when the optimizer is built,
-with an error that names the key, the value and what was expected (they used to be ignored
-silently, or to fail at the first step with an error from deep inside the step)."""
+"""Hostile inputs: misspelled categories, group options and parameters that are not real floats are
+refused when the optimizer is built, sparse gradients before a step writes anything, a state_dict
+that does not fit before anything is loaded, and bad arguments of the orthogonalisers, spectral
+maps and schedules by name: each with an error that names the key, the value and what was
+expected (they used to be ignored silently, or to fail at the first step with an error from deep
+inside the step)."""
 
 import math
 import re
@@ -9,7 +12,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from optimizers import DEFAULT_PARAM_RULES, MuonAdamW, RoutingConfig, build_param_groups
+from optimizers import (DEFAULT_PARAM_RULES, MuonAdamW, RoutingConfig, band_projectors, build_param_groups, msign,
+                        newton_schulz, polar_express, spectral_power)
+from optimizers.schedules import SchedulePhases, wd_anneal_factor
 from tests._optim_models import TinyParallax
 
 
@@ -137,3 +142,196 @@ def test_unknown_group_key_is_refused():
         MuonAdamW([{"params": [_param()], "name": "g", "algo": "muon", "momentun": 0.9}])
     with pytest.raises(ValueError, match=r"unknown options \['weight_decy'\]"):
         MuonAdamW(build_param_groups(TinyParallax(), RoutingConfig(adam={"weight_decy": 0.1})))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int64])
+@pytest.mark.parametrize("algo", ["muon", "adamw"])
+def test_parameters_that_are_not_real_floats_are_refused(algo, dtype):
+    """A complex or integer parameter failed inside the first step (the momentum's cast, Adam's fused
+    kernel) with an error that named neither the group nor the parameter."""
+    p = nn.Parameter(torch.ones(4, 3, dtype=dtype), requires_grad=False)
+    with pytest.raises(ValueError, match=rf"group 'g' holds parameters of dtype {dtype}; expected one of "
+                                         r"\['torch.float16', 'torch.bfloat16', 'torch.float32', 'torch.float64'\]"):
+        MuonAdamW([{"params": [p], "name": "g", "algo": algo}])
+
+
+def test_a_non_matrix_in_a_muon_group_is_named_by_its_shape():
+    with pytest.raises(ValueError, match=r"group 'g' is muon but holds parameters of shapes \[\(2, 3, 4\), \(4,\)\]; "
+                                         r"expected 2-D matrices \(route the others to an 'adamw' group\)"):
+        MuonAdamW([{"params": [_param(), nn.Parameter(torch.ones(4)), nn.Parameter(torch.ones(2, 3, 4))],
+                    "name": "g", "algo": "muon"}])
+
+
+@pytest.mark.parametrize("algo", ["muon", "adamw"])
+def test_sparse_gradients_are_refused_before_any_write(algo):
+    """A sparse gradient (nn.Embedding(sparse=True)) failed inside the momentum's add or Adam's fused
+    kernel, naming neither the group nor the parameter."""
+    dense, sparse = _param(), _param()
+    sparse.grad = torch.ones(8, 6).to_sparse()
+    before = [dense.detach().clone(), sparse.detach().clone()]
+    opt = MuonAdamW([{"params": [dense, sparse], "name": "g", "algo": algo}], lr=0.1)
+    with pytest.raises(ValueError, match=r"MuonAdamW.step: group 'g' has sparse gradients for parameters of shapes "
+                                         r"\[\(8, 6\)\]; expected dense"):
+        opt.step()
+    assert torch.equal(dense, before[0]) and torch.equal(sparse, before[1]) and not opt.state
+
+
+@pytest.mark.parametrize("option,value,expected", [
+    ("wd_mult", math.nan, "a finite float >= 0"),
+    ("wd_mult", -1.0, "a finite float >= 0"),
+    ("base_lr", math.nan, "a finite float >= 0"),
+    ("lr", "0.1", "a finite float >= 0"),
+    ("momentum", "0.9", "a float in [0, 1)"),
+    ("lr", 1 + 2j, "a finite float >= 0"),
+])
+def test_decay_scales_and_numbers_given_as_strings_are_refused(option, value, expected):
+    """A NaN wd_mult or base_lr made the decay factor NaN (every weight NaN at the first step); a string
+    lr passed float("0.1") and ran the Adam groups with it, then failed in a Muon step's arithmetic."""
+    with pytest.raises(ValueError, match=re.escape(f"group 'g' {option}={value!r}; expected {expected}")):
+        MuonAdamW([{"params": [_param()], "name": "g", "algo": "muon", "weight_decay": 0.1, option: value}])
+
+
+def _stepped(shape=(8, 6), algo="muon", **opts):
+    """An optimizer over one parameter of ``shape``, after one step (so it has state)."""
+    p = _param(*shape)
+    opt = MuonAdamW([{"params": [p], "name": "g", "algo": algo, **opts}], lr=0.01)
+    opt.step()
+    return opt
+
+
+def _loads(opt, state_dict):
+    """Load ``state_dict`` into ``opt``; the error, and whether opt's state and groups were left as they were."""
+    before = (repr(opt.param_groups), {k: v.clone() for s in opt.state.values() for k, v in s.items()})
+    with pytest.raises(ValueError) as raised:
+        opt.load_state_dict(state_dict)
+    after = (repr(opt.param_groups), {k: v for s in opt.state.values() for k, v in s.items()})
+    untouched = before[0] == after[0] and all(torch.equal(before[1][k], after[1][k]) for k in before[1])
+    return str(raised.value), untouched
+
+
+@pytest.mark.parametrize("algo,saved_shape,buffer", [("muon", (6, 8), "momentum_buffer"),
+                                                      ("adamw", (1, 6), "exp_avg")])
+def test_load_state_dict_refuses_buffers_of_another_shape(algo, saved_shape, buffer):
+    """torch's load checks counts only: a transposed momentum failed inside the next step, not naming
+    the parameter, and Adam moments of shape (1, 6) loaded for an (8, 6) parameter made the fused
+    kernel read and write past them (heap corruption, the process aborted)."""
+    message, untouched = _loads(_stepped(algo=algo), _stepped(saved_shape, algo=algo).state_dict())
+    assert message == (f"MuonAdamW.load_state_dict: group 0 ('g') parameter 0 of shape (8, 6) has {buffer} of shape "
+                       f"{saved_shape} in the state_dict; expected the parameter's shape (a state_dict of another "
+                       "model, or of parameters in another order?)")
+    assert untouched
+
+
+def test_load_state_dict_refuses_another_algorithm():
+    """An AdamW group's state loaded into a Muon group turned the group into AdamW without a word."""
+    message, untouched = _loads(_stepped(algo="muon"), _stepped(algo="adamw").state_dict())
+    assert message == ("MuonAdamW.load_state_dict: group 0 ('g') is algo='adamw' in the state_dict and 'muon' here; "
+                       "its state holds the other algorithm's buffers")
+    assert untouched
+
+
+def test_load_state_dict_checks_the_saved_options():
+    """A saved option out of range (edited, or from a buggy writer) was loaded as is."""
+    state_dict = _stepped().state_dict()
+    state_dict["param_groups"][0]["momentum"] = 1.5
+    message, untouched = _loads(_stepped(), state_dict)
+    assert message == "MuonAdamW.load_state_dict: group 'g' momentum=1.5; expected a float in [0, 1)" and untouched
+
+
+def test_load_state_dict_refuses_another_optimizers_state():
+    """torch.optim.AdamW's state_dict loaded, and the next step failed with KeyError: 'algo'."""
+    p = _param()
+    torch_adamw = torch.optim.AdamW([p])
+    torch_adamw.step()
+    message, untouched = _loads(_stepped(algo="adamw"), torch_adamw.state_dict())
+    assert message.startswith("MuonAdamW.load_state_dict: group 'g' has unknown options ['amsgrad', 'capturable'")
+    assert untouched
+
+
+def test_load_state_dict_refuses_partial_adam_state():
+    """Adam moments without their step count loaded, and the next step failed with KeyError: 'step'."""
+    state_dict = _stepped(algo="adamw").state_dict()
+    del state_dict["state"][0]["step"]
+    message, untouched = _loads(_stepped(algo="adamw"), state_dict)
+    assert message == ("MuonAdamW.load_state_dict: group 0 ('g') parameter 0 of shape (8, 6) lacks Adam's ['step'] in "
+                       "the state_dict; expected all of ['step', 'exp_avg', 'exp_avg_sq'] or none") and untouched
+
+
+def test_load_state_dict_keeps_the_value_of_an_option_it_lacks():
+    """A state_dict from before an option existed loads, and the group keeps its value of that option
+    (torch's load replaced the group with the saved one: the step then failed with a KeyError)."""
+    saved = _stepped(msign_steps=7)
+    state_dict = saved.state_dict()
+    del state_dict["param_groups"][0]["msign_steps"]
+    opt = _stepped(msign_steps=9, momentum=0.5)
+    opt.load_state_dict(state_dict)
+    group = opt.param_groups[0]
+    assert group["msign_steps"] == 9 and group["momentum"] == 0.95  # the saved momentum, the kept msign_steps
+    assert torch.equal(opt.state[group["params"][0]]["momentum_buffer"],
+                       saved.state[saved.param_groups[0]["params"][0]]["momentum_buffer"])
+    opt.step()
+
+
+@pytest.mark.parametrize("gamma", [math.nan, math.inf, -0.5, "1"])
+def test_wd_anneal_factor_refuses_a_gamma_that_is_not_a_finite_number(gamma):
+    """A NaN gamma passed the `gamma < 0` check and gave NaN decay multipliers once the decay stage began."""
+    with pytest.raises(ValueError, match=re.escape(f"wd_anneal_gamma={gamma!r}; expected a finite number >= 0")):
+        wd_anneal_factor(6, SchedulePhases(2, 3, 4), gamma)
+
+
+@pytest.mark.parametrize("phases", [(2, 3, -4), (-1, 3, 4), (2, 3.5, 4), (True, 3, 4)])
+def test_schedule_phases_are_step_counts(phases):
+    """decay_steps=-4 gave a decay progress of -0.75 and a WDA factor of 1.75 (more decay than none)."""
+    with pytest.raises(ValueError, match=r"SchedulePhases: \w+_steps=.*; expected an int >= 0"):
+        SchedulePhases(*phases)
+
+
+ORTHOGONALISERS = {"polar_express": polar_express, "newton_schulz": newton_schulz}
+
+
+@pytest.mark.parametrize("name", ["polar_express", "newton_schulz"])
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(G=torch.ones(5, 3, dtype=torch.int64)), "G has dtype torch.int64; expected one of"),
+    (dict(G=torch.ones(5, 3, dtype=torch.complex64)), "G has dtype torch.complex64; expected one of"),
+    (dict(steps=True), "steps must be an int >= 0; got True"),
+    (dict(dtype=torch.int32), "dtype=torch.int32; expected None or one of"),
+    (dict(dtype="float32"), "dtype='float32'; expected None or one of"),
+    (dict(gram="yes"), "gram='yes'; expected a bool"),
+    (dict(kernel=None), "kernel=None; expected a bool"),
+])
+def test_orthogonalisers_refuse_what_they_would_cast_or_misread(name, kwargs, match):
+    """An integer G came back as integers (the polar factor rounded to garbage), a complex one without
+    its imaginary part; steps=True ran one step, gram='yes' the Gram iteration; a dtype that is no
+    float dtype failed inside with "Invalid device string" or a vector_norm error."""
+    args = {"G": torch.ones(5, 3), **kwargs}
+    with pytest.raises(ValueError, match=re.escape(f"{name}: {match}")):
+        ORTHOGONALISERS[name](**args)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (2, 0, 0)])
+def test_orthogonalising_a_matrix_without_entries_gives_it_back(shape):
+    """A (0, 3) matrix failed in a reshape ("the unspecified dimension size -1 can be any value")."""
+    for fn in ORTHOGONALISERS.values():
+        out = fn(torch.ones(shape))
+        assert out.shape == shape and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: spectral_power(torch.ones(5, 3, dtype=torch.int64), 3),
+     "spectral_power: W has dtype torch.int64; expected one of"),
+    (lambda: spectral_power(torch.ones(5, 3), 2, polar=torch.ones(3, 5)),
+     r"spectral_power: polar must be None or a tensor of W's shape \(5, 3\); got \(3, 5\)"),
+    (lambda: msign(torch.ones(3, 3), steps=-1), "msign: steps=-1; expected an int >= 0"),
+    (lambda: msign(torch.ones(3, 4)), r"msign: A must be square \(..., n, n\); got \(3, 4\)"),
+    (lambda: msign(torch.zeros(3, 3), eps=0.0), "msign: eps=0.0; expected a finite number > 0"),
+    (lambda: band_projectors(torch.ones(5, 3), math.nan),
+     "band_projectors: tau=nan; expected a finite number > 0"),
+    (lambda: band_projectors(torch.ones(5, 3), -1.0),
+     "band_projectors: tau=-1.0; expected a finite number > 0"),
+])
+def test_spectral_maps_refuse_bad_arguments_by_name(call, match):
+    """An integer W came back rounded, a polar factor of another shape failed in a matmul, negative msign
+    steps ran none (A / ||A||, not its sign), eps=0 made a zero A NaN, a NaN tau gave NaN projectors and
+    a negative one the band of |tau|."""
+    with pytest.raises(ValueError, match=match):
+        call()

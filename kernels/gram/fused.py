@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels import launcher
+from kernels.checks import refuse_grad
 from kernels.gram.naive import check_args
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -194,10 +195,13 @@ def symmetric_product(P: torch.Tensor, alpha: float = 1.0, Y: torch.Tensor | Non
         Contiguous (B, k, k) (or (k, k)) tensor of P's dtype, accumulated in fp32, exactly
         symmetric and deterministic.
     Raises:
-        TypeError / ValueError for bad arguments (``naive.check_args``), and a ValueError for CPU
-        tensors unless Triton's interpreter is on (TRITON_INTERPRET=1).
+        TypeError / ValueError for bad arguments (``naive.check_args``), a ValueError for CPU
+        tensors unless Triton's interpreter is on (TRITON_INTERPRET=1), and one naming P, Y or scale
+        where it requires grad while autograd records: the kernel has no backward.
     """
     check_args(P, alpha, Y, beta, gamma, scale)
+    refuse_grad("symmetric_product", {"P": P, "Y": Y, "scale": scale},
+                "kernels.gram.naive.symmetric_product is differentiable")
     if P.shape[-2] > MAX_K:
         raise ValueError(f"symmetric_product: P has {P.shape[-2]} rows; at most {MAX_K} are supported (the "
                          "kernel addresses a k x k output with 32-bit offsets)")

@@ -13,6 +13,7 @@ from kernels.parallax.chunked import parallax_attention_chunked
 
 BACKENDS = ("auto", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TRITON_DTYPES = _FLOAT_DTYPES[:3]  # the fused kernels' dots take 16-bit or fp32 tiles
 
 
 def _shape_error(q, r, k, v, why):
@@ -63,10 +64,13 @@ def _resolve_backend(backend, q, causal):
     if backend not in BACKENDS:
         raise ValueError(f"parallax_attention: backend={backend!r}, expected one of {BACKENDS}")
     if backend == "auto":
-        return "triton" if (q.is_cuda and causal) else "reference"
+        return "triton" if (q.is_cuda and causal and q.dtype in _TRITON_DTYPES) else "reference"
     if backend == "triton":
         if not causal:
             raise ValueError("parallax_attention: backend='triton' supports causal=True only")
+        if q.dtype not in _TRITON_DTYPES:
+            raise ValueError(f"parallax_attention: backend='triton' needs q, r, k, v of a dtype in {_TRITON_DTYPES}, "
+                             f"got {q.dtype} (backend='reference' takes it)")
         if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"parallax_attention: backend='triton' needs CUDA tensors (q is on {q.device}) "
                              "or TRITON_INTERPRET=1")
@@ -80,8 +84,8 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     q, r: (B, L, Hq, D) queries and probes (r is not scaled); k, v: (B, L, Hkv, D),
     Hq % Hkv == 0 (query head h reads kv head h // (Hq // Hkv)), D >= 1; fp16/bf16/fp32/fp64.
     scale: logit scale (a finite number), default 1/sqrt(D). causal: a bool, mask keys j > i.
-    backend: "reference" (chunked PyTorch, CPU/GPU), "triton" (fused, CUDA, causal),
-    "auto" (triton for causal CUDA inputs, else reference).
+    backend: "reference" (chunked PyTorch, CPU/GPU), "triton" (fused, CUDA, causal, fp16/bf16/fp32),
+    "auto" (triton for causal fp16/bf16/fp32 CUDA inputs, else reference).
     cu_seqlens: optional (num_docs + 1,) int32 offsets of documents packed along seq
     (requires B == 1); attention stays within each document. Its values are checked on every call
     (0 first, non-decreasing, L last; ValueError naming them): eagerly one host sync per tensor

@@ -16,8 +16,9 @@ window. Keys carry RoPE from before they were cached, so the order of the slots 
 matter to the softmax: decode over a rolling cache is plain decode over its valid slots.
 
 Backends: ``reference`` (pure PyTorch, any device, fp32 or fp64 accumulation,
-chunked over L), ``triton`` (fused split-KV kernel, ``decode_fused``), ``auto``
-(triton on CUDA when the kernel supports the inputs, else reference).
+chunked over L, differentiable through autograd), ``triton`` (fused split-KV kernel,
+``decode_fused``, forward only), ``auto`` (triton on CUDA when the kernel supports the inputs
+and no input needs a gradient, else reference).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import math
 
 import torch
 
-from kernels.checks import is_finite_number
+from kernels.checks import grad_required, is_finite_number, refuse_grad
 from kernels.parallax.attention import check_window
 
 _BACKENDS = ("auto", "reference", "triton")
 _REFERENCE_CHUNK = 4096
+_GRADIENTS = "the reference backend is differentiable (parallax_decode with backend='reference' or 'auto')"
 
 
 def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, backend="auto", window=None,
@@ -44,7 +46,9 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
         cache_seqlens: optional int32 (batch,) number of valid cache positions
             per sequence, each in [1, L]; default all L.
         scale: softmax scale for q . k (r is never scaled), a finite positive number; default 1/sqrt(D).
-        backend: "auto", "reference" or "triton".
+        backend: "auto", "reference" or "triton". The triton kernel has no backward: while autograd
+            records and an input requires grad, "auto" takes the reference (differentiable) and
+            "triton" raises a ValueError naming those inputs.
         window: optional sliding window W (int in [1, 2^31 - 1]): each sequence reads only its last W
             valid positions, [len - W, len). A rolling cache of W slots
             (``rolling_cache_write``) needs no window argument: all its valid slots qualify.
@@ -55,7 +59,8 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
             either way, so it never reads outside the cache.
 
     Returns:
-        (batch, 1, Hq, D) tensor in q's dtype.
+        (batch, 1, Hq, D) tensor in q's dtype; through the reference, differentiable w.r.t. q, r and
+        the caches.
 
     The launch plan (configuration, split count, scratch) is cached per geometry; a
     ``DecodePlan`` built once also skips the validation here (the leanest path, CUDA graphs).
@@ -67,6 +72,11 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
         raise ValueError(f"parallax_decode: check_seqlens={check_seqlens!r} must be a bool")
     seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_seqlens)
     scale = _check_scale(scale, q.shape[-1], "parallax_decode")
+    named = {"q": q, "r": r, "k_cache": k_cache, "v_cache": v_cache}
+    if backend == "auto" and grad_required(named):
+        backend = "reference"  # the triton kernel has no backward
+    elif backend == "triton":
+        refuse_grad("parallax_decode", named, _GRADIENTS)
     batch, _, hq, dim = q.shape
     plan = _cached_plan(batch, hq, k_cache.shape[2], dim, k_cache.shape[1], q.dtype, k_cache.dtype, q.device,
                         window, scale, backend)
@@ -92,6 +102,8 @@ class DecodePlan:
     cache_seqlens is trusted: int32 (batch,) with values in [1, cache_len] (wrong values give
     wrong results; the triton kernel clamps them to [0, cache_len], 0 gives zeros). One call
     at a time: calls share the scratch, so calls on several streams at once would race.
+    A triton plan is forward only: a call while autograd records an input that requires grad
+    raises a ValueError (a reference plan is differentiable).
     """
 
     def __init__(self, batch, hq, hkv, head_dim, cache_len, dtype, device, *, cache_dtype=None, window=None,
@@ -171,6 +183,8 @@ class DecodePlan:
                    if isinstance(cache_seqlens, torch.Tensor) else type(cache_seqlens).__name__)
             raise ValueError(f"DecodePlan: cache_seqlens must be int32 of shape {self._q_shape[:1]} on {self.device}, "
                              f"got {got}")
+        if self._triton is not None:
+            refuse_grad("DecodePlan", {"q": q, "r": r, "k_cache": k_cache, "v_cache": v_cache}, _GRADIENTS)
         return self.run(q, r, k_cache, v_cache, cache_seqlens, out)
 
     def run(self, q, r, k_cache, v_cache, cache_seqlens=None, out=None):
@@ -210,9 +224,10 @@ def _cached_plan(batch, hq, hkv, dim, length, dtype, cache_dtype, device, window
 def rolling_cache_write(k_cache, v_cache, k, v, start):
     """Write new tokens into rolling (ring) KV caches of W = k_cache.shape[1] slots, in place.
 
-    k_cache, v_cache: (batch, W, Hkv, D) floating, W >= 1. k, v: (batch, n, Hkv, D) floating, n >= 1, on the
-    caches' device, the tokens at absolute positions start[b] + [0, n), RoPE already applied at those
-    positions. start: int tensor (batch,) on the caches' device, values >= 0 (not checked: no host
+    k_cache, v_cache: (batch, W, Hkv, D) floating, W >= 1, no two elements at one address (not an
+    expanded view: a write to one slot would land in others). k, v: (batch, n, Hkv, D) floating, n >= 1,
+    on the caches' device, the tokens at absolute positions start[b] + [0, n), RoPE already applied at
+    those positions. start: int tensor (batch,) on the caches' device, values >= 0 (not checked: no host
     sync). The token at position p goes to slot p % W; of n > W new tokens only the last W are
     written (the rest would be overwritten). No host sync. ValueError / TypeError for bad arguments.
     Returns cache_seqlens, int32 (batch,) = min(start + n, W): the valid slots to pass to
@@ -225,11 +240,14 @@ def rolling_cache_write(k_cache, v_cache, k, v, start):
         if x.dim() != 4 or not x.is_floating_point():
             raise ValueError(f"rolling_cache_write: {name} must be a 4-D (batch, W, Hkv, D) floating tensor, got "
                              f"{x.dtype} {tuple(x.shape)}")
+        if _overlapping(x):
+            raise ValueError(f"rolling_cache_write: {name} has elements at one address (strides {x.stride()} for "
+                             f"shape {tuple(x.shape)}: an expanded view?); a write to one slot would land in others")
     for name, x in (("k", k), ("v", v)):
         if not x.is_floating_point():  # an int or bool token would be cast into the cache as numbers
             raise ValueError(f"rolling_cache_write: {name} must be a floating tensor, got {x.dtype}")
-    for name, x in (("v_cache", v_cache), ("k", k), ("v", v)):
-        if x.device != k_cache.device:
+    for name, x in (("v_cache", v_cache), ("k", k), ("v", v), ("start", start)):
+        if isinstance(x, torch.Tensor) and x.device != k_cache.device:
             raise ValueError(f"rolling_cache_write: {name} is on {x.device}, the caches on {k_cache.device}")
     batch, width = k_cache.shape[:2]
     token_shape = (batch, *k_cache.shape[2:])  # (batch, Hkv, D)
@@ -246,7 +264,7 @@ def rolling_cache_write(k_cache, v_cache, k, v, start):
         raise ValueError(f"rolling_cache_write: needs at least one token (k has n={n}) and at least one slot (the "
                          f"caches have W={width})")
     keep = min(n, width)  # distinct slots: the writes never collide, so the result is deterministic
-    pos = start.to(k_cache.device, torch.int64)[:, None] + (n - keep) + torch.arange(keep, device=k_cache.device)
+    pos = start.to(torch.int64)[:, None] + (n - keep) + torch.arange(keep, device=k_cache.device)
     rows = torch.arange(batch, device=k_cache.device)[:, None].expand(batch, keep)
     k_cache[rows, pos % width] = k[:, n - keep:].to(k_cache.dtype)
     v_cache[rows, pos % width] = v[:, n - keep:].to(v_cache.dtype)
@@ -259,7 +277,8 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
     Same shapes as ``parallax_decode``; ``cache_seqlens`` is an int tensor (batch,)
     or None, ``scale`` a float, ``window`` None or an int >= 1. Walks the cache in chunks of ``chunk`` positions
     with the online-softmax rescale shared by the four accumulators, so memory
-    stays O(batch * Hq * (chunk + D)) whatever L is.
+    stays O(batch * Hq * (chunk + D)) whatever L is. Differentiable through autograd; slots outside
+    a sequence's valid range reach neither the output nor any gradient, whatever they hold.
     """
     batch, _, hq, dim = q.shape
     length, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -279,15 +298,14 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
     o1 = torch.zeros(batch, hkv, group, dim, dtype=acc_dtype, device=q.device)
     o2 = torch.zeros_like(o1)
     for lo in range(0, length, chunk):
-        kc = k_cache[:, lo : lo + chunk].to(acc_dtype)
-        vc = v_cache[:, lo : lo + chunk].to(acc_dtype)
-        s1 = torch.einsum("bhgd,bchd->bhgc", qg, kc)
-        t = torch.einsum("bhgd,bchd->bhgc", rg, kc)
-        pos = torch.arange(lo, lo + kc.shape[1], device=q.device)
+        pos = torch.arange(lo, min(lo + chunk, length), device=q.device)
         valid = (pos[None, :] < lens[:, None]) & (pos[None, :] >= first[:, None])  # (batch, chunk)
-        s1 = s1.masked_fill(~valid[:, None, None, :], -math.inf)
-        t = t.masked_fill(~valid[:, None, None, :], 0.0)
-        vc = vc.masked_fill(~valid[:, :, None, None], 0.0)  # slots outside may hold inf or NaN: 0 * inf
+        # slots outside may hold inf or NaN: 0 * inf in the sums, and in the backward dq = sum_c ds_c k_c
+        # with ds_c = 0 there (the keys zeroed too, not only their scores)
+        kc, vc = (x[:, lo : lo + chunk].to(acc_dtype).masked_fill(~valid[:, :, None, None], 0.0)
+                  for x in (k_cache, v_cache))
+        s1 = torch.einsum("bhgd,bchd->bhgc", qg, kc).masked_fill(~valid[:, None, None, :], -math.inf)
+        t = torch.einsum("bhgd,bchd->bhgc", rg, kc)
         m_new = torch.maximum(m, s1.amax(dim=-1))
         # A chunk wholly past a short sequence leaves m at -inf; pivot on 0 then.
         pivot = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)

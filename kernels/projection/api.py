@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from kernels.checks import is_finite_number
+from kernels.checks import grad_required, is_finite_number
 
 
 def split_norm_rope(y: torch.Tensor, hq: int, hkv: int, weights, eps: float, table: torch.Tensor,
@@ -22,7 +22,8 @@ def split_norm_rope(y: torch.Tensor, hq: int, hkv: int, weights, eps: float, tab
     them out: the first halves are read. rope_rho: a bool, rotate rho as q and k.
     Bad arguments raise a ValueError naming them, before any launch.
     Returns q, rho (B, L, Hq, D) and k, v (B, L, Hkv, D), contiguous, in y's dtype; differentiable in
-    y and the weights. ``naive.split_norm_rope`` is the PyTorch reference.
+    y and the weights, not in the table (a table that requires grad while autograd records is
+    refused). ``naive.split_norm_rope`` is the PyTorch reference.
     """
     from kernels.projection import ops
 
@@ -71,6 +72,10 @@ def _check(y, hq, hkv, weights, eps, table, rope_rho=True) -> int:
         raise ValueError(f"split_norm_rope: eps={eps!r} must be a finite positive number")
     if not isinstance(rope_rho, bool):
         raise ValueError(f"split_norm_rope: rope_rho={rope_rho!r} must be a bool")
+    if grad_required({"table": table}):  # the backward gives y and the weights theirs: table's would be lost
+        raise ValueError("split_norm_rope: table requires grad, but the kernels' backward has no gradient for the "
+                         "RoPE table; pass table.detach(), or kernels.projection.naive.split_norm_rope, which is "
+                         "differentiable in it")
     for name, t in (("weights[0]", weights[0]), ("weights[1]", weights[1]), ("weights[2]", weights[2]),
                     ("table", table)):
         if t.device != y.device:

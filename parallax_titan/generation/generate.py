@@ -15,14 +15,15 @@ block-causal masks, a token after the end-of-document token starts its row again
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import numbers
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from parallax_titan.generation.sampling import Sampler, SamplingParams, token_ids
-from parallax_titan.generation.session import DecodeSession
+from parallax_titan.generation.session import DecodeSession, prompt_tokens
 from parallax_titan.generation.text import TextStream, cut_at_stop
 
 Overflow = Literal["stop", "slide"]
@@ -31,8 +32,9 @@ OnText = Callable[[int, str], None]
 
 @dataclass(frozen=True)
 class StopCriteria:
-    """When one sequence ends. max_new_tokens: tokens to generate at most; stop: strings that end
-    it (the text is cut before the first); stop_token_ids: tokens that end it (not included)."""
+    """When one sequence ends. max_new_tokens: tokens to generate at most; stop: strings that end it
+    (the text is cut before the first; empty ones are ignored), or one string; stop_token_ids: int
+    tokens that end it (not included), or one int. ValueError naming the field otherwise."""
 
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
@@ -42,10 +44,25 @@ class StopCriteria:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected a positive integer, got {self.max_new_tokens!r}")
         # a bare string is one stop string (tuple("###") would stop at any "#"), a bare int one id
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        ids = (self.stop_token_ids,) if isinstance(self.stop_token_ids, int) else self.stop_token_ids
+        stop = (self.stop,) if isinstance(self.stop, str) else _items("stop", self.stop)
+        ids = self.stop_token_ids
+        one_id = isinstance(ids, numbers.Integral) and not isinstance(ids, bool)
+        ids = (ids,) if one_id else _items("stop_token_ids", ids)
+        # an int stop string failed in the text search after the prefill; a float id was truncated
+        # (1.5 stopped at token 1), a bool taken as 0 or 1
+        if not all(isinstance(s, str) for s in stop):
+            raise ValueError(f"stop: expected strings, got {stop!r}")
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+            raise ValueError(f"stop_token_ids: expected ints, got {ids!r}")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+
+
+def _items(name: str, value) -> tuple:
+    """``value`` (an iterable) as a tuple; ValueError naming ``name`` for anything else (None, a float)."""
+    if not isinstance(value, Iterable):
+        raise ValueError(f"{name}: expected a sequence, got {type(value).__name__} {value!r:.60}")
+    return tuple(value)
 
 
 @dataclass
@@ -130,9 +147,14 @@ class Generator:
         if model.model_args.needs_document_masks and document_end is None:
             raise ValueError("document_end: the model attends within documents (attn_mask_type = 'block_causal'); "
                              "pass the end-of-document token id")
+        vocab = model.model_args.vocab_size
+        if document_end is not None and (isinstance(document_end, bool) or not isinstance(document_end, int)
+                                         or not 0 <= document_end < vocab):
+            # an id the model never emits: no document would ever end
+            raise ValueError(f"document_end: expected a token id in [0, {vocab}) or None, got {document_end!r}")
         self.session = DecodeSession(model, batch_size, capacity, graph=graph)
         self.batch_size, self.capacity = batch_size, capacity
-        self.vocab_size = model.model_args.vocab_size
+        self.vocab_size = vocab
         self.document_end = document_end if model.model_args.needs_document_masks else None
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams = SamplingParams(),
@@ -149,9 +171,14 @@ class Generator:
         stoppings = _per_prompt(stopping, len(prompts))
         if overflow not in ("stop", "slide"):
             raise ValueError(f"overflow: expected 'stop' or 'slide', got {overflow!r}")
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"sampling: expected a SamplingParams, got {type(sampling).__name__}")
+        for name, function in (("decode", decode), ("on_text", on_text)):
+            if function is not None and not callable(function):  # they are first called after the prefill
+                raise ValueError(f"{name}: expected a callable or None, got {type(function).__name__}")
         rows = []
         for i, (prompt, crit) in enumerate(zip(prompts, stoppings)):
-            tokens = _prompt_tokens(i, prompt, self.vocab_size)
+            tokens = prompt_tokens(i, prompt, self.vocab_size)
             if crit.stop and decode is None:
                 raise ValueError("stop: stop strings need decode (token ids -> text)")
             rows.append(_Row(i, tokens, crit, decode, self.capacity, overflow, self.document_end))
@@ -192,26 +219,13 @@ class Generator:
                     rows[i].start = rows[i].context_start()
 
 
-def _prompt_tokens(index: int, prompt: Sequence[int], vocab_size: int) -> list[int]:
-    """Prompt ``index`` as a list of ints, each a row of the embedding: an id outside
-    ``[0, vocab_size)`` (a prompt from another tokenizer) would otherwise be an IndexError in the
-    embedding on CPU and a device-side assert, which ends the process, on CUDA."""
-    tokens = [int(t) for t in prompt]
-    if not tokens:
-        raise ValueError(f"prompts[{index}]: empty; expected at least one token")
-    if not 0 <= min(tokens) <= max(tokens) < vocab_size:  # cheap on long prompts; find the culprit only then
-        position, token = next((p, t) for p, t in enumerate(tokens) if not 0 <= t < vocab_size)
-        raise ValueError(f"prompts[{index}]: token id {token} at position {position} is outside the model's "
-                         f"vocabulary of {vocab_size} (expected 0 to {vocab_size - 1})")
-    return tokens
-
-
 def _per_prompt(stopping, count: int) -> list[StopCriteria]:
     if isinstance(stopping, StopCriteria):
         return [stopping] * count
-    stoppings = list(stopping)
-    if len(stoppings) != count or not all(isinstance(s, StopCriteria) for s in stoppings):
-        raise ValueError(f"stopping: expected one StopCriteria or {count} of them, got {len(stoppings)} items")
+    stoppings = list(stopping) if isinstance(stopping, Sequence) else None
+    if stoppings is None or len(stoppings) != count or not all(isinstance(s, StopCriteria) for s in stoppings):
+        got = f"{len(stoppings)} items" if stoppings is not None else type(stopping).__name__
+        raise ValueError(f"stopping: expected one StopCriteria or {count} of them, got {got}")
     return stoppings
 
 

@@ -97,14 +97,30 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
 def token_probabilities(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution the next token is drawn from, (batch, vocab) fp32, for temperature > 0.
 
-    logits (batch, vocab) any float dtype; seen: (batch, vocab) bool, tokens already in each
-    sequence (needed for a repetition penalty).
+    logits (batch, vocab) any float dtype; seen: (batch, vocab) bool on the logits' device, tokens
+    already in each sequence (needed for a repetition penalty). ValueError for other shapes.
     """
     if params.greedy:
         raise ValueError("token_probabilities: temperature = 0 is greedy (argmax), not a distribution")
+    check_logits("token_probabilities", logits)
+    if seen is not None and (not isinstance(seen, torch.Tensor) or seen.dtype != torch.bool
+                             or seen.shape != logits.shape or seen.device != logits.device):
+        got = f"{seen.dtype} {tuple(seen.shape)} on {seen.device}" if isinstance(seen, torch.Tensor) else seen
+        raise ValueError(f"token_probabilities: seen must be bool of the logits' shape {tuple(logits.shape)} on "
+                         f"{logits.device}, got {got}")
     logits = _penalized(logits, params, seen)
     logits = filter_top_k_top_p(_tempered(logits, params.temperature), params.top_k, params.top_p)
     return torch.softmax(logits, dim=-1)
+
+
+def check_logits(who: str, logits, shape=None) -> None:
+    """Raise a ValueError naming ``who`` unless logits is a floating (batch, vocab) tensor (of
+    ``shape`` where given): a wrong shape failed deep in the penalty or the top-k mask, or
+    broadcast. Shapes only: nothing is read back."""
+    if (not isinstance(logits, torch.Tensor) or logits.ndim != 2 or not logits.is_floating_point()
+            or (shape is not None and logits.shape != shape)):
+        got = f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"{who}: logits must be a floating tensor of shape {shape or '(batch, vocab)'}, got {got}")
 
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -136,6 +152,7 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, batch: int, vocab: int, device: torch.device):
         self.params = params
+        self.shape = (batch, vocab)
         self.seen = None
         if params.repetition_penalty != 1.0:
             self.seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
@@ -148,8 +165,13 @@ class Sampler:
                 self.generator.manual_seed(params.seed)
 
     def observe(self, row: int, tokens) -> None:
-        """Row ``row``'s sequence now contains ``tokens`` (a list of ids; a new prompt resets it)."""
+        """Row ``row``'s sequence now contains ``tokens`` (a list of ids in [0, vocab); a new prompt resets
+        it). ValueError for another id: a negative one marked a token from the end of the vocabulary."""
         if self.seen is not None:
+            vocab = self.shape[1]
+            if not all(0 <= t < vocab for t in tokens):
+                raise ValueError(f"Sampler.observe: tokens of row {row} must lie in [0, {vocab}), got "
+                                 f"{[t for t in tokens if not 0 <= t < vocab][:8]}")
             self.seen[row].zero_()
             self.seen[row, torch.as_tensor(list(tokens), dtype=torch.long, device=self.seen.device)] = True
 
@@ -159,6 +181,7 @@ class Sampler:
         NaN is a token like any other, and a draw from it fails inside torch.multinomial: a
         device-side assert on CUDA). Nothing is read back here: :func:`token_ids`, the one read of
         each step, refuses those rows."""
+        check_logits("Sampler", logits, self.shape)
         finite = torch.isfinite(logits).all(dim=-1)
         logits = torch.where(finite[:, None], logits, 0.0)  # a legal draw; its token is replaced below
         if self.params.greedy:

@@ -9,12 +9,44 @@ built, for its fixed batch and capacity: a step is then one graph replay.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
 
 from parallax_titan.generation.cache import ATTENTION_MIXERS, KVCache, RecurrentCache, model_dtype_device
 from parallax_titan.model import PrefillStep
+
+
+def prompt_tokens(index: int, prompt, vocab_size: int) -> list[int]:
+    """Prompt ``index`` (a sequence of int token ids, or a 1-D integer tensor) as a list of ints, each
+    a row of the embedding; ValueError naming the prompt otherwise. A float id was truncated and a
+    bool taken as 0 or 1 without a word, a string split into characters; an id outside
+    ``[0, vocab_size)`` (a prompt from another tokenizer) was an IndexError in the embedding on CPU
+    and a device-side assert, which ends the process, on CUDA."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.ndim != 1 or prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise ValueError(f"prompts[{index}]: a tensor prompt must be 1-D of an integer dtype, got {prompt.dtype} "
+                             f"of shape {tuple(prompt.shape)}")
+        tokens = prompt.tolist()
+    elif isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)):
+        tokens = list(prompt)
+    else:
+        raise ValueError(f"prompts[{index}]: expected a sequence of token ids, got {type(prompt).__name__} "
+                         f"{prompt!r:.60} (a prompt is a list of int ids: tokenize text first)")
+    wrong = next(((p, t) for p, t in enumerate(tokens) if isinstance(t, bool) or not isinstance(t, numbers.Integral)),
+                 None)
+    if wrong is not None:
+        raise ValueError(f"prompts[{index}]: token id {wrong[1]!r} at position {wrong[0]} is a "
+                         f"{type(wrong[1]).__name__}; expected an int")
+    tokens = [int(t) for t in tokens]
+    if not tokens:
+        raise ValueError(f"prompts[{index}]: empty; expected at least one token")
+    if not 0 <= min(tokens) <= max(tokens) < vocab_size:  # cheap on long prompts; find the culprit only then
+        position, token = next((p, t) for p, t in enumerate(tokens) if not 0 <= t < vocab_size)
+        raise ValueError(f"prompts[{index}]: token id {token} at position {position} is outside the model's "
+                         f"vocabulary of {vocab_size} (expected 0 to {vocab_size - 1})")
+    return tokens
 
 
 class DecodeSession:
@@ -43,11 +75,12 @@ class DecodeSession:
     def prefill(self, prompts: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> torch.Tensor:
         """Start the sequences of cache rows ``rows`` (default 0..len(prompts)-1) with ``prompts``.
 
-        prompts: token id lists, each of 1..capacity tokens. Returns the next-token logits
-        (len(prompts), vocab) in the model's dtype. Other rows keep their sequences.
+        prompts: token id lists (or 1-D integer tensors), each of 1..capacity ids in [0, vocab)
+        (ValueError otherwise, before any work). Returns the next-token logits (len(prompts), vocab)
+        in the model's dtype. Other rows keep their sequences.
         """
         rows = list(range(len(prompts))) if rows is None else list(rows)
-        self._check_prompts(prompts, rows)
+        prompts = self._check_prompts(prompts, rows)
         if isinstance(self.cache, KVCache):
             logits = self._prefill_attention(prompts, rows)
         else:
@@ -56,13 +89,16 @@ class DecodeSession:
             self.lengths[row] = len(prompt)
         return logits
 
-    def _check_prompts(self, prompts, rows) -> None:
+    def _check_prompts(self, prompts, rows) -> list[list[int]]:
+        """The prompts as lists of ids (``prompt_tokens``), each at most capacity long."""
         if len(rows) != len(prompts) or len(set(rows)) != len(rows) or not all(0 <= r < self.batch for r in rows):
             raise ValueError(f"rows: expected {len(prompts)} distinct rows in [0, {self.batch}), got {rows}")
+        prompts = [prompt_tokens(i, prompt, self.model.model_args.vocab_size) for i, prompt in enumerate(prompts)]
         for prompt in prompts:
-            if not 1 <= len(prompt) <= self.capacity:
+            if len(prompt) > self.capacity:
                 raise ValueError(f"prompts: a prompt of {len(prompt)} tokens; expected 1 to capacity = "
                                  f"{self.capacity} tokens")
+        return prompts
 
     def _prefill_attention(self, prompts, rows) -> torch.Tensor:
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
@@ -88,16 +124,17 @@ class DecodeSession:
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Append ``tokens`` (batch,) int64 (one per row, on the model's device) and return the
-        next-token logits (batch, vocab) in the model's dtype.
+        """Append ``tokens`` (batch,) int64 (one per row, on the model's device, ids in [0, vocab):
+        not checked, that would read them back) and return the next-token logits (batch, vocab) in
+        the model's dtype.
 
         With a graph the result is the graph's output buffer, overwritten by the next step: read
         it (or clone it) first. A row already at capacity gets an undefined result; start it
         again with :meth:`prefill`.
         """
-        if tokens.shape != (self.batch,) or tokens.dtype != torch.long:
-            raise ValueError(f"tokens: expected int64 of shape ({self.batch},), got {tokens.dtype} "
-                             f"{tuple(tokens.shape)}")
+        if tokens.shape != (self.batch,) or tokens.dtype != torch.long or tokens.device != self.device:
+            raise ValueError(f"tokens: expected int64 of shape ({self.batch},) on {self.device}, got {tokens.dtype} "
+                             f"{tuple(tokens.shape)} on {tokens.device}")
         if self._graph is not None:
             self._tokens.copy_(tokens)
             self._graph.replay()
