@@ -128,7 +128,12 @@ def check_outputs(output: str, names: list[str]) -> None:
     before hours of scoring; nothing is created (a run that fails later leaves no empty folder).
 
     Two rows of one name (runs of the same name in different folders), or names that differ only in
-    the characters a file name replaces, would write one JSON file, the last overwriting the others."""
+    the characters a file name replaces, would write one JSON file, the last overwriting the others.
+    An empty ``output`` is refused too: no folder can be made of it, which would show only when the table
+    is written."""
+    if not output:
+        raise ValueError("output: got '', which names no folder; expected a folder for results.md and the lm-eval "
+                         "JSON files")
     if os.path.exists(output) and not os.path.isdir(output):
         raise ValueError(f"output: {output!r} is a file; expected a folder for results.md and the lm-eval JSON files")
     unwritable = unwritable_folder(output)

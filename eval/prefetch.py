@@ -15,6 +15,7 @@ import sys
 
 from eval.tasks import eval_split, parse_tasks, task_config
 from parallax_titan.atomic import replacing
+from parallax_titan.checkpoint_files import check_output_files, unwritable_folder
 
 
 def hub_source(task: str) -> dict:
@@ -43,6 +44,21 @@ def prefetch(tasks: list[str], jsonl_dir: str | None = None) -> list[str]:
     return written
 
 
+def check_jsonl_dir(folder: str, tasks: list[str]) -> None:
+    """ValueError naming ``--jsonl-dir`` when it names no folder (``""``, e.g. an unset shell variable:
+    nothing was written), or when ``folder`` or the ``<task>.jsonl`` of one of ``tasks`` in it cannot
+    be written: found before the downloads, not after the first dataset's."""
+    expected = "expected a folder (made when missing) for <task>.jsonl"
+    if not folder:
+        raise ValueError(f"--jsonl-dir: got '', which names no folder; {expected}")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(f"--jsonl-dir: {folder!r} is a file; {expected}")
+    unwritable = unwritable_folder(folder)
+    if unwritable:
+        raise ValueError(f"--jsonl-dir: {unwritable}; {expected}")
+    check_output_files(folder, "--jsonl-dir", tuple(f"{task}.jsonl" for task in tasks))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.prefetch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default="paper", help="comma-separated subset of the suite (default: all)")
@@ -50,9 +66,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--list", action="store_true", help="only print each task's dataset and split")
     args = parser.parse_args(argv)
     try:
-        tasks = parse_tasks(args.tasks)
+        tasks = parse_tasks(args.tasks, key="--tasks")
+        if args.jsonl_dir is not None:
+            check_jsonl_dir(args.jsonl_dir, tasks)
     except ValueError as exc:
         parser.error(str(exc))  # exit code 2, the usage and the message; no traceback
+    if args.list and args.jsonl_dir is not None:
+        parser.error(f"--jsonl-dir {args.jsonl_dir!r} with --list, which only prints the tasks' sources; expected "
+                     "one of them")
     if args.list:
         for task in tasks:
             s = hub_source(task)

@@ -231,6 +231,8 @@ def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], wha
     Raises ValueError naming ``key`` (the option that named the folder), the folder and the entries
     it holds besides ``what``. Cheap: call it before the work whose result goes there."""
     expected = f"expected a new or empty folder, or {what} written earlier"
+    if not str(folder).strip():  # "" passes every check below and fails only at the first write
+        raise ValueError(f"{key}: an empty path; {expected}")
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(f"{key}: {folder!r} is a file; {expected}")
     unwritable = unwritable_folder(folder)

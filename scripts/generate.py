@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
-from eval.checkpoint import load_job_config, load_model, model_args_of
+from eval.checkpoint import load_job_config, load_model, model_args_of, resolve_device
 from parallax_titan.checkpoint_files import CheckpointError
 from parallax_titan.config import ConfigError
 from parallax_titan.generation import Generator, SamplingParams, StopCriteria
@@ -51,26 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_device(text: str | None) -> None:
-    """ValueError naming ``--device`` unless it is empty/auto, cpu, or a CUDA device this machine has."""
-    if text in (None, "", "auto"):
-        return
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        device = None
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device: got {text!r}; expected cpu, cuda or cuda:N")
-    if device.type == "cuda" and (device.index or 0) >= count:
-        raise ValueError(f"--device: got {text!r}, but this machine has {count} CUDA device(s); expected cpu"
-                         + (f" or cuda:0 .. cuda:{count - 1}" if count else ""))
-
-
 def run(args, overrides: list[str], out=sys.stdout) -> list[str]:
     """Generate for every prompt of ``args`` (parsed by :func:`build_parser`), writing the text to
     ``out`` as it comes; returns the completions' texts."""
-    check_device(args.device)
+    resolve_device(args.device, "--device")  # a device this machine lacks: before the checkpoint is hashed
     if "" in args.stop:  # dropped by the text stream: generation would run to --max-new-tokens
         raise ValueError("--stop: got '', which stops nothing; expected a non-empty stop string")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -82,6 +82,32 @@ def test_bad_mode_arguments_are_refused_naming_the_option(argv, message, capsys)
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "parallax_ours,fla_0.6.0", "--no-competitors"], "['fla_0.6.0'] would not run"),
+    (["--window", "1024", "--methods", "softmax_cudnn"], "--window times its own shapes"),
+    (["--affine-la", "--shapes", "0"], "--affine-la times its own shapes"),
+])
+def test_options_the_mode_would_ignore_are_refused(argv, message, capsys):
+    """They were ignored without a word: the page lacked the competitor, or the mode timed its own shapes."""
+    from scripts.bench import attention
+
+    with pytest.raises(SystemExit) as info:
+        attention.main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_named_method_that_cannot_run_stops_before_any_timing(monkeypatch):
+    """A competitor named in --methods but not importable was dropped: the page lacked its rows."""
+    from scripts.bench import attention
+
+    monkeypatch.setattr(attention, "methods", lambda competitors: {"parallax_ours": ("blhd", None)})
+    monkeypatch.setattr(attention, "bench_shape", lambda *args: pytest.fail("timed before the methods were checked"))
+    args = parser().parse_args(["--methods", "parallax_ours,fla_0.6.0"])
+    with pytest.raises(SystemExit, match=r"--methods: \['fla_0.6.0'\] cannot run here"):
+        attention.run(args)
+    assert parser().parse_args(["--methods", "parallax_ours,parallax_ours"]).methods == ["parallax_ours"]
+
+
 def test_modes_run_under_the_sweep_lists_only_with_sweep(tmp_path, monkeypatch):
     """--sweep puts every kernel on tuning.SWEEP for the mode's timings, and the shipped lists return
     afterwards; without it the timings see tuning.SHIPPED."""

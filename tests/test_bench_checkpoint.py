@@ -45,3 +45,34 @@ def test_bad_counts_are_refused_before_any_save(tmp_path, flag, value, capsys):
         checkpoint.main([flag, value, "--dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "page")])
     assert info.value.code == 2 and f"{value!r}: expected an int >= 1" in capsys.readouterr().err
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("problem", ["config", "dir_file", "dir_foreign"])
+def test_config_and_dir_are_checked_before_any_save(tmp_path, capsys, monkeypatch, problem):
+    """A missing --config was a traceback; a --dir that is a file failed after the state was built; a
+    --dir of the user's lost its folder of a kind's name (a torchtitan clone) to the cleanup after
+    that kind's timings."""
+    monkeypatch.setattr(checkpoint, "build_state", lambda *args: pytest.fail("the state was built"))
+    folder = tmp_path / "dir"
+    if problem == "dir_file":
+        folder.write_text("a file")
+    elif problem == "dir_foreign":  # a clone of TorchTitan, not a kind's folder with its checkpoint/
+        (folder / "torchtitan").mkdir(parents=True)
+        (folder / "torchtitan" / "README.md").write_text("keep")
+    config = str(tmp_path / "missing.toml") if problem == "config" else checkpoint.RECIPE.format(flavor="0.6B")
+    with pytest.raises(SystemExit) as info:
+        checkpoint.main(["--config", config, "--dir", str(folder), "--out", str(tmp_path / "page")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert ("--config: job.config_file: " if problem == "config" else f"--dir: {str(folder)!r}") in err
+    if problem == "dir_foreign":
+        assert (folder / "torchtitan" / "README.md").read_text() == "keep"
+
+
+def test_dir_of_an_earlier_run_is_accepted(tmp_path):
+    for kind in ("checksums", "async"):  # kinds' folders a killed run left
+        (tmp_path / kind / "checkpoint" / "step-1").mkdir(parents=True)
+    assert checkpoint.kind_folder(str(tmp_path), "checksums") and checkpoint.kind_folder(str(tmp_path), "async")
+    (tmp_path / "atomic").mkdir()
+    (tmp_path / "atomic" / "notes.txt").write_text("x")
+    assert not checkpoint.kind_folder(str(tmp_path), "atomic") and not checkpoint.kind_folder(str(tmp_path), "x")

@@ -50,6 +50,46 @@ def test_bad_scaling_options_are_refused(argv):
         parse_args(argv)
 
 
+def test_out_holding_other_files_than_a_benchmarks_is_refused(tmp_path, capsys):
+    """Each run's folder OUT/<run> is emptied before the run: with --out outputs, a training run's
+    folder outputs/parallax (its checkpoints) was deleted."""
+    users_run = tmp_path / "parallax" / "checkpoint"
+    users_run.mkdir(parents=True)
+    with pytest.raises(SystemExit) as info:
+        parse_args(["parallax", "--out", str(tmp_path)])
+    assert info.value.code == 2
+    assert f"--out: {str(tmp_path)!r} holds 'parallax'" in capsys.readouterr().err
+    assert users_run.is_dir()
+
+
+def test_out_of_an_earlier_benchmark_is_accepted(tmp_path):
+    for name in ("parallax", "transformer_resumed"):  # run folders, each with its log beside it
+        (tmp_path / name).mkdir()
+        (tmp_path / f"{name}.log").write_text("log")
+    for name in ("parallax.gpu.csv", "transformer_resumed.rerun.log", "transformer_resumed.rerun.gpu.csv",
+                 "summary.md", "summary.json", "resume.md", "resume.json", "scaling.md", "scaling.json"):
+        (tmp_path / name).write_text("x")
+    assert parse_args(["parallax", "--out", str(tmp_path)]).out == str(tmp_path)
+
+
+@pytest.mark.parametrize("problem", ["baseline", "no_metrics"])
+def test_summarize_runs_checks_its_runs_and_baseline(tmp_path, capsys, problem):
+    """A --baseline that names none of the runs was a StopIteration traceback after every run was
+    read; a folder without metrics.jsonl a FileNotFoundError."""
+    from scripts.bench.summarize_runs import main as summarize_main
+
+    run = fake_run(tmp_path / "a", [100.0], [5.0])
+    runs = [run, str(tmp_path / "b")] if problem == "no_metrics" else [run]
+    if problem == "no_metrics":
+        (tmp_path / "b").mkdir()
+    with pytest.raises(SystemExit) as info:
+        summarize_main([*runs, "--baseline", "a" if problem == "no_metrics" else "x", "--out", str(tmp_path / "s")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert ("--baseline 'x' is none of the runs" if problem == "baseline" else "hold no metrics.jsonl") in err
+    assert not (tmp_path / "s.md").exists()
+
+
 def test_multi_gpu_extra_reaches_the_runs_on_several_gpus_only():
     """FSDP settings are refused by the config check of a one-GPU run (nothing is sharded there): the
     scaling check's 1-GPU runs get --extra only, its N-GPU run --multi-gpu-extra after it."""

@@ -145,6 +145,15 @@ def test_out_that_is_not_a_report_folder_is_refused_before_any_checkpoint(tmp_pa
         assert "notes.txt" in err and (out / "report.md").read_text() == "the user's own report"
 
 
+def test_empty_out_is_refused_before_any_checkpoint(tmp_path, capsys, no_loading):
+    """--out "" (an unset shell variable) passed the folder check: the report's makedirs failed with a
+    traceback after every checkpoint was hashed, loaded and analysed."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", CONFIG, "--checkpoint", str(tmp_path / "ckpt"), "--out", ""])
+    assert exit_info.value.code == 2 and no_loading == []
+    assert "--out: an empty path" in capsys.readouterr().err
+
+
 def test_out_of_an_earlier_report_is_accepted(tmp_path, checkpoints):
     out = tmp_path / "report"
     args = ["--config", CONFIG, "--checkpoint", checkpoints[0], "--out", str(out), "--seq-len", "16",

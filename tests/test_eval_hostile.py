@@ -90,6 +90,14 @@ def test_cli_output_that_is_a_file_is_refused_before_scoring(tmp_path, capsys, n
     assert "output:" in capsys.readouterr().err and no_loading == []
 
 
+def test_cli_empty_output_is_refused_before_scoring(tmp_path, capsys, no_loading):
+    """--output "" passed every check: the table's makedirs failed after every checkpoint was scored."""
+    args = cli_args(tmp_path)
+    args[args.index("--output") + 1] = ""
+    assert cli.main(args) == 2
+    assert "output: got ''" in capsys.readouterr().err and no_loading == []
+
+
 def test_cli_output_under_a_file_is_refused_and_nothing_is_created(tmp_path, capsys, no_loading):
     (tmp_path / "blocker").write_text("a file where a folder would go")
     args = cli_args(tmp_path)
@@ -195,7 +203,10 @@ def test_cli_reads_each_checkpoints_metadata_once(tmp_path, monkeypatch):
                 "config": {"limit": None}}
 
     monkeypatch.setattr(cli, "evaluate", evaluate)
-    cli.evaluate_checkpoints([parallax], checkpoints, tasks=["boolq"], output=str(tmp_path / "out"), device="cpu")
+    # verify=False: the fixture's settings.json comes after its manifest, which does not list it; the
+    # checksums are not what this test counts
+    cli.evaluate_checkpoints([parallax], checkpoints, tasks=["boolq"], output=str(tmp_path / "out"), device="cpu",
+                             verify=False)
     assert sorted(reads) == sorted((name, c) for name in ("saved_shapes", "check_model_settings") for c in checkpoints)
     assert (tmp_path / "out" / "results.md").exists()
     for model, checkpoint in zip(scored, checkpoints, strict=True):  # each row scored its checkpoint's weights
@@ -484,3 +495,33 @@ def test_prefetch_unknown_task_is_an_error_not_a_traceback(capsys):
         prefetch.main(["--tasks", "boolq,mmlu", "--list"])
     assert exit_info.value.code == 2
     assert "tasks: got 'boolq,mmlu'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_download(monkeypatch):
+    import datasets
+
+    def download(*args, **kwargs):
+        raise AssertionError("downloaded before --jsonl-dir was checked")
+
+    monkeypatch.setattr(datasets, "load_dataset", download)
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("empty", "--jsonl-dir: got '', which names no folder"), ("file", "is a file"),
+    ("under_file", "cannot create or write"), ("task_folder", "boolq.jsonl' is a folder"),
+    ("with_list", "with --list, which only prints"),
+])
+def test_prefetch_jsonl_dir_is_checked_before_downloading(tmp_path, capsys, no_download, layout, message):
+    """A file there failed after the first dataset's download; --jsonl-dir "" (an unset shell
+    variable) wrote no file without a word, as did --jsonl-dir beside --list."""
+    from eval import prefetch
+
+    folder = {"empty": "", "file": tmp_path / "f", "under_file": tmp_path / "f" / "sub"}.get(layout, tmp_path / "d")
+    if layout in ("file", "under_file"):
+        (tmp_path / "f").write_text("a file")
+    if layout == "task_folder":
+        (tmp_path / "d" / "boolq.jsonl").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exit_info:
+        prefetch.main(["--tasks", "boolq", "--jsonl-dir", str(folder), *(["--list"] if layout == "with_list" else [])])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

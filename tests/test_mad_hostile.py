@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -105,6 +106,45 @@ def test_bad_options_stop_before_any_run(tmp_path, monkeypatch, option, value, m
     assert not calls and not (tmp_path / "out" / "runs.jsonl").exists()
 
 
+@pytest.mark.parametrize("option", ["--tasks", "--mixers", "--settings"])
+def test_an_empty_selection_is_refused_not_read_as_the_configs(tmp_path, monkeypatch, option):
+    """--tasks "" (an unset shell variable) ran the config's tasks without a word."""
+    from eval.mad import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
+    with pytest.raises(SystemExit, match=f"^{option}\\b"):
+        main(["--config", _config(tmp_path), "--out", str(tmp_path / "out"), "--device", "cpu", option, ""])
+    assert not calls and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("config, message", [
+    ("missing", "cannot be read (No such file or directory)"), ("folder", "cannot be read (Is a directory)"),
+    ("not_toml", "not valid TOML"),
+])
+def test_a_config_that_cannot_be_read_is_named(tmp_path, config, message):
+    """A missing or folder --config was a traceback; a file that is not TOML an error without its name."""
+    path = tmp_path / "c.toml"
+    if config == "folder":
+        path.mkdir()
+    elif config == "not_toml":
+        path.write_text("[grid\nmixers = 1\n")
+    with pytest.raises(SystemExit, match=f"--config = {str(path)!r}: {re.escape(message)}"):
+        main(["--config", str(path), "--out", str(tmp_path / "out"), "--report-only"])
+
+
+def test_an_empty_output_folder_is_refused(tmp_path, monkeypatch):
+    """--out "" wrote runs.jsonl into the working directory (the report-only path read it from there)."""
+    from eval.mad import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="--out = '': expected a folder"):
+        main(["--config", _config(tmp_path), "--mixers", "attention", "--out", "", "--device", "cpu"])
+    assert not calls and sorted(os.listdir(tmp_path)) == ["c.toml"]
+
+
 def test_an_output_folder_that_is_a_file_is_refused(tmp_path):
     out = tmp_path / "out"
     out.write_text("notes")
@@ -167,6 +207,29 @@ def test_pack_refuses_a_file_that_is_not_a_tar_of_states(tmp_path):
     with pytest.raises(ValueError, match="partial_1.tar is not a tar of states"):
         bundle.pack(str(tmp_path), max_bytes=100)
     assert (tmp_path / "partial_1.tar").read_bytes() == b"half copied"
+
+
+def test_bundle_command_names_a_damaged_tar(tmp_path, capsys):
+    """The damaged tar stopped the command with a traceback."""
+    (tmp_path / "partial_1.tar").write_bytes(b"half copied")
+    with pytest.raises(SystemExit) as info:
+        bundle.main(["unpack", str(tmp_path)])
+    assert info.value.code == 2 and "partial_1.tar is not a tar of states" in capsys.readouterr().err
+    assert (tmp_path / "partial_1.tar").read_bytes() == b"half copied"
+
+
+@pytest.mark.parametrize("action", ["pack", "unpack"])
+@pytest.mark.parametrize("layout", ["missing", "file"])
+def test_bundle_folder_that_is_not_one_is_refused(tmp_path, capsys, action, layout):
+    """A mistyped grid folder packed nothing (exit 0), unpack made a stray partial/ under it, and a file
+    there was a NotADirectoryError traceback."""
+    out = tmp_path / "grid"
+    if layout == "file":
+        out.write_text("notes")
+    with pytest.raises(SystemExit) as info:
+        bundle.main([action, str(out)])
+    assert info.value.code == 2 and f"out_dir = {str(out)!r}: not a folder" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ([] if layout == "missing" else ["grid"])
 
 
 @pytest.mark.parametrize("size", ["0", "nan", "-1"])

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from scripts.bench import trace_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +66,23 @@ def test_cli_reads_gzip_and_writes(tmp_path):
     assert "| `(no CPU op)` | 5 | 0.50 | 25.0% |" in text
     assert f"in the profiler trace {path} (recorded on NVIDIA H200;" in text
     assert f"`python -m scripts.bench.trace_summary {path} --out {out}`" in text
+
+
+@pytest.mark.parametrize("content", [None, "{\"traceEvents\": [", "folder"])
+def test_cli_names_a_trace_it_cannot_read(tmp_path, capsys, content):
+    """A missing trace (a profiled run that failed), a cut or a folder one were tracebacks."""
+    from scripts.bench.trace_summary import main
+
+    path = tmp_path / "rank0_trace.json"
+    if content == "folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as info:
+        main([str(path), "--out", str(tmp_path / "summary")])
+    assert info.value.code == 2
+    assert f"trace: {str(path)!r} cannot be read" in capsys.readouterr().err
+    assert not (tmp_path / "summary.md").exists()
 
 
 def test_timeline_idle_and_exposed_communication():

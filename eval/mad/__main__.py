@@ -14,12 +14,14 @@ import dataclasses
 import math
 import os
 import sys
+import tomllib
 
 from eval.mad.grid import (SWEEPS, RunConfig, check_checkpoint_seconds, check_config_id, check_mixers, check_value,
                            load_config)
 from eval.mad.models import MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
+from parallax_titan.checkpoint_files import unwritable_folder
 from parallax_titan.mixers import FLA_MIXERS
 
 
@@ -96,15 +98,29 @@ def _floats(text: str, flag: str) -> list[float]:
         raise ValueError(f"{flag} = {text!r}: expected a comma list of numbers, e.g. 5e-3,1e-3") from None
 
 
+def read_config(path: str, flag: str = "--config") -> RunConfig:
+    """:func:`eval.mad.grid.load_config` of ``path``; ValueError naming ``flag`` (the option that gave
+    it) for a path that is no readable file or holds no valid TOML (a traceback, or TOML's message
+    without the file's name)."""
+    try:
+        return load_config(path)
+    except OSError as exc:
+        raise ValueError(f"{flag} = {path!r}: cannot be read ({exc.strerror}); expected a MAD run config, "
+                         "e.g. configs/mad/paper_baseline.toml") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{flag} = {path!r}: not valid TOML ({exc})") from None
+
+
 def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
-    """The command's options over the config; a given value is checked (0 is a value, not "unset")."""
-    if args.tasks:
+    """The command's options over the config; a given value is checked (0 is a value, not "unset", and
+    "" is a value that names nothing, refused rather than read as the config's)."""
+    if args.tasks is not None:
         cfg.tasks = _parse_tasks(args.tasks)
-    if args.mixers:
+    if args.mixers is not None:
         cfg.mixers = list(dict.fromkeys(m.strip() for m in args.mixers.split(",")))
     if args.sweep:
         cfg.sweep = args.sweep
-    if args.settings:
+    if args.settings is not None:
         cfg.only_settings = split_fragments(args.settings)
         if not cfg.only_settings:  # e.g. "," would otherwise keep every setting
             raise ValueError(f"--settings = {args.settings!r}: expected label fragments, e.g. seq_len=512")
@@ -139,8 +155,13 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
 
 def _check_running(args) -> None:
     """--out, --workers, --threads and --deadline, before any run (ValueError naming the option)."""
+    if not args.out:  # runs.jsonl and the tables would go to the working directory, or nowhere
+        raise ValueError("--out = '': expected a folder (made when missing)")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out = {args.out!r}: a file; expected a folder (made when missing)")
+    unwritable = unwritable_folder(args.out)
+    if unwritable:
+        raise ValueError(f"--out: {unwritable}; expected a folder (made when missing)")
     if args.workers < 0:
         raise ValueError(f"--workers = {args.workers}: expected 0 (inline) or a number of processes")
     if args.threads < 1:
@@ -152,9 +173,9 @@ def _check_running(args) -> None:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:  # a bad config or option stops here, before any run, with the key named
-        cfg = _apply_overrides(load_config(args.config), args)
+        cfg = _apply_overrides(read_config(args.config), args)
         _check_running(args)
-        check_mixers(cfg.mixers, "--mixers" if args.mixers else f"{args.config}: [grid] mixers",
+        check_mixers(cfg.mixers, "--mixers" if args.mixers is not None else f"{args.config}: [grid] mixers",
                      installed=not args.report_only)  # rebuilding tables needs no fla
         cfg.settings()  # an --settings fragment that matches nothing
     except ValueError as exc:

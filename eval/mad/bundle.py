@@ -106,10 +106,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not (math.isfinite(args.max_mib) and args.max_mib * 2**20 >= 1):
         parser.error(f"--max-mib = {args.max_mib}: expected a finite size > 0")
-    if args.action == "pack":
-        paths = pack(args.out_dir, int(args.max_mib * 2**20))
-    else:
-        paths = unpack(args.out_dir)
+    if not os.path.isdir(args.out_dir):  # a mistyped grid folder: nothing to pack, or a stray partial/ made
+        parser.error(f"out_dir = {args.out_dir!r}: not a folder; expected a grid's --out folder")
+    try:
+        paths = pack(args.out_dir, int(args.max_mib * 2**20)) if args.action == "pack" else unpack(args.out_dir)
+    except ValueError as exc:  # a tar that is not one of pack's, named (and left as it was)
+        parser.error(str(exc))
     print(f"[mad] {args.action}: {len(paths)} file(s) in {args.out_dir}")
 
 

@@ -38,6 +38,8 @@ SHAPES = [  # (B, L, Hq, Hkv, D)
     (1, 16384, 16, 8, 128),
     (1, 16384, 16, 8, 64),
 ]
+COMPETITORS = ("parallax_kernel_0.1.1", "fla_0.6.0")  # timed when importable and --competitors
+METHODS = ("softmax_cudnn", "softmax_flash", "parallax_ours", "parallax_ours_triton", *COMPETITORS)
 MATMULS = {"fwd": 4, "fwd_bwd": 15}  # Parallax (causal) matmuls of size L x L x D per head: fwd 4, bwd 11
 
 
@@ -61,7 +63,8 @@ def _triton_kernels(fn):
 
 
 def methods(competitors=True):
-    """name -> (input layout: 'blhd', 'bhld' or 'bhld_mha' (kv heads expanded), fn(q, r, k, v) -> out)."""
+    """name (of :data:`METHODS`) -> (input layout: 'blhd', 'bhld' or 'bhld_mha' (kv heads expanded),
+    fn(q, r, k, v) -> out)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from kernels import parallax_attention
@@ -168,11 +171,27 @@ def bench_shape(impls, shape):
     return entry
 
 
+def method_list(text: str) -> list[str]:
+    """``--methods``: comma-separated names of :data:`METHODS` (argparse type); a misspelt one was
+    dropped without a word, and the page lacked its rows."""
+    names = list(dict.fromkeys(text.split(",")))
+    unknown = [name for name in names if name not in METHODS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown {unknown}; expected comma-separated names from "
+                                         f"{list(METHODS)}")
+    return names
+
+
 def run(args):
-    """The result entries (``bench_shape``) of the shapes and methods the command line selects."""
+    """The result entries (``bench_shape``) of the shapes and methods the command line selects;
+    SystemExit naming ``--methods`` when one of them cannot run here (a competitor not importable)."""
     impls = methods(args.competitors)
     if args.methods:
-        impls = {name: impls[name] for name in args.methods.split(",") if name in impls}
+        missing = [name for name in args.methods if name not in impls]
+        if missing:
+            raise SystemExit(f"--methods: {missing} cannot run here (not importable, see above); expected "
+                             f"names from {list(impls)}")
+        impls = {name: impls[name] for name in args.methods}
     return [bench_shape(impls, SHAPES[i]) for i in args.shapes]
 
 
@@ -236,8 +255,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true", help="autotune over tuning.SWEEP instead of tuning.SHIPPED")
     p.add_argument("--competitors", action=argparse.BooleanOptionalAction, default=True,
                    help="also time parallax-kernel and fla (their first-call autotuning takes minutes)")
-    p.add_argument("--methods", default="", help="comma-separated subset of the methods (default: all)")
-    p.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))),
+    p.add_argument("--methods", type=method_list, default=None,
+                   help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
+    p.add_argument("--shapes", type=int, nargs="+", default=list(range(len(SHAPES))), choices=range(len(SHAPES)),
                    help="indices into SHAPES (default: all)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--window", type=variants.window_list, metavar="W[,W...]",
@@ -248,6 +268,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--affine-shape", type=variants.affine_shape, default=(4, 4096, 16, 16, 128), metavar="B,L,Hq,Hkv,D",
                    help="shape of --affine-la (default 4,4096,16,16,128)")
     return p
+
+
+def check_modes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse error for options the chosen mode would ignore: --methods names a competitor under
+    --no-competitors, or --methods / --shapes go with --window or --affine-la (their own shapes)."""
+    if args.methods and not args.competitors and set(args.methods) & set(COMPETITORS):
+        p.error(f"--methods {','.join(args.methods)} with --no-competitors: "
+                f"{sorted(set(args.methods) & set(COMPETITORS))} would not run")
+    mode = "--window" if args.window else "--affine-la" if args.affine_la else None
+    if mode and (args.methods or args.shapes != list(range(len(SHAPES)))):
+        p.error(f"--methods and --shapes select the training table's rows; {mode} times its own shapes "
+                "(they would be ignored)")
 
 
 def run_mode(args: argparse.Namespace, command: str) -> str:
@@ -268,7 +300,9 @@ def run_mode(args: argparse.Namespace, command: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark the command line asks for and print its results page."""
     argv = sys.argv[1:] if argv is None else argv
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    check_modes(p, args)
     if not torch.cuda.is_available():
         raise SystemExit("scripts.bench.attention needs a CUDA GPU")
     print(run_mode(args, command_line(__spec__.name, argv)))

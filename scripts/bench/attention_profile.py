@@ -32,6 +32,7 @@ from scripts.bench.results import (command_line, describe, gpu_description, posi
 
 REPO = str(Path(__file__).resolve().parents[2])
 MODULE = "scripts.bench.attention_profile"
+HEAD_DIMS = (128, 64)  # the models' head dims, those the Hopper passes ship configs for
 RANGE = "profile"  # the NVTX range around the profiled calls; ncu's filter names it as "profile/"
 # Triton names a kernel's cubin entry after its function: tuning's name and the page's label.
 KERNELS = {"_fwd_kernel": ("fwd", "fwd"), "_bwd_dq_kernel": ("dq", "dq row pass"),
@@ -407,9 +408,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--length", type=positive_int, default=4096)
         p.add_argument("--hq", type=positive_int, default=16)
         p.add_argument("--hkv", type=positive_int, default=8)
-    sub.choices["run"].add_argument("--dim", type=int, required=True)
+    sub.choices["run"].add_argument("--dim", type=int, required=True, choices=HEAD_DIMS)
     sub.choices["run"].add_argument("--configs-out", default="attention_profile_configs.json")
-    sub.choices["profile"].add_argument("--dims", type=int, nargs="+", default=[128, 64])
+    sub.choices["profile"].add_argument("--dims", type=int, nargs="+", default=list(HEAD_DIMS), choices=HEAD_DIMS)
     sub.choices["profile"].add_argument("--out-dir", required=True)
     sub.choices["profile"].add_argument("--ncu", default="ncu", help="the ncu executable")
     p = sub.add_parser("report", help="the results page of a profile folder")
@@ -421,7 +422,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Dispatch to run, profile or report."""
     argv = sys.argv[1:] if argv is None else argv
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
+    if args.command != "report" and args.hq % args.hkv:  # the kernels' GQA: failed inside the profiled run
+        top.error(f"--hq {args.hq} is not a multiple of --hkv {args.hkv}; expected query heads in whole groups")
     args.argv = argv
     {"run": run, "profile": profile, "report": report}[args.command](args)
 

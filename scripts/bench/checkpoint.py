@@ -24,7 +24,8 @@ Loads (``load(step)``) of the plain and the checksummed checkpoint are timed fro
 (the files evicted with ``posix_fadvise``) and warm. The 1.7B estimate scales the measured save
 time by the predicted checkpoint bytes (weights + Muon momentum + Adam moments, fp32), a
 prediction checked against the 0.6B file sizes on the page. Checkpoints go to ``--dir`` (default: a
-temporary folder, deleted at the end; about 2 x 7 GB at a time).
+temporary folder, deleted at the end; about 2 x 7 GB at a time), one folder per kind, deleted after
+its timings: a ``--dir`` that holds anything else is refused before the state is built.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ RECIPE = "configs/paper/{flavor}/parallax_muon_wsd.toml"
 BYTES_PER_VALUE = 4  # fp32 weights and optimizer state
 STATE_VALUES = {"muon": 1, "adamw": 2}  # momentum; first and second moments
 SHUTDOWN_TIMEOUT_REF = "parallax_titan.launch.SHUTDOWN_TIMEOUT_S"
+SYNC_KINDS = ("torchtitan", "atomic", "checksums")  # the three ways of the module docstring
 BACKGROUND = ("async", "async_with_pinned_mem")  # checkpoint.async_mode values timed as a trainer sees them
 
 
@@ -168,7 +170,7 @@ def bench(args, device: str) -> dict:
     root = args.dir or tempfile.mkdtemp(prefix="bench_checkpoint_")
     out = {"first_save_s": {}, "save_s": {}, "load_s": {}, "verify_s": {"cold": [], "warm": []}}
     try:
-        for kind in ("torchtitan", "atomic", "checksums"):
+        for kind in SYNC_KINDS:
             mgr = manager(kind, args.config, os.path.join(root, kind), model, optimizers, schedulers)
             first, *later = [timed(lambda s=s: mgr.save(curr_step=s, last_step=True), device)
                              for s in range(args.iters + 1)]
@@ -306,9 +308,18 @@ def background_lines(result: dict) -> list[str]:
                if result["pinned_problem"] else []))
 
 
+def kind_folder(root: str, name: str) -> bool:
+    """Whether the entry ``name`` of ``--dir`` is a kind's folder that an earlier run left: a kind's name
+    (:data:`SYNC_KINDS`, :data:`BACKGROUND`), holding its ``checkpoint`` folder only."""
+    path = os.path.join(root, name)
+    return name in (*SYNC_KINDS, *BACKGROUND) and os.path.isdir(path) and set(os.listdir(path)) <= {"checkpoint"}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and write OUT.md and OUT.json."""
+    from parallax_titan.checkpoint_files import check_output_folder
     from parallax_titan.checkpointing import checksum_threads
+    from parallax_titan.config import ConfigError
     from parallax_titan.spec import register_all
 
     argv = sys.argv[1:] if argv is None else argv
@@ -322,7 +333,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     register_all()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    flavor = job_config(args.config, tempfile.gettempdir(), True).model.flavor
+    try:  # before the state is built and saved
+        flavor = job_config(args.config, tempfile.gettempdir(), True).model.flavor
+    except ConfigError as exc:
+        ap.error(f"--config: {exc}")
+    try:  # each kind's folder in --dir is deleted after its timings: never one of the user's
+        if args.dir:
+            check_output_folder(args.dir, "--dir", lambda name: kind_folder(args.dir, name),
+                                "the checkpoint folders of this benchmark", "whose folders are deleted")
+    except ValueError as exc:
+        ap.error(str(exc))
     measured = (f"checkpoint save and load seconds (median of {args.iters}) of the training state of "
                 f"{args.config}: TorchTitan's plain DCP save, ours atomic, ours with checksums, ours in the "
                 "background")

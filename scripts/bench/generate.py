@@ -27,7 +27,7 @@ import torch
 from eval.checkpoint import build_model
 from parallax_titan.generation import Generator, SamplingParams, StopCriteria
 from parallax_titan.hf_adapter import ParallaxStateDictAdapter
-from parallax_titan.spec import BASE_FLAVORS, variant_args
+from parallax_titan.spec import BASE_FLAVORS, VARIANTS as MODEL_VARIANTS, variant_args
 from scripts.bench.decode_timing import copy_bandwidth, log
 from scripts.bench.results import command_line, describe, positive_int, table, write_results
 
@@ -216,13 +216,24 @@ MEASURED = ("greedy generation, bf16, random weights, equal-length prompts, no e
 
 
 def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
+    """Comma-separated counts, each :func:`positive_int` (argparse type)."""
+    return [positive_int(x) for x in text.split(",")]
+
+
+def variant_list(text: str) -> list[str]:
+    """Comma-separated model names of ``parallax_titan.spec.VARIANTS`` (argparse type): a misspelt one
+    would fail only when its turn came, after the earlier variants' timings."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in MODEL_VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown {unknown}; expected names from {list(MODEL_VARIANTS)}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
+    parser.add_argument("--variants", type=variant_list, default=list(VARIANTS))
     parser.add_argument("--batches", type=int_list, default=list(BATCHES))
     parser.add_argument("--prompts", type=int_list, default=list(PROMPTS), help="prompt lengths")
     parser.add_argument("--new-tokens", type=positive_int, default=NEW_TOKENS)

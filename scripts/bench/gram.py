@@ -113,12 +113,22 @@ def write(result: dict, out: str) -> str:
     return write_result_page(out, result, lines)
 
 
+def shape_indices(text: str) -> list[int]:
+    """``--shapes``: comma-separated indices into :data:`SHAPES` (argparse type); a negative one counted
+    from the end, a large one failed after the CUDA check."""
+    parts = text.split(",")
+    if not all(part.isdigit() and int(part) < len(SHAPES) for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated indices 0..{len(SHAPES) - 1} "
+                                         f"into {SHAPES}")
+    return [int(part) for part in parts]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark over SHAPES (or --shapes) and write OUT.md and OUT.json after each bucket."""
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.gram", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="docs/bench/gram", help="output path without extension")
-    ap.add_argument("--shapes", type=lambda text: [int(i) for i in text.split(",")], default=None,
+    ap.add_argument("--shapes", type=shape_indices, default=None,
                     help=f"comma-separated indices into {SHAPES} (default: all)")
     ap.add_argument("--rep", type=positive_int, default=200, help="do_bench's timing window per function (ms)")
     args = ap.parse_args(argv)

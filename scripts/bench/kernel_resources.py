@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kernel", choices=sorted({**KERNELS, **HOPPER_KERNELS}), nargs="+",
                         default=sorted({**KERNELS, **HOPPER_KERNELS}))
     parser.add_argument("--config", type=launch_config, help="BM,BN,num_warps,num_stages instead of the shipped lists")
-    parser.add_argument("--d", type=int, nargs="+", default=[128, 64], help="head dims")
+    parser.add_argument("--d", type=int, nargs="+", default=[128, 64], choices=[128, 64],
+                        help="head dims (the models'; the Hopper passes ship configs for these only)")
     parser.add_argument("--tma", action="store_true", help="the kernels with the TMA flag (tensor-descriptor loads)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is its default

@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from eval.mad.grid import TrainConfig, load_config
+from eval.checkpoint import resolve_device
+from eval.mad.__main__ import read_config
+from eval.mad.grid import TrainConfig, check_mixers
 from eval.mad.models import build_model, compile_blocks
 from eval.mad.training import train_step, build_optimizer
 from scripts.bench.results import command_line, describe, table, write_result_page
@@ -79,8 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.warmup < 0 or args.steps < 1:
         ap.error(f"--warmup {args.warmup} / --steps {args.steps}: expected >= 0 and >= 1")
-    cfg = load_config(args.config)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    mixers = args.mixers.split(",")
+    try:  # a misspelt mixer or a device this machine lacks failed only after the earlier mixers' timings
+        cfg = read_config(args.config)
+        check_mixers(mixers, "--mixers")
+        device = str(resolve_device(args.device, "--device"))
+    except ValueError as exc:
+        ap.error(str(exc))
     model_kw = dataclasses.asdict(cfg.model)
     setup = (f"ICR-shaped batches of {cfg.train.batch_size} x {SEQ_LEN} tokens (vocabulary {VOCAB}), {args.config}'s "
              f"model {model_kw} and optimizer {cfg.train.optimizer}, precision {cfg.train.precision}, on {device}; "
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     measured = "time of one MAD training step per mixer, eager and with compiled blocks"
     result = {"meta": describe("MAD training step per mixer", measured, command_line(__spec__.name, argv)),
               "setup": setup, "ms": {}}
-    for mixer in args.mixers.split(","):
+    for mixer in mixers:
         for mode in ("eager", "compiled"):
             ms, _ = step_ms(mixer, model_kw, cfg.train, mode == "compiled", device, args.warmup, args.steps)
             result["ms"].setdefault(mixer, {})[mode] = ms

@@ -25,8 +25,9 @@ import time
 import torch
 
 from optimizers.timing import build_optimizer, step_times
+from parallax_titan.spec import BASE_FLAVORS, variant_args
 from scripts.bench import trace_summary
-from scripts.bench.results import command_line, describe, table, write_result_page, write_results
+from scripts.bench.results import command_line, describe, positive_int, table, write_result_page, write_results
 
 SP2 = {"attn": (2, 1e-4), "mlp": (2, 1e-4)}
 # row name -> (optimizers.timing name, options)
@@ -44,8 +45,6 @@ CONFIGS = {
 
 def model_args(flavor: str, mixer: str):
     """Model args of the Parallax (``mixer`` "parallax") or Transformer model of ``flavor``."""
-    from parallax_titan.spec import BASE_FLAVORS, variant_args
-
     return variant_args("parallax" if mixer == "parallax" else "transformer", BASE_FLAVORS[flavor])
 
 
@@ -180,11 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and write OUT.md and OUT.json."""
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.optimizers", description=__doc__.split("\n")[0])
-    ap.add_argument("--flavor", default="0.6B")
-    ap.add_argument("--micro", type=int, default=4)
-    ap.add_argument("--accum", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--flavor", default="0.6B", choices=sorted(BASE_FLAVORS))
+    ap.add_argument("--micro", type=positive_int, default=4)
+    ap.add_argument("--accum", type=positive_int, default=4)
+    ap.add_argument("--seq", type=positive_int, default=4096)
+    ap.add_argument("--iters", type=positive_int, default=5)
     ap.add_argument("--out", default="docs/bench/optimizers", help="output path without extension")
     ap.add_argument("--only", type=lambda text: text.split(","), default=None,
                     help=f"comma-separated rows of {list(CONFIGS)} (default: all)")

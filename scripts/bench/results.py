@@ -3,7 +3,9 @@
 A page opens with a header: what was measured, the hardware and software it ran on (GPU, torch,
 triton, CUDA, Python), the command that reproduces it from the repository root, and the date.
 ``describe`` gathers that once into a ``meta`` dict; ``header`` renders it as markdown;
-``write_results`` writes ``PREFIX.md`` (header + body) and ``PREFIX.json`` (``{"meta": ..., **data}``).
+``write_results`` writes ``PREFIX.md`` (header + body) and ``PREFIX.json`` (``{"meta": ..., **data}``),
+each whole (a benchmark that rewrites its page after every row, killed or out of disk space mid-write,
+leaves the earlier page, not a cut one).
 ``positive_int`` is the benchmarks' argparse type for counts and sizes; ``add_batch_arguments`` and
 ``require_cuda`` are the shape options and the GPU check of the per-layer kernel benchmarks.
 """
@@ -18,6 +20,8 @@ import platform
 import shlex
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from parallax_titan.atomic import write_text
 
 
 def positive_int(text: str) -> int:
@@ -105,12 +109,13 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]
 
 def write_results(prefix: str, meta: dict[str, str], body: str, data: dict | None = None) -> str:
     """Write ``prefix``.md (``header(meta)`` then ``body``) and, given ``data``, ``prefix``.json
-    (``{"meta": meta, **data}``); make the folder if needed; return the markdown."""
+    (``{"meta": meta, **data}``), each whole (:func:`parallax_titan.atomic.write_text`), the page
+    last; make the folder if needed; return the markdown."""
     text = header(meta) + body
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-    Path(prefix + ".md").write_text(text)
     if data is not None:
-        Path(prefix + ".json").write_text(json.dumps({"meta": meta, **data}, indent=1))
+        write_text(prefix + ".json", json.dumps({"meta": meta, **data}, indent=1))
+    write_text(prefix + ".md", text)
     return text
 
 

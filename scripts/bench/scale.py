@@ -9,6 +9,7 @@ docs/scale.md; this file only evaluates them.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import torch
@@ -147,7 +148,10 @@ def two_gpu_check() -> list[tuple[str, float, float]]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print the tables of docs/scale.md. The command takes no options: an argument (``--flavor 1.7B``)
+    is refused rather than ignored while the fixed tables print."""
+    argparse.ArgumentParser(prog="python -m scripts.bench.scale", description=__doc__.splitlines()[0]).parse_args(argv)
     for flavor in ("0.6B", "1.7B"):
         for variant in ("transformer", "parallax"):
             c = counts(variant, flavor)

@@ -81,6 +81,17 @@ def loss_table(rows: list[dict], columns: dict[str, str]) -> str:
     return "\n".join(table(["step", title_a, title_b, "abs diff", "rel diff"], cells)) + "\n"
 
 
+def check_runs(parser: argparse.ArgumentParser, runs: list[str], baseline: str) -> None:
+    """argparse error unless every run folder holds a metrics.jsonl and ``baseline`` names one of them
+    (the ratios' 1.0; another name was a StopIteration traceback)."""
+    missing = [run for run in runs if not os.path.isfile(os.path.join(run, "metrics.jsonl"))]
+    if missing:
+        parser.error(f"runs: {missing} hold no metrics.jsonl; expected run folders (job.dump_folder) of train.py")
+    names = [os.path.basename(os.path.normpath(run)) for run in runs]
+    if baseline not in names:
+        parser.error(f"--baseline {baseline!r} is none of the runs; expected one of {names}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Summarise the run folders on the command line into OUT.md and OUT.json."""
     argv = sys.argv[1:] if argv is None else argv
@@ -90,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip", type=int, default=10, help="steps left out of the throughput mean")
     parser.add_argument("--out", required=True, help="writes OUT.md and OUT.json")
     args = parser.parse_args(argv)
+    check_runs(parser, args.runs, args.baseline)
     rows = [summarize(r, args.skip) for r in args.runs]
     meta = describe("Training runs", f"tokens/s per GPU, MFU and peak memory from the metrics.jsonl of "
                     f"{len(rows)} runs (means over the steps after {args.skip}), ratios against {args.baseline}",

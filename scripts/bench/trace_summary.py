@@ -24,7 +24,7 @@ import re
 import sys
 from collections import Counter, defaultdict
 
-from scripts.bench.results import command_line, describe, header, table, write_results
+from scripts.bench.results import command_line, describe, header, positive_int, table, write_results
 
 # first matching pattern names the group; checked against the lower-cased kernel name
 GROUPS = [
@@ -218,10 +218,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.trace_summary", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", help="Chrome trace JSON (optionally .gz) from torch.profiler")
-    parser.add_argument("--top", type=int, default=25, help="how many kernels to list")
+    parser.add_argument("--top", type=positive_int, default=25, help="how many kernels to list")
     parser.add_argument("--out", help="also write the markdown to OUT.md")
     args = parser.parse_args(argv)
-    trace = load(args.trace)
+    try:
+        trace = load(args.trace)
+    except (OSError, EOFError, ValueError) as exc:  # missing, a folder, cut short, not JSON
+        parser.error(f"trace: {args.trace!r} cannot be read ({exc}); expected a Chrome trace JSON (.json or .json.gz) "
+                     "from torch.profiler")
     body = summary_of(trace, args.top)
     meta = describe("Where the GPU time of a profiled step goes",
                     f"GPU kernel time per group, timeline and idle causes in the profiler trace {args.trace} "

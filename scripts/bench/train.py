@@ -54,12 +54,15 @@ import os
 import shlex
 import sys
 
+from parallax_titan.checkpoint_files import check_output_folder
 from scripts.bench.gpu_telemetry import summarize_file
-from scripts.bench.results import command_line, describe, write_results
+from scripts.bench.results import command_line, describe, positive_int, write_results
 from scripts.bench.summarize_runs import markdown, summarize
 from scripts.bench.train_launch import REFERENCE, REPO, bench_run, samples_path
 from scripts.bench.train_resume import resume_check
 from scripts.bench.train_scaling import scaling
+
+RESULT_PAGES = {f"{page}.{ext}" for page in ("summary", "scaling", "resume") for ext in ("md", "json")}
 
 
 def _glue_extra(argv: list[str]) -> list[str]:
@@ -76,21 +79,28 @@ def _glue_extra(argv: list[str]) -> list[str]:
     return glued
 
 
+def bench_owned(out: str, name: str) -> bool:
+    """Whether the entry ``name`` of the output folder ``out`` is one the benchmark writes: a run's log
+    or GPU samples, a results page, or a run's folder (its ``.log`` beside it)."""
+    return (name.endswith((".log", ".gpu.csv")) or name in RESULT_PAGES
+            or os.path.isfile(os.path.join(out, name + ".log")))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line's options (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m scripts.bench.train", description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", help="model names, e.g. transformer parallax parallax_dagger")
-    parser.add_argument("--ngpu", type=int, default=1, help="GPUs per run (throughput mode)")
-    parser.add_argument("--steps", type=int, default=30, help="training steps per run")
+    parser.add_argument("--ngpu", type=positive_int, default=1, help="GPUs per run (throughput mode)")
+    parser.add_argument("--steps", type=positive_int, default=30, help="training steps per run")
     parser.add_argument("--recipe", default="muon_wsd", help="config suffix: <variant>_<recipe>.toml")
     parser.add_argument("--flavor", default="0.6B", help="model size: configs/paper/<flavor>/")
-    parser.add_argument("--local-batch", type=int, default=4, help="training.local_batch_size")
+    parser.add_argument("--local-batch", type=positive_int, default=4, help="training.local_batch_size")
     parser.add_argument("--extra", default="", help="more train.py arguments, one string, applied last")
     parser.add_argument("--multi-gpu-extra", default="", metavar="EXTRA",
                         help="train.py arguments for the runs on more than one GPU only (FSDP settings, which a "
                         "one-GPU run does not read), one string, applied after --extra")
     parser.add_argument("--name-prefix", default="", help="prefix of the run names")
-    parser.add_argument("--run-timeout", type=int, default=420, help="seconds before a run is stopped")
+    parser.add_argument("--run-timeout", type=positive_int, default=420, help="seconds before a run is stopped")
     parser.add_argument("--out", default=os.environ.get("OUT", os.path.join(REPO, "outputs", "bench_train")),
                         help="output folder (default: $OUT, else outputs/bench_train in the repository)")
     parser.add_argument("--config", help="one config file for every variant instead of the paper configs; "
@@ -112,6 +122,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(_glue_extra(argv))
     args.out = os.path.abspath(args.out)
+    try:  # each run's folder is emptied before the run: never a folder the benchmark did not write
+        check_output_folder(args.out, "--out", lambda name: bench_owned(args.out, name),
+                            "the runs and pages of an earlier benchmark", "whose runs of the same names are replaced")
+    except ValueError as exc:
+        parser.error(str(exc))
     args.config = args.config and os.path.abspath(args.config)
     args.command = command_line(__spec__.name, argv)
     if args.scaling:
