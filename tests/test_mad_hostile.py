@@ -172,9 +172,16 @@ def test_a_damaged_runs_file_is_named_and_kept(tmp_path, monkeypatch, report_onl
     damaged = "\n".join([lines[0], '{"task": "in-context-re', *lines[1:]]) + "\n"
     (out / "runs.jsonl").write_text(damaged)
     with pytest.raises(SystemExit, match=r"runs.jsonl: line 2 = .*: expected a run record"):
-        main(["--config", config, "--mixers", "attention", "--out", str(out), "--device", "cpu"]
-             + (["--report-only"] if report_only else []))
+        main(["--config", config, "--mixers", "attention", "--out", str(out)]
+             + (["--report-only"] if report_only else ["--device", "cpu"]))
     assert (out / "runs.jsonl").read_text() == damaged
+
+
+@pytest.mark.parametrize("option", [["--device", "cpu"], ["--workers", "2"], ["--threads", "4"], ["--deadline", "60"]])
+def test_report_only_refuses_the_options_of_the_runs(tmp_path, option):
+    """--report-only runs nothing: a run option given with it was ignored without a word."""
+    with pytest.raises(SystemExit, match=rf"{option[0]}: options of the runs, and --report-only runs nothing"):
+        main(["--config", _config(tmp_path), "--out", str(tmp_path / "out"), "--report-only", *option])
 
 
 def test_report_only_refuses_the_runs_of_another_config(tmp_path, monkeypatch):

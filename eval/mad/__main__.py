@@ -154,7 +154,8 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
 
 
 def _check_running(args) -> None:
-    """--out, --workers, --threads and --deadline, before any run (ValueError naming the option)."""
+    """--out, --workers, --threads and --deadline, before any run, and none of the run options with
+    --report-only (ValueError naming the option)."""
     if not args.out:  # runs.jsonl and the tables would go to the working directory, or nowhere
         raise ValueError("--out = '': expected a folder (made when missing)")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -168,6 +169,13 @@ def _check_running(args) -> None:
         raise ValueError(f"--threads = {args.threads}: expected an integer >= 1")
     if args.deadline is not None and not (math.isfinite(args.deadline) and args.deadline > 0):
         raise ValueError(f"--deadline = {args.deadline}: expected a number of seconds > 0")
+    if args.report_only:
+        given = [flag for flag, value, unset in (("--device", args.device, None), ("--workers", args.workers, 0),
+                                                  ("--threads", args.threads, 1), ("--deadline", args.deadline, None))
+                 if value != unset]
+        if given:  # nothing runs: the options would be ignored without a word
+            raise ValueError(f"{', '.join(given)}: options of the runs, and --report-only runs nothing; expected "
+                             "them left out (the report is rebuilt from runs.jsonl)")
 
 
 def main(argv=None) -> int:
