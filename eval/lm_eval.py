@@ -130,7 +130,8 @@ def check_outputs(output: str, names: list[str]) -> None:
     Two rows of one name (runs of the same name in different folders), or names that differ only in
     the characters a file name replaces, would write one JSON file, the last overwriting the others.
     An empty ``output`` is refused too: no folder can be made of it, which would show only when the table
-    is written."""
+    is written; and a folder holding the JSON files of rows this run does not score (they would stay
+    beside a table without them)."""
     if not output:
         raise ValueError("output: got '', which names no folder; expected a folder for results.md and the lm-eval "
                          "JSON files")
@@ -147,6 +148,11 @@ def check_outputs(output: str, names: list[str]) -> None:
         clashes = "; ".join(f"{rows} -> {f}" for f, rows in shared.items())
         raise ValueError(f"names: rows {clashes} would share one JSON file in {output!r}; "
                          "expected distinct row names (give them with --names)")
+    earlier = sorted(f for f in (os.listdir(output) if os.path.isdir(output) else ())
+                     if f.endswith(".json") and f not in files)
+    if earlier:  # they would stay beside a results.md that no longer lists them
+        raise ValueError(f"output: {output!r} holds {', '.join(earlier[:3])}{' ...' if len(earlier) > 3 else ''} of "
+                         "rows this run does not score; expected a new folder, or one whose rows are all scored again")
 
 
 def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: list[str], output: str,

@@ -122,6 +122,21 @@ def test_cli_empty_tasks_are_refused_not_read_as_the_suite(tmp_path, capsys, no_
     assert f"--tasks: got {value!r}, which names no task" in err and no_loading == []
 
 
+def test_cli_output_with_rows_of_an_earlier_scoring_is_refused(tmp_path, capsys, no_loading):
+    """An earlier scoring's JSON files stayed beside a results.md that no longer listed them; the rows
+    scored again are the ones their files hold."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old_step-9.json").write_text("{}")
+    args = ["--config", "X.toml", "--checkpoint", str(tmp_path / "run" / "step-1"), "--names", "new",
+            "--output", str(out)]
+    assert cli.main(args) == 2
+    assert "output: " in (err := capsys.readouterr().err) and "old_step-9.json of rows this run does not score" in err
+    assert no_loading == [] and (out / "old_step-9.json").read_text() == "{}"
+    (out / "old_step-9.json").rename(out / "new.json")  # the same row scored again: its file is replaced
+    cli.check_outputs(str(out), ["new"])
+
+
 def test_cli_rows_that_would_share_a_json_file_are_refused(tmp_path, capsys, no_loading):
     """Two runs called "run" in different folders: both rows "run/step-1", one JSON file."""
     checkpoints = [str(tmp_path / d / "run" / "checkpoint" / "step-1") for d in ("a", "b")]
