@@ -142,6 +142,7 @@ def test_lm_eval_hf_backend_scores_like_our_adapter(tmp_path):
     """The exported folder through lm-eval's own ``hf`` model gives our adapter's numbers on the
     offline fixtures (log-likelihood, multiple choice, rolling perplexity)."""
     pytest.importorskip("accelerate", reason="lm-eval's hf backend imports accelerate")
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (the GPU machines' environment)")
     from lm_eval.models.huggingface import HFLM
 
     from eval.lm_eval import evaluate

@@ -438,18 +438,19 @@ class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
         return_dict = getattr(self.config, "return_dict", True) if return_dict is None else return_dict
         return output if return_dict else output.to_tuple()
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, attention_mask=None,
-                                      inputs_embeds=None, is_first_iteration=False, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, **kwargs):
         """transformers' inputs of a generate step, with ``position_bound`` after the first step:
         generate makes each new token's position one more than the last one's, so no new position
         passes the largest the cache has seen (``parallax_max_position``, checked) plus the new tokens,
         and the check against max_position_embeddings reads nothing back from the device until that
         bound reaches the limit. The first step's positions (the prompt's, or the caller's) are read."""
-        inputs = super().prepare_inputs_for_generation(
-            input_ids, next_sequence_length, cache, attention_mask, inputs_embeds, is_first_iteration, **kwargs)
-        seen = getattr(inputs.get("cache"), "parallax_max_position", None)
+        # keywords only: transformers' own parameters were renamed across versions (cache / past_key_values);
+        # inputs_embeds is named, as generate looks for it in this signature
+        inputs = super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
+        cache = inputs.get("cache", inputs.get("past_key_values"))
+        seen = getattr(cache, "parallax_max_position", None)
         positions = inputs.get("position_ids")
-        if not is_first_iteration and seen is not None and positions is not None:
+        if not kwargs.get("is_first_iteration") and seen is not None and positions is not None:
             inputs["position_bound"] = seen + positions.shape[-1]
         return inputs
 
