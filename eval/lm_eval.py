@@ -30,7 +30,7 @@ from eval.model import ParallaxLM
 from eval.table import markdown_table
 from eval.tasks import data_file, parse_tasks, task_specs
 from parallax_titan.atomic import write_text
-from parallax_titan.checkpoint_files import CheckpointError, unwritable_folder, verify_before_load
+from parallax_titan.checkpoint_files import CheckpointError, output_folder_problem, verify_before_load
 
 SUITES = ("paper",)
 DEFAULT_BOOTSTRAP_ITERS = 100000  # lm-eval's default
@@ -132,14 +132,9 @@ def check_outputs(output: str, names: list[str]) -> None:
     An empty ``output`` is refused too: no folder can be made of it, which would show only when the table
     is written; and a folder holding the JSON files of rows this run does not score (they would stay
     beside a table without them)."""
-    if not output:
-        raise ValueError("output: got '', which names no folder; expected a folder for results.md and the lm-eval "
-                         "JSON files")
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise ValueError(f"output: {output!r} is a file; expected a folder for results.md and the lm-eval JSON files")
-    unwritable = unwritable_folder(output)
-    if unwritable:
-        raise ValueError(f"output: {unwritable}; expected a writable folder")
+    problem = output_folder_problem(output, "output")
+    if problem:
+        raise ValueError(f"{problem}; expected a writable folder for results.md and the lm-eval JSON files")
     files: dict[str, list[str]] = {}
     for name in names:
         files.setdefault(json_name(name), []).append(name)

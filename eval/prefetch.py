@@ -15,7 +15,7 @@ import sys
 
 from eval.tasks import eval_split, parse_tasks, task_config
 from parallax_titan.atomic import replacing
-from parallax_titan.checkpoint_files import check_output_files, unwritable_folder
+from parallax_titan.checkpoint_files import check_output_files, output_folder_problem
 
 
 def hub_source(task: str) -> dict:
@@ -48,14 +48,9 @@ def check_jsonl_dir(folder: str, tasks: list[str]) -> None:
     """ValueError naming ``--jsonl-dir`` when it names no folder (``""``, e.g. an unset shell variable:
     nothing was written), or when ``folder`` or the ``<task>.jsonl`` of one of ``tasks`` in it cannot
     be written: found before the downloads, not after the first dataset's."""
-    expected = "expected a folder (made when missing) for <task>.jsonl"
-    if not folder:
-        raise ValueError(f"--jsonl-dir: got '', which names no folder; {expected}")
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ValueError(f"--jsonl-dir: {folder!r} is a file; {expected}")
-    unwritable = unwritable_folder(folder)
-    if unwritable:
-        raise ValueError(f"--jsonl-dir: {unwritable}; {expected}")
+    problem = output_folder_problem(folder, "--jsonl-dir")
+    if problem:
+        raise ValueError(f"{problem}; expected a folder (made when missing) for <task>.jsonl")
     check_output_files(folder, "--jsonl-dir", tuple(f"{task}.jsonl" for task in tasks))
 
 

@@ -220,6 +220,18 @@ def unwritable_folder(folder: str) -> str | None:
     return None
 
 
+def output_folder_problem(folder: str, key: str) -> str | None:
+    """Why ``folder`` (named by ``key``) cannot be an output folder, or None: an empty path (an unset
+    shell variable: it passes the checks below and fails only at the first write), a file, or a
+    folder that cannot be made or written (:func:`unwritable_folder`). Cheap: before the work."""
+    if not str(folder).strip():
+        return f"{key}: got '', which names no folder"
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return f"{key}: {folder!r} is a file"
+    unwritable = unwritable_folder(folder)
+    return f"{key}: {unwritable}" if unwritable else None
+
+
 def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], what: str,
                         reuse: str = "which is replaced whole", required: tuple[str, ...] = ()) -> None:
     """Refuse to replace ``folder`` unless it does not exist (and can be created: the nearest folder
@@ -231,13 +243,9 @@ def check_output_folder(folder: str, key: str, owned: Callable[[str], bool], wha
     Raises ValueError naming ``key`` (the option that named the folder), the folder and the entries
     it holds besides ``what``. Cheap: call it before the work whose result goes there."""
     expected = f"expected a new or empty folder, or {what} written earlier"
-    if not str(folder).strip():  # "" passes every check below and fails only at the first write
-        raise ValueError(f"{key}: an empty path; {expected}")
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ValueError(f"{key}: {folder!r} is a file; {expected}")
-    unwritable = unwritable_folder(folder)
-    if unwritable:
-        raise ValueError(f"{key}: {unwritable}; {expected}")
+    problem = output_folder_problem(folder, key)
+    if problem:
+        raise ValueError(f"{problem}; {expected}")
     entries = os.listdir(folder) if os.path.isdir(folder) else []
     foreign = sorted(name for name in entries if not owned(name))
     if foreign:

@@ -151,7 +151,7 @@ def test_empty_out_is_refused_before_any_checkpoint(tmp_path, capsys, no_loading
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", CONFIG, "--checkpoint", str(tmp_path / "ckpt"), "--out", ""])
     assert exit_info.value.code == 2 and no_loading == []
-    assert "--out: an empty path" in capsys.readouterr().err
+    assert "--out: got ''" in capsys.readouterr().err
 
 
 def test_out_of_an_earlier_report_is_accepted(tmp_path, checkpoints):

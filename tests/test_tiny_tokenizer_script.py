@@ -94,4 +94,4 @@ def test_rerun_replaces_its_tokenizer_whole(tmp_path):
 def test_empty_out_dir_is_refused_before_training(capsys, no_training):
     """--out-dir "" (an unset shell variable) passed the shared folder check (as it did for get_tokenizer,
     build_corpus and export_hf) and failed at the first write, after the work."""
-    assert "--out-dir: an empty path; expected a new or empty folder" in refused(capsys, "")
+    assert "--out-dir: got '', which names no folder; expected a new or empty folder" in refused(capsys, "")
