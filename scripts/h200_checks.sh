@@ -19,8 +19,6 @@
 #                 beside the Triton ones (the backward's passes, then the forward)
 #   attention-loops  scripts.bench.attention_loops: the kernels per shipped config with warp-specialized,
 #                 per-loop-pipelined or TMA tile loads beside the shipped ones
-#   pairs         scripts.bench.drafts.bench_pairs: the draft forward and row pass over paired query tiles beside
-#                 the shipped kernels (bits, determinism, fp64 error, then time ratios)
 #   family-tests  pytest -m gpu on the Parallax family's kernels and mixers, the orthogonalisers and the
 #                 fused projection (-rA: every test's outcome in the log)
 #   competitors   scripts.bench.attention on B4 L4096 D128 with parallax-kernel and fla (slow autotune)
@@ -107,7 +105,6 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     attention-sweep) timeout "$t" python3 -m scripts.bench.attention --sweep --no-competitors \
                        --out "$work/attention_sweep" ;;
     attention-loops) timeout "$t" python3 -m scripts.bench.attention_loops --out "$work/attention_loops" ;;
-    pairs) timeout "$t" python3 -m scripts.bench.drafts.bench_pairs "$work/attention_pairs.json" ;;
     family-tests) timeout -s INT "$t" python3 -m pytest -m gpu -q -rA --tb=short -p no:cacheprovider \
                     tests/test_family_fused.py tests/test_mixers_family.py tests/test_mad_family.py \
                     tests/test_optimizers_ortho.py tests/test_model_fused_projection.py ;;
@@ -172,7 +169,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" gpu-tests kernel-tests projection probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops pairs family-tests competitors decode throughput throughput-adamw throughput-float8 power guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
+known=" gpu-tests kernel-tests projection probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 power guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done

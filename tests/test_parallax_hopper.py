@@ -94,6 +94,27 @@ def test_the_column_pass_runs_a_producer_warp_and_two_consumer_warpgroups(d):
     assert sass.count("HGMMA") == 2 * (3 * d // 16 + 3 * config.bm // 16)
 
 
+@pytest.mark.parametrize("d", [128, 64])
+def test_the_paired_forward_runs_a_producer_warp_and_two_consumer_warpgroups(d):
+    """The forward with ``paired``: 12 warps, the registers re-split as in the column pass (the launch
+    cap reaching ptxas), each consumer issuing its key tile's wgmmas (s and t over D, then o1 and o2
+    over the tile's BN keys, 16 deep each) with t left in flight; the shipped D=128 forward is paired."""
+    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper, compiled_resources
+
+    from kernels.parallax import hopper
+
+    assert tuning.HOPPER_CONFIGS["fwd"][128].paired
+    config = tuning.HOPPER_CONFIGS["fwd"][128]._replace(stages=3 if d == 64 else 2)
+    compiled = compile_hopper("fwd", d, config)
+    sass = _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
+    assert compiled.metadata.num_warps == 12
+    assert compiled_resources(compiled)["registers"] == hopper._SPECIALISED_MAXNREG
+    split = set(re.findall(r"USETMAXREG\.\S+ (?:UP\d, )?(0x[0-9a-f]+)", sass))
+    assert {"0x18", hex(hopper._CONSUMER_REGS)} <= split, split
+    assert sass.count("HGMMA") == 2 * (2 * d // 16 + 2 * config.bn // 16)
+    assert max(wgmma_waits(sass)) == 1
+
+
 def _register_a_score_wgmmas(sass: str, bm: int) -> int:
     """The column pass's score wgmmas (64 x bm x 16) whose A operand comes from registers."""
     return len(re.findall(rf"HGMMA\.64x{bm}x16\S* R\d+, R\d+", sass))
@@ -310,6 +331,25 @@ def test_gpu_keys_in_registers_changes_no_bit(name):
 
 @pytest.mark.gpu
 @hopper_gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_the_paired_forward_gives_the_single_tiles_bits(name):
+    """The forward over paired query tiles (two consumers sharing each k, v copy) gives the bits of the
+    forward over single tiles at the same tiles and stages, at every case (documents, windows, lengths
+    whose last program's second tile lies past the end)."""
+    b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
+    q, r, k, v, _ = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
+    cu = cu_from_lengths(lengths, "cuda")
+    shipped = tuning.HOPPER_CONFIGS["fwd"][d]
+    got = {}
+    for paired in (True, False):
+        config = shipped._replace(paired=paired, maxnreg=None if paired else shipped.maxnreg)
+        with tuning.hopper_kernels(True), tuning.hopper_config("fwd", d, config):
+            got[paired] = fused.forward(q, r, k, v, d**-0.5, cu, window)
+    assert all(torch.equal(a, b) for a, b in zip(got[True], got[False]))
+
+
+@pytest.mark.gpu
+@hopper_gpu
 def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_backward():
     """777 tokens: the statistics' TMA copies would start off 16-byte boundaries; the Hopper forward and
     the Triton backward passes run and give the fp64 results."""
@@ -428,6 +468,13 @@ def test_shipped_and_sweep_configs_pass_the_checks_hopper_config_makes():
     ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, None, True), "keys_in_registers applies to the column pass "
                                                               "'dkdv' only, not 'dq'"),
     ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 168, True), "not 'fwd'"),
+    ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, paired=True), "paired applies to the forward 'fwd' only, not 'dq'"),
+    ("dkdv", 128, tuning.HopperConfig(32, 64, 4, 3, paired=True), "paired applies to the forward 'fwd' only"),
+    ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, paired=1), "paired must be a bool, got 1"),
+    ("fwd", 128, tuning.HopperConfig(128, 64, 8, 2, paired=True), "warps must be 4 for a paired 'fwd' \\(each of "
+                                                                  "its two consumer partitions is one warpgroup\\), got 8"),
+    ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 168, paired=True), "maxnreg must be None for a paired 'fwd' "
+                                                                     "\\(it splits its registers"),
 ])
 def test_hopper_config_rejects_bad_kernels_head_dims_and_configs(name, d, config, error):
     shipped = {k: dict(v) for k, v in tuning.HOPPER_CONFIGS.items()}

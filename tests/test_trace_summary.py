@@ -38,7 +38,8 @@ def test_groups_and_shares():
     assert trace_summary.group_of("_symmetric_product_kernel") == "matmul"  # kernels.gram's Triton GEMM
     for hopper in ("_bwd_dq_hopper_kernel", "_bwd_dkdv_hopper_kernel"):  # kernels/parallax/hopper.py's passes
         assert trace_summary.group_of(hopper) == "attention backward"
-    assert trace_summary.group_of("_fwd_hopper_kernel") == "attention forward"
+    for hopper in ("_fwd_hopper_kernel", "_fwd_paired_kernel"):
+        assert trace_summary.group_of(hopper) == "attention forward"
     assert "| matmul | 0.80 | 40.0% |" in text
     assert "| attention forward | 0.30 | 15.0% |" in text
     assert "| communication | 0.10 | 5.0% |" in text

@@ -12,7 +12,9 @@ signals an mbarrier ring of its own (copies that share an mbarrier get a CTA bar
 compiler). The column pass is warp-specialised: a program covers two adjacent key tiles, one per
 consumer warpgroup, and a producer warp copies the query tiles both read (q, rho, dO and the tile's
 four statistics, lse, tbar, tau, beta, which the row pass writes into one (4, Hq * T) buffer), so
-each query tile is copied once per two key tiles. A tile's score-shaped
+each query tile is copied once per two key tiles. The forward at D=128 pairs query tiles the same way
+(``tuning.HopperConfig.paired``): two consumer warpgroups over adjacent query tiles and a producer
+warp copying the k, v tiles both read. A tile's score-shaped
 products (s and t; in the backward also dO v^T, or their transposes) are issued together as
 asynchronous wgmmas; the softmax weights are computed while the others still run, and the first
 output (or gradient) wgmma runs while the next operand is computed. Every wgmma is retired by the end
@@ -38,13 +40,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from kernels.parallax import fused, tuning
 
 _NO_SPECIALIZE = ["T", "L", "HQ", "HKV", "GROUP", "WINDOW"]
-# A column-pass program is 12 warps (two consumer warpgroups, a producer warp padded to a warpgroup),
-# one per SM: the launch caps registers at 168 (65536 / (12 * 32) = 170, in steps of 8) and the
-# partitions re-split them, the producer warp's warpgroup down to 24 a thread, each consumer up to
-# (12 * 168 - 4 * 24) / 8 = 240.
-_COLUMN_MAXNREG = 168
+# A warp-specialised program (the column pass; the paired forward) is 12 warps (two consumer
+# warpgroups, a producer warp padded to a warpgroup), one per SM: the launch caps registers at 168
+# (65536 / (12 * 32) = 170, in steps of 8) and the partitions re-split them, the producer warp's
+# warpgroup down to 24 a thread, each consumer up to (12 * 168 - 4 * 24) / 8 = 240.
+_SPECIALISED_MAXNREG = 168
 _PRODUCER_REGS = gl.constexpr(24)
-_CONSUMER_REGS = (12 * _COLUMN_MAXNREG - 4 * _PRODUCER_REGS.value) // 8
+_CONSUMER_REGS = (12 * _SPECIALISED_MAXNREG - 4 * _PRODUCER_REGS.value) // 8
 # The TMA load's name: async_copy_global_to_shared in triton 3.6 (torch 2.11), async_load later.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -437,6 +439,52 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
 
 
 # ----------------------------------------------------------------------------- forward
+@gluon.jit
+def _fwd_step(s, t, v_tile, offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2, DOCS, T, L, WINDOW, qk_scale,
+              BN: gl.constexpr, VARLEN: gl.constexpr, s_layout: gl.constexpr, acc_rows: gl.constexpr,
+              a_layout: gl.constexpr):
+    """Key tile [n0, n0 + BN) of a forward query tile (rows ``offs_m``): from s = q k^T (retired) and
+    t = rho k^T (in flight), both [BM, BN] fp32, the online-softmax update of the running max m_i (in
+    units of qk_scale * s), the denominators d1 = sum p, d2 = sum p t ([BM]) and o1 += p v, o2 += (p t) v
+    ([BM, D] fp32, ``v_tile`` [BN, D] in shared memory). Returns (m_i, d1, d2, o1, o2), every wgmma retired."""
+    dtype: gl.constexpr = v_tile.dtype
+    if (n0 < a_hi) | (n0 >= diag):
+        s = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), s, float("-inf"))
+    # m_i in units of qk_scale * s (qk_scale > 0): one FFMA per score instead of a multiply and a subtract
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    d1 = d1 * alpha + gl.sum(p, 1)
+    rescale = gl.convert_layout(alpha, acc_rows)[:, None]
+    o1 = warpgroup_mma(gl.convert_layout(p.to(dtype), a_layout), v_tile, o1 * rescale, is_async=True)
+    t = warpgroup_mma_wait(1, deps=(t, ))
+    pt = p * t
+    d2 = d2 * alpha + gl.sum(pt, 1)
+    o2 = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), v_tile, o2 * rescale, is_async=True)
+    o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
+    return m_new, d1, d2, o1, o2
+
+
+@gluon.jit
+def _fwd_store(O, VBAR, TBAR, LSE, m_i, d1, d2, o1, o2, offs_m, m0, h, T, HQ, D: gl.constexpr, BM: gl.constexpr,
+               acc_layout: gl.constexpr):
+    """A forward query tile's outputs from its running state (``_fwd_step``): o = (1 + tbar) vbar - o2 / d1
+    and vbar = o1 / d1 into O, VBAR ((T, Hq, D)); tbar = d2 / d1 and lse = m_i + log2 d1 into TBAR, LSE
+    ((Hq, T) fp32); rows past T are not written."""
+    acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    inv = 1.0 / d1
+    tbar = d2 * inv
+    inv_rows = gl.convert_layout(inv, acc_rows)[:, None]
+    vbar = o1 * inv_rows
+    o = (1.0 + gl.convert_layout(tbar, acc_rows))[:, None] * vbar - o2 * inv_rows
+    _store_tile(O, o, m0, h, T, HQ, D, BM, acc_layout)
+    _store_tile(VBAR, vbar, m0, h, T, HQ, D, BM, acc_layout)
+    ok_m = offs_m < T
+    stat = h.to(gl.int64) * T + offs_m
+    gl.store(TBAR + stat, tbar, mask=ok_m)
+    gl.store(LSE + stat, m_i + gl.log2(d1), mask=ok_m)
+
+
 @gluon.jit(do_not_specialize=_NO_SPECIALIZE)
 def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, HKV, GROUP, WINDOW,
                        qk_scale, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
@@ -474,41 +522,125 @@ def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS,
         slot = j % STAGES
         _wait_slot(rings, slot, (j // STAGES) & 1)
         k_tile = k_smem.index(slot)
-        v_tile = v_smem.index(slot)
         s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         # s done; the previous tile's wgmmas retired at its end: its ring slot is free for tile j + STAGES - 1
         s = warpgroup_mma_wait(1, deps=(s, ))
         _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
-        n0 = lo + j * BN
-        if (n0 < a_hi) | (n0 >= diag):
-            s = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), s, float("-inf"))
-        # m_i in units of qk_scale * s (qk_scale > 0): one FFMA per score instead of a multiply and a subtract
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
-        d1 = d1 * alpha + gl.sum(p, 1)
-        rescale = gl.convert_layout(alpha, acc_rows)[:, None]
-        o1 = warpgroup_mma(gl.convert_layout(p.to(dtype), a_layout), v_tile, o1 * rescale, is_async=True)
-        t = warpgroup_mma_wait(1, deps=(t, ))
-        pt = p * t
-        d2 = d2 * alpha + gl.sum(pt, 1)
-        o2 = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), v_tile, o2 * rescale, is_async=True)
-        o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
-        m_i = m_new
+        m_i, d1, d2, o1, o2 = _fwd_step(s, t, v_smem.index(slot), offs_m, lo + j * BN, a_hi, diag, m_i, d1, d2, o1,
+                                        o2, DOCS, T, L, WINDOW, qk_scale, BN, VARLEN, s_layout, acc_rows, a_layout)
 
     _invalidate(rings, q_ready, STAGES)
-    inv = 1.0 / d1
-    tbar = d2 * inv
-    inv_rows = gl.convert_layout(inv, acc_rows)[:, None]
-    vbar = o1 * inv_rows
-    o = (1.0 + gl.convert_layout(tbar, acc_rows))[:, None] * vbar - o2 * inv_rows
-    _store_tile(O, o, m0, h, T, HQ, D, BM, acc_layout)
-    _store_tile(VBAR, vbar, m0, h, T, HQ, D, BM, acc_layout)
-    ok_m = offs_m < T
-    stat = h.to(gl.int64) * T + offs_m
-    gl.store(TBAR + stat, tbar, mask=ok_m)
-    gl.store(LSE + stat, m_i + gl.log2(d1), mask=ok_m)
+    _fwd_store(O, VBAR, TBAR, LSE, m_i, d1, d2, o1, o2, offs_m, m0, h, T, HQ, D, BM, acc_layout)
+
+
+# ----------------------------------------------------------------------------- forward over paired query tiles
+@gluon.jit
+def _paired_query_tiles(DOCS, T, L, HQ, GROUP, WINDOW, BM: gl.constexpr, BN: gl.constexpr, VARLEN: gl.constexpr,
+                        GLOBAL_ORDER: gl.constexpr):
+    """This program's two adjacent query tiles [m0, m0 + 2 BM) of head h: (m0, h, kv head, the first key
+    tile ``lo`` of the first query tile and the count of key tiles from lo to the last key of both).
+    Document starts and windows only move forward, so the second tile's keys start no earlier."""
+    m0, h = fused._tile_order(T, L, HQ, 2 * BM, VARLEN, False, GLOBAL_ORDER)
+    lo, a_hi, diag, hi = fused._row_phases(DOCS, m0, T, L, WINDOW, BM, BN, VARLEN)
+    if m0 + BM < T:
+        lo1, a_hi1, diag1, hi1 = fused._row_phases(DOCS, m0 + BM, T, L, WINDOW, BM, BN, VARLEN)
+        hi = hi1
+    return m0, h, h // GROUP, lo, gl.cdiv(hi - lo, BN)
+
+
+@gluon.jit
+def _key_loads(k_desc, v_desc, k_smem, v_smem, ready, empty, kv_h, lo, n_tiles, D: gl.constexpr, BN: gl.constexpr,
+               STAGES: gl.constexpr):
+    """The producer warp of a paired forward: copies key tile j (of ``n_tiles`` from row ``lo`` of kv head
+    kv_h) into ring slot j % STAGES of k_smem, v_smem ([STAGES, BN, D]), signalling ``ready``; a slot is
+    refilled once both consumers released it on ``empty``."""
+    nbytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh mbarrier passes parity 1
+        bar = ready.index(slot)
+        mbarrier.expect(bar, nbytes)
+        _tma_load(k_desc, [lo + j * BN, kv_h * D], bar, k_smem.index(slot))
+        _tma_load(v_desc, [lo + j * BN, kv_h * D], bar, v_smem.index(slot))
+
+
+@gluon.jit
+def _fwd_consumer(q_desc, r_desc, q_smem, r_smem, q_ready, k_smem, v_smem, ready, empty, O, VBAR, TBAR, LSE, DOCS,
+                  m0, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr, num_warps: gl.constexpr):
+    """One consumer warpgroup of a paired forward: query tile [m0, m0 + BM) of head h (nothing when
+    m0 >= T). It reads the program's stream of key tiles (``_key_loads``: ``n_tiles`` from ``lo``),
+    computes those of its own key range (``fused._row_phases``) and releases every tile on ``empty``
+    once its wgmmas retired; q and rho ([BM, D] in q_smem, r_smem) it copies itself."""
+    s_layout: gl.constexpr = _mma_layout(num_warps, BN)
+    acc_layout: gl.constexpr = _mma_layout(num_warps, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    acc_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+
+    live = m0 < T
+    my_lo, a_hi, diag, my_hi = fused._row_phases(DOCS, gl.minimum(m0, T - 1), T, L, WINDOW, BM, BN, VARLEN)
+    if not live:
+        my_hi = my_lo
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes, pred=live)
+    _tma_load(q_desc, [m0, h * D], q_ready, q_smem, pred=live)
+    _tma_load(r_desc, [m0, h * D], q_ready, r_smem, pred=live)
+
+    offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
+    zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
+    m_i = gl.full([BM], -1.0e30, gl.float32, rows_layout)  # finite: fully masked tiles keep alpha = 1, not NaN
+    d1 = gl.zeros([BM], gl.float32, rows_layout)
+    d2 = gl.zeros([BM], gl.float32, rows_layout)
+    o1 = gl.zeros([BM, D], gl.float32, acc_layout)
+    o2 = gl.zeros([BM, D], gl.float32, acc_layout)
+    mbarrier.wait(q_ready, 0, pred=live)
+    for j in range(n_tiles):
+        slot = j % STAGES
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        n0 = lo + j * BN
+        if (n0 >= my_lo) & (n0 < my_hi):
+            k_tile = k_smem.index(slot)
+            s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            m_i, d1, d2, o1, o2 = _fwd_step(s, t, v_smem.index(slot), offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2,
+                                            DOCS, T, L, WINDOW, qk_scale, BN, VARLEN, s_layout, acc_rows, a_layout)
+        fence_async_shared()  # this warpgroup's shared reads of the slot before the next TMA copy into it
+        mbarrier.arrive(empty.index(slot), count=1)
+    if live:
+        _fwd_store(O, VBAR, TBAR, LSE, m_i, d1, d2, o1, o2, offs_m, m0, h, T, HQ, D, BM, acc_layout)
+
+
+@gluon.jit(do_not_specialize=_NO_SPECIALIZE)
+def _fwd_paired_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, HKV, GROUP, WINDOW,
+                       qk_scale, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                       VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr):
+    gl.static_assert(num_warps == 4, "each consumer partition is one warpgroup")
+    dtype: gl.constexpr = q_desc.dtype
+    m0, h, kv_h, lo, n_tiles = _paired_query_tiles(DOCS, T, L, HQ, GROUP, WINDOW, BM, BN, VARLEN, GLOBAL_ORDER)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BM, D], q_desc.layout)
+    r_smem = gl.allocate_shared_memory(dtype, [2, BM, D], r_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(ready.index(b), count=1)
+        mbarrier.init(empty.index(b), count=2)  # both consumers release each tile
+    for b in gl.static_range(2):
+        mbarrier.init(q_ready.index(b), count=1)
+    gl.warp_specialize([
+        (_fwd_consumer, (q_desc, r_desc, q_smem.index(0), r_smem.index(0), q_ready.index(0), k_smem, v_smem, ready,
+                         empty, O, VBAR, TBAR, LSE, DOCS, m0, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D, BM, BN,
+                         STAGES, VARLEN, num_warps)),
+        (_fwd_consumer, (q_desc, r_desc, q_smem.index(1), r_smem.index(1), q_ready.index(1), k_smem, v_smem, ready,
+                         empty, O, VBAR, TBAR, LSE, DOCS, m0 + BM, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D, BM,
+                         BN, STAGES, VARLEN, num_warps)),
+        (_key_loads, (k_desc, v_desc, k_smem, v_smem, ready, empty, kv_h, lo, n_tiles, D, BN, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------- launch
@@ -582,9 +714,10 @@ def forward(q, r, k, v, outputs, docs, *, strides, total, seq_len, window, qk_sc
     d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
     config = tuning.HOPPER_CONFIGS["fwd"][d]
     descs = _query_key_descriptors(q, r, k, v, strides, total, config.bm, config.bn)
-    _fwd_hopper_kernel[(triton.cdiv(total, config.bm) * hq,)](
+    kernel, rows = (_fwd_paired_kernel, 2 * config.bm) if config.paired else (_fwd_hopper_kernel, config.bm)
+    kernel[(triton.cdiv(total, rows) * hq,)](
         *descs, o, vbar, tbar, lse, docs, total, seq_len, hq, hkv, hq // hkv, window, qk_scale,
-        **constexprs(d, config, varlen))
+        **kernel_constexprs("fwd", d, config, varlen))
 
 
 def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides, total, seq_len, window, scale,
@@ -605,24 +738,24 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
     stats = torch.empty((4, hq * total), dtype=torch.float32, device=q.device)  # lse, tbar, tau, beta
     descs = _row_descriptors(q, r, k, v, do, strides, total, row.bm, row.bn)
     _bwd_dq_hopper_kernel[(triton.cdiv(total, row.bm) * hq,)](
-        *descs, o, vbar, tbar, lse, stats, dq, dr, docs, *sizes, **constexprs(d, row, varlen))
+        *descs, o, vbar, tbar, lse, stats, dq, dr, docs, *sizes, **kernel_constexprs("dq", d, row, varlen))
     descs = _row_descriptors(q, r, k, v, do, strides, total, column.bm, column.bn)
     stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], stats_layout())
     _bwd_dkdv_hopper_kernel[(triton.cdiv(total, 2 * column.bn) * hkv,)](
-        *descs, stats_desc, dk, dv, docs, doce, *sizes, **column_constexprs(d, column, varlen))
+        *descs, stats_desc, dk, dv, docs, doce, *sizes, **kernel_constexprs("dkdv", d, column, varlen))
 
 
-def constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
-    """The constexpr arguments (and num_warps; maxnreg where the config caps registers) of a Hopper
-    kernel launched with ``config`` at head dim d, in the global program order (heaviest tiles first);
-    the column pass takes ``config.keys_in_registers`` besides (``column_constexprs``)."""
+def kernel_constexprs(name: str, d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
+    """The constexpr arguments (and num_warps; maxnreg where the config caps registers) of Hopper kernel
+    ``name`` ("fwd", "dq", "dkdv") launched with ``config`` at head dim d, in the global program order
+    (heaviest tiles first). The warp-specialised kernels (the column pass; the forward when
+    ``config.paired``) take their register split besides (the launch's cap and the consumers' share;
+    ``tuning`` refuses a cap of the config's own for them), the column pass KEYS_IN_REGISTERS."""
     cap = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
-    return dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
-                num_warps=config.warps, **cap)
-
-
-def column_constexprs(d: int, config: tuning.HopperConfig, varlen: bool) -> dict:
-    """``constexprs`` of the column pass, with KEYS_IN_REGISTERS and its register split (the launch's cap
-    and the consumers' share; ``tuning`` refuses a column-pass config with a cap of its own)."""
-    return {**constexprs(d, config, varlen), "KEYS_IN_REGISTERS": config.keys_in_registers,
-            "CONSUMER_REGS": _CONSUMER_REGS, "maxnreg": _COLUMN_MAXNREG}
+    out = dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
+               num_warps=config.warps, **cap)
+    if name == "dkdv" or config.paired:
+        out.update(CONSUMER_REGS=_CONSUMER_REGS, maxnreg=_SPECIALISED_MAXNREG)
+    if name == "dkdv":
+        out["KEYS_IN_REGISTERS"] = config.keys_in_registers
+    return out

@@ -108,7 +108,9 @@ class HopperConfig(NamedTuple):
     column pass only): its k tile is held in registers as the A operand of the score wgmmas instead of
     being read from shared memory by each of them. The column pass runs two warpgroups of ``warps`` = 4,
     each over its own key tile of ``bn`` rows (a program covers 2 bn keys), and a producer warp; it
-    splits its registers itself (``maxnreg`` stays None)."""
+    splits its registers itself (``maxnreg`` stays None). ``paired`` (the forward only) runs the forward
+    that way too: two consumer warpgroups over adjacent query tiles of ``bm`` rows and a producer warp
+    copying the k, v tiles both read, each copied once per 2 bm queries."""
 
     bm: int
     bn: int
@@ -116,6 +118,7 @@ class HopperConfig(NamedTuple):
     stages: int
     maxnreg: int | None = None
     keys_in_registers: bool = False
+    paired: bool = False
 
 
 # The Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4 L4096
@@ -128,7 +131,7 @@ class HopperConfig(NamedTuple):
 # keep its wgmmas asynchronous (ptxas serialises them all), so k stays in shared memory.
 KEYS_FIT_IN_REGISTERS = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
 HOPPER_CONFIGS = {
-    "fwd": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 64, 4, 3, 168)},
+    "fwd": {128: HopperConfig(64, 64, 4, 2, paired=True), 64: HopperConfig(64, 64, 4, 3, 168)},
     "dq": {128: HopperConfig(64, 64, 4, 2), 64: HopperConfig(64, 32, 4, 4)},
     "dkdv": {128: HopperConfig(32, 64, 4, 3, keys_in_registers=KEYS_FIT_IN_REGISTERS),
              64: HopperConfig(64, 64, 4, 3)},
@@ -231,15 +234,21 @@ def _score_rows_error(name: str, config: HopperConfig) -> str | None:
     return None
 
 
-def _column_error(name: str, config: HopperConfig) -> str | None:
-    """Why the column pass cannot run ``config``, or None: each of its consumer partitions is one
-    warpgroup, and it sets its registers itself (hopper.py's split between its partitions)."""
-    if name != "dkdv":
+def _specialised_error(name: str, config: HopperConfig) -> str | None:
+    """Why a warp-specialised kernel (the column pass; the forward with ``paired``) cannot run ``config``,
+    or None: each of its consumer partitions is one warpgroup, and it sets its registers itself
+    (hopper.py's split between its partitions). Only the forward pairs query tiles."""
+    if not isinstance(config.paired, bool):
+        return f"paired must be a bool, got {config.paired!r}"
+    if config.paired and name != "fwd":
+        return f"paired applies to the forward 'fwd' only, not {name!r}"
+    if name != "dkdv" and not config.paired:
         return None
+    what = f"{name!r}" if name == "dkdv" else "a paired 'fwd'"
     if config.warps != 4:
-        return f"warps must be 4 for 'dkdv' (each of its two consumer partitions is one warpgroup), got {config.warps}"
+        return f"warps must be 4 for {what} (each of its two consumer partitions is one warpgroup), got {config.warps}"
     if config.maxnreg is not None:
-        return (f"maxnreg must be None for 'dkdv' (it splits its registers between its partitions itself), "
+        return (f"maxnreg must be None for {what} (it splits its registers between its partitions itself), "
                 f"got {config.maxnreg}")
     return None
 
@@ -261,7 +270,7 @@ def hopper_config(name: str, head_dim: int, config: HopperConfig):
                          f"{sorted(HOPPER_CONFIGS)} and a head dim in {sorted(HOPPER_CONFIGS.get(name, {}))}")
     if not isinstance(config, HopperConfig):
         raise TypeError(f"config must be a tuning.HopperConfig, got {config!r}")
-    bad = (_hopper_config_error(config) or _score_rows_error(name, config) or _column_error(name, config)
+    bad = (_hopper_config_error(config) or _score_rows_error(name, config) or _specialised_error(name, config)
            or _keys_in_registers_error(name, config))
     if bad:
         raise ValueError(f"{config!r}: {bad}")

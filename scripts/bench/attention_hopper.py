@@ -43,11 +43,13 @@ CANDIDATES = {
              64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 3),
                                            (32, 64, 4, 4)]]},
 }
-# (BM, BN, num_warps, stages[, register cap]) candidates of the forward per head dim
+# (BM, BN, num_warps, stages[, register cap]) candidates of the forward per head dim; paired: two
+# consumer warpgroups over adjacent query tiles and a producer warp
 FORWARD_CANDIDATES = {
-    128: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 4), (128, 64, 8, 2)]],
-    64: [HopperConfig(*c) for c in [(64, 64, 4, 3), (64, 64, 4, 3, 168), (64, 64, 4, 4, 168), (64, 32, 4, 3),
-                                    (64, 32, 4, 4), (128, 64, 8, 2)]],
+    128: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 2)]]
+    + [HopperConfig(64, 64, 4, s, paired=True) for s in (2, 3)],
+    64: [HopperConfig(*c) for c in [(64, 64, 4, 3), (64, 64, 4, 3, 168), (64, 64, 4, 4, 168), (64, 32, 4, 4)]]
+    + [HopperConfig(64, 64, 4, 3, paired=True)],
 }
 FORWARD_SHAPES = [(4, 4096, 16, 8), (1, 16384, 16, 8)]
 # Column pass configs ``--column`` times against each other (D=128): k in registers or not, ring stages
@@ -59,10 +61,12 @@ OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
 def label(config: HopperConfig) -> str:
     """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages; " r168" with a
-    register cap, " k in registers" with the column pass's k held there)."""
+    register cap, " k in registers" with the column pass's k held there, " paired" for the forward over
+    paired query tiles)."""
     cap = "" if config.maxnreg is None else f" r{config.maxnreg}"
     keys = " k in registers" if config.keys_in_registers else ""
-    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}"
+    paired = " paired" if config.paired else ""
+    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}{paired}"
 
 
 @contextlib.contextmanager

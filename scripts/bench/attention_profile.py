@@ -37,6 +37,7 @@ RANGE = "profile"  # the NVTX range around the profiled calls; ncu's filter name
 # Triton names a kernel's cubin entry after its function: tuning's name and the page's label.
 KERNELS = {"_fwd_kernel": ("fwd", "fwd"), "_bwd_dq_kernel": ("dq", "dq row pass"),
            "_bwd_dkdv_kernel": ("dkdv", "dkdv column pass"), "_fwd_hopper_kernel": ("fwd_hopper", "fwd, Hopper"),
+           "_fwd_paired_kernel": ("fwd_hopper", "fwd over paired query tiles, Hopper"),
            "_bwd_dq_hopper_kernel": ("dq_hopper", "dq row pass, Hopper"),
            "_bwd_dkdv_hopper_kernel": ("dkdv_hopper", "dkdv column pass, Hopper")}
 # Per quantity, metric-name patterns in order of preference: names differ between ncu versions and

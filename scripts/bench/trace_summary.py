@@ -29,7 +29,7 @@ from scripts.bench.results import command_line, describe, header, positive_int, 
 # first matching pattern names the group; checked against the lower-cased kernel name
 GROUPS = [
     ("attention backward", r"bwd|bprop|dot_do_o|backward.*attn|attn.*backward|dkdv|_bwd_dq"),
-    ("attention forward", r"_fwd_kernel|_fwd_hopper_kernel|flash|fmha|cudnn.*attn|sdpa|attention"),
+    ("attention forward", r"_fwd_kernel|_fwd_hopper_kernel|_fwd_paired_kernel|flash|fmha|cudnn.*attn|sdpa|attention"),
     ("communication", r"nccl"),
     ("matmul", r"gemm|sm90_xmma|cutlass|wgmma|nvjet|matmul|_mm_|symmetric_product"),
     ("optimizer / foreach", r"foreach|multi_tensor|adam"),
