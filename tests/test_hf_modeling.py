@@ -198,6 +198,61 @@ def test_config_refuses_what_the_modeling_code_would_not_compute(kwargs, message
         ParallaxQwen3Config(**kwargs)
 
 
+GATED = {"rho_rope": False, "gate": "token", "attn_mask_type": "causal"}
+BAD_BLOCKS = {  # id: (a parallax assigned after construction, the error)
+    "key_missing": ({"rho_rope": True, "gate": "head"},
+                    r"^parallax: missing keys \['attn_mask_type'\] in \{'rho_rope': True, 'gate': 'head'\}; expected "
+                    r"every key of \['attn_mask_type', 'gate', 'rho_rope'\]"),
+    "key_unknown": ({**GATED, "window": 4}, r"^parallax: unknown keys \['window'\]; expected \['attn_mask_type'"),
+    "not_a_dict": (None, r"^parallax: expected a dict with keys \['attn_mask_type', 'gate', 'rho_rope'\], got None"),
+    "rho_rope_text": ({**GATED, "rho_rope": "false"}, r"^parallax.rho_rope: expected true or false, got 'false'"),
+    "gate_unknown": ({**GATED, "gate": "all"}, r"^parallax.gate: expected one of \('none', 'token', 'head'\), got 'all'"),
+    "mask_unknown": ({**GATED, "attn_mask_type": "doc"}, r"^parallax.attn_mask_type: expected one of .*, got 'doc'"),
+    "block_causal_without_eos": ({**GATED, "attn_mask_type": "block_causal"},
+                                 r"^eos_token_id: parallax.attn_mask_type = 'block_causal' .* one token id; got None"),
+}
+
+
+@pytest.mark.parametrize("block, message", list(BAD_BLOCKS.values()), ids=list(BAD_BLOCKS))
+def test_parallax_assigned_after_construction_is_checked(block, message):
+    """``config.parallax = {...}`` (and transformers' ``config.update``) was stored unchecked, so a
+    model built from the config computed another model than it says (a key left out, "false" read
+    as true) or failed in its forward; now refused as at construction, the old block kept."""
+    config = ParallaxQwen3Config(parallax={"rho_rope": False, "gate": "token"})
+    for assign in (lambda: setattr(config, "parallax", block), lambda: config.update({"parallax": block})):
+        with pytest.raises(ValueError, match=message):
+            assign()
+        assert config.parallax == GATED and config.to_dict()["parallax"] == GATED
+
+
+def test_parallax_assigned_after_construction_builds_that_model(tmp_path):
+    """A config of the defaults given a gated block without RoPE on the probe builds the model of
+    that block: the export's weights load into it whole and it gives our model's logits; the config
+    keeps its own copy of the block (a change to the assigned dict afterwards is not taken), and
+    deepcopy, to_dict/from_dict and save_pretrained/from_pretrained keep the block."""
+    import copy
+
+    from eval.hf_modeling.modeling_parallax import ParallaxQwen3ForCausalLM
+
+    ours = tiny_model("parallax", seed=0, gate="token", rho_rope=False)
+    hf = export_and_load(ours, tmp_path / "export")
+    config = ParallaxQwen3Config.from_dict({**hf.config.to_dict(), "parallax": {"rho_rope": True, "gate": "none",
+                                                                               "attn_mask_type": "causal"}})
+    block = dict(GATED)
+    config.parallax = block
+    block["gate"] = "none"
+    config.save_pretrained(str(tmp_path / "saved"))
+    copies = [config, copy.deepcopy(config), ParallaxQwen3Config.from_dict(config.to_dict()),
+              ParallaxQwen3Config.from_pretrained(str(tmp_path / "saved"))]
+    tokens = random_tokens(2, 16)
+    for built in copies:
+        assert built.parallax == GATED
+        model = ParallaxQwen3ForCausalLM(built).eval()
+        model.load_state_dict(hf.state_dict())  # strict: the token gate's weights are there, no more
+        with torch.no_grad():
+            torch.testing.assert_close(model(tokens).logits, ours(tokens), rtol=1e-5, atol=1e-5)
+
+
 def test_block_causal_export_with_a_list_of_end_tokens_is_refused_at_loading(tmp_path):
     export_hf(tiny_model("parallax", seed=0, attn_mask_type="block_causal"), str(tmp_path), eos_id=EOS)
     config = json.loads((tmp_path / "config.json").read_text())

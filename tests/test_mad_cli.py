@@ -61,6 +61,32 @@ def fake_runs(calls):
     return run_job
 
 
+@pytest.mark.parametrize("out, message", [
+    ("", r"--out: got '', which names no folder; expected a folder \(made when missing\)"),
+    ("  ", r"--out: got '', which names no folder; expected a folder \(made when missing\)"),
+    ("notes", r"--out: '.*notes' is a file; expected a folder \(made when missing\)"),
+    ("notes/out", r"--out: cannot create or write '.*notes/out' \('.*notes' is not a writable folder\); "
+                  r"expected a folder \(made when missing\)"),
+], ids=["empty", "blank", "file", "under_a_file"])
+def test_a_bad_output_folder_is_refused_before_any_run(tmp_path, monkeypatch, out, message):
+    """An empty --out (an unset shell variable: runs.jsonl and the tables in the working directory), a
+    file, or a folder that cannot be made (under a file: refused for root too) stops the command by
+    name before the first run, and nothing is written."""
+    from eval.mad import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "notes").write_text("notes")
+    out = str(tmp_path / out) if out.strip() else out
+    for mode in ([], ["--report-only"]):
+        with pytest.raises(SystemExit, match=f"^{message}"):
+            main(["--config", "tiny.toml", "--mixers", "attention", "--out", out, *mode])
+    assert not calls and sorted(os.listdir(tmp_path)) == ["notes", "tiny.toml"]
+    assert (tmp_path / "notes").read_text() == "notes"
+
+
 def test_runner_resumes_and_skips_finished_runs(tmp_path, monkeypatch):
     from eval.mad import runner
 

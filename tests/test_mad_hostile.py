@@ -133,26 +133,6 @@ def test_a_config_that_cannot_be_read_is_named(tmp_path, config, message):
         main(["--config", str(path), "--out", str(tmp_path / "out"), "--report-only"])
 
 
-def test_an_empty_output_folder_is_refused(tmp_path, monkeypatch):
-    """--out "" wrote runs.jsonl into the working directory (the report-only path read it from there)."""
-    from eval.mad import runner
-
-    calls = []
-    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match="--out = '': expected a folder"):
-        main(["--config", _config(tmp_path), "--mixers", "attention", "--out", "", "--device", "cpu"])
-    assert not calls and sorted(os.listdir(tmp_path)) == ["c.toml"]
-
-
-def test_an_output_folder_that_is_a_file_is_refused(tmp_path):
-    out = tmp_path / "out"
-    out.write_text("notes")
-    with pytest.raises(SystemExit, match=r"--out = '.*out': a file; expected a folder"):
-        main(["--config", _config(tmp_path), "--mixers", "attention", "--out", str(out), "--device", "cpu"])
-    assert out.read_text() == "notes"
-
-
 def _grid(tmp_path, monkeypatch, config):
     from eval.mad import runner
 

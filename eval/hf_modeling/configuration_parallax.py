@@ -11,13 +11,48 @@ MASK_TYPES = ("causal", "block_causal")
 PARALLAX_DEFAULTS = {"rho_rope": True, "gate": "none", "attn_mask_type": "causal"}
 
 
+def missing_parallax_keys(block: dict) -> list[str]:
+    """The keys of :data:`PARALLAX_DEFAULTS` that ``block`` leaves out, sorted."""
+    return sorted(set(PARALLAX_DEFAULTS) - set(block))
+
+
+def checked_parallax(block, eos_token_id) -> dict:
+    """A copy of ``block``, the ``parallax`` settings the modeling code reads, after checking that it
+    is a dict giving every key of :data:`PARALLAX_DEFAULTS` (a key left out would leave a model
+    built later on another setting than the one it had) and nothing else, with values the modeling
+    code computes; a block-causal mask needs one ``eos_token_id`` (the id ending a document).
+
+    Raises ValueError naming the key, the value and what was expected."""
+    if not isinstance(block, dict):
+        raise ValueError(f"parallax: expected a dict with keys {sorted(PARALLAX_DEFAULTS)}, got {block!r}")
+    unknown = sorted(set(block) - set(PARALLAX_DEFAULTS))
+    if unknown:  # a misspelt key would leave its field at the default without a word
+        raise ValueError(f"parallax: unknown keys {unknown}; expected {sorted(PARALLAX_DEFAULTS)}")
+    missing = missing_parallax_keys(block)
+    if missing:
+        raise ValueError(f"parallax: missing keys {missing} in {block!r}; expected every key of "
+                         f"{sorted(PARALLAX_DEFAULTS)} (the defaults fill only a config being built)")
+    if not isinstance(block["rho_rope"], bool):  # "false" would be true
+        raise ValueError(f"parallax.rho_rope: expected true or false, got {block['rho_rope']!r}")
+    if block["gate"] not in GATES:
+        raise ValueError(f"parallax.gate: expected one of {GATES}, got {block['gate']!r}")
+    if block["attn_mask_type"] not in MASK_TYPES:
+        raise ValueError(f"parallax.attn_mask_type: expected one of {MASK_TYPES}, got {block['attn_mask_type']!r}")
+    if block["attn_mask_type"] == "block_causal" and (isinstance(eos_token_id, bool)
+                                                      or not isinstance(eos_token_id, int)):
+        raise ValueError(f"eos_token_id: parallax.attn_mask_type = 'block_causal' ends a document after "
+                         f"eos_token_id, which must be one token id; got {eos_token_id!r}")
+    return dict(block)
+
+
 class ParallaxQwen3Config(PretrainedConfig):
     """Qwen3's fields plus ``parallax``: ``rho_rope`` (RoPE on the probe), ``gate`` ("none",
     "token", "head": a sigmoid gate on the probe after its norm) and ``attn_mask_type`` ("causal",
     or "block_causal": no attention across ``eos_token_id``, documents as in training).
 
     Built in code (a new model), the ``parallax`` keys left out take :data:`PARALLAX_DEFAULTS`; read
-    from a checkpoint (:meth:`from_dict`, :meth:`from_json_file`) every key must be there.
+    from a checkpoint (:meth:`from_dict`, :meth:`from_json_file`) or assigned after construction
+    (``config.parallax = {...}``, which replaces the whole block) every key must be there.
 
     Raises ValueError naming the field for what the modeling code would not compute: an unknown
     ``parallax`` key or a ``parallax`` that is not a dict, a block-causal model without one
@@ -32,22 +67,6 @@ class ParallaxQwen3Config(PretrainedConfig):
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="silu",
                  max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
                  attention_bias=False, use_cache=True, initializer_range=0.02, parallax=None, **kwargs):
-        if parallax is not None and not isinstance(parallax, dict):
-            raise ValueError(f"parallax: expected a dict with keys {sorted(PARALLAX_DEFAULTS)}, got {parallax!r}")
-        unknown = sorted(set(parallax or {}) - set(PARALLAX_DEFAULTS))
-        if unknown:  # a misspelt key would leave its field at the default without a word
-            raise ValueError(f"parallax: unknown keys {unknown}; expected {sorted(PARALLAX_DEFAULTS)}")
-        parallax = {**PARALLAX_DEFAULTS, **(parallax or {})}
-        if not isinstance(parallax["rho_rope"], bool):  # "false" would be true
-            raise ValueError(f"parallax.rho_rope: expected true or false, got {parallax['rho_rope']!r}")
-        if parallax["gate"] not in GATES:
-            raise ValueError(f"parallax.gate: expected one of {GATES}, got {parallax['gate']!r}")
-        if parallax["attn_mask_type"] not in MASK_TYPES:
-            raise ValueError(f"parallax.attn_mask_type: expected one of {MASK_TYPES}, got {parallax['attn_mask_type']!r}")
-        eos = kwargs.get("eos_token_id")
-        if parallax["attn_mask_type"] == "block_causal" and (isinstance(eos, bool) or not isinstance(eos, int)):
-            raise ValueError(f"eos_token_id: parallax.attn_mask_type = 'block_causal' ends a document after "
-                             f"eos_token_id, which must be one token id; got {eos!r}")
         for key in ("rope_scaling", "rope_parameters"):  # the modeling code computes plain RoPE only
             rope = kwargs.get(key) or {}
             kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
@@ -84,8 +103,18 @@ class ParallaxQwen3Config(PretrainedConfig):
         self.max_position_embeddings, self.rope_theta, self.rms_norm_eps = max_position_embeddings, rope_theta, rms_norm_eps
         self.attention_bias, self.use_cache, self.initializer_range = attention_bias, use_cache, initializer_range
         self.tie_word_embeddings = tie_word_embeddings
-        self.parallax = parallax
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        if parallax is None or isinstance(parallax, dict):  # a new model: the keys left out take the defaults
+            parallax = {**PARALLAX_DEFAULTS, **(parallax or {})}
+        self.parallax = parallax  # checked by __setattr__, against the eos_token_id set just above
+
+    def __setattr__(self, key, value):
+        """Every ``parallax`` set, in ``__init__`` or later (``config.parallax = {...}``, transformers'
+        ``from_dict`` and ``update``), goes through :func:`checked_parallax` and is stored as a copy:
+        a model built from the config computes what the config says. A bad value leaves the old one."""
+        if key == "parallax":
+            value = checked_parallax(value, getattr(self, "eos_token_id", None))
+        super().__setattr__(key, value)
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
@@ -93,7 +122,7 @@ class ParallaxQwen3Config(PretrainedConfig):
         config.json through this). Its ``parallax`` block must give every key, as exports and
         ``save_pretrained`` write them: a default taken for a key left out (``rho_rope`` true for a
         model trained without it) computes another model. A ``parallax`` keyword replaces the block
-        and is checked as it is (transformers would set it after ``__init__``, unchecked).
+        before this check, so that it may complete a config.json without one.
 
         Raises ValueError naming the missing keys."""
         if "parallax" in kwargs:
@@ -101,7 +130,7 @@ class ParallaxQwen3Config(PretrainedConfig):
         block = config_dict.get("parallax")
         missing = ["parallax"] if block is None else []
         if isinstance(block, dict):  # a block of another type is refused by __init__
-            missing = [f"parallax.{key}" for key in sorted(set(PARALLAX_DEFAULTS) - set(block))]
+            missing = [f"parallax.{key}" for key in missing_parallax_keys(block)]
         if missing:
             raise ValueError(f"config.json: missing {', '.join(missing)}; a checkpoint's config gives every key of "
                              f"parallax ({sorted(PARALLAX_DEFAULTS)}), as the export writes them (the defaults "

@@ -21,7 +21,7 @@ from eval.mad.grid import (SWEEPS, RunConfig, check_checkpoint_seconds, check_co
 from eval.mad.models import MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
-from parallax_titan.checkpoint_files import unwritable_folder
+from parallax_titan.checkpoint_files import output_folder_problem
 from parallax_titan.mixers import FLA_MIXERS
 
 
@@ -156,13 +156,9 @@ def _apply_overrides(cfg: RunConfig, args) -> RunConfig:
 def _check_running(args) -> None:
     """--out, --workers, --threads and --deadline, before any run, and none of the run options with
     --report-only (ValueError naming the option)."""
-    if not args.out:  # runs.jsonl and the tables would go to the working directory, or nowhere
-        raise ValueError("--out = '': expected a folder (made when missing)")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise ValueError(f"--out = {args.out!r}: a file; expected a folder (made when missing)")
-    unwritable = unwritable_folder(args.out)
-    if unwritable:
-        raise ValueError(f"--out: {unwritable}; expected a folder (made when missing)")
+    problem = output_folder_problem(args.out, "--out")  # "" would put runs.jsonl in the working directory
+    if problem:
+        raise ValueError(f"{problem}; expected a folder (made when missing) for runs.jsonl and the tables")
     if args.workers < 0:
         raise ValueError(f"--workers = {args.workers}: expected 0 (inline) or a number of processes")
     if args.threads < 1:
