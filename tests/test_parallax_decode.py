@@ -360,6 +360,19 @@ def test_unchecked_seqlens_skip_the_value_check():
     assert rel_err(out, explicit_decode(q, r, k, v)) < 1e-5
 
 
+def test_an_empty_sequence_unchecked_gives_zeros_and_finite_gradients_in_the_reference():
+    """Length 0 with check_seqlens=False: the reference gives zeros for that sequence (as the kernel
+    writes) and finite gradients to every input; the other sequence is the explicit decode's."""
+    q, r, k, v = (x.double().requires_grad_() for x in make_inputs(2, 19, 4, 2, 32, dtype=torch.float32))
+    lens = torch.tensor([0, 7], dtype=torch.int32)
+    out = parallax_decode_reference(q, r, k, v, lens, 32**-0.5)
+    assert not out[0].any()
+    assert rel_err(out[1:], explicit_decode(q[1:], r[1:], k[1:], v[1:], lens[1:])) < 1e-12
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, r, k, v))
+    assert not q.grad[0].any() and not r.grad[0].any()
+
+
 def test_seqlens_on_another_device_rejected():
     q, r, k, v = make_inputs(2, 19, 4, 2, 64, dtype=torch.float32)
     with pytest.raises(ValueError, match="cache_seqlens is on meta, expected q's device cpu"):
@@ -410,11 +423,22 @@ def _interpreter_results():
     results.append(_rolling_case())
     results.append(_plan_case())
     results.append(_bad_merge_block_case(parallax_decode_triton))
+    results.append(_empty_sequence_case(parallax_decode_triton))
     q, r, k, v = make_inputs(2, 21, 4, 2, 32, dtype=torch.float32)
     api = parallax_decode(q, r, k, v, backend="triton")
     results.append({"case": "api", "err": rel_err(api, explicit_decode(q, r, k, v)),
                     "finite": bool(torch.isfinite(api).all())})
     return results
+
+
+def _empty_sequence_case(parallax_decode_triton):
+    """A sequence of length 0 passed unchecked: the kernel writes zeros for it, as the reference gives."""
+    q, r, k, v = make_inputs(2, 21, 4, 2, 32, dtype=torch.float32)
+    lens = torch.tensor([0, 9], dtype=torch.int32)
+    out = parallax_decode_triton(q, r, k, v, lens, 32**-0.5, block_n=16, num_splits=2)
+    ref = parallax_decode_reference(q, r, k, v, lens, 32**-0.5)
+    return {"case": "empty", "err": rel_err(out, ref), "finite": bool(torch.isfinite(out).all()) and
+            not out[0].any() and bool(out[1].any())}
 
 
 def _plan_case():
@@ -468,7 +492,7 @@ def _rolling_case():
 
 def test_triton_kernel_interpreted(tmp_path):
     results = run_interpreted("tests.test_parallax_decode", tmp_path)["results"]
-    assert len(results) == len(INTERP_CASES) + 4
+    assert len(results) == len(INTERP_CASES) + 5
     bad = next(res for res in results if res["case"] == "bad_merge_block_d")
     for value, message in zip(BAD_MERGE_BLOCKS, bad["messages"]):
         assert f"merge_block_d must be an int >= 1 that divides the head dim 32, got {value!r}" in message

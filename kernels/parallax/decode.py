@@ -316,7 +316,9 @@ def parallax_decode_reference(q, r, k_cache, v_cache, cache_seqlens, scale, chun
         o1 = o1 * alpha[..., None] + torch.einsum("bhgc,bchd->bhgd", p, vc)
         o2 = o2 * alpha[..., None] + torch.einsum("bhgc,bchd->bhgd", p * t, vc)
         m = m_new
-    inv = 1.0 / d1
+    # an empty sequence (length 0, unchecked) reads nothing: zeros, as the kernel writes, and no NaN
+    # in any gradient (its d1, d2, o1, o2 are 0, so dividing by 1 gives 0)
+    inv = 1.0 / torch.where(d1 > 0, d1, torch.ones_like(d1))
     out = (1.0 + d2 * inv)[..., None] * o1 * inv[..., None] - o2 * inv[..., None]
     return out.reshape(batch, 1, hq, dim).to(q.dtype)
 
