@@ -43,10 +43,19 @@ def step_dir(folder: str, step: int) -> str:
 
 
 def _steps_with(folder: str, filename: str) -> list[int]:
+    """Ascending steps N whose ``folder/step-N`` holds ``filename``. Raises ValueError for such a folder
+    named with leading zeros (``step-02``): its step would be looked for as ``step-2``, by us and by
+    TorchTitan, and not found."""
     if not os.path.isdir(folder):
         return []
     matches = (_STEP.fullmatch(name) for name in os.listdir(folder))
-    return sorted(int(m.group(1)) for m in matches if m and os.path.isfile(os.path.join(folder, m.group(0), filename)))
+    found = [m for m in matches if m and os.path.isfile(os.path.join(folder, m.group(0), filename))]
+    for m in found:
+        if m.group(1) != str(int(m.group(1))):
+            raise ValueError(f"{os.path.join(folder, m.group(0))!r}: a checkpoint step folder named with leading "
+                             f"zeros, which is read as step {int(m.group(1))} at {step_dir(folder, int(m.group(1)))!r} "
+                             f"and not found; expected it renamed to step-{int(m.group(1))}")
+    return sorted(int(m.group(1)) for m in found)
 
 
 def complete_steps(folder: str) -> list[int]:

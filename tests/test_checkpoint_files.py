@@ -45,6 +45,17 @@ def test_complete_steps(folder, tmp_path):
     assert complete_steps(str(tmp_path / "absent")) == []
 
 
+def test_a_step_folder_with_leading_zeros_is_named_not_skipped(folder):
+    """step-02 would be listed as step 2 and then looked for as step-2 (by TorchTitan too)."""
+    save(os.path.join(folder, "step-02"), {"w": torch.zeros(2, 3)})
+    for call in (complete_steps, step_to_load):
+        with pytest.raises(ValueError, match=r"'.*step-02': a checkpoint step folder named with leading zeros, which "
+                                             r"is read as step 2 at '.*step-2' and not found; expected it renamed to step-2"):
+            call(folder)
+    os.rename(os.path.join(folder, "step-02"), os.path.join(folder, "step-2"))
+    assert complete_steps(folder) == [1, 2, 3]
+
+
 def test_step_to_load(folder, tmp_path):
     assert step_to_load(folder) == 3
     assert step_to_load(folder, 1) == 1
