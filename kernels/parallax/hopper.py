@@ -95,6 +95,15 @@ def _once():
 
 
 @gluon.jit
+def _copy_tiles(descs, smems, row, col, bar, pred):
+    """TMA copies of the tile at [row, col] of each descriptor of ``descs`` (one block shape) into the
+    matching buffer of ``smems``, all signalling ``bar``; nothing when ``pred`` is false."""
+    mbarrier.expect(bar, len(descs) * descs[0].block_type.nbytes, pred=pred)
+    for i in gl.static_range(len(descs)):
+        _tma_load(descs[i], [row, col], bar, smems[i], pred=pred)
+
+
+@gluon.jit
 def _wait_slot(rings, slot, phase):
     """Wait until every copy of ring slot ``slot`` (one per ring of ``rings``) landed."""
     for j in gl.static_range(len(rings)):
@@ -219,9 +228,7 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
     my_lo, d_hi, f_hi, my_hi = fused._column_phases(DOCE, gl.minimum(n0, T - 1), T, L, WINDOW, BM, BN, VARLEN)
     if not live:
         my_hi = my_lo
-    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes, pred=live)
-    _tma_load(k_desc, [n0, kv_h * D], kv_ready, k_smem, pred=live)
-    _tma_load(v_desc, [n0, kv_h * D], kv_ready, v_smem, pred=live)
+    _copy_tiles((k_desc, v_desc), (k_smem, v_smem), n0, kv_h * D, kv_ready, live)
 
     offs_n = n0 + gl.arange(0, BN, layout=keys_layout)
     zero_s = gl.zeros([BN, BM], gl.float32, s_layout)
@@ -385,10 +392,7 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     k_smem, v_smem, rings = _key_ring(k_desc, v_desc, D, BN, STAGES)
     q_ready = _once()
 
-    mbarrier.expect(q_ready, 3 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
-    _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
-    _tma_load(do_desc, [m0, h * D], q_ready, do_smem)
+    _copy_tiles((q_desc, r_desc, do_desc), (q_smem, r_smem, do_smem), m0, h * D, q_ready, True)
     for b in gl.static_range(STAGES - 1):
         _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
 
@@ -504,9 +508,7 @@ def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS,
     k_smem, v_smem, rings = _key_ring(k_desc, v_desc, D, BN, STAGES)
     q_ready = _once()
 
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [m0, h * D], q_ready, q_smem)
-    _tma_load(r_desc, [m0, h * D], q_ready, r_smem)
+    _copy_tiles((q_desc, r_desc), (q_smem, r_smem), m0, h * D, q_ready, True)
     for b in gl.static_range(STAGES - 1):
         _issue_keys(b, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
 
@@ -555,14 +557,11 @@ def _key_loads(k_desc, v_desc, k_smem, v_smem, ready, empty, kv_h, lo, n_tiles, 
     """The producer warp of a paired forward: copies key tile j (of ``n_tiles`` from row ``lo`` of kv head
     kv_h) into ring slot j % STAGES of k_smem, v_smem ([STAGES, BN, D]), signalling ``ready``; a slot is
     refilled once both consumers released it on ``empty``."""
-    nbytes: gl.constexpr = 2 * k_desc.block_type.nbytes
     for j in range(n_tiles):
         slot = j % STAGES
         mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh mbarrier passes parity 1
-        bar = ready.index(slot)
-        mbarrier.expect(bar, nbytes)
-        _tma_load(k_desc, [lo + j * BN, kv_h * D], bar, k_smem.index(slot))
-        _tma_load(v_desc, [lo + j * BN, kv_h * D], bar, v_smem.index(slot))
+        _copy_tiles((k_desc, v_desc), (k_smem.index(slot), v_smem.index(slot)), lo + j * BN, kv_h * D,
+                    ready.index(slot), True)
 
 
 @gluon.jit
@@ -583,9 +582,7 @@ def _fwd_consumer(q_desc, r_desc, q_smem, r_smem, q_ready, k_smem, v_smem, ready
     my_lo, a_hi, diag, my_hi = fused._row_phases(DOCS, gl.minimum(m0, T - 1), T, L, WINDOW, BM, BN, VARLEN)
     if not live:
         my_hi = my_lo
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes, pred=live)
-    _tma_load(q_desc, [m0, h * D], q_ready, q_smem, pred=live)
-    _tma_load(r_desc, [m0, h * D], q_ready, r_smem, pred=live)
+    _copy_tiles((q_desc, r_desc), (q_smem, r_smem), m0, h * D, q_ready, live)
 
     offs_m = m0 + gl.arange(0, BM, layout=rows_layout)
     zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
