@@ -492,6 +492,18 @@ def test_sweep_refuses_without_a_hopper_gpu():
         sweep.main(["--out", "unused"])
 
 
+@pytest.mark.parametrize("d", [128, 64])
+def test_forward_sweep_candidates_have_distinct_labels(d):
+    """The sweep keys its timings by label: a paired config and the single-tile one of the same tiles
+    (or a capped and an uncapped one) would otherwise share a row."""
+    from scripts.bench import attention_hopper as sweep
+
+    labels = [sweep.label(c) for c in sweep.FORWARD_CANDIDATES[d]]
+    assert len(set(labels)) == len(labels), labels
+    assert any(c.paired for c in sweep.FORWARD_CANDIDATES[d])
+    assert sweep.label(tuning.HopperConfig(64, 64, 4, 2, paired=True)) == "64x64 w4 s2 paired"
+
+
 def test_forward_sweep_times_each_candidate_under_its_config_beside_the_triton_forward(monkeypatch):
     """With fake inputs, forward and timer: one row per shape for the Triton forward and one per
     candidate, each candidate's call made with that config active and the Hopper kernels on, the
