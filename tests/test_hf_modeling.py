@@ -253,6 +253,34 @@ def test_parallax_assigned_after_construction_builds_that_model(tmp_path):
             torch.testing.assert_close(model(tokens).logits, ours(tokens), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("attn_mask_type", "blockcausal", r"parallax.attn_mask_type: expected one of \('causal', 'block_causal'\), got "
+                                      r"'blockcausal'"),
+    ("gate", "token", r"config.parallax.gate = 'token', but this model was built with 'none' \(its layers hold it\)"),
+    ("rho_rope", False, r"config.parallax.rho_rope = False, but this model was built with True"),
+])
+def test_parallax_edited_in_place_is_checked_at_the_next_forward(key, value, message):
+    """An edit inside the block (``config.parallax[key] = ...``, which no assignment check sees) stops
+    the next forward, by name: a misspelt mask type would have run causal, a gate or rho_rope other than
+    the built layers' would have been ignored. A valid new mask type takes effect."""
+    from eval.hf_modeling.modeling_parallax import ParallaxQwen3ForCausalLM
+
+    config = ParallaxQwen3Config(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=EOS)
+    model = ParallaxQwen3ForCausalLM(config).eval()
+    tokens = random_tokens(1, 12)
+    tokens[0, 4] = EOS
+    with torch.no_grad():
+        causal = model(tokens).logits
+        config.parallax["attn_mask_type"] = "block_causal"
+        documents = model(tokens).logits
+        assert torch.equal(documents[:, :5], causal[:, :5]) and not torch.allclose(documents[:, 5:], causal[:, 5:])
+        config.parallax["attn_mask_type"] = "causal"
+        config.parallax[key] = value
+        with pytest.raises(ValueError, match=message):
+            model(tokens)
+
+
 def test_block_causal_export_with_a_list_of_end_tokens_is_refused_at_loading(tmp_path):
     export_hf(tiny_model("parallax", seed=0, attn_mask_type="block_causal"), str(tmp_path), eos_id=EOS)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -30,7 +30,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from .configuration_parallax import ParallaxQwen3Config
+from .configuration_parallax import ParallaxQwen3Config, checked_parallax
 
 try:  # Parallax-Titan's kernels, when this runs inside (or beside) its repository, and Triton
     import kernels as _titan_kernels
@@ -260,7 +260,22 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(ParallaxQwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # the layers hold these (rho's RoPE, the gate's weights); the mask type is read at each forward
+        self.built_parallax = {key: config.parallax[key] for key in ("rho_rope", "gate")}
         self.post_init()
+
+    def mask_type(self) -> str:
+        """The config's ``parallax.attn_mask_type`` now, after checking its ``parallax`` block as it is
+        now (edited in place, ``config.parallax["gate"] = ...``, it was not checked) and that its
+        ``rho_rope`` and ``gate`` are still those this model was built with.
+
+        Raises ValueError naming the key, its value and the built one."""
+        block = checked_parallax(self.config.parallax, self.config.eos_token_id)
+        for key, built in self.built_parallax.items():
+            if block[key] != built:
+                raise ValueError(f"config.parallax.{key} = {block[key]!r}, but this model was built with {built!r} "
+                                 f"(its layers hold it); expected {built!r}, or a model built from the new config")
+        return block["attn_mask_type"]
 
     def get_input_embeddings(self):
         return self.embed_tokens
@@ -329,7 +344,7 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         """Block-causal documents: where each query's document starts (B, T), or None. The cache
         keeps, per filled slot, the start for a token after it (``parallax_document_starts`` (B,
         past)), so that a cache cut back (``crop``, as assisted generation does) is read at its end."""
-        if self.config.parallax["attn_mask_type"] != "block_causal":
+        if self.mask_type() != "block_causal":
             return None
         if input_ids is None:
             raise ValueError("inputs_embeds: block-causal documents are found from input_ids (eos_token_id); "
