@@ -125,6 +125,8 @@ class HopperConfig(NamedTuple):
 # (docs/bench/attention_hopper.md); the row pass at D=64 with a ring of four stages since the column
 # pass reads its statistics with one copy (2% faster than three, interleaved). The forward at D=64
 # capped at 168 registers (170 uncapped, no spills either way): three programs per SM instead of two.
+# The forward at D=128 pairs its query tiles (two consumer warpgroups share each k, v copy): the same
+# bits, 1-5% faster alone; paired at D=64 it is slower (docs/bench/attention_hopper_forward_paired.md).
 # The column pass at D=128 keeps k in registers (3-6% off the backward with triton 3.6): its score
 # wgmmas have 32 columns, where reading both operands from shared memory asks more bytes per cycle
 # than it serves. From triton 3.9 the same kernel needs more registers than its consumers' 240 to
