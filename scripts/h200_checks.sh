@@ -25,7 +25,8 @@
 #   decode        scripts.bench.decode --check (KV-cache decode vs cuDNN, and the published kernels if installed)
 #   projection    scripts.bench.projection (the fused norm + RoPE kernels per launch config vs a copy and Inductor)
 #   probe-cost    scripts.bench.probe_cost (0.6B Parallax and Parallax-dagger: the probe's cost outside the kernel)
-#   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps)
+#   throughput    scripts.bench.train transformer parallax parallax_dagger (0.6B, Muon + WSD, 30 steps; ROUNDS=R
+#                 runs the variants R times in turn, default 1)
 #   throughput-adamw  the same with the AdamW + WSD configs (the optimizer of TorchTitan's MFU reference)
 #   throughput-float8  transformer and parallax with float8 linears (torchao, tensorwise; the LM head kept bf16)
 #   power         transformer and parallax, AdamW + WSD, with their SM clocks and power (gpu_telemetry), then
@@ -56,6 +57,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${1:?usage: h200_checks.sh BUDGET_SECONDS CHECK...}
+rounds=${ROUNDS:-1}
+case $rounds in ''|*[!0-9]*|0) echo "ROUNDS=$rounds: expected a number of rounds >= 1" >&2; exit 2 ;; esac
 shift
 out=${OUT:-outputs}/h200_checks
 work=$(mktemp -d)
@@ -111,10 +114,10 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     competitors) timeout "$t" python3 -m scripts.bench.attention --shapes 0 --out "$work/attention_competitors" \
                    --methods softmax_cudnn,parallax_ours,parallax_kernel_0.1.1,fla_0.6.0 ;;
     decode) timeout "$t" python3 -m scripts.bench.decode --check --out "$work/decode/attention_decode" ;;
-    throughput) python3 -m scripts.bench.train transformer parallax parallax_dagger --steps 30 \
-                  --run-timeout $(( t / 3 )) --out "$work/throughput" ;;
+    throughput) python3 -m scripts.bench.train transformer parallax parallax_dagger --steps 30 --rounds "$rounds" \
+                  --run-timeout $(( t / (3 * rounds) )) --out "$work/throughput" ;;
     throughput-adamw) python3 -m scripts.bench.train transformer parallax --steps 30 --recipe adamw_wsd \
-                        --run-timeout $(( t / 3 )) --out "$work/throughput_adamw" ;;
+                        --rounds "$rounds" --run-timeout $(( t / (3 * rounds) )) --out "$work/throughput_adamw" ;;
     throughput-float8) python3 -m scripts.bench.train transformer parallax --steps 30 --name-prefix float8_ \
                          --extra "--model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output" \
                          --run-timeout $(( t / 3 )) --out "$work/throughput_float8" ;;

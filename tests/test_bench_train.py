@@ -138,6 +138,52 @@ def fake_run(folder, tokens_per_s: list[float], losses: list[float]) -> str:
     return str(folder)
 
 
+def test_rounds_run_the_variants_in_turn_and_give_each_rounds_ratios(tmp_path, monkeypatch):
+    """--rounds 3: A B A B A B, runs named <variant>_r<k>; per round the ratio to that round's
+    baseline, then their median and range; a round whose run logged no step gives no ratio and the
+    exit status 1."""
+    from scripts.bench import train
+
+    speeds = {"transformer": [100.0, 90.0, 110.0], "parallax": [77.0, 72.0, 82.5]}
+    calls = []
+
+    def fake_bench_run(args, variant, name, nproc):
+        calls.append(name)
+        k = int(name.rsplit("_r", 1)[1])
+        if (variant, k) == ("parallax", 3) and fail:
+            return None
+        return fake_run(os.path.join(args.out, name), [1.0, speeds[variant][k - 1], speeds[variant][k - 1]],
+                        [9.0, 8.0, 7.0])
+
+    monkeypatch.setattr(train, "bench_run", fake_bench_run)
+    for fail in (False, True):
+        calls.clear()
+        out = tmp_path / f"out_{fail}"
+        args = parse_args(["transformer", "parallax", "--rounds", "3", "--steps", "3", "--out", str(out)])
+        os.makedirs(out)
+        assert train.throughput(args) == (1 if fail else 0)
+        assert calls == ["transformer_r1", "parallax_r1", "transformer_r2", "parallax_r2", "transformer_r3",
+                         "parallax_r3"]
+        saved = json.loads((out / "summary.json").read_text())
+        spread = {r["variant"]: r for r in saved["round_ratios"]}
+        want = [0.77, 0.8] if fail else [0.77, 0.8, 0.75]
+        assert spread["parallax"]["ratios"] == pytest.approx(want)
+        assert spread["parallax"]["median"] == pytest.approx(0.785 if fail else 0.77)
+        assert spread["transformer"]["ratios"] == [1.0, 1.0, 1.0]
+        text = (out / "summary.md").read_text()
+        assert ("| parallax | 0.770, 0.800 | 0.785 | 0.770-0.800 |" if fail else
+                "| parallax | 0.770, 0.800, 0.750 | 0.770 | 0.750-0.800 |") in text
+        assert "3 rounds of the variants in turn" in text
+
+
+@pytest.mark.parametrize("argv", [["parallax", "--rounds", "0"], ["parallax", "--rounds", "2", "--scaling", "2"],
+                                  ["parallax", "--rounds", "2", "--resume", "3"]])
+def test_bad_rounds_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert "--rounds" in capsys.readouterr().err
+
+
 def test_scaling_report_on_fabricated_metrics(tmp_path):
     one = fake_run(tmp_path / "p_1gpu_accum2", [10.0, 1000.0, 1000.0, 1000.0], [10.0, 8.0, 6.0, 5.0])
     two = fake_run(tmp_path / "p_2gpu", [5.0, 900.0, 950.0, 1000.0], [10.0, 8.0, 6.03, 5.0])

@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tmp_path, *args):
+def _run(tmp_path, *args, **extra_env):
     env = {**os.environ, "OUT": str(tmp_path), "NGPU": "1",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **extra_env}
     return subprocess.run(["bash", str(ROOT / "scripts/h200_checks.sh"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -23,6 +23,13 @@ def test_unknown_check_is_rejected_before_anything_runs(tmp_path):
     result = _run(tmp_path, "30", "attention", "bogus")
     assert result.returncode == 2 and "unknown check 'bogus'" in result.stdout
     assert not (tmp_path / "h200_checks").exists()
+
+
+def test_bad_rounds_are_rejected_before_anything_runs(tmp_path):
+    for rounds in ("0", "two", "-1", "1.5"):
+        result = _run(tmp_path, "30", "throughput", ROUNDS=rounds)
+        assert result.returncode == 2 and f"ROUNDS={rounds}: expected a number of rounds >= 1" in result.stderr
+        assert not (tmp_path / "h200_checks").exists()
 
 
 def test_checks_run_and_land_in_one_tarball(tmp_path):

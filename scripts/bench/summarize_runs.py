@@ -36,6 +36,30 @@ def summarize(run_dir: str, skip: int) -> dict:
     }
 
 
+def round_ratios(rounds: list[list[dict | None]], variants: list[str]) -> list[dict]:
+    """Per variant, its tokens/s over the first variant's in each round (``rounds``: per round, the rows
+    of ``summarize`` in the order of ``variants``, None for a run that logged no step; a round without
+    its baseline gives no ratio): ``{"variant", "ratios", "median", "min", "max"}`` (None without a ratio)."""
+    out = []
+    for i, variant in enumerate(variants):
+        ratios = [row[i]["tokens_per_s"] / row[0]["tokens_per_s"] for row in rounds if row[0] and row[i]]
+        out.append({"variant": variant, "ratios": ratios, "median": statistics.median(ratios) if ratios else None,
+                    "min": min(ratios, default=None), "max": max(ratios, default=None)})
+    return out
+
+
+def round_ratios_markdown(spread: list[dict], baseline: str) -> str:
+    """A table of ``round_ratios``: each variant's ratio to ``baseline`` per round, their median and range."""
+    def cells(r):
+        if not r["ratios"]:
+            return [r["variant"], "-", "-", "-"]
+        return [r["variant"], ", ".join(f"{x:.3f}" for x in r["ratios"]), f"{r['median']:.3f}",
+                f"{r['min']:.3f}-{r['max']:.3f}"]
+
+    columns = ["variant", f"vs {baseline}, per round (runs in turn)", "median", "range"]
+    return "\n".join(table(columns, map(cells, spread))) + "\n"
+
+
 def markdown(rows: list[dict], baseline: str) -> str:
     """One table row per run (rows of ``summarize``): tokens/s per GPU and its ratio to the run named
     ``baseline``, MFU, peak memory, first and last loss; with GPU telemetry in any row (its ``gpu``,

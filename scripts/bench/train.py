@@ -28,6 +28,12 @@ the same command, which resumes from it; the losses of the two step by step (``r
 
     python -m scripts.bench.train parallax --resume 8 --steps 16
 
+Rounds (``--rounds R``): the variants run R times in turn (A B A B ...; runs ``<variant>_r<k>``), so
+that a drift of the machine's clocks over the invocation reaches every variant alike; the summary
+adds each variant's ratio to the first within each round, their median and range::
+
+    python -m scripts.bench.train transformer parallax --recipe adamw_wsd --rounds 3
+
 Probes (``--probe``): the runs under ``scripts.bench.step_probe`` (a step profiled with GPU activity
 only, a GPU sleep before each forward, a host delay per attention call)::
 
@@ -57,7 +63,7 @@ import sys
 from parallax_titan.checkpoint_files import check_output_folder
 from scripts.bench.gpu_telemetry import summarize_file
 from scripts.bench.results import command_line, describe, positive_int, write_results
-from scripts.bench.summarize_runs import markdown, summarize
+from scripts.bench.summarize_runs import markdown, round_ratios, round_ratios_markdown, summarize
 from scripts.bench.train_launch import REFERENCE, REPO, bench_run, samples_path
 from scripts.bench.train_resume import resume_check
 from scripts.bench.train_scaling import scaling
@@ -101,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "one-GPU run does not read), one string, applied after --extra")
     parser.add_argument("--name-prefix", default="", help="prefix of the run names")
     parser.add_argument("--run-timeout", type=positive_int, default=420, help="seconds before a run is stopped")
+    parser.add_argument("--rounds", type=positive_int, default=1,
+                        help="throughput: run the variants this many times in turn (A B A B ...), runs named "
+                        "<variant>_r<round>; the summary adds each variant's ratio per round, median and range")
     parser.add_argument("--out", default=os.environ.get("OUT", os.path.join(REPO, "outputs", "bench_train")),
                         help="output folder (default: $OUT, else outputs/bench_train in the repository)")
     parser.add_argument("--config", help="one config file for every variant instead of the paper configs; "
@@ -143,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if probes.cuda_profile_step and probes.cuda_profile_step > args.steps:
             parser.error(f"--probe: --cuda-profile-step {probes.cuda_profile_step} is past the last step "
                          f"(--steps {args.steps}): no step would be profiled")
+    if args.rounds > 1 and (args.scaling or args.resume):
+        parser.error(f"--rounds {args.rounds}: repeats the throughput runs; expected it without --scaling and --resume")
     if args.resume and not (0 < args.resume < args.steps and len(args.variants) == 1 and not args.scaling):
         parser.error(f"--resume {args.resume}: expected one variant, no --scaling and 0 < K < --steps ({args.steps})")
     if args.multi_gpu_extra and not (args.scaling or (args.ngpu > 1 and not args.resume)):
@@ -151,18 +162,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_name(args: argparse.Namespace, variant: str, round_: int) -> str:
+    """A throughput run's name: ``<prefix><variant>``, with ``_r<round>`` (from 1) under ``--rounds`` > 1."""
+    return args.name_prefix + variant + (f"_r{round_}" if args.rounds > 1 else "")
+
+
 def throughput(args: argparse.Namespace) -> int:
-    """Run every variant on ``--ngpu`` GPUs and write OUT/summary.{md,json}; the exit status."""
-    folders = [bench_run(args, v, args.name_prefix + v, args.ngpu) for v in args.variants]
+    """Run every variant on ``--ngpu`` GPUs, ``--rounds`` times in turn, and write OUT/summary.{md,json};
+    the exit status."""
     skip = args.steps // 2
-    rows = [{**summarize(f, skip), "gpu": summarize_file(samples_path(f))} for f in folders if f]
+
+    def summary(folder: str | None) -> dict | None:
+        return folder and {**summarize(folder, skip), "gpu": summarize_file(samples_path(folder))}
+
+    rounds = [[summary(bench_run(args, v, run_name(args, v, k), args.ngpu)) for v in args.variants]
+              for k in range(1, args.rounds + 1)]
+    rows = [row for runs in rounds for row in runs if row]
     if rows:
         measured = (f"tokens/s per GPU, MFU and peak memory of {', '.join(args.variants)} ({args.flavor}, "
-                    f"{args.config or args.recipe}), {args.steps} steps on {args.ngpu} GPU(s) each, means over the "
+                    f"{args.config or args.recipe}), {args.steps} steps on {args.ngpu} GPU(s) each"
+                    f"{f', {args.rounds} rounds of the variants in turn' if args.rounds > 1 else ''}, means over the "
                     f"steps after {skip}; ratios against {rows[0]['run']}")
         meta = describe("Training throughput", measured, args.command)
-        print(write_results(os.path.join(args.out, "summary"), meta, markdown(rows, rows[0]["run"]), {"runs": rows}))
-    return 0 if all(folders) else 1
+        body, data = markdown(rows, rows[0]["run"]), {"runs": rows}
+        if args.rounds > 1:
+            data["round_ratios"] = round_ratios(rounds, args.variants)
+            body += "\n" + round_ratios_markdown(data["round_ratios"], args.variants[0])
+        print(write_results(os.path.join(args.out, "summary"), meta, body, data))
+    return 0 if all(all(runs) for runs in rounds) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
