@@ -339,7 +339,7 @@ class EosOnFirstBeam(LogitsProcessor):
 
 @pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
 def test_beam_search_documents_follow_the_beams(tmp_path, cache):
-    """Beam search reorders the cache's rows after each step (the model's _reorder_cache); the
+    """Beam search reorders the cache's rows after each step (the cache's reorder_cache); the
     block-causal document starts kept per row follow them: each returned beam's logits at every
     step are those of its own sequence recomputed whole by our model (fp64), and the beams are
     those of beam search without a cache. Some beams generate an end of document and go on."""
@@ -372,17 +372,44 @@ def test_block_causal_cache_cut_back_reads_its_documents(tmp_path):
     torch.testing.assert_close(logits, ours_alone(ours, torch.cat([prompt, nxt[0]]))[-1], **TOL)
 
 
-def test_block_causal_cache_with_repeated_rows_is_refused(tmp_path):
-    """A cache whose rows were repeated (contrastive search's batch_repeat_interleave) holds document
-    starts of other rows than its keys: refused, naming the operation, rather than read wrongly."""
+@pytest.mark.parametrize("operation, args, rows", [
+    ("reorder_cache", (torch.tensor([1, 0]),), [1, 0]),  # beam search's, or a caller's
+    ("batch_repeat_interleave", (2,), [0, 0, 1, 1]),  # contrastive search's
+    ("batch_select_indices", (torch.tensor([1]),), [1]),
+], ids=["reorder", "repeat", "select"])
+def test_block_causal_cache_rows_changed_by_the_cache_keep_their_documents(tmp_path, operation, args, rows):
+    """The cache's own row operations, whoever calls them, move the block-causal document starts
+    with the rows: the next token of each row reads the documents of its own sequence. A deep copy
+    of the cache changed so leaves the original's starts alone."""
+    import copy
+
+    ours, hf = fp64_pair(tmp_path, attn_mask_type="block_causal")
+    prompts = torch.stack(random_rows([8, 8]))
+    prompts[0, 2], prompts[1, 5] = EOS, EOS  # documents end at different places in the two rows
+    nxt = torch.tensor([[55], [56], [57], [58]])[: len(rows)]
+    with torch.no_grad():
+        cache = returned_cache(hf(prompts, use_cache=True))
+        before = cache.parallax_document_starts.clone()
+        changed = copy.deepcopy(cache)
+        getattr(changed, operation)(*args)
+        assert torch.equal(cache.parallax_document_starts, before)
+        logits = hf(nxt, cache=changed, use_cache=True).logits[:, -1]
+    for i, row in enumerate(rows):
+        whole = torch.cat([prompts[row], nxt[i]])
+        torch.testing.assert_close(logits[i], ours_alone(ours, whole)[-1], **TOL)
+
+
+def test_block_causal_cache_rows_changed_otherwise_are_refused(tmp_path):
+    """Rows repeated past the cache's bound operations (the class's method called directly) leave
+    the starts of the old rows: refused by the row count, naming the operations the starts follow."""
     _, hf = fp64_pair(tmp_path, attn_mask_type="block_causal")
     prompt = random_rows([8])[0]
     prompt[2] = EOS
     with torch.no_grad():
         cache = returned_cache(hf(prompt[None], use_cache=True))
-        cache.batch_repeat_interleave(2)
-        with pytest.raises(ValueError, match=r"document starts are kept for 1 rows, the input has 2: .*"
-                                             r"batch_repeat_interleave"):
+        type(cache).batch_repeat_interleave(cache, 2)
+        with pytest.raises(ValueError, match=r"document starts are kept for 1 rows, the input has 2: the cache's rows "
+                                             r"were changed other than by its own \['batch_repeat_interleave'"):
             hf(torch.tensor([[55], [56]]), cache=cache, use_cache=True)
 
 

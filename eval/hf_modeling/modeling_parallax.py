@@ -20,8 +20,10 @@ decode steps); everywhere else the exact PyTorch reference below runs.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
+import types
 
 import torch
 import torch.nn.functional as F
@@ -352,9 +354,8 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         kept = getattr(cache, "parallax_document_starts", None)
         if kept is not None and kept.shape[0] != bs:
             raise ValueError(f"cache: its block-causal document starts are kept for {kept.shape[0]} rows, the input "
-                             f"has {bs}: the cache's rows were repeated or selected (batch_repeat_interleave, "
-                             "batch_select_indices, as contrastive search does), which the starts do not follow (they "
-                             "follow beam search's _reorder_cache and crop)")
+                             f"has {bs}: the cache's rows were changed other than by its own {sorted(_ROW_OPS)} or "
+                             "crop, which the starts follow")
         if kept is None or kept.shape[1] < past:  # a cache filled elsewhere: one document from slot 0
             kept = torch.zeros(bs, past, dtype=torch.long, device=input_ids.device)
         kept = kept[:, :past]
@@ -362,7 +363,35 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         starts, following = document_starts(input_ids, self.config.eos_token_id, past, start)
         if cache is not None:
             cache.parallax_document_starts = torch.cat([kept, following], dim=1)
+            _rows_follow(cache)
         return starts
+
+
+# The cache's operations on its rows (beam search's reorder, contrastive search's repeat and select):
+# how the block-causal document starts kept on it (B, filled slots) follow them.
+_ROW_OPS = {
+    "reorder_cache": lambda starts, beam_idx: starts.index_select(0, beam_idx.to(starts.device)),
+    "batch_select_indices": lambda starts, indices: starts[indices.to(starts.device)],
+    "batch_repeat_interleave": lambda starts, repeats: starts.repeat_interleave(repeats, dim=0),
+}
+
+
+def _rows_follow(cache) -> None:
+    """Bind to ``cache`` its row operations (``_ROW_OPS``) with the document starts following its rows:
+    whoever calls them (transformers' beam or contrastive search, a user), the starts stay with their
+    rows. Bound methods: a deep copy of the cache rebinds them to the copy."""
+    for name, follow in _ROW_OPS.items():
+        if name not in vars(cache) and hasattr(type(cache), name):
+            setattr(cache, name, types.MethodType(functools.partial(_row_op, name, follow), cache))
+
+
+def _row_op(name, follow, cache, *args, **kwargs):
+    """The class's ``name`` on ``cache``, then ``follow`` on its document starts (``_ROW_OPS``)."""
+    result = getattr(type(cache), name)(cache, *args, **kwargs)
+    starts = getattr(cache, "parallax_document_starts", None)
+    if starts is not None:
+        cache.parallax_document_starts = follow(starts, *args, **kwargs)
+    return result
 
 
 def _split_mask(attention_mask, kv_len):
@@ -468,15 +497,6 @@ class ParallaxQwen3ForCausalLM(ParallaxQwen3PreTrainedModel, GenerationMixin):
         if not kwargs.get("is_first_iteration") and seen is not None and positions is not None:
             inputs["position_bound"] = seen + positions.shape[-1]
         return inputs
-
-    def _reorder_cache(self, cache, beam_idx):
-        """transformers' beam-search hook: the cache's rows follow the beams (``beam_idx`` (B,), the
-        row each one continues), and so do the block-causal document starts kept with them."""
-        cache.reorder_cache(beam_idx)
-        starts = getattr(cache, "parallax_document_starts", None)
-        if starts is not None:
-            cache.parallax_document_starts = starts.index_select(0, beam_idx.to(starts.device))
-        return cache
 
 
 def _legacy_cache(cache):
