@@ -115,6 +115,30 @@ def test_the_paired_forward_runs_a_producer_warp_and_two_consumer_warpgroups(d):
     assert max(wgmma_waits(sass)) == 1
 
 
+SM_SHARED_BYTES, CTA_RESERVED_BYTES = 233_472, 1024  # an H100/H200 SM's shared memory, and each program's reserve
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("d", [128, 64])
+def test_the_row_pass_with_its_statistics_in_shared_memory_keeps_two_programs_per_sm(d, varlen):
+    """``stats_in_shared``: the row pass stores three statistics once (a CTA barrier after them) and
+    reads them in its loop, still issuing its score wgmmas before the first wait; its shared memory
+    still lets two programs share an SM at D=128 (the fourth statistic would not: one program per SM)."""
+    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper, compiled_resources
+
+    shipped = tuning.HOPPER_CONFIGS["dq"][d]
+    assert not shipped.stats_in_shared
+    resources, sass = {}, {}
+    for flag in (False, True):
+        compiled = compile_hopper("dq", d, shipped._replace(stats_in_shared=flag), varlen)
+        resources[flag], sass[flag] = compiled_resources(compiled), _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
+        assert max(wgmma_waits(sass[flag])) == 2
+    assert resources[True]["shared"] > resources[False]["shared"]
+    assert sass[True].count("BAR.SYNC") > sass[False].count("BAR.SYNC")
+    if d == 128:
+        assert 2 * (resources[True]["shared"] + CTA_RESERVED_BYTES) <= SM_SHARED_BYTES
+
+
 def _register_a_score_wgmmas(sass: str, bm: int) -> int:
     """The column pass's score wgmmas (64 x bm x 16) whose A operand comes from registers."""
     return len(re.findall(rf"HGMMA\.64x{bm}x16\S* R\d+, R\d+", sass))
@@ -350,6 +374,22 @@ def test_gpu_the_paired_forward_gives_the_single_tiles_bits(name):
 
 @pytest.mark.gpu
 @hopper_gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_the_row_pass_with_its_statistics_in_shared_memory_gives_the_same_bits(name):
+    """``stats_in_shared`` reads the statistics the row pass held in registers: the same values, so the
+    same gradients bit for bit (documents, windows, odd lengths)."""
+    b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
+    inputs = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
+    cu = cu_from_lengths(lengths, "cuda")
+    got = {}
+    for flag in (True, False):
+        with tuning.hopper_config("dq", d, tuning.HOPPER_CONFIGS["dq"][d]._replace(stats_in_shared=flag)):
+            got[flag] = _outputs(inputs, cu, window, True)
+    assert all(torch.equal(a, b) for a, b in zip(got[True], got[False]))
+
+
+@pytest.mark.gpu
+@hopper_gpu
 def test_gpu_token_counts_off_the_tma_alignment_take_the_triton_backward():
     """777 tokens: the statistics' TMA copies would start off 16-byte boundaries; the Hopper forward and
     the Triton backward passes run and give the fp64 results."""
@@ -473,6 +513,10 @@ def test_shipped_and_sweep_configs_pass_the_checks_hopper_config_makes():
     ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, paired=1), "paired must be a bool, got 1"),
     ("fwd", 128, tuning.HopperConfig(128, 64, 8, 2, paired=True), "warps must be 4 for a paired 'fwd' \\(each of "
                                                                   "its two consumer partitions is one warpgroup\\), got 8"),
+    ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, stats_in_shared=True), "stats_in_shared applies to the row pass "
+                                                                         "'dq' only, not 'fwd'"),
+    ("dkdv", 64, tuning.HopperConfig(64, 64, 4, 3, stats_in_shared=True), "not 'dkdv'"),
+    ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, stats_in_shared="yes"), "stats_in_shared must be a bool, got 'yes'"),
     ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 168, paired=True), "maxnreg must be None for a paired 'fwd' "
                                                                      "\\(it splits its registers"),
 ])

@@ -47,8 +47,10 @@ _NO_SPECIALIZE = ["T", "L", "HQ", "HKV", "GROUP", "WINDOW"]
 _SPECIALISED_MAXNREG = 168
 _PRODUCER_REGS = gl.constexpr(24)
 _CONSUMER_REGS = (12 * _SPECIALISED_MAXNREG - 4 * _PRODUCER_REGS.value) // 8
-# The TMA load's name: async_copy_global_to_shared in triton 3.6 (torch 2.11), async_load later.
+# The TMA load's name: async_copy_global_to_shared in triton 3.6 (torch 2.11), async_load later; the
+# CTA barrier's: thread_barrier in 3.6, barrier later.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.constexpr_function
@@ -352,6 +354,15 @@ def _key_ring(k_desc, v_desc, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.cons
 
 
 @gluon.jit
+def _held(value, held, j: gl.constexpr, layout: gl.constexpr):
+    """A row-pass statistic ([BM] fp32 in ``layout``): ``value`` kept in registers, or row ``j`` of the
+    shared buffer ``held`` ([3, BM] fp32) read here when there is one."""
+    if held is not None:
+        value = held.index(j).load(layout)
+    return value
+
+
+@gluon.jit
 def _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: gl.constexpr,
                num_warps: gl.constexpr):
     """tau = dO.o and beta = dO.vbar of rows [m0, m0 + BM) of head h ([BM] fp32), stored in STATS's
@@ -376,7 +387,8 @@ def _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D: gl.constexpr, BM: gl.co
 def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, STATS, DQ, DR, DOCS,
                           T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                           D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                          VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr):
+                          VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
+                          STATS_IN_SHARED: gl.constexpr):
     gl.static_assert(STAGES >= 2, "the ring refills the slot of the tile before")
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BN)
@@ -408,6 +420,13 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
     tau, beta = _row_stats(O, VBAR, STATS, do_smem, m0, h, T, HQ, D, BM, num_warps)
     beta = gl.convert_layout(beta, rows_layout)
     bmt = beta - gl.convert_layout(tau, rows_layout)
+    held = None
+    if STATS_IN_SHARED:  # lse, tbar, beta - tau read where used (tuning.HopperConfig.stats_in_shared)
+        held = gl.allocate_shared_memory(gl.float32, [3, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        held.index(0).store(lse)
+        held.index(1).store(tbar)
+        held.index(2).store(bmt)
+        _cta_barrier()  # a row's value may be stored by another thread than those reading it
 
     zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
     dq = warpgroup_mma_init(gl.zeros([BM, D], gl.float32, acc_layout))
@@ -422,15 +441,15 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
                                  is_async=True)
         s, dq, dr = warpgroup_mma_wait(2, deps=(s, dq, dr))
         _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
-        p = gl.exp2(s * qk_scale - lse[:, None])
+        p = gl.exp2(s * qk_scale - _held(lse, held, 0, rows_layout)[:, None])
         n0 = lo + j * BN
         if (n0 < a_hi) | (n0 >= diag):
             p = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), p, 0.0)
         t = warpgroup_mma_wait(1, deps=(t, ))
-        c = 1.0 + tbar[:, None] - t
+        c = 1.0 + _held(tbar, held, 1, rows_layout)[:, None] - t
         a = warpgroup_mma_wait(0, deps=(a, ))
         delta = a - beta[:, None]
-        g1 = gl.convert_layout((p * (c * delta + bmt[:, None])).to(dtype), a_layout)
+        g1 = gl.convert_layout((p * (c * delta + _held(bmt, held, 2, rows_layout)[:, None])).to(dtype), a_layout)
         g2 = gl.convert_layout((-p * delta).to(dtype), a_layout)
         dq = warpgroup_mma(g1, k_tile, dq, is_async=True)
         dr = warpgroup_mma(g2, k_tile, dr, is_async=True)
@@ -747,7 +766,8 @@ def kernel_constexprs(name: str, d: int, config: tuning.HopperConfig, varlen: bo
     ``name`` ("fwd", "dq", "dkdv") launched with ``config`` at head dim d, in the global program order
     (heaviest tiles first). The warp-specialised kernels (the column pass; the forward when
     ``config.paired``) take their register split besides (the launch's cap and the consumers' share;
-    ``tuning`` refuses a cap of the config's own for them), the column pass KEYS_IN_REGISTERS."""
+    ``tuning`` refuses a cap of the config's own for them), the column pass KEYS_IN_REGISTERS, the row
+    pass STATS_IN_SHARED."""
     cap = {} if config.maxnreg is None else {"maxnreg": config.maxnreg}
     out = dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
                num_warps=config.warps, **cap)
@@ -755,4 +775,6 @@ def kernel_constexprs(name: str, d: int, config: tuning.HopperConfig, varlen: bo
         out.update(CONSUMER_REGS=_CONSUMER_REGS, maxnreg=_SPECIALISED_MAXNREG)
     if name == "dkdv":
         out["KEYS_IN_REGISTERS"] = config.keys_in_registers
+    if name == "dq":
+        out["STATS_IN_SHARED"] = config.stats_in_shared
     return out

@@ -110,7 +110,9 @@ class HopperConfig(NamedTuple):
     each over its own key tile of ``bn`` rows (a program covers 2 bn keys), and a producer warp; it
     splits its registers itself (``maxnreg`` stays None). ``paired`` (the forward only) runs the forward
     that way too: two consumer warpgroups over adjacent query tiles of ``bm`` rows and a producer warp
-    copying the k, v tiles both read, each copied once per 2 bm queries."""
+    copying the k, v tiles both read, each copied once per 2 bm queries. ``stats_in_shared`` (the row
+    pass only) keeps three of its per-query statistics (lse, tbar, beta - tau) in shared memory, read
+    where they are used, instead of in registers across its loop, where they spill at D=128."""
 
     bm: int
     bn: int
@@ -119,6 +121,7 @@ class HopperConfig(NamedTuple):
     maxnreg: int | None = None
     keys_in_registers: bool = False
     paired: bool = False
+    stats_in_shared: bool = False
 
 
 # The Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4 L4096
@@ -256,10 +259,14 @@ def _specialised_error(name: str, config: HopperConfig) -> str | None:
 
 
 def _keys_in_registers_error(name: str, config: HopperConfig) -> str | None:
-    """Why kernel ``name`` cannot hold k in registers as ``config`` asks, or None: only the column pass
-    keeps a k tile."""
+    """Why kernel ``name`` cannot hold k in registers, or the statistics in shared memory, as ``config``
+    asks, or None: only the column pass keeps a k tile, only the row pass those statistics."""
     if config.keys_in_registers and name != "dkdv":
         return f"keys_in_registers applies to the column pass 'dkdv' only, not {name!r}"
+    if not isinstance(config.stats_in_shared, bool):
+        return f"stats_in_shared must be a bool, got {config.stats_in_shared!r}"
+    if config.stats_in_shared and name != "dq":
+        return f"stats_in_shared applies to the row pass 'dq' only, not {name!r}"
     return None
 
 

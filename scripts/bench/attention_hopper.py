@@ -32,10 +32,12 @@ from scripts.bench.attention import make_inputs
 from scripts.bench.attention_loops import cudnn_ms
 from scripts.bench.results import command_line, describe, table, write_results
 
-# (BM, BN, num_warps, stages[, register cap, k in registers]) candidates per pass and head dim
+# (BM, BN, num_warps, stages[, register cap, k in registers, statistics in shared]) candidates per pass and
+# head dim
 CANDIDATES = {
     "dq": {128: [HopperConfig(*c) for c in [(64, 32, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (128, 32, 8, 3),
-                                          (64, 64, 4, 2), (128, 64, 8, 2)]],
+                                          (64, 64, 4, 2), (128, 64, 8, 2)]]
+           + [HopperConfig(64, 64, 4, 2, stats_in_shared=True)],
            64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3),
                                          (64, 32, 4, 4), (128, 32, 8, 2)]]},
     "dkdv": {128: [HopperConfig(*c) for c in [(32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4),
@@ -62,11 +64,12 @@ OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 def label(config: HopperConfig) -> str:
     """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages; " r168" with a
     register cap, " k in registers" with the column pass's k held there, " paired" for the forward over
-    paired query tiles)."""
+    paired query tiles, " stats in shared" for the row pass's statistics read from shared memory)."""
     cap = "" if config.maxnreg is None else f" r{config.maxnreg}"
     keys = " k in registers" if config.keys_in_registers else ""
     paired = " paired" if config.paired else ""
-    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}{paired}"
+    stats = " stats in shared" if config.stats_in_shared else ""
+    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}{paired}{stats}"
 
 
 @contextlib.contextmanager
