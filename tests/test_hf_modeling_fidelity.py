@@ -376,7 +376,8 @@ def test_block_causal_cache_cut_back_reads_its_documents(tmp_path):
     ("reorder_cache", (torch.tensor([1, 0]),), [1, 0]),  # beam search's, or a caller's
     ("batch_repeat_interleave", (2,), [0, 0, 1, 1]),  # contrastive search's
     ("batch_select_indices", (torch.tensor([1]),), [1]),
-], ids=["reorder", "repeat", "select"])
+    ("batch_select_indices", ([1, 1, 0],), [1, 1, 0]),  # a list, as the cache's layers take it
+], ids=["reorder", "repeat", "select", "select_list"])
 def test_block_causal_cache_rows_changed_by_the_cache_keep_their_documents(tmp_path, operation, args, rows):
     """The cache's own row operations, whoever calls them, move the block-causal document starts
     with the rows: the next token of each row reads the documents of its own sequence. A deep copy
@@ -386,7 +387,7 @@ def test_block_causal_cache_rows_changed_by_the_cache_keep_their_documents(tmp_p
     ours, hf = fp64_pair(tmp_path, attn_mask_type="block_causal")
     prompts = torch.stack(random_rows([8, 8]))
     prompts[0, 2], prompts[1, 5] = EOS, EOS  # documents end at different places in the two rows
-    nxt = torch.tensor([[55], [56], [57], [58]])[: len(rows)]
+    nxt = torch.tensor([[55], [56], [57], [58]])[: len(rows)]  # one next token per row after the change
     with torch.no_grad():
         cache = returned_cache(hf(prompts, use_cache=True))
         before = cache.parallax_document_starts.clone()

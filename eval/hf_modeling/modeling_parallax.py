@@ -370,8 +370,8 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
 # The cache's operations on its rows (beam search's reorder, contrastive search's repeat and select):
 # how the block-causal document starts kept on it (B, filled slots) follow them.
 _ROW_OPS = {
-    "reorder_cache": lambda starts, beam_idx: starts.index_select(0, beam_idx.to(starts.device)),
-    "batch_select_indices": lambda starts, indices: starts[indices.to(starts.device)],
+    "reorder_cache": lambda starts, rows: starts[torch.as_tensor(rows, device=starts.device)],
+    "batch_select_indices": lambda starts, rows: starts[torch.as_tensor(rows, device=starts.device)],
     "batch_repeat_interleave": lambda starts, repeats: starts.repeat_interleave(repeats, dim=0),
 }
 
