@@ -367,11 +367,16 @@ class ParallaxQwen3DecoderModel(ParallaxQwen3PreTrainedModel):
         return starts
 
 
+def _select_rows(starts, rows):
+    """Rows ``rows`` (indices: a tensor or a list) of the document starts (B, filled slots)."""
+    return starts[torch.as_tensor(rows, device=starts.device)]
+
+
 # The cache's operations on its rows (beam search's reorder, contrastive search's repeat and select):
 # how the block-causal document starts kept on it (B, filled slots) follow them.
 _ROW_OPS = {
-    "reorder_cache": lambda starts, rows: starts[torch.as_tensor(rows, device=starts.device)],
-    "batch_select_indices": lambda starts, rows: starts[torch.as_tensor(rows, device=starts.device)],
+    "reorder_cache": _select_rows,
+    "batch_select_indices": _select_rows,
     "batch_repeat_interleave": lambda starts, repeats: starts.repeat_interleave(repeats, dim=0),
 }
 

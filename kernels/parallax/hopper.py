@@ -106,6 +106,23 @@ def _copy_tiles(descs, smems, row, col, bar, pred):
 
 
 @gluon.jit
+def _handoff_barriers(STAGES: gl.constexpr):
+    """The mbarriers of a warp-specialised program (the column pass, the paired forward): ``ready``
+    (a ring slot's copies landed: the producer's expect, count 1), ``empty`` (both consumers released
+    the slot: count 2), each [STAGES, 1], and ``own`` ([2, 1], count 1), one per consumer for the tiles
+    it copies once itself."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    own = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(STAGES):
+        mbarrier.init(ready.index(b), count=1)
+        mbarrier.init(empty.index(b), count=2)
+    for b in gl.static_range(2):
+        mbarrier.init(own.index(b), count=1)
+    return ready, empty, own
+
+
+@gluon.jit
 def _wait_slot(rings, slot, phase):
     """Wait until every copy of ring slot ``slot`` (one per ring of ``rings``) landed."""
     for j in gl.static_range(len(rings)):
@@ -295,14 +312,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], do_desc.layout)
     rows = (q_smem, r_smem, do_smem)
     stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(STAGES):
-        mbarrier.init(ready.index(b), count=1)
-        mbarrier.init(empty.index(b), count=2)  # both consumers release each tile
-    for b in gl.static_range(2):
-        mbarrier.init(kv_ready.index(b), count=1)
+    ready, empty, kv_ready = _handoff_barriers(STAGES)
 
     gl.warp_specialize([
         (_column_keys, (k_desc, v_desc, k_smem.index(0), v_smem.index(0), rows, stat_smem, ready, empty,
@@ -640,14 +650,7 @@ def _fwd_paired_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS,
     r_smem = gl.allocate_shared_memory(dtype, [2, BM, D], r_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(STAGES):
-        mbarrier.init(ready.index(b), count=1)
-        mbarrier.init(empty.index(b), count=2)  # both consumers release each tile
-    for b in gl.static_range(2):
-        mbarrier.init(q_ready.index(b), count=1)
+    ready, empty, q_ready = _handoff_barriers(STAGES)
     gl.warp_specialize([
         (_fwd_consumer, (q_desc, r_desc, q_smem.index(0), r_smem.index(0), q_ready.index(0), k_smem, v_smem, ready,
                          empty, O, VBAR, TBAR, LSE, DOCS, m0, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D, BM, BN,
@@ -730,8 +733,8 @@ def forward(q, r, k, v, outputs, docs, *, strides, total, seq_len, window, qk_sc
     d, hq, hkv = q.shape[-1], q.shape[2], k.shape[2]
     config = tuning.HOPPER_CONFIGS["fwd"][d]
     descs = _query_key_descriptors(q, r, k, v, strides, total, config.bm, config.bn)
-    kernel, rows = (_fwd_paired_kernel, 2 * config.bm) if config.paired else (_fwd_hopper_kernel, config.bm)
-    kernel[(triton.cdiv(total, rows) * hq,)](
+    rows = 2 * config.bm if config.paired else config.bm
+    kernel_for("fwd", config)[(triton.cdiv(total, rows) * hq,)](
         *descs, o, vbar, tbar, lse, docs, total, seq_len, hq, hkv, hq // hkv, window, qk_scale,
         **kernel_constexprs("fwd", d, config, varlen))
 
@@ -759,6 +762,14 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
     stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], stats_layout())
     _bwd_dkdv_hopper_kernel[(triton.cdiv(total, 2 * column.bn) * hkv,)](
         *descs, stats_desc, dk, dv, docs, doce, *sizes, **kernel_constexprs("dkdv", d, column, varlen))
+
+
+def kernel_for(name: str, config: tuning.HopperConfig):
+    """The Gluon kernel of pass ``name`` ("fwd", "dq", "dkdv") under ``config``: the forward over paired
+    query tiles when ``config.paired``."""
+    if name == "fwd":
+        return _fwd_paired_kernel if config.paired else _fwd_hopper_kernel
+    return {"dq": _bwd_dq_hopper_kernel, "dkdv": _bwd_dkdv_hopper_kernel}[name]
 
 
 def kernel_constexprs(name: str, d: int, config: tuning.HopperConfig, varlen: bool) -> dict:

@@ -147,10 +147,9 @@ def compile_hopper(name: str, d: int, config, varlen: bool = False, target=HOPPE
     specialised as a launch finds them."""
     from kernels.parallax import hopper
 
-    kernel = {"fwd": hopper._fwd_paired_kernel if config.paired else hopper._fwd_hopper_kernel,
-              "dq": hopper._bwd_dq_hopper_kernel, "dkdv": hopper._bwd_dkdv_hopper_kernel}[name]
     constexprs = hopper.kernel_constexprs(name, d, config, varlen)
-    return compile_gluon(kernel, constexprs, hopper_descriptor_types(config.bm, config.bn, d), target=target)
+    return compile_gluon(hopper.kernel_for(name, config), constexprs, hopper_descriptor_types(config.bm, config.bn, d),
+                         target=target)
 
 
 def hopper_descriptor_types(bm: int, bn: int, d: int) -> dict:
