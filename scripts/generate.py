@@ -49,9 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(args, overrides: list[str], out=sys.stdout) -> list[str]:
+def run(args, overrides: list[str], out=None) -> list[str]:
     """Generate for every prompt of ``args`` (parsed by :func:`build_parser`), writing the text to
-    ``out`` as it comes; returns the completions' texts."""
+    ``out`` (default: the current ``sys.stdout``) as it comes; returns the completions' texts."""
+    out = sys.stdout if out is None else out
     resolve_device(args.device, "--device")  # a device this machine lacks: before the checkpoint is hashed
     if "" in args.stop:  # dropped by the text stream: generation would run to --max-new-tokens
         raise ValueError("--stop: got '', which stops nothing; expected a non-empty stop string")

@@ -93,3 +93,17 @@ def test_empty_stop_string_is_refused(checkpoint, capsys, no_loading):
     assert script.main(["--config", CONFIG, "--checkpoint", folder, "--device", "cpu", "--prompt", PROMPT,
                         "--stop", "\n", "--stop", ""]) == 2
     assert "--stop: got ''" in capsys.readouterr().err
+
+
+def test_main_writes_to_the_current_stdout(checkpoint):
+    """run()'s output defaulted to the sys.stdout of import time: main() under redirect_stdout (or a
+    test's capture) wrote the text past the redirection."""
+    import contextlib
+
+    folder, _, _ = checkpoint
+    expected, _ = run(folder, "--prompt", PROMPT, "--max-new-tokens", "3")
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        assert script.main(["--config", CONFIG, "--checkpoint", folder, "--device", "cpu", "--prompt", PROMPT,
+                            "--max-new-tokens", "3"]) == 0
+    assert shown.getvalue() == expected

@@ -7,6 +7,7 @@ be refused before the checkpoint is read."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -253,3 +254,90 @@ def test_sampler_observe_refuses_ids_outside_the_vocabulary():
 def test_token_probabilities_refuses_seen_of_another_shape_or_dtype(seen):
     with pytest.raises(ValueError, match=r"token_probabilities: seen must be bool of the logits' shape \(2, 4\)"):
         token_probabilities(torch.zeros(2, 4), SamplingParams(temperature=1.0, repetition_penalty=1.2), seen)
+
+
+@pytest.mark.parametrize("prompts, match", [
+    ([5, 6, 7], r"prompts\[0\]: expected a sequence of token ids, got int 5"),
+    (None, "prompts: expected a sequence of prompts .*, got NoneType"),
+    ((p for p in [[5, 6]]), "prompts: expected a sequence of prompts .*, got generator"),
+])
+def test_generate_names_prompts_that_are_not_lists_of_ids(model, prompts, match):
+    """A flat list of ids failed with "object of type 'int' has no len()" while sizing the cache, None
+    with "object of type 'NoneType' has no len()"."""
+    with pytest.raises(ValueError, match=match):
+        generate(model, prompts, stopping=StopCriteria(max_new_tokens=2))
+    with pytest.raises(ValueError, match=match):
+        Generator(model, batch_size=1, capacity=8).generate(prompts, stopping=StopCriteria(max_new_tokens=2))
+
+
+def test_generate_names_max_new_tokens_beyond_the_rope_table(model):
+    """generate() sizes the cache itself: the default max_new_tokens = 128 after a 3-token prompt on a
+    model of 64 positions was refused as "capacity: 131 positions exceed ...", a value never passed."""
+    with pytest.raises(ValueError, match=r"max_new_tokens: prompts\[1\] \(3 tokens\) plus max_new_tokens = 128 need "
+                                         r"131 positions, more than the model's RoPE table of 64 .*capacity=64"):
+        generate(model, [[5], [5, 6, 7]])
+    out = generate(model, [[5], [5, 6, 7]], capacity=64)  # the way out the message names
+    assert [c.finish_reason for c in out] == ["capacity", "capacity"] and len(out[1].tokens) == 62
+
+
+@pytest.mark.parametrize("stop_token_ids", [(4096,), (3, -1)])
+def test_stop_token_ids_outside_the_vocabulary_are_named(model, monkeypatch, stop_token_ids):
+    """An end token the model never emits: the row ran to max_new_tokens without a word (an eos id of
+    another tokenizer)."""
+    generator = Generator(model, batch_size=1, capacity=8)
+    monkeypatch.setattr(generator.session, "prefill", lambda *a, **k: pytest.fail("prefilled"))
+    stopping = [StopCriteria(max_new_tokens=2), StopCriteria(max_new_tokens=2, stop_token_ids=stop_token_ids)]
+    bad = [t for t in stop_token_ids if not 0 <= t < 4096]
+    with pytest.raises(ValueError, match=re.escape(f"stopping[1]: stop_token_ids {bad} are outside the model's "
+                                                   "vocabulary of 4096 (expected 0 to 4095)")):
+        generator.generate([[5, 6], [7]], stopping=stopping)
+
+
+@pytest.mark.parametrize("penalty", [1e-39, 1e-300])
+def test_a_tiny_repetition_penalty_draws_the_seen_token_not_nan(penalty):
+    """A seen positive logit divided by a penalty below ~1e-37 overflowed fp32 to inf, the softmax gave
+    NaN and torch.multinomial raised in the middle of generation (a traceback from the script)."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, 2.5], [0.5, 0.5, -1.0, 0.0]])
+    sampler = Sampler(SamplingParams(temperature=1.0, repetition_penalty=penalty, seed=0), 2, 4, torch.device("cpu"))
+    sampler.observe(0, [2, 3])  # 2.5 -> the largest finite logit: token 3 is certain
+    sampler.observe(1, [0, 1])  # ties of 0 and 1 at the largest: either, never 2 or 3
+    probs = token_probabilities(logits, sampler.params, sampler.seen)
+    assert torch.equal(probs, torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.0, 0.0]]))
+    assert token_ids(sampler(logits))[0] == 3
+
+
+def test_session_prefill_names_no_prompts(model):
+    """DecodeSession.prefill([]) failed with "max() arg is an empty sequence"."""
+    from parallax_titan.generation import DecodeSession
+
+    with pytest.raises(ValueError, match="prompts: expected at least one prompt, got none"):
+        DecodeSession(model, batch=2, capacity=8).prefill([])
+
+
+@pytest.mark.parametrize("rows", [torch.tensor([0, 0]), [0.0, 1.0], [True, False]])
+def test_session_prefill_names_rows_that_are_not_distinct_ints(model, rows):
+    """A tensor of rows [0, 0] passed the distinctness check (tensors hash by identity): both prompts
+    went to row 0 without a word; float rows failed inside index_copy_, bools ran as rows 0 and 1."""
+    from parallax_titan.generation import DecodeSession
+
+    session = DecodeSession(model, batch=2, capacity=8)
+    with pytest.raises(ValueError, match=r"rows: expected 2 distinct int rows in \[0, 2\), got"):
+        session.prefill([[5, 6], [7]], rows=rows)
+    assert session.lengths == [0, 0]
+
+
+def test_session_prefill_takes_rows_as_a_tensor(model):
+    from parallax_titan.generation import DecodeSession
+
+    session = DecodeSession(model, batch=2, capacity=8)
+    session.prefill([[5, 6], [7]], rows=torch.tensor([1, 0]))
+    assert session.lengths == [1, 2]
+
+
+@pytest.mark.parametrize("row", [-1, 2, 1.0])
+def test_sampler_observe_names_a_row_outside_the_batch(row):
+    """Row -1 marked the tokens of the last row as seen (penalised them) without a word."""
+    sampler = Sampler(SamplingParams(repetition_penalty=1.2), 2, 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match=rf"Sampler.observe: row must be an int in \[0, 2\), got {row!r}"):
+        sampler.observe(row, [1])
+    assert not sampler.seen.any()

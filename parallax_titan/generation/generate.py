@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from parallax_titan.generation.cache import ATTENTION_MIXERS
 from parallax_titan.generation.sampling import Sampler, SamplingParams, token_ids
 from parallax_titan.generation.session import DecodeSession, prompt_tokens
 from parallax_titan.generation.text import TextStream, cut_at_stop
@@ -167,8 +168,11 @@ class Generator:
         strings and text. on_text(prompt_index, text): called with each piece of settled text as
         it is generated (streaming). overflow: "stop" or "slide" (module docstring); with "stop"
         a prompt longer than the capacity is an error, with "slide" it keeps its last tokens.
+        ValueError for a stop token id outside the model's vocabulary (it would stop nothing).
         """
+        _check_prompt_list(prompts)
         stoppings = _per_prompt(stopping, len(prompts))
+        _check_stop_ids(stoppings, self.vocab_size)
         if overflow not in ("stop", "slide"):
             raise ValueError(f"overflow: expected 'stop' or 'slide', got {overflow!r}")
         if not isinstance(sampling, SamplingParams):
@@ -219,6 +223,25 @@ class Generator:
                     rows[i].start = rows[i].context_start()
 
 
+def _check_prompt_list(prompts) -> None:
+    """ValueError unless ``prompts`` is a sequence (of prompts) or a tensor: its length is taken
+    before any prompt is read (a generator has none)."""
+    if not isinstance(prompts, (Sequence, torch.Tensor)) or isinstance(prompts, (str, bytes)):
+        raise ValueError(f"prompts: expected a sequence of prompts (each a list of int token ids), got "
+                         f"{type(prompts).__name__} {prompts!r:.60}")
+
+
+def _check_stop_ids(stoppings: list[StopCriteria], vocab_size: int) -> None:
+    """ValueError naming the stop criteria whose stop_token_ids the model never emits (outside
+    ``[0, vocab_size)``, such as the end token of another tokenizer): their rows would silently run
+    to max_new_tokens."""
+    for i, crit in enumerate(stoppings):
+        bad = [t for t in crit.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"stopping[{i}]: stop_token_ids {bad} are outside the model's vocabulary of {vocab_size} "
+                             f"(expected 0 to {vocab_size - 1}); no row would stop on them")
+
+
 def _per_prompt(stopping, count: int) -> list[StopCriteria]:
     if isinstance(stopping, StopCriteria):
         return [stopping] * count
@@ -234,18 +257,36 @@ def generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling:
              capacity: int | None = None, graph: bool = False, decode=None, on_text: OnText | None = None,
              document_end: int | None = None) -> list[Completion]:
     """One-off generation: a :class:`Generator` sized for these prompts (batch: all of them, or
-    ``batch_size``; capacity: the longest prompt plus its max_new_tokens, or ``capacity``)."""
+    ``batch_size``; capacity: the longest prompt plus its max_new_tokens, which must fit an
+    attention model's RoPE table, or ``capacity``)."""
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         # 0 would have meant "all prompts", unlike every other count here
         raise ValueError(f"batch_size: expected a positive integer or None (all prompts at once), got {batch_size!r}")
+    _check_prompt_list(prompts)
     stoppings = _per_prompt(stopping, len(prompts))
     if not stoppings:
         return []  # no prompts: nothing to size a generator for
     if capacity is None:
-        capacity = max(len(p) + s.max_new_tokens for p, s in zip(prompts, stoppings))
+        capacity = _capacity_for(model, prompts, stoppings)
     generator = Generator(model, batch_size=batch_size or len(prompts), capacity=capacity, graph=graph,
                           document_end=document_end)
     return generator.generate(prompts, sampling, stoppings, decode=decode, on_text=on_text)
+
+
+def _capacity_for(model: torch.nn.Module, prompts, stoppings: list[StopCriteria]) -> int:
+    """The positions of the longest prompt plus its max_new_tokens (the prompts checked as ids
+    first). ValueError naming max_new_tokens, the value the caller chose, when an attention
+    model's RoPE table is shorter (the cache would name the capacity sized here)."""
+    vocab = model.model_args.vocab_size
+    lengths = [len(prompt_tokens(i, prompt, vocab)) for i, prompt in enumerate(prompts)]
+    need, i = max((n + crit.max_new_tokens, i) for i, (n, crit) in enumerate(zip(lengths, stoppings)))
+    positions = model.rope_cache.shape[0]
+    if model.model_args.mixer in ATTENTION_MIXERS and need > positions:
+        raise ValueError(f"max_new_tokens: prompts[{i}] ({lengths[i]} tokens) plus max_new_tokens = "
+                         f"{stoppings[i].max_new_tokens} need {need} positions, more than the model's RoPE table of "
+                         f"{positions} (model_args.max_seq_len); ask for fewer new tokens, or pass "
+                         f"capacity={positions} (a row then ends with finish_reason 'capacity')")
+    return need
 
 
 __all__ = ["Completion", "Generator", "StopCriteria", "cut_at_stop", "generate"]

@@ -67,10 +67,14 @@ def _finite(value) -> bool:
 
 
 def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """Repetition penalty: logits (batch, vocab) fp32, seen (batch, vocab) bool -> new logits."""
+    """Repetition penalty: logits (batch, vocab) fp32, seen (batch, vocab) bool -> new logits.
+
+    Kept finite: a tiny penalty overflows a seen positive logit to inf (a huge one a negative
+    logit to -inf), and the shift by the row's maximum in :func:`_tempered` gives inf - inf = NaN."""
     if penalty == 1.0:
         return logits
-    scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
+    largest = torch.finfo(logits.dtype).max
+    scaled = torch.where(logits > 0, logits / penalty, logits * penalty).clamp(-largest, largest)
     return torch.where(seen, scaled, logits)
 
 
@@ -165,10 +169,13 @@ class Sampler:
                 self.generator.manual_seed(params.seed)
 
     def observe(self, row: int, tokens) -> None:
-        """Row ``row``'s sequence now contains ``tokens`` (a list of ids in [0, vocab); a new prompt resets
-        it). ValueError for another id: a negative one marked a token from the end of the vocabulary."""
+        """Row ``row`` (an int in [0, batch)) now contains ``tokens`` (a list of ids in [0, vocab); a new
+        prompt resets it). ValueError for another row or id: a negative one marked a row or token from
+        the end."""
         if self.seen is not None:
-            vocab = self.shape[1]
+            batch, vocab = self.shape
+            if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < batch:  # -1: the last row
+                raise ValueError(f"Sampler.observe: row must be an int in [0, {batch}), got {row!r}")
             if not all(0 <= t < vocab for t in tokens):
                 raise ValueError(f"Sampler.observe: tokens of row {row} must lie in [0, {vocab}), got "
                                  f"{[t for t in tokens if not 0 <= t < vocab][:8]}")

@@ -18,6 +18,11 @@ from parallax_titan.generation.cache import ATTENTION_MIXERS, KVCache, Recurrent
 from parallax_titan.model import PrefillStep
 
 
+def _index(value) -> bool:
+    """Whether ``value`` is an int (a bool is not: it would run as 0 or 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def prompt_tokens(index: int, prompt, vocab_size: int) -> list[int]:
     """Prompt ``index`` (a sequence of int token ids, or a 1-D integer tensor) as a list of ints, each
     a row of the embedding; ValueError naming the prompt otherwise. A float id was truncated and a
@@ -34,8 +39,7 @@ def prompt_tokens(index: int, prompt, vocab_size: int) -> list[int]:
     else:
         raise ValueError(f"prompts[{index}]: expected a sequence of token ids, got {type(prompt).__name__} "
                          f"{prompt!r:.60} (a prompt is a list of int ids: tokenize text first)")
-    wrong = next(((p, t) for p, t in enumerate(tokens) if isinstance(t, bool) or not isinstance(t, numbers.Integral)),
-                 None)
+    wrong = next(((p, t) for p, t in enumerate(tokens) if not _index(t)), None)
     if wrong is not None:
         raise ValueError(f"prompts[{index}]: token id {wrong[1]!r} at position {wrong[0]} is a "
                          f"{type(wrong[1]).__name__}; expected an int")
@@ -73,13 +77,16 @@ class DecodeSession:
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
     def prefill(self, prompts: Sequence[Sequence[int]], rows: Sequence[int] | None = None) -> torch.Tensor:
-        """Start the sequences of cache rows ``rows`` (default 0..len(prompts)-1) with ``prompts``.
+        """Start the sequences of cache rows ``rows`` (distinct ints or a 1-D integer tensor; default
+        0..len(prompts)-1) with ``prompts``.
 
         prompts: token id lists (or 1-D integer tensors), each of 1..capacity ids in [0, vocab)
         (ValueError otherwise, before any work). Returns the next-token logits (len(prompts), vocab)
         in the model's dtype. Other rows keep their sequences.
         """
-        rows = list(range(len(prompts))) if rows is None else list(rows)
+        if rows is None:
+            rows = list(range(len(prompts)))
+        rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)  # tensors hash by identity
         prompts = self._check_prompts(prompts, rows)
         if isinstance(self.cache, KVCache):
             logits = self._prefill_attention(prompts, rows)
@@ -91,8 +98,11 @@ class DecodeSession:
 
     def _check_prompts(self, prompts, rows) -> list[list[int]]:
         """The prompts as lists of ids (``prompt_tokens``), each at most capacity long."""
-        if len(rows) != len(prompts) or len(set(rows)) != len(rows) or not all(0 <= r < self.batch for r in rows):
-            raise ValueError(f"rows: expected {len(prompts)} distinct rows in [0, {self.batch}), got {rows}")
+        if not prompts:  # else "max() arg is an empty sequence" from the padding
+            raise ValueError("prompts: expected at least one prompt, got none")
+        if (len(rows) != len(prompts) or len(set(rows)) != len(rows)
+                or not all(_index(r) and 0 <= r < self.batch for r in rows)):
+            raise ValueError(f"rows: expected {len(prompts)} distinct int rows in [0, {self.batch}), got {rows}")
         prompts = [prompt_tokens(i, prompt, self.model.model_args.vocab_size) for i, prompt in enumerate(prompts)]
         for prompt in prompts:
             if len(prompt) > self.capacity:
