@@ -101,6 +101,9 @@ SEMANTIC_CASES = [
     (["--training.global_batch_size", "12"],
      "training.global_batch_size: 12 is not a positive multiple of training.local_batch_size x data-parallel degree "
      "= 8 x 1 = 8 (on 1 rank)"),
+    (["--training.global_batch_size", "-8"],  # TorchTitan ran any negative as -1
+     "training.global_batch_size: -8 is not a positive multiple of training.local_batch_size x data-parallel degree "
+     "= 8 x 1 = 8 (on 1 rank); use a multiple of 8, or -1 for 8"),
     (["--checkpoint.keep_latest_k", "1"], "checkpoint.keep_latest_k: expected 0 (keep all) or an integer >= 2"),
 ]
 

@@ -501,7 +501,7 @@ class JobConfig(titan.JobConfig):
         wanted = training.global_batch_size
         if not all(isinstance(v, int) for v in (wanted, training.local_batch_size, world)):
             return []  # a wrong type is reported by Training.validate
-        if wanted < 0 or training.local_batch_size < 1:
+        if wanted == -1 or training.local_batch_size < 1:  # -1: local batch x degree (TorchTitan's default)
             return []
         degree = data_parallel_degree(self, world)
         per_step = training.local_batch_size * degree
