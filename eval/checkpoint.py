@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from parallax_titan.checkpoint_files import (
-    describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
+    CheckpointError, describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
 from parallax_titan.config import JobConfig, load_config
 from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
 from parallax_titan.resume_rules import check_model_settings
@@ -163,20 +164,37 @@ def load_checkpoint(model: torch.nn.Module, checkpoint_dir: str, verify: bool = 
     folder, for a checkpoint of another model: the first weight the model or the checkpoint
     lacks, or holds in another shape, with both shapes; and for a [parallax] switch or model argument
     that the checkpoint's ``settings.json`` records with another value
-    (:func:`parallax_titan.resume_rules.check_model_settings`).
+    (:func:`parallax_titan.resume_rules.check_model_settings`). A file that cannot be read then (a
+    missing or truncated one, loaded with ``verify`` false) raises CheckpointError naming ``who``,
+    the folder and the cause (:func:`_read_weights`).
     """
     verify_before_load(checkpoint_dir, who, off_switch, verify)
     check_checkpoint(model, checkpoint_dir)
-    _read_weights(model, checkpoint_dir)
+    _read_weights(model, checkpoint_dir, who, verify)
 
 
 @torch.no_grad()
-def _read_weights(model: torch.nn.Module, checkpoint_dir: str) -> None:
-    """The checkpoint's model weights into ``model`` (checked to fit by the caller)."""
+def _read_weights(model: torch.nn.Module, checkpoint_dir: str, who: str, verified: bool) -> None:
+    """The checkpoint's model weights into ``model`` (checked to fit by the caller). CheckpointError
+    naming ``who``, the folder and the cause when a file cannot be read: DCP raises a
+    ``CheckpointException``, a BaseException that no ``except Exception`` of a command catches, so
+    the command would end in a traceback instead of its exit code."""
     state = model_keys(model)
-    # no_dist: load on this process only, also when called inside a torchrun job.
-    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)
+    try:
+        # no_dist: load on this process only, also when called inside a torchrun job.
+        dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=True)
+    except (OSError, CheckpointException) as exc:
+        unchecked = "" if verified else "; it was loaded without checking its checksums, which name the damaged file"
+        raise CheckpointError(f"{who}: {checkpoint_dir!r} cannot be read: {_read_failure(exc)}{unchecked}") from None
     model.load_state_dict(state, strict=False)
+
+
+def _read_failure(exc: BaseException) -> str:
+    """The error behind a failed DCP read, as ``Type: message`` (a CheckpointException wraps each
+    rank's; the first is shown)."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        exc = next(iter(exc.failures.values()))[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__} (a truncated file?)"
 
 
 def load_model(job_config, checkpoint_dir: str, device=None, dtype="auto", max_length: int = 0,
@@ -187,14 +205,15 @@ def load_model(job_config, checkpoint_dir: str, device=None, dtype="auto", max_l
     ``verify``, ``who``, ``off_switch``: the checksum check of :func:`load_checkpoint`. Then the
     checkpoint is checked against the config's model on the meta device (the errors of
     :func:`load_checkpoint`), unless ``checked`` is :func:`check_job_checkpoint`'s verdict on it
-    (:func:`_check_or_take`); both before the model is built."""
+    (:func:`_check_or_take`); both before the model is built. A file that cannot be read raises
+    CheckpointError naming ``who`` (:func:`_read_weights`)."""
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     args = model_args_of(job_config, max_length)
     verify_before_load(checkpoint_dir, who, off_switch, verify)
     _check_or_take(args, checkpoint_dir, checked)
     model = build_model(args, device)
-    _read_weights(model, checkpoint_dir)
+    _read_weights(model, checkpoint_dir, who, verify)
     rope_cache = model.rope_cache  # kept in fp32, as under FSDP mixed precision in training
     model.to(dtype)
     model.rope_cache = rope_cache

@@ -182,7 +182,8 @@ class ParallaxLM(TemplateLM):
         unknown = sorted(set(args) - set(MODEL_ARGS))
         if unknown:
             raise ValueError(f"model_args: unknown {unknown} in {shown}; expected keys from {list(MODEL_ARGS)}")
-        extra = {k: v for k, v in (additional_config or {}).items() if k in ADDITIONAL_CONFIG and v}
+        # None: not given (simple_evaluate's defaults); a 0 is given and checked, not dropped for the default
+        extra = {k: v for k, v in (additional_config or {}).items() if k in ADDITIONAL_CONFIG and v is not None}
         # The lm_eval command always sets both (batch_size 1 and device cuda:0 unless --batch_size and
         # --device are given), so one of two differing values would be dropped silently; which one the
         # user meant cannot be told.

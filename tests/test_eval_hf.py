@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -270,3 +271,24 @@ def test_script_output_under_a_file_is_refused_before_reading(tmp_path, capsys, 
     assert script.main([command, "--config", CONFIG, *source, "--output", str(tmp_path / "blocker" / "out")]) == 2
     err = capsys.readouterr().err
     assert "--output: cannot create or write" in err and "'" + str(tmp_path / "blocker") + "'" in err
+
+
+@pytest.mark.parametrize("damage, cause", [("truncated", r"EOFError \(a truncated file\?\)"),
+                                           ("missing", r"FileNotFoundError: .*__0_0\.distcp'")])
+def test_script_unreadable_checkpoint_unchecked_is_an_error_not_a_traceback(tmp_path, capsys, damage, cause):
+    """With --no-verify, a truncated or missing data file ended the export in a traceback: DCP raises a
+    CheckpointException, a BaseException; now exit code 4 naming --checkpoint, the folder and the cause."""
+    model = build_model(model_args_of(load_job_config(CONFIG)), torch.device("cpu"))
+    folder = str(tmp_path / "step-5")
+    save_checksummed(model.state_dict(), folder)
+    data = os.path.join(folder, "__0_0.distcp")
+    if damage == "truncated":
+        os.truncate(data, os.path.getsize(data) // 2)
+    else:
+        os.remove(data)
+    export = ["export", "--config", CONFIG, "--checkpoint", folder, "--output", str(tmp_path / "hf"), "--no-verify"]
+    assert load_script().main(export) == 4
+    err = capsys.readouterr().err
+    assert re.search(f"error: --checkpoint: {re.escape(repr(folder))} cannot be read: {cause}; it was loaded without "
+                     "checking its checksums", err), err
+    assert not os.path.exists(tmp_path / "hf")

@@ -326,6 +326,20 @@ def test_model_args_that_lm_eval_would_override_are_refused(fake_checkpoint):
     assert [(kw["device"], int(kw["batch_size"])) for _, _, kw in fake_checkpoint] == [("cpu", 16), ("cpu", 4)]
 
 
+@pytest.mark.parametrize("batch_size", [0, "0"])
+def test_lm_eval_batch_size_zero_is_refused_not_replaced(monkeypatch, batch_size):
+    """simple_evaluate(model="parallax_titan", batch_size=0) was dropped as unset: the adapter scored
+    with its default batch size 8 (or model_args' batch size) instead of refusing it."""
+    monkeypatch.setattr("eval.model.load_job_config", lambda *args: None)  # the check comes before the load
+    monkeypatch.setattr("eval.model.load_model", lambda *args, **kwargs: pytest.fail("the checkpoint was loaded"))
+    with pytest.raises(ValueError, match=f"batch_size: got {batch_size!r}; expected a positive integer"):
+        ParallaxLM.create_from_arg_obj({"config": "X.toml", "checkpoint": "D"},
+                                       {"batch_size": batch_size, "max_batch_size": None, "device": None})
+    with pytest.raises(ValueError, match=f"batch_size=4 in model_args but {batch_size!r} from lm-eval"):
+        ParallaxLM.create_from_arg_obj({"config": "X.toml", "checkpoint": "D", "batch_size": 4},
+                                       {"batch_size": batch_size})
+
+
 def test_unknown_model_args_are_named(fake_checkpoint):
     with pytest.raises(ValueError, match=r"model_args: unknown \['batchsize'\].*batch_size"):
         ParallaxLM.create_from_arg_string("config=X.toml,checkpoint=D,batchsize=4")

@@ -545,6 +545,21 @@ CONFIG_EDITS = {  # id: (edit of config.json, the exported model's changes, the 
     "more_layers": (lambda c: c.update(num_hidden_layers=3), {}, r"missing weights \['model.layers.2"),
     "untied": (lambda c: c.update(tie_word_embeddings=False), {}, r"missing weights \['lm_head.weight'\]"),
     "kv_heads": (lambda c: c.update(num_key_value_heads=3), {}, r"num_attention_heads: 8 is not a multiple"),
+    # a field left out took Qwen3's default (rope_theta 1e6, rms_norm_eps 1e-6): it loaded and computed another model
+    "rope_theta_dropped": (lambda c: c.pop("rope_theta"), {"rope_theta": 1e4}, r"config.json: missing rope_theta;"),
+    "rms_norm_eps_dropped": (lambda c: c.pop("rms_norm_eps"), {"norm_eps": 1e-5},
+                             r"config.json: missing rms_norm_eps;"),
+    "max_positions_dropped": (lambda c: c.pop("max_position_embeddings"), {},
+                              r"config.json: missing max_position_embeddings;"),
+    # null eps took torch's own epsilon; text values failed deep in torch, or ("false") were truthy
+    "rms_norm_eps_null": (lambda c: c.update(rms_norm_eps=None), {}, r"rms_norm_eps: expected a positive number, got None"),
+    "heads_as_text": (lambda c: c.update(num_attention_heads="8"), {},
+                      r"num_attention_heads: expected a positive integer, got '8'"),
+    "rope_theta_as_text": (lambda c: c.update(rope_theta="1e6"), {}, r"rope_theta: expected a positive number, got '1e6'"),
+    "tied_as_text": (lambda c: c.update(tie_word_embeddings="false"), {},
+                     r"tie_word_embeddings: expected true or false, got 'false'"),
+    "attention_dropout": (lambda c: c.update(attention_dropout=0.1), {}, r"attention_dropout: 0.1; Parallax-Qwen3 "
+                                                                         r"computes no attention dropout"),
 }
 
 
@@ -583,6 +598,21 @@ def test_parallax_defaults_are_for_configs_built_in_code(tmp_path):
     with pytest.raises(ValueError, match=r"parallax: unknown keys \['window'\]"):
         load(folder, dtype=torch.float32, parallax={**full, "window": 4})
     assert load(folder, dtype=torch.float32, parallax={**full, "rho_rope": True}).config.parallax["rho_rope"] is True
+
+
+def test_a_config_without_token_ids_runs(tmp_path):
+    """transformers 5's base config defines no eos_token_id: a config built in code without one, or a
+    causal export's config.json without it, failed at the first forward (AttributeError)."""
+    hf = load(edited_export(tmp_path, lambda c: c.pop("eos_token_id")), dtype=torch.float64)
+    assert hf.config.eos_token_id is None
+    ours = to_fp64(tiny_model("parallax", seed=0))
+    tokens = torch.stack(random_rows([10, 10]))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, ours(tokens), **TOL)
+    config = type(hf.config)(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    with torch.no_grad():
+        assert type(hf)(config)(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 64)
 
 
 @pytest.mark.parametrize("edit", [lambda c: c.update(num_attention_heads=16),

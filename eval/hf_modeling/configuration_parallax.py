@@ -9,6 +9,12 @@ from transformers import PretrainedConfig
 GATES = ("none", "token", "head")
 MASK_TYPES = ("causal", "block_causal")
 PARALLAX_DEFAULTS = {"rho_rope": True, "gate": "none", "attn_mask_type": "causal"}
+# The fields a checkpoint's config.json must give: a default taken for one left out (rope_theta 1e6,
+# rms_norm_eps 1e-6, the sizes of Qwen3-0.6B) computes another model than the weights were trained as.
+CHECKPOINT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "rms_norm_eps",
+                     "tie_word_embeddings")
+SIZE_FIELDS = CHECKPOINT_FIELDS[:8]  # positive integers
 
 
 def missing_parallax_keys(block: dict) -> list[str]:
@@ -45,6 +51,21 @@ def checked_parallax(block, eos_token_id) -> dict:
     return dict(block)
 
 
+def field_problem(key: str, value) -> str | None:
+    """What is wrong with ``value`` for the config field ``key`` (a size: a positive integer;
+    ``rope_theta``, ``rms_norm_eps``: a positive finite number; ``tie_word_embeddings``: a boolean),
+    or None. A string or null read from a config.json edited by hand would otherwise fail deep in
+    torch, or (``rms_norm_eps`` null: torch's own epsilon) compute another model."""
+    if key in SIZE_FIELDS:
+        ok, expected = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
+    elif key == "tie_word_embeddings":
+        ok, expected = isinstance(value, bool), "true or false"
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+        expected = "a positive number"
+    return None if ok else f"{key}: expected {expected}, got {value!r}"
+
+
 class ParallaxQwen3Config(PretrainedConfig):
     """Qwen3's fields plus ``parallax``: ``rho_rope`` (RoPE on the probe), ``gate`` ("none",
     "token", "head": a sigmoid gate on the probe after its norm) and ``attn_mask_type`` ("causal",
@@ -58,7 +79,9 @@ class ParallaxQwen3Config(PretrainedConfig):
     ``parallax`` key or a ``parallax`` that is not a dict, a block-causal model without one
     ``eos_token_id``, a RoPE scaling (``rope_scaling`` / ``rope_parameters`` of a type other than
     "default"), a sliding window or attention chunks (``sliding_window``, ``use_sliding_window``,
-    ``attention_chunk_size``, ``layer_types``), an activation other than silu, biases."""
+    ``attention_chunk_size``, ``layer_types``), an activation other than silu, biases, attention
+    dropout (none is computed); and a size, ``rope_theta``, ``rms_norm_eps`` or
+    ``tie_word_embeddings`` of the wrong type (:func:`field_problem`)."""
 
     model_type = "parallax_qwen3"
     keys_to_ignore_at_inference = ["past_key_values", "cache"]
@@ -66,7 +89,16 @@ class ParallaxQwen3Config(PretrainedConfig):
     def __init__(self, vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="silu",
                  max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                 attention_bias=False, use_cache=True, initializer_range=0.02, parallax=None, **kwargs):
+                 attention_bias=False, use_cache=True, initializer_range=0.02, parallax=None, bos_token_id=None,
+                 eos_token_id=None, pad_token_id=None, **kwargs):
+        given = {"vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+                 "num_hidden_layers": num_hidden_layers, "num_attention_heads": num_attention_heads,
+                 "num_key_value_heads": num_key_value_heads, "head_dim": head_dim,
+                 "max_position_embeddings": max_position_embeddings, "rope_theta": rope_theta,
+                 "rms_norm_eps": rms_norm_eps, "tie_word_embeddings": tie_word_embeddings}
+        problem = next(filter(None, (field_problem(key, value) for key, value in given.items())), None)
+        if problem:
+            raise ValueError(problem)
         for key in ("rope_scaling", "rope_parameters"):  # the modeling code computes plain RoPE only
             rope = kwargs.get(key) or {}
             kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
@@ -94,6 +126,9 @@ class ParallaxQwen3Config(PretrainedConfig):
         if hidden_act != "silu" or attention_bias:
             raise ValueError(f"hidden_act / attention_bias: Parallax-Qwen3 uses silu without biases, got "
                              f"{hidden_act!r} / {attention_bias!r}")
+        if kwargs.get("attention_dropout"):  # Qwen3 drops attention weights in training; this model has none to drop
+            raise ValueError(f"attention_dropout: {kwargs['attention_dropout']!r}; Parallax-Qwen3 computes no "
+                             "attention dropout (expected 0)")
         if num_attention_heads % num_key_value_heads:
             raise ValueError(f"num_attention_heads: {num_attention_heads} is not a multiple of num_key_value_heads "
                              f"= {num_key_value_heads}")
@@ -103,7 +138,11 @@ class ParallaxQwen3Config(PretrainedConfig):
         self.max_position_embeddings, self.rope_theta, self.rms_norm_eps = max_position_embeddings, rope_theta, rms_norm_eps
         self.attention_bias, self.use_cache, self.initializer_range = attention_bias, use_cache, initializer_range
         self.tie_word_embeddings = tie_word_embeddings
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kwargs)
+        # transformers 5's base config no longer defines them: a config without them would fail at
+        # the first forward, which reads eos_token_id (block-causal documents)
+        self.bos_token_id, self.eos_token_id, self.pad_token_id = bos_token_id, eos_token_id, pad_token_id
         if parallax is None or isinstance(parallax, dict):  # a new model: the keys left out take the defaults
             parallax = {**PARALLAX_DEFAULTS, **(parallax or {})}
         self.parallax = parallax  # checked by __setattr__, against the eos_token_id set just above
@@ -119,22 +158,26 @@ class ParallaxQwen3Config(PretrainedConfig):
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
         """The config of a checkpoint (transformers' ``from_pretrained`` and ``AutoConfig`` read
-        config.json through this). Its ``parallax`` block must give every key, as exports and
-        ``save_pretrained`` write them: a default taken for a key left out (``rho_rope`` true for a
-        model trained without it) computes another model. A ``parallax`` keyword replaces the block
-        before this check, so that it may complete a config.json without one.
+        config.json through this). It must give every field of :data:`CHECKPOINT_FIELDS` and every
+        key of its ``parallax`` block, as exports and ``save_pretrained`` write them: a default taken
+        for one left out (``rope_theta`` 1e6 for a model trained with 1e4, ``rho_rope`` true for a
+        model trained without it) computes another model. A keyword of the same name (``parallax``
+        replacing the block) completes a config.json without it.
 
-        Raises ValueError naming the missing keys."""
+        Raises ValueError naming the missing fields and keys."""
         if "parallax" in kwargs:
             config_dict = {**config_dict, "parallax": kwargs.pop("parallax")}
+        missing = [key for key in CHECKPOINT_FIELDS if key not in config_dict and key not in kwargs]
         block = config_dict.get("parallax")
-        missing = ["parallax"] if block is None else []
-        if isinstance(block, dict):  # a block of another type is refused by __init__
-            missing = [f"parallax.{key}" for key in missing_parallax_keys(block)]
+        if block is None:
+            missing.append("parallax")
+        elif isinstance(block, dict):  # a block of another type is refused by __init__
+            missing += [f"parallax.{key}" for key in missing_parallax_keys(block)]
         if missing:
-            raise ValueError(f"config.json: missing {', '.join(missing)}; a checkpoint's config gives every key of "
-                             f"parallax ({sorted(PARALLAX_DEFAULTS)}), as the export writes them (the defaults "
-                             f"{PARALLAX_DEFAULTS} are for a new model built in code)")
+            raise ValueError(f"config.json: missing {', '.join(missing)}; a checkpoint's config gives each field the "
+                             "model computes with and every key of parallax, as the export and save_pretrained write "
+                             "them (the defaults, such as rope_theta 1e6 and parallax "
+                             f"{PARALLAX_DEFAULTS}, are for a new model built in code)")
         return super().from_dict(config_dict, **kwargs)
 
     @classmethod
