@@ -10,6 +10,7 @@ builds the loader. ``build_validator`` is TorchTitan's validator reading our val
 from __future__ import annotations
 
 import copy
+import math
 import os
 
 import torch
@@ -17,6 +18,7 @@ from torchtitan.components.validate import Validator
 from torchtitan.tools.logging import logger
 
 from parallax_titan.config.schema import seed_problem
+from parallax_titan.data.mixture import PERIOD, shares, unmixable_source
 from parallax_titan.data.pretokenized import (
     DOCUMENT_STARTS, PretokenizedLoader, ReadAhead, SequenceSource, sequence_count_problem,
 )
@@ -63,6 +65,32 @@ def _source_key(cfg, section: str, i: int) -> str:
     return f"{section}.sources[{i}].path" if getattr(cfg, "sources", []) else f"{section}.dataset_path"
 
 
+def _sources_problem(cfg, section: str) -> str | None:
+    """Why ``[[<section>.sources]]`` cannot be mixed as written, or None: a folder listed twice (under
+    two names the run would log two datasets and train on one), or a weight or token budget whose
+    share of the sum is below the mixing resolution (no slot of a period would be its). Entries
+    whose values the config's own check refuses are left to it."""
+    sources = getattr(cfg, "sources", [])
+    seen = {}
+    for i, source in enumerate(sources):
+        folder = os.path.realpath(source.path) if source.path else None
+        if folder in seen:
+            return (f"{section}.sources[{i}].path = {source.path!r} is the folder of {section}.sources[{seen[folder]}]"
+                    f".path = {sources[seen[folder]].path!r}; expected each dataset once (its weight sets its share)")
+        if folder:
+            seen[folder] = i
+    weights = [s.weight or s.tokens for s in sources]
+    if len(weights) < 2 or not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0 for w in weights):
+        return None
+    s = unmixable_source(weights)
+    if s is None:
+        return None
+    key = "tokens" if sources[s].tokens else "weight"
+    return (f"{section}.sources[{s}].{key} = {getattr(sources[s], key)!r}: a share of {shares(weights)[s]:.3g} of the "
+            f"sequences, below the mixing resolution 1/{PERIOD} (the source would never be drawn); expected a larger "
+            "share, or no such source")
+
+
 def check_pretokenized(cfg, section: str, tokenizer_path: str | None, checksums: bool = False) -> list[dict]:
     """Check each source of a ``pretokenized`` section; returns their manifests.
 
@@ -72,6 +100,9 @@ def check_pretokenized(cfg, section: str, tokenizer_path: str | None, checksums:
     """
     from parallax_titan.tokenizer import tokenizer_sha256
 
+    problem = _sources_problem(cfg, section)
+    if problem:
+        raise ValueError(problem)
     wanted = tokenizer_sha256(tokenizer_path) if tokenizer_path else None
     manifests = []
     for i, (_, path, _) in enumerate(source_entries(cfg, section)):
@@ -319,7 +350,8 @@ def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job
     if validation.dataset.lower() == PRETOKENIZED:
         return build_pretokenized_loader(job_config, "validation", dp_world_size, dp_rank)
     return build_text_loader(validation, dp_world_size, dp_rank, tokenizer, data_order="global", infinite=infinite,
-                             skip_bad=_skip_bad(job_config), max_bytes=_max_bytes(job_config))
+                             skip_bad=_skip_bad(job_config), max_bytes=_max_bytes(job_config),
+                             section_name="validation")
 
 
 def document_boundaries_from_starts(starts: torch.Tensor):

@@ -51,19 +51,41 @@ def permutation(n: int, seed: int, source: int, epoch: int) -> np.ndarray:
     return order
 
 
+def shares(weights: list[float]) -> np.ndarray:
+    """Each of ``weights`` (each > 0) divided by their sum (float64). Finite weights whose sum
+    overflows to inf are scaled down first, keeping their ratios (the plain sum made every share 0);
+    other weights are divided as they are, so their mixtures stay bit-identical."""
+    w = np.asarray(weights, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        if not np.isfinite(w.sum()):
+            w = w / w.max()
+    return w / w.sum()
+
+
+def _slots(weights: list[float], period: int) -> np.ndarray:
+    """``weights`` scaled to ``period`` slots by largest remainder (ties to the lower index)."""
+    quota = shares(weights) * period
+    counts = np.floor(quota).astype(np.int64)
+    remainder = period - int(counts.sum())
+    order = sorted(range(len(counts)), key=lambda s: (-(quota[s] - counts[s]), s))
+    counts[order[:remainder]] += 1
+    return counts
+
+
+def unmixable_source(weights: list[float], period: int = PERIOD) -> int | None:
+    """The first source (index) of a mixture of ``weights`` (each > 0) that would get no slot of a
+    period: its share is below the mixing resolution ``1/period``. None when each gets one."""
+    empty = np.flatnonzero(_slots(weights, period) == 0)
+    return int(empty[0]) if len(empty) else None
+
+
 def apportion(weights: list[float], period: int) -> np.ndarray:
     """Slots per period of each source: ``weights`` (each > 0) scaled to ``period`` by largest
     remainder (ties to the lower index). ValueError when a weight would get no slot."""
-    w = np.asarray(weights, dtype=np.float64)
-    quota = w / w.sum() * period
-    counts = np.floor(quota).astype(np.int64)
-    remainder = period - int(counts.sum())
-    order = sorted(range(len(w)), key=lambda s: (-(quota[s] - counts[s]), s))
-    counts[order[:remainder]] += 1
-    if (counts == 0).any():
-        s = int(np.argmin(counts))
-        raise ValueError(f"source {s}'s share {w[s] / w.sum():.3g} is below the mixing resolution 1/{period}")
-    return counts
+    s = unmixable_source(weights, period)
+    if s is not None:
+        raise ValueError(f"source {s}'s share {shares(weights)[s]:.3g} is below the mixing resolution 1/{period}")
+    return _slots(weights, period)
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,8 @@ def jsonl_texts(path: str, bad: BadRecords | None = None, start: int = 0, stop: 
 def _string_column(path: str, schema: pa.Schema) -> None:
     if TEXT_COLUMN not in schema.names:
         raise ValueError(f"{path}: no '{TEXT_COLUMN}' column (found {schema.names})")
+    if schema.names.count(TEXT_COLUMN) > 1:  # Arrow then finds none by name (a KeyError)
+        raise ValueError(f"{path}: {schema.names.count(TEXT_COLUMN)} columns named '{TEXT_COLUMN}'; expected one")
     kind = schema.field(TEXT_COLUMN).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise ValueError(f"{path}: column '{TEXT_COLUMN}' holds {kind}, expected strings")

@@ -112,11 +112,16 @@ def load_text(name: str, path: str | None, skip_bad: bool, max_bytes: int):
 
 class TextDataset(HuggingFaceTextDataset):
     """TorchTitan's packed-sequence text dataset over one of :data:`TEXT_DATASETS`, loaded with the
-    job's bad-data policy (TorchTitan's constructor would call the registry's loader with a path only)."""
+    job's bad-data policy (TorchTitan's constructor would call the registry's loader with a path only).
+
+    ``section`` (``training`` or ``validation``) names the config keys in errors. An endless
+    (``infinite``) dataset whose documents give nothing in two passes in a row raises ValueError:
+    TorchTitan's loop would re-read the empty share forever, and the other ranks would wait on this
+    one. One empty pass is normal: a pass resumed at the end of the documents."""
 
     def __init__(self, name: str, path: str | None, tokenizer, seq_len: int, dp_rank: int = 0,
                  dp_world_size: int = 1, infinite: bool = False, skip_bad: bool = False,
-                 max_bytes: int = DEFAULT_MAX_RECORD_BYTES):
+                 max_bytes: int = DEFAULT_MAX_RECORD_BYTES, section: str = "training"):
         self.dataset_name = name.lower()
         self._data = split_dataset_by_node(load_text(self.dataset_name, path, skip_bad, max_bytes),
                                            dp_rank, dp_world_size)
@@ -126,6 +131,35 @@ class TextDataset(HuggingFaceTextDataset):
         self._text_processor = sample_text
         self._sample_idx = 0
         self._token_buffer: list[int] = []
+        self._where = (f"{section}.dataset = {name!r} ({section}.dataset_path = {path!r})" if path
+                       else f"{section}.dataset = {name!r}")
+        self._share = (dp_rank, dp_world_size)
+        self._empty_passes = 0
+
+    def _get_data_iter(self):
+        if self._empty_passes >= 2:
+            raise ValueError(self._no_document_message())
+        return self._counted(super()._get_data_iter())
+
+    def _no_document_message(self) -> str:
+        rank, ranks = self._share
+        skipped = "every record left out as bad under reliability.bad_data = 'skip'"
+        if ranks == 1:
+            return (f"{self._where}: a whole pass over the data gave no document ({skipped}); expected at least "
+                    "one good document")
+        return (f"{self._where}: data-parallel rank {rank} of {ranks} read no document in a whole pass over its "
+                f"share of the data (fewer documents than ranks, or {skipped}); expected at least one good document "
+                "per rank: add data, use fewer ranks, or training.data_order = 'global' (every rank reads every "
+                "document)")
+
+    def _counted(self, samples):
+        """``samples``, counting the passes in a row that give none."""
+        empty = True
+        for sample in samples:
+            empty, self._empty_passes = False, 0
+            yield sample
+        if empty:
+            self._empty_passes += 1
 
 
 def rank_keeps_sequence(index: int, dp_rank: int, dp_world_size: int, local_batch_size: int) -> bool:
@@ -190,14 +224,16 @@ class GlobalOrderLoader(ParallelAwareDataloader):
 
 
 def build_text_loader(section, dp_world_size: int, dp_rank: int, tokenizer, *, data_order: str,
-                      infinite: bool, skip_bad: bool, max_bytes: int) -> ParallelAwareDataloader:
-    """A checkpointable loader over the text dataset of ``section`` (``[training]`` or ``[validation]``).
+                      infinite: bool, skip_bad: bool, max_bytes: int,
+                      section_name: str = "training") -> ParallelAwareDataloader:
+    """A checkpointable loader over the text dataset of ``section`` (``[training]`` or ``[validation]``,
+    named by ``section_name`` in errors).
 
     Each batch is ``({"input": LongTensor[local_batch_size, seq_len]}, labels)``, labels the inputs
     shifted left by one token. ``data_order``: "sharded" or "global" (module docstring).
     """
     common = dict(name=section.dataset, path=section.dataset_path, tokenizer=tokenizer, seq_len=section.seq_len,
-                  infinite=infinite, skip_bad=skip_bad, max_bytes=max_bytes)
+                  infinite=infinite, skip_bad=skip_bad, max_bytes=max_bytes, section=section_name)
     kwargs = {**asdict(section.dataloader), "batch_size": section.local_batch_size}
     if data_order == "global":
         dataset = GlobalOrderTextDataset(dp_rank=dp_rank, dp_world_size=dp_world_size,
