@@ -2,8 +2,9 @@
 share of a text dataset holds no document (it re-looped forever, flooding the log), one pre-tokenized
 folder listed twice under two names (the run trained on one dataset and logged two), a source weight
 below the mixing resolution (refused at the loader build without naming the key), weights whose sum
-overflows (the mixture fell to equal shares), and a parquet file with two ``content`` columns (a
-KeyError traceback)."""
+overflows (the mixture fell to equal shares), a parquet file with two ``content`` columns (a
+KeyError traceback), and a directory's hidden copies of its files (read twice) and files of other
+formats (left out without a word)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from parallax_titan.config import ConfigError, load_config
 from parallax_titan.data import CORPUS_DIR, build_dataloader, build_validation_dataloader, check_dataset_config
 from parallax_titan.data.mixture import Mixture
-from parallax_titan.data.records import check_file, record_count
+from parallax_titan.data.records import check_file, record_count, resolve_data_files
 from parallax_titan.data.text import TextDataset
 from tests.test_data import SEQ_LEN, make_job, take, tok  # noqa: F401 (fixture)
 from tests.test_pretokenized import SEQ, data  # noqa: F401 (fixture)
@@ -125,3 +126,18 @@ def test_a_parquet_file_with_two_content_columns_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"2 columns named 'content'"):
         check_dataset_config(cfg, "training")
     assert os.path.isfile(path)
+
+
+def test_a_directory_leaves_out_hidden_copies_and_names_files_it_does_not_read(tmp_path, caplog):
+    """A notebook's checkpoint folder holds a copy of a data file: both used to be read (its documents
+    trained on twice); a ``.json`` file beside them was left out without a word."""
+    write_docs(tmp_path / "data.jsonl", ["one"])
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    write_docs(tmp_path / ".ipynb_checkpoints" / "data-checkpoint.jsonl", ["one"])
+    write_docs(tmp_path / ".hidden.jsonl", ["two"])
+    write_docs(tmp_path / "notes.json", ["three"])
+    with caplog.at_level("WARNING"):
+        files = resolve_data_files(str(tmp_path), key="training.dataset_path")
+    assert files == [str(tmp_path / "data.jsonl")]
+    assert "training.dataset_path" in caplog.text and "1 file(s) without a .parquet/.jsonl/.jsonl.gz ending" in caplog.text
+    assert "notes.json" in caplog.text

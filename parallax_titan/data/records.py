@@ -291,9 +291,23 @@ def check_file(path: str, skip_bad: bool = False, max_bytes: int = DEFAULT_MAX_R
         raise ValueError(f"data file {path!r}: unsupported format; expected {PARQUET_SUFFIXES + JSONL_SUFFIXES}")
 
 
+def _directory_files(path: str) -> tuple[list[str], list[str]]:
+    """The data files under directory ``path`` (searched recursively) and its other files. Hidden files
+    and folders (a leading ".", such as ``.ipynb_checkpoints``, whose copies of the data files would be
+    read twice) are neither, as in ``datasets`` and as a glob's ``*`` leaves them out."""
+    data, others = [], []
+    for root, folders, names in os.walk(path):
+        folders[:] = sorted(f for f in folders if not f.startswith("."))
+        for name in names:
+            if not name.startswith("."):
+                (data if name.endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES) else others).append(os.path.join(root, name))
+    return data, sorted(others)
+
+
 def resolve_data_files(path: str | None, key: str = "training.dataset_path", skip_bad: bool = False,
                        max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[str]:
-    """Expand a file, directory (searched recursively) or glob into a sorted list of data files, each checked.
+    """Expand a file, directory (searched recursively, hidden files and folders left out; its files of
+    other formats are named in a warning) or glob into a sorted list of data files, each checked.
 
     ``key`` names the config key in error messages. All files must be parquet, or all JSONL. With
     ``skip_bad``, files that fail their check are left out with a warning; none left is an error.
@@ -302,8 +316,10 @@ def resolve_data_files(path: str | None, key: str = "training.dataset_path", ski
         raise ValueError(f"{key} is not set (got {path!r}); expected a .parquet/.jsonl/.jsonl.gz file, a directory "
                          "of them, or a glob")
     if os.path.isdir(path):
-        files = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names
-                 if name.endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES)]
+        files, others = _directory_files(path)
+        if others:
+            logger.warning(f"{key} = {path!r}: {len(others)} file(s) without a .parquet/.jsonl/.jsonl.gz ending are not "
+                           f"read, e.g. {others[:3]}")
     elif os.path.isfile(path):
         files = [path]
     else:
