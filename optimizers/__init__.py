@@ -4,7 +4,7 @@ skip-step, schedules."""
 from .directions import MatrixSpec, update_scale
 from .muon import ALGO_OPTIONS, ALGOS, GROUP_DEFAULTS, MuonAdamW
 from .orthogonalize import newton_schulz, orthogonalize, polar_express
-from .routing import DEFAULT_PARAM_RULES, RoutingConfig, build_param_groups, categorize, parse_headwise
+from .routing import DEFAULT_PARAM_RULES, RoutingConfig, build_param_groups, categorize, check_reached, parse_headwise
 from .skip_step import SkipStep
 from .spectral import band_projectors, banded_spectral_power, msign, spectral_power
 from .variants import aurora_polar, normuon_normalize, soap_directions
@@ -31,5 +31,6 @@ __all__ = [
     "RoutingConfig",
     "build_param_groups",
     "categorize",
+    "check_reached",
     "parse_headwise",
 ]

@@ -1,4 +1,4 @@
-"""Owner-rank full-matrix work for FSDP2-sharded (DTensor Shard(0)) parameters.
+"""Owner-rank full-matrix work for FSDP2-sharded (DTensor Shard(0)) parameters, HSDP's included.
 
 Update directions (Muon's orthogonalisation, NorMuon, Aurora, SOAP) and S_p need whole
 matrices. Each matrix gets ONE owner rank (greedy balance by a cubic cost estimate, identical on
@@ -51,15 +51,19 @@ def _cost(shape):
 
 
 def _mesh_group(t: DTensor):
-    """Process group of a 1-D Shard(0) DTensor, None for fully replicated ones."""
+    """Process group over which a DTensor's rows are sharded: the mesh dimension of its one Shard(0)
+    placement, None for fully replicated ones. FSDP2 gives ``(Shard(0),)``; HSDP gives
+    ``(Replicate(), Shard(0))``, whose replicas hold the same weights and (all-reduced) gradients,
+    so each replica's shard group computes the same terms on its own."""
     placements = tuple(t.placements)
-    if all(isinstance(p, Replicate) for p in placements):
+    sharded = [dim for dim, p in enumerate(placements) if not isinstance(p, Replicate)]
+    if not sharded:
         return None
-    if len(placements) == 1 and placements[0] == Shard(0):
-        return t.device_mesh.get_group(0)
+    if len(sharded) == 1 and placements[sharded[0]] == Shard(0):
+        return t.device_mesh.get_group(sharded[0])
     raise NotImplementedError(
-        f"full_matrix_terms: parameter placements={placements}; expected (Shard(0),) on a 1-D "
-        "mesh (FSDP2) or all Replicate"
+        f"full_matrix_terms: parameter placements={placements}; expected one Shard(0) (FSDP2: (Shard(0),), "
+        "HSDP: (Replicate(), Shard(0))), the other mesh dimensions Replicate"
     )
 
 

@@ -14,13 +14,14 @@ in_proj/out_proj) stay ``other`` and so go to Muon by default.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn as nn
 
 __all__ = ["DEFAULT_PARAM_RULES", "RoutingConfig", "parse_rules", "categorize", "build_param_groups",
-           "parse_headwise", "check_categories", "ATTN_CATEGORIES", "MODULE_OF"]
+           "parse_headwise", "check_categories", "check_reached", "ATTN_CATEGORIES", "MODULE_OF"]
 
 DEFAULT_PARAM_RULES: tuple[str, ...] = (
     r"embed=(^|\.)tok_embeddings\.",
@@ -125,6 +126,34 @@ def check_categories(cfg: RoutingConfig) -> None:
         why = f"muon_categories = {list(cfg.muon_categories)}" if cfg.use_muon else "use_muon is off"
         raise ValueError(f"muon_headwise: {cfg.headwise!r} asks for per-head updates of {adam}, which go to Adam "
                          f"({why}); expected F for them, or them in muon_categories")
+
+
+def check_reached(models: list[nn.Module], cfg: RoutingConfig) -> None:
+    """Raise a ValueError naming the option when an ``lr_multipliers`` category holds no trainable
+    parameter of ``models`` (the parts of one model), or when an S_p coefficient > 0 reaches no
+    matrix (none of its module's ``spectral_categories`` holds one). Either would otherwise train
+    as if the option were not there: e.g. ``head`` on a model whose output projection is tied to the
+    embedding (the shared Parameter is routed once, as ``embed``), or ``attn_r`` on a model without
+    W_R. ``check_categories`` checks the names against the rules; this checks them against the model.
+    """
+    rules = parse_rules(cfg.rules)
+    ndims = defaultdict(set)  # category -> ndims of its trainable parameters
+    for model in models:
+        for fqn, p in model.named_parameters():
+            if p.requires_grad:
+                ndims[categorize(fqn, rules)].add(p.ndim)
+    for name in cfg.lr_multipliers:
+        if name not in ndims:
+            raise ValueError(f"lr_multipliers: category {name!r} holds no trainable parameter of the model (a "
+                             "Parameter shared with an earlier name, such as a tied output.weight, takes that "
+                             f"name's category), so its multiplier would change no lr; expected one of "
+                             f"{sorted(ndims)}")
+    for module, (_, coeff) in cfg.spectral.items():
+        mine = [c for c in cfg.spectral_categories if MODULE_OF.get(c) == module]
+        if coeff and not any(2 in ndims.get(c, ()) for c in mine):
+            raise ValueError(f"spectral_coeff_{module}: {coeff!r} reaches no matrix of the model: spectral_categories "
+                             f"{mine} hold none; expected 0, or categories of the model's {module} matrices "
+                             f"({sorted(c for c in ndims if MODULE_OF.get(c) == module and 2 in ndims[c])})")
 
 
 def _group_options(cat: str, is_matrix: bool, cfg: RoutingConfig) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from torchtitan.components.lr_scheduler import build_lr_schedulers as titan_lr_s
 from torchtitan.components.optimizer import OptimizersContainer
 
 from optimizers.muon import MuonAdamW
-from optimizers.routing import RoutingConfig, build_param_groups
+from optimizers.routing import RoutingConfig, build_param_groups, check_reached
 from optimizers.schedules import SchedulePhases, wd_anneal_factor
 from parallax_titan.compat import schedule_phases
 from parallax_titan.config import LRScheduler, Optimizer
@@ -102,6 +102,8 @@ class ParallaxOptimizersContainer(OptimizersContainer):
     """
 
     def __init__(self, model_parts: list[nn.Module], config: Optimizer, skip_nonfinite: bool = False) -> None:
+        # over all parts: each part's groups are built alone, and a category may live in one part only
+        check_reached(model_parts, routing_config(config, model_parts[0]))
         part_of = {id(p): model for model in model_parts for p in model.parameters()}
 
         def optimizer_for(params, **kwargs) -> MuonAdamW:  # TorchTitan passes one part's parameters

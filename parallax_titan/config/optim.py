@@ -27,9 +27,11 @@ MATRIX_ALGO_OF = {"Muon": "muon", "NorMuon": "normuon", "Aurora": "aurora", "SOA
 OPTIMIZER_NAMES = (*MATRIX_ALGO_OF, "AdamW")
 # the names whose update reads each key (docs/optimizers.md, "The Muon family"): under any other name
 # the key is ignored, so a value other than its default is refused. SOAP preconditions the gradient
-# itself (no momentum, orthogonaliser or update scale); AdamW reads none of them.
+# itself (no momentum, orthogonaliser or update scale); AdamW reads none of them (every group is Adam,
+# so muon_categories routes nothing).
 ORTHOGONALISING = ("Muon", "NorMuon", "Aurora")
 NAMES_OF_KEY = {
+    "muon_categories": tuple(MATRIX_ALGO_OF),
     **{key: ORTHOGONALISING for key in ("muon_momentum", "muon_nesterov", "orthogonalizer", "ortho_steps",
                                         "ortho_dtype", "muon_update_scale", "muon_head_dim", "ortho_gram",
                                         "ortho_kernel", "muon_compile_momentum")},
