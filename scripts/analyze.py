@@ -132,11 +132,12 @@ def main(argv) -> str:
     ]
     for checkpoint, _, option in checkpoints:  # all of them before any work, the cheap check first
         check_checkpoint_folder(checkpoint, option, args.verify)
-    for checkpoint, _, option in checkpoints:
-        verify_before_load(checkpoint, option, "--no-verify", args.verify)
+    # the held-out batch before the checksums: a dataset too short for it is found in seconds
     tokenizer = build_tokenizer(job)
     name, path = resolve_dataset(job, config)
     tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len, record_policy(job))
+    for checkpoint, _, option in checkpoints:
+        verify_before_load(checkpoint, option, "--no-verify", args.verify)
     labels = args.labels
     runs, sources = {}, {}
     torch.manual_seed(0)

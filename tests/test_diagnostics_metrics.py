@@ -251,3 +251,44 @@ def test_linear_cka():
     assert pairs[0] == pytest.approx(1.0) and pairs[1] < 0.5
     with pytest.raises(ValueError, match="heads >= 2"):
         mean_pairwise_cka(heads[:1])
+
+
+def test_cor_is_undefined_where_the_mean_value_is_zero():
+    """COR = ||Sigma_KV rho|| / ||vbar|| is 0 / 0 at a query whose values average to zero; the
+    denominator was clamped to the smallest float, so it read 0 (no collapse) where CPA and Corr
+    read NaN, and a layer of zero values logged COR 0."""
+    q, r, k, v = random_qrkv(seed=3)
+    v[:, :, 0] = 0.0  # kv head 0 (query heads 0, 1): vbar = 0 at every query
+    v[0, 1, 1] = -v[0, 0, 1]  # kv head 1, row 0: two keys of opposite values
+    q[0, 1, 2:] = 0.0  # query 1 of heads 2, 3 weighs them equally: vbar = 0, Sigma_KV rho is not
+    mask = causal_document_mask(torch.zeros(B, L, dtype=torch.long), None)
+    cor = per_query_statistics(q, r, k, v, mask)["cor"]
+    assert cor[:, :2].isnan().all() and cor[0, 2:, 1].isnan().all()
+    assert cor[:, 2:].isfinite().sum() == cor[:, 2:].numel() - 2
+    assert math.isnan(layer_statistics(q, r, torch.zeros_like(k), torch.zeros_like(v), mask)["cor"])
+
+
+def test_a_zero_head_is_left_out_of_the_head_mean_and_of_the_spectrum_alike():
+    """A head whose W_R is zero has no spectrum (NaN metrics): the per-head metrics averaged the other
+    heads, but the mean spectrum took the NaN in, so the report's spectra panel of W_R_h and W_RK was
+    empty while its table showed the other heads' numbers; a layer without a spectrum emptied the
+    panel's curve of every layer too."""
+    from parallax_titan.diagnostics.plots import spectra_figure
+    from parallax_titan.diagnostics.runner import DiagnosticsResult
+    from parallax_titan.diagnostics.weights import layer_spectral
+
+    gen = torch.Generator().manual_seed(7)
+    d, heads, head_dim = 16, 4, 4
+    weights = {key: torch.randn(heads * head_dim, d, generator=gen, dtype=torch.float64)
+               for key in ("W_Q", "W_K", "W_V", "W_R")}
+    weights["W_O"] = torch.randn(d, heads * head_dim, generator=gen, dtype=torch.float64)
+    weights["W_R"][:head_dim] = 0.0  # head 0
+    metrics, spectra = layer_spectral(weights, head_dim, top_k=2, cka_tokens=32)
+    others = singular_values(weights["W_R"][head_dim:].reshape(3, head_dim, d))  # heads 1-3
+    torch.testing.assert_close(spectra["W_R_h"], (others / others[:, :1]).mean(0))
+    assert metrics["W_R_h"]["stable_rank"] == pytest.approx(float(spectral_metrics(others)["stable_rank"].mean()))
+    assert spectra["W_RK"].isfinite().all() and math.isfinite(metrics["W_RK"]["erank"])
+    zero_layer = {**spectra, "W_R_h": torch.full_like(spectra["W_R_h"], float("nan"))}
+    figure = spectra_figure({"run": DiagnosticsResult(spectra={0: spectra, 1: zero_layer})}, matrices=("W_R_h",))
+    line = figure.axes[0].lines[0]
+    np.testing.assert_allclose(line.get_ydata(), spectra["W_R_h"].numpy())

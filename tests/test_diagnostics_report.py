@@ -309,3 +309,14 @@ def test_results_json_holds_null_for_metrics_that_are_not_finite():
     assert back["attention"]["0"] == {"cor": 0.5, "cpa": None}
     assert back["spectral"]["0"]["W_R"] == {"stable_rank": None, "erank": None}
     assert back["spectra"]["0"]["W_R"] == [1.0, None] and back["cost"] == {"attention": 0.25}
+
+
+def test_a_heldout_batch_longer_than_its_dataset_is_refused_before_the_checksums_are_read(tmp_path, checkpoints,
+                                                                                          no_loading):
+    """The held-out batch was read after every checkpoint's files were hashed (minutes for large ones):
+    a --batch-size that the dataset cannot fill failed only then."""
+    with pytest.raises(ValueError, match=r"has only \d+ tokens; the held-out batch needs diagnostics.batch_size "
+                                         r"\* seq_len = 100000 \* 32"):
+        main(["--config", CONFIG, "--checkpoint", checkpoints[0], "--batch-size", "100000", "--out",
+              str(tmp_path / "out")])
+    assert no_loading == []

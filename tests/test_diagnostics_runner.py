@@ -196,7 +196,8 @@ def test_runner_from_config_and_tensorboard(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("key,value", [("freq", 0), ("seq_len", 10_000), ("spectral_freq", 3), ("cka_tokens", 1),
-                                       ("corr_ridge", float("inf"))])  # inf: every Corr was the ridge's, not the data's
+                                       ("corr_ridge", float("inf")),  # inf: every Corr was the ridge's, not the data's
+                                       ("seq_len", 1)])  # 1: no query reads two keys, CPA and Corr were never logged
 def test_bad_config_is_rejected(key, value):
     job = load_config(["--job.config_file", "configs/test_cpu_2rank.toml"], check_data=False)
     job.diagnostics = dataclasses.replace(Diagnostics(enable=True, freq=2), **{key: value})
@@ -247,3 +248,16 @@ def test_unreadable_dataset_path_is_refused_by_the_config_check(tmp_path, datase
     job.diagnostics = Diagnostics(enable=True, dataset=dataset, dataset_path=path)
     problems = [p for p in job.validate(check_data=False) if "dataset_path" in p]
     assert problems and all(p.startswith("diagnostics.dataset_path") for p in problems), problems
+
+
+def test_a_heldout_batch_the_dataset_cannot_fill_is_a_config_error(tokenizer):
+    """batch_size x seq_len beyond the held-out dataset's tokens stopped the trainer with a ValueError
+    traceback (exit code 1) once the model was built; a config error is reported by train.py with
+    exit code 2, the keys and the values."""
+    from parallax_titan.config import ConfigError
+
+    job = load_config(["--job.config_file", "configs/test_cpu_2rank.toml"], check_data=False)
+    job.diagnostics = Diagnostics(enable=True, freq=2, batch_size=100_000, seq_len=SEQ)
+    with pytest.raises(ConfigError, match=rf"has only \d+ tokens; the held-out batch needs diagnostics.batch_size "
+                                          rf"\* seq_len = 100000 \* {SEQ} = {100_000 * SEQ}; expected at most \d+"):
+        DiagnosticsRunner.from_config(job, tokenizer)

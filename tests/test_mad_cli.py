@@ -8,7 +8,7 @@ import pytest
 
 from eval.mad.__main__ import main
 from eval.mad.grid import load_config, task_settings
-from eval.mad.report import best_per_setting, task_scores, write_report
+from eval.mad.report import best_per_setting, run_key, task_scores, write_report
 
 TINY = """
 [grid]
@@ -122,7 +122,8 @@ def test_report_shows_the_paper_only_for_the_same_settings(tmp_path):
             for wd, acc in ((0.0, 0.7), (0.1, 0.9)):
                 runs.append({"task": task, "setting": s.label(), "params": {}, "mixer": "parallax", "lr": 1e-3,
                              "weight_decay": wd, "test_acc": acc, "test_acc_micro": acc - 0.05})
-    scores = write_report(runs, str(tmp_path), "t", planned=len(runs) + 4)
+    planned = {run_key(r) for r in runs} | {("ICR(unfinished)", "parallax", 1e-3, wd) for wd in range(4)}
+    scores = write_report(runs, str(tmp_path), "t", planned=planned)
     assert scores["parallax"]["MEM"] == (pytest.approx(0.9), 6)  # best over wd, mean over MAD's 6 settings
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ") and "(n=" in line}
@@ -328,11 +329,19 @@ def test_compile_blocks_survives_more_models_than_the_recompile_limit():
 def test_runs_line_counts_the_planned_mixers_apart_from_the_others():
     from eval.mad.report import runs_line
 
-    runs = [{"mixer": m} for m in ["attention"] * 12 + ["affine_la"] * 5 + ["value_averaging"] * 6]
-    assert runs_line(runs, 12, ["affine_la", "value_averaging"]) == (
-        "Runs finished: 11 of 12 planned (affine_la, value_averaging); the table also reads 12 runs of other "
-        "mixers from the same folder.")
-    assert runs_line(runs, 30) == "Runs finished: 23 of 30 planned."
+    def run(mixer, lr):
+        return {"setting": "ICR(vocab_size=16,seq_len=128)", "mixer": mixer, "lr": lr, "weight_decay": 0.0}
+
+    runs = ([run("attention", lr) for lr in range(12)] + [run("affine_la", lr) for lr in range(5)]
+            + [run("value_averaging", lr) for lr in range(6)])
+    planned = {("ICR(vocab_size=16,seq_len=128)", m, float(lr), 0.0) for m in ("affine_la", "value_averaging")
+               for lr in range(6)}
+    assert runs_line(runs, planned, ["affine_la", "value_averaging"]) == (
+        "Runs finished: 11 of 12 planned (affine_la, value_averaging); the table also reads 12 runs outside this "
+        "grid (other mixers, settings, learning rates or weight decays) from the same folder.")
+    everything = {("ICR(vocab_size=16,seq_len=128)", m, float(lr), 0.0)
+                  for m in ("attention", "affine_la", "value_averaging") for lr in range(12)}
+    assert runs_line(runs, everything) == "Runs finished: 23 of 36 planned."
     assert runs_line(runs) == "Runs finished: 23."
 
 

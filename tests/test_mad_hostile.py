@@ -249,3 +249,81 @@ def test_an_int_for_a_float_key_is_the_same_config(tmp_path):
     other = load_config(_config(tmp_path, TINY.replace("precision", "grad_clip = 1.0\nmin_lr = 0.0\nprecision"),
                                 "b.toml"))
     assert config_id(one) == config_id(other)
+
+
+@pytest.mark.parametrize("narrower", [["--tasks", "ICR"], ["--lrs", "5e-3"], ["--settings", "MEM"]])
+def test_runs_outside_the_grid_are_not_counted_as_its_finished_runs(tmp_path, monkeypatch, narrower):
+    """A folder filled by a wider grid (other tasks, settings or learning rates of the same config id)
+    and reported for a narrower one said "Runs finished: 4 of 2 planned": every run of the planned
+    mixers counted as one of the grid's."""
+    config = _config(tmp_path)
+    out = _grid(tmp_path, monkeypatch, config)  # ICR and MEM x lrs 5e-3, 1e-3: 4 runs of attention
+    assert main(["--config", config, "--mixers", "attention", "--out", str(out), "--report-only", *narrower]) == 0
+    table = (out / "table.md").read_text()
+    assert ("Runs finished: 2 of 2 planned (attention); the table also reads 2 runs outside this grid (other "
+            "mixers, settings, learning rates or weight decays) from the same folder.") in table
+    summary = json.loads((out / "results.json").read_text())
+    assert (summary["runs_finished"], summary["runs_planned"], summary["runs_read"]) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('tasks = ["ICR"]', r"c.toml: \[grid\] tasks = \['ICR'\]: unknown \['ICR'\]; expected 'all' or a list from "),
+    ('only_settings = ["ICR", " "]', r"c.toml: \[grid\] only_settings = \['ICR', ' '\]: an empty fragment is part "
+                                     r"of every label \(it would keep every setting\); expected label fragments"),
+])
+def test_a_grid_key_that_selects_nothing_or_everything_is_named(tmp_path, line, message):
+    """A short task name in the TOML (the command line takes them) failed with "task='ICR'", naming
+    neither the file nor the key; an empty only_settings fragment, which the command line refuses,
+    kept every setting of the grid."""
+    config = _config(tmp_path, TINY.replace("[grid]\n", f"[grid]\n{line}\n", 1).replace(
+        'tasks = ["in-context-recall", "memorization"]\n', "" if line.startswith("tasks") else
+        'tasks = ["in-context-recall", "memorization"]\n'))
+    with pytest.raises(SystemExit, match=message):
+        main(["--config", config, "--mixers", "attention", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_int_for_a_float_data_key_is_the_same_config(tmp_path):
+    """[data] `frac_noise = 0` and `frac_noise = 0.0` make the same settings, but the config id hashed
+    [data] as written: a rerun with the other spelling refused the grid's runs as another config's."""
+    from eval.mad.grid import config_id
+
+    ids = []
+    for spelling in ("0", "0.0"):
+        text = TINY.replace("num_test_examples = 16", f"num_test_examples = 16\nfrac_noise = {spelling}")
+        cfg = load_config(_config(tmp_path, text, f"{spelling}.toml"))
+        ids.append((config_id(cfg), cfg.settings()))
+    assert ids[0] == ids[1]
+
+
+def test_a_best_run_of_an_unfinished_sweep_says_so(tmp_path, monkeypatch):
+    """The best run of a setting whose lr / weight-decay sweep had not finished stood beside another
+    mixer's best of a whole sweep, with nothing in the table to tell them apart."""
+    config = _config(tmp_path)
+    out = _grid(tmp_path, monkeypatch, config)  # ICR and MEM x lrs 5e-3, 1e-3 of attention
+    runs = (out / "runs.jsonl").read_text().splitlines()
+    kept = [line for line in runs if (json.loads(line)["task"], json.loads(line)["lr"]) != ("memorization", 1e-3)]
+    (out / "runs.jsonl").write_text("\n".join(kept) + "\n")
+    assert main(["--config", config, "--mixers", "attention", "--out", str(out), "--report-only"]) == 0
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
+            for line in (out / "table.md").read_text().splitlines() if line.startswith("| ICR(") or
+            line.startswith("| MEM(")}
+    assert rows[next(s for s in rows if s.startswith("MEM"))] == "0.500, 0.600 (lr 0.005, wd 0.1; 1 of 2 runs)"
+    assert rows[next(s for s in rows if s.startswith("ICR"))].endswith("wd 0.1)")
+
+
+def test_results_json_of_a_diverged_run_is_strict_json(tmp_path):
+    """A run whose loss went non-finite records final_loss NaN: results.json held a bare NaN, which
+    strict JSON readers (jq, JSON.parse) refuse; it is null there now, runs.jsonl is unchanged."""
+    from eval.mad.report import write_report
+
+    run = {"task": "in-context-recall", "setting": "ICR(x)", "params": {}, "mixer": "attention", "lr": 1e-3,
+           "weight_decay": 0.0, "test_acc": 0.1, "test_acc_micro": 0.1, "final_loss": math.nan, "finite": False}
+    write_report([run, {**run, "lr": 5e-3, "final_loss": math.inf}], str(tmp_path), "diverged")
+
+    def refuse(constant):
+        raise ValueError(f"bare {constant} in results.json")
+
+    summary = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
+    assert [r["final_loss"] for r in summary["runs"]] == [None, None] and summary["best"][0]["final_loss"] is None
+    assert math.isnan(run["final_loss"])  # the caller's records are left as they are

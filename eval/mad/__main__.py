@@ -219,7 +219,8 @@ def main(argv=None) -> int:
         check_config_id(runs, cfg, runs_path)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    planned = len(cfg.settings()) * len(mixers) * len(cfg.train.lrs) * len(cfg.train.weight_decays)
+    planned = {(s.label(), m, float(lr), float(wd)) for s in cfg.settings() for m in mixers for lr in cfg.train.lrs
+               for wd in cfg.train.weight_decays}  # run_key of each run of the grid
     scores = write_report(runs, args.out, title, args.note, config, planned, mixers)
     for mixer, s in sorted(scores.items()):
         print(mixer, {k: round(v[0], 3) for k, v in s.items()})

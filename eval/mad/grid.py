@@ -175,7 +175,7 @@ class RunConfig:
 def config_id(cfg: RunConfig) -> str:
     """Short hash of what decides a run's result besides (setting, mixer, lr, wd)."""
     settings = {"train": _floats_as_floats(cfg.train), "model": _floats_as_floats(cfg.model),
-                "data": cfg.data, "seed": cfg.seed}
+                "data": _floats_as_floats(cfg.data, TaskSetting), "seed": cfg.seed}
     for key in ("lrs", "weight_decays"):  # the sweep lists pick runs; they do not change one
         settings["train"].pop(key)
     for key in ("compile", "checkpoint_seconds"):  # how a run executes, not what it computes
@@ -183,11 +183,13 @@ def config_id(cfg: RunConfig) -> str:
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _floats_as_floats(section) -> dict:
-    """A config section as a dict, TOML's ``1`` for a float key as ``1.0`` (one setting, one id)."""
-    hints = typing.get_type_hints(type(section))
+def _floats_as_floats(section, fields: type | None = None) -> dict:
+    """A config section as a dict, TOML's ``1`` for a float key as ``1.0`` (one setting, one id).
+    ``section``: a dataclass, or a dict of the fields of the dataclass ``fields`` ([data])."""
+    hints = typing.get_type_hints(fields or type(section))
+    values = section if fields else dataclasses.asdict(section)
     return {key: float(value) if hints[key] is float and type(value) is int else value
-            for key, value in dataclasses.asdict(section).items()}
+            for key, value in values.items()}
 
 
 def check_config_id(records: list[dict], cfg: RunConfig, path: str) -> None:
@@ -301,6 +303,14 @@ def load_config(path: str) -> RunConfig:
     if grid.get("tasks") == "all":
         grid["tasks"] = list(TASKS)
     cfg = _fill(RunConfig, {**grid, "data": dict(raw.get("data", {}))}, "grid")
+    unknown = [t for t in cfg.tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"{path}: [grid] tasks = {cfg.tasks!r}: unknown {unknown}; expected 'all' or a list from "
+                         f"{TASKS} (the short names CMP, ICR, ... are --tasks's)")
+    blank = [f for f in cfg.only_settings if not f.strip()]
+    if blank:  # "" is part of every label
+        raise ValueError(f"{path}: [grid] only_settings = {cfg.only_settings!r}: an empty fragment is part of every "
+                         "label (it would keep every setting); expected label fragments, e.g. 'seq_len=512'")
     cfg.mixers = _once(cfg.mixers)
     check_mixers(cfg.mixers, f"{path}: [grid] mixers", installed=False)  # --mixers may replace them
     fields = {f.name for f in dataclasses.fields(TaskSetting)} - {"task", "seed"}

@@ -10,6 +10,7 @@ ours only where ours averages the same settings (all of them); elsewhere it says
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import defaultdict
 
@@ -25,6 +26,11 @@ PAPER = {
 
 
 RECORD_KEYS = ("task", "setting", "mixer", "lr", "weight_decay", "test_acc")  # what scoring a run reads
+
+
+def run_key(record: dict) -> tuple:
+    """(setting label, mixer, lr, weight decay): what identifies one run of a grid."""
+    return record["setting"], record["mixer"], float(record["lr"]), float(record["weight_decay"])
 
 
 def load_runs(path: str) -> list[dict]:
@@ -83,9 +89,23 @@ def same_settings_as_paper(scores: dict, mixer: str, task: str) -> bool:
     return scores[mixer].get(task, (0, 0))[1] == MAD_SETTINGS[task]
 
 
+def unfinished_sweeps(runs: list[dict], planned: set[tuple]) -> dict:
+    """{(mixer, setting): (finished, planned)} of the grid's settings whose lr / weight-decay sweep
+    has some but not all of its ``planned`` runs (:func:`run_key`) finished."""
+    finished = {run_key(r) for r in runs} & planned
+    counts = defaultdict(lambda: [0, 0])
+    for key in planned:
+        counts[key[1], key[0]][1] += 1
+    for key in finished:
+        counts[key[1], key[0]][0] += 1
+    return {pair: tuple(n) for pair, n in counts.items() if 0 < n[0] < n[1]}
+
+
 def markdown(scores: dict, best: dict, title: str, note: str = "", micro: dict | None = None,
-             runs_line: str = "") -> str:
-    """The task table (ours, micro beside it, the paper's where comparable) and the per-setting table."""
+             runs_line: str = "", unfinished: dict | None = None) -> str:
+    """The task table (ours, micro beside it, the paper's where comparable) and the per-setting table;
+    ``unfinished`` (:func:`unfinished_sweeps`) marks the best runs of sweeps not yet finished."""
+    unfinished = unfinished or {}
     mixers = sorted(scores)
     micro = micro or {}
     order = [SHORT[t] for t in TASKS if any(SHORT[t] in scores[m] for m in mixers)] + ["avg"]
@@ -110,14 +130,17 @@ def markdown(scores: dict, best: dict, title: str, note: str = "", micro: dict |
               f"all of MAD's settings ({', '.join(f'{t} {n}' for t, n in MAD_SETTINGS.items())}; 66 in all), "
               "shown only where ours averages the same settings; n/a: ours covers fewer, not comparable.", "",
               "## Best run per setting (MAD score, micro; lr, weight decay)", "",
+              *(["k of n runs: the best of a sweep over lr and weight decay that has not finished yet.", ""]
+                if unfinished else []),
               "| setting | " + " | ".join(mixers) + " |", "|---|" + "---|" * len(mixers)]
     settings = sorted({(task, s) for (_, task, s) in best}, key=lambda k: (TASKS.index(k[0]), k[1]))
     for task, s in settings:
         cells = []
         for m in mixers:
             r = best.get((m, task, s))
+            sweep = "; {} of {} runs".format(*unfinished[m, s]) if (m, s) in unfinished else ""
             cells.append(f"{r['test_acc']:.3f}, {r.get('test_acc_micro', float('nan')):.3f} "
-                         f"(lr {r['lr']:g}, wd {r['weight_decay']:g})" if r else "-")
+                         f"(lr {r['lr']:g}, wd {r['weight_decay']:g}{sweep})" if r else "-")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -159,38 +182,52 @@ def plot_hard(best: dict, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def runs_of(runs: list[dict], mixers=None) -> list[dict]:
-    """The runs of ``mixers`` (all runs when None)."""
-    return [r for r in runs if mixers is None or r["mixer"] in mixers]
-
-
-def runs_line(runs: list[dict], planned: int | None = None, mixers=None) -> str:
-    """The table's line on how much of the grid finished: runs of the planned ``mixers`` (all runs
-    when None) against ``planned``, and the runs of other mixers read from the same folder."""
-    finished = len(runs_of(runs, mixers))
-    line = f"Runs finished: {finished}" + (f" of {planned} planned" if planned else "")
+def runs_line(runs: list[dict], planned: set[tuple] | None = None, mixers=None) -> str:
+    """The table's line on how much of the grid finished: the runs whose :func:`run_key` is
+    ``planned`` (the grid's, of its ``mixers``; all runs when None) against their number, and the
+    runs outside the grid (other mixers, settings, lrs or weight decays) read from the same folder."""
+    if planned is None:
+        return f"Runs finished: {len(runs)}."
+    finished = len({run_key(r) for r in runs} & planned)
+    line = f"Runs finished: {finished} of {len(planned)} planned"
     line += f" ({', '.join(mixers)})" if mixers is not None else ""
-    other = len(runs) - finished
-    return line + (f"; the table also reads {other} runs of other mixers from the same folder." if other else ".")
+    outside = sum(run_key(r) not in planned for r in runs)
+    return line + (f"; the table also reads {outside} runs outside this grid (other mixers, settings, learning "
+                   "rates or weight decays) from the same folder." if outside else ".")
+
+
+def _finite_or_null(value):
+    """``value`` (nested dicts, lists, floats) with every NaN or inf float as None: strict JSON
+    readers (jq, JSON.parse) refuse the bare NaN Python writes (a diverged run's final_loss)."""
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", config: dict | None = None,
-                 planned: int | None = None, mixers=None) -> dict:
+                 planned: set[tuple] | None = None, mixers=None) -> dict:
     """Write results.json, table.md (and hard_sweep.png for a harder sweep), each whole
     (:func:`parallax_titan.atomic.write_text`); returns the scores.
 
-    ``planned``: the number of runs of the grid's ``mixers``, for the "runs finished" line."""
+    ``planned``: the :func:`run_key` of every run of the grid (of its ``mixers``), for the "runs
+    finished" line."""
     best = best_per_setting(runs)
     scores = task_scores(best)
     micro = task_scores(best, "test_acc_micro")
+    unfinished = unfinished_sweeps(runs, planned) if planned is not None else {}
     write_text(os.path.join(out_dir, "table.md"), markdown(scores, best, title, note, micro,
-                                                           runs_line(runs, planned, mixers)))
-    summary = {"config": config, "runs_finished": len(runs_of(runs, mixers)), "runs_planned": planned,
+                                                           runs_line(runs, planned, mixers), unfinished))
+    finished = len(runs) if planned is None else len({run_key(r) for r in runs} & planned)
+    summary = {"config": config, "runs_finished": finished, "runs_planned": None if planned is None else len(planned),
                "runs_read": len(runs),
                "scores": {m: {t: {"mean": v[0], "n": v[1], "micro": micro[m][t][0]} for t, v in s.items()}
                           for m, s in scores.items()},
                "paper": PAPER, "best": [r for r in best.values()], "runs": runs}
-    write_text(os.path.join(out_dir, "results.json"), json.dumps(summary, indent=1))
+    write_text(os.path.join(out_dir, "results.json"), json.dumps(_finite_or_null(summary), indent=1, allow_nan=False))
     if config and config.get("sweep") == "hard":
         plot_hard(best, os.path.join(out_dir, "hard_sweep.png"), title)
     return scores

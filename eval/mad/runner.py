@@ -27,7 +27,7 @@ import torch
 
 from eval.mad.grid import RunConfig, check_config_id, config_id
 from eval.mad.models import build_model
-from eval.mad.report import load_runs
+from eval.mad.report import load_runs, run_key
 from eval.mad.tasks import TaskSetting, make_dataset
 from eval.mad.training import train_and_evaluate
 from parallax_titan.atomic import write_text
@@ -48,11 +48,6 @@ def run_job(setting: TaskSetting, mixer: str, lr: float, wd: float, cfg: RunConf
     result = train_and_evaluate(model, data, cfg.train, lr, wd, setting.vocab_size, device=device,
                                 seed=setting.seed, checkpoint=checkpoint, identity=identity)
     return [{**facts, **result}]
-
-
-def run_key(record: dict) -> tuple:
-    """(setting label, mixer, lr, weight decay): what identifies one run of a grid."""
-    return record["setting"], record["mixer"], float(record["lr"]), float(record["weight_decay"])
 
 
 def partial_path(out_dir: str, setting: str, mixer: str, lr: float, wd: float) -> str:

@@ -26,7 +26,7 @@ class Diagnostics:
     """Rows of the fixed held-out batch (the same rows on every rank)."""
 
     seq_len: int = 0
-    """Tokens per row; 0 means ``training.seq_len``. Must not exceed ``training.seq_len`` (RoPE cache)."""
+    """Tokens per row, at least 2; 0 means ``training.seq_len``. Must not exceed ``training.seq_len`` (RoPE cache)."""
 
     dataset: str = ""
     """Dataset of the held-out batch; empty means ``[validation]`` data when validation is enabled,
@@ -67,7 +67,8 @@ class Diagnostics:
         checks = [
             ("freq", self.freq >= 1, ">= 1"),
             ("batch_size", self.batch_size >= 1, ">= 1"),
-            ("seq_len", self.seq_len >= 0, ">= 0"),
+            # one token: no query reads two keys, so CPA and Corr would never be formed
+            ("seq_len", self.seq_len == 0 or self.seq_len >= 2, "0 (training.seq_len) or >= 2"),
             ("max_queries", self.max_queries >= 1, ">= 1"),
             ("corr_ridge", math.isfinite(self.corr_ridge) and self.corr_ridge >= 0, "a finite number >= 0"),
             ("spectral_freq", self.spectral_freq >= 0 and self.spectral_freq % max(1, self.freq) == 0,

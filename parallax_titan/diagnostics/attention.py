@@ -11,7 +11,7 @@ Per query i (weights w_ij = p_ij (1 - t_ij + tbar_i), correction c_i = Sigma_KV(
     sink_p    p at the first key query i may read (the row or document start)
     sink_w    w_first^2 / sum_j w_ij^2                       (Parallax)
     w_min/max extreme w_ij over readable keys (w = p for softmax)
-    cor       ||c_i|| / ||vbar_i||                            (Parallax)
+    cor       ||c_i|| / ||vbar_i||, NaN where vbar_i = 0     (Parallax)
     probe_norm ||rho_i||                                       (Parallax)
 At ``max_queries`` evenly spaced query positions, where the D x D covariances are formed:
     cpa       ||Sigma_KV rho|| / (||rho|| ||Sigma_KV||_2)    (Parallax)
@@ -147,7 +147,8 @@ def per_query_statistics(q, r, k, v, mask, *, scale: float | None = None, max_qu
         w = p - spread
         vbar = p @ vh
         correction = spread @ vh  # = Sigma_KV(i) rho_i
-        stats["cor"] = correction.norm(dim=-1) / vbar.norm(dim=-1).clamp_min(torch.finfo(dtype).tiny)
+        vbar_norm = vbar.norm(dim=-1)
+        stats["cor"] = (correction.norm(dim=-1) / vbar_norm).masked_fill(vbar_norm == 0, float("nan"))
         stats["probe_norm"] = rh.norm(dim=-1)
         w2 = w.square()
         stats["sink_w"] = _gather_first(w2, first) / w2.sum(-1)

@@ -41,5 +41,6 @@ def heldout_tokens(name: str, path: str, tokenizer, batch_size: int, seq_len: in
             return torch.tensor(tokens[:needed], dtype=torch.long).view(batch_size, seq_len)
     raise ValueError(
         f"diagnostics: dataset {name!r} at {path!r} has only {len(tokens)} tokens; the held-out batch "
-        f"needs diagnostics.batch_size * seq_len = {needed}"
+        f"needs diagnostics.batch_size * seq_len = {batch_size} * {seq_len} = {needed}; expected at most "
+        f"{len(tokens)} (a smaller batch_size or seq_len, or another diagnostics.dataset)"
     )

@@ -79,13 +79,15 @@ def spectral_depth_figure(runs: dict, metric: str, matrices=PER_HEAD_ORDER, cols
 
 def spectra_figure(runs: dict, matrices=MATRIX_ORDER, cols: int = 4) -> Figure:
     """Normalised singular-value spectra sigma_i / sigma_1 against i / R: median over layers
-    (line) and 25-75% band, one colour per run, one panel per matrix type."""
+    (line) and 25-75% band, one colour per run, one panel per matrix type. A layer without a
+    spectrum (NaN: a zero matrix) is left out, as from the layer means of the tables."""
     present = [m for m in matrices if any(m in layer for r in runs.values() for layer in r.spectra.values())]
     fig, axes = _axes_grid(len(present), cols, width=3.4, height=2.8)
     colors = [f"C{i}" for i in range(len(runs))]
     for ax, matrix in zip(axes, present):
         for color, (label, result) in zip(colors, runs.items()):
-            curves = [layer[matrix].cpu().numpy() for layer in result.spectra.values() if matrix in layer]
+            curves = [layer[matrix].cpu().numpy() for layer in result.spectra.values()
+                      if matrix in layer and not layer[matrix].isnan().all()]
             if not curves:
                 continue
             stack = np.stack(curves)

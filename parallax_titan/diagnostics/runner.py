@@ -20,6 +20,7 @@ from parallax_titan.data import record_policy
 from parallax_titan.diagnostics.attention import causal_document_mask, layer_statistics
 from parallax_titan.diagnostics.batch import heldout_tokens, resolve_dataset
 from parallax_titan.diagnostics.capture import attention_hooks, gate_openings, project_qrkv
+from parallax_titan.config import ConfigError
 from parallax_titan.config.diagnostics import Diagnostics
 from parallax_titan.diagnostics.spectral import mean_pairwise_cka
 from parallax_titan.diagnostics.weights import spectral_diagnostics
@@ -136,13 +137,18 @@ class DiagnosticsRunner:
 
     @classmethod
     def from_config(cls, job_config, tokenizer) -> "DiagnosticsRunner":
-        """When ``job_config.diagnostics`` is enabled, build the held-out batch once."""
+        """When ``job_config.diagnostics`` is enabled, build the held-out batch once. ConfigError
+        (train.py's exit code 2) when the dataset cannot give it: unknown, unreadable under the
+        job's bad-data policy, or shorter than ``batch_size * seq_len`` tokens."""
         config = job_config.diagnostics
         if not config.enable:
             return cls(config, None, tokenizer)
-        name, path = resolve_dataset(job_config, config)
         seq_len = config.seq_len or job_config.training.seq_len
-        tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len, record_policy(job_config))
+        try:
+            name, path = resolve_dataset(job_config, config)
+            tokens = heldout_tokens(name, path, tokenizer, config.batch_size, seq_len, record_policy(job_config))
+        except ValueError as exc:  # a bad [diagnostics] setting, not a failure of the trainer
+            raise ConfigError(f"invalid config:\n  {exc}") from None
         return cls(config, tokens, tokenizer)
 
     def should_run(self, step: int) -> bool:

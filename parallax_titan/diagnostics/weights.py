@@ -9,8 +9,9 @@ so every rank must call :func:`spectral_diagnostics` and in the same order):
   in the papers' column convention (d x d, rank <= D), kv head g = h // (Hq / Hkv);
 * cross-head linear CKA of the V outputs x W_V^g on fixed Gaussian inputs (``cka_v_fixed``).
 
-Per-head values are averaged over heads. Spectra (sigma_i / sigma_1, per-head ones averaged over
-heads) are kept for the analysis report.
+Per-head values are averaged over the heads where they are defined (a zero head's are NaN and left
+out; NaN when every head is zero). Spectra (sigma_i / sigma_1, per-head ones averaged over heads
+alike) are kept for the analysis report.
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ def layer_spectral(weights: dict[str, torch.Tensor], head_dim: int, top_k: int, 
     for key, s in svals.items():
         values = spectral_metrics(s, top_k)
         metrics[key] = {name: float(value.nanmean()) for name, value in values.items()}
-        normalised = s / s[..., :1]
-        spectra[key] = normalised.reshape(-1, s.shape[-1]).mean(0) if s.ndim > 1 else normalised
+        normalised = s / s[..., :1]  # NaN for a zero head: left out of the mean, as from the metrics above
+        spectra[key] = normalised.reshape(-1, s.shape[-1]).nanmean(0) if s.ndim > 1 else normalised
     v = _heads(weights["W_V"], head_dim)
     if v.shape[0] > 1:
         x = fixed_inputs(cka_tokens, v.shape[-1], device=v.device)
