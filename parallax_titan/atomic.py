@@ -5,6 +5,8 @@ would be read as fewer documents or runs)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 from collections.abc import Iterator
 
@@ -30,3 +32,21 @@ def write_text(path: str, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def finite_or_null(value):
+    """``value`` (nested dicts, lists, floats) with every NaN or inf float as None: strict JSON
+    readers (jq, JSON.parse) refuse the bare NaN that Python's json writes."""
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(path: str, value, indent: int | None = None) -> None:
+    """Write ``value`` to ``path`` whole (:func:`write_text`) as strict JSON, a NaN or inf as null
+    (:func:`finite_or_null`)."""
+    write_text(path, json.dumps(finite_or_null(value), indent=indent, allow_nan=False))

@@ -10,13 +10,12 @@ ours only where ours averages the same settings (all of them); elsewhere it says
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections import defaultdict
 
 from eval.mad.grid import task_settings
 from eval.mad.tasks import SHORT, TASKS
-from parallax_titan.atomic import replacing, write_text
+from parallax_titan.atomic import replacing, write_json, write_text
 
 # Parallax paper, Table 1(a): MAD accuracy, Muon, two blocks at width 128 (SPEC.md section 4).
 PAPER = {
@@ -196,22 +195,10 @@ def runs_line(runs: list[dict], planned: set[tuple] | None = None, mixers=None) 
                    "rates or weight decays) from the same folder." if outside else ".")
 
 
-def _finite_or_null(value):
-    """``value`` (nested dicts, lists, floats) with every NaN or inf float as None: strict JSON
-    readers (jq, JSON.parse) refuse the bare NaN Python writes (a diverged run's final_loss)."""
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_null(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", config: dict | None = None,
                  planned: set[tuple] | None = None, mixers=None) -> dict:
     """Write results.json, table.md (and hard_sweep.png for a harder sweep), each whole
-    (:func:`parallax_titan.atomic.write_text`); returns the scores.
+    (:mod:`parallax_titan.atomic`; results.json strict JSON: a diverged run's NaN as null); returns the scores.
 
     ``planned``: the :func:`run_key` of every run of the grid (of its ``mixers``), for the "runs
     finished" line."""
@@ -227,7 +214,7 @@ def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", con
                "scores": {m: {t: {"mean": v[0], "n": v[1], "micro": micro[m][t][0]} for t, v in s.items()}
                           for m, s in scores.items()},
                "paper": PAPER, "best": [r for r in best.values()], "runs": runs}
-    write_text(os.path.join(out_dir, "results.json"), json.dumps(_finite_or_null(summary), indent=1, allow_nan=False))
+    write_json(os.path.join(out_dir, "results.json"), summary, indent=1)
     if config and config.get("sweep") == "hard":
         plot_hard(best, os.path.join(out_dir, "hard_sweep.png"), title)
     return scores

@@ -10,7 +10,6 @@ records compared with the config's;
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 
@@ -18,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from parallax_titan.atomic import replacing, write_text
+from parallax_titan.atomic import finite_or_null, replacing, write_json, write_text
 from parallax_titan.checkpoint_files import (
     describe, saved_shapes, state_shapes, verify_before_load, weight_mismatches)
 from parallax_titan.diagnostics import plots
@@ -148,21 +147,9 @@ def save_figures(runs: dict, out_dir: str) -> list[str]:
     return list(figures)
 
 
-def _finite_or_null(value):
-    """``value`` (nested dicts, lists, floats) with every NaN or inf float as None: strict JSON
-    readers (jq, JSON.parse) refuse the bare NaN Python writes (the spectra of a zero W_R)."""
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_null(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def result_to_json(result: DiagnosticsResult) -> dict:
     """``result`` as strict JSON values (a NaN or inf metric becomes null)."""
-    return _finite_or_null({
+    return finite_or_null({
         "attention": result.attention, "spectral": result.spectral, "cost": result.cost,
         "spectra": {layer: {k: v.tolist() for k, v in mats.items()} for layer, mats in result.spectra.items()},
     })
@@ -178,8 +165,7 @@ def write_report(runs: dict, sources: dict, out_dir: str, settings: dict, comman
     """
     os.makedirs(out_dir, exist_ok=True)
     save_figures(runs, out_dir)
-    write_text(os.path.join(out_dir, "results.json"),
-               json.dumps({label: result_to_json(r) for label, r in runs.items()}, allow_nan=False))
+    write_json(os.path.join(out_dir, "results.json"), {label: result_to_json(r) for label, r in runs.items()})
     md = ["# Diagnostics report", "", f"Command: `{command}`", "", "| run | checkpoint | model |", "|---|---|---|"]
     md += [f"| {label} | `{path}` | {model} |" for label, (path, model) in sources.items()]
     md += ["", "Held-out batch and settings: " + ", ".join(f"{k} = {v}" for k, v in settings.items()), "",
