@@ -6,8 +6,9 @@ ranks still write; rank 0 then writes ``settings.json`` (the run's settings, for
 and, with ``checkpoint.verify``, ``manifest.json`` (:mod:`parallax_titan.checksums`), and renames the
 folder to ``step-N``. A ``step-N`` folder therefore only ever exists complete. A failed save (a full
 disk, a read-only folder) raises :class:`CheckpointError` saying what failed, and the previous
-checkpoint stays the newest. ``checkpoint.keep_latest_k`` keeps that many complete checkpoints,
-counting no incomplete or foreign folder, so the newest complete one is never deleted.
+checkpoint stays the newest. ``checkpoint.keep_latest_k`` keeps that many complete checkpoints up to
+the step just saved, counting no incomplete or foreign folder and no newer step of an earlier run
+(``checkpoint.load_step`` went back), so the step just saved is never deleted.
 
 Background saves (``checkpoint.async_mode = "async"`` or ``"async_with_pinned_mem"``: the saves at
 ``checkpoint.interval``; the last step's and a stop's are synchronous) go the same way: DCP writes
@@ -28,7 +29,8 @@ ranks agree on the result. A corrupt, truncated or missing file is named; the ru
 newest valid step instead (``checkpoint.on_corrupt = "fallback"``, with a warning; the bad folder is
 renamed ``corrupt-N``) or stops (``"stop"``). A file DCP cannot read (``checkpoint.verify = false``)
 stops the run naming the step folder. The check is :func:`parallax_titan.checkpoint_files.folder_problem`,
-the one every other loader of a checkpoint runs too, here with the ranks' shares.
+the one every other loader of a checkpoint runs too, here with the ranks' shares. A folder without a
+complete step loads ``checkpoint.initial_load_path``, as a missing folder does in TorchTitan.
 
 :func:`save_checksummed` writes a DCP folder with a manifest from one process, atomically too (a
 folder made for ``checkpoint.initial_load_path``, such as ``scripts/export_hf.py import`` writes).
@@ -275,7 +277,7 @@ class ParallaxCheckpointManager(CheckpointManager):
             self._save_atomic(state_dict, step, final, enable_garbage_collection)
         self.saved_steps.add(step)
         if _rank() == 0 and not background:  # a background save purges once it is published
-            self._purge(os.path.dirname(final))
+            self._purge(os.path.dirname(final), step)
         return result
 
     def _clear_partial(self, partial: str) -> None:
@@ -383,14 +385,14 @@ class ParallaxCheckpointManager(CheckpointManager):
         if coordinator:
             logger.info(f"Checkpoint step-{save.step} complete{save.how} in {time.monotonic() - save.begin:.2f} s"
                         + (" (with checksums)" if self.verify else ""))
-            self._purge_quietly(os.path.dirname(save.final))
+            self._purge_quietly(os.path.dirname(save.final), save.step)
         save.published.set_result(None)
 
-    def _purge_quietly(self, folder: str) -> None:
-        """:meth:`_purge` after a background save, whose step is already published: a failure to
-        delete an old step is logged, never reported as a failed save."""
+    def _purge_quietly(self, folder: str, saved: int) -> None:
+        """:meth:`_purge` after the background save of step ``saved``, which is already published: a
+        failure to delete an old step is logged, never reported as a failed save."""
         try:
-            self._purge(folder)
+            self._purge(folder, saved)
         except Exception as exc:
             logger.warning(f"checkpoint.keep_latest_k: could not delete old checkpoints in {folder!r} "
                            f"({type(exc).__name__}: {exc})")
@@ -435,11 +437,13 @@ class ParallaxCheckpointManager(CheckpointManager):
             else:
                 raise CheckpointError(message)
 
-    def _purge(self, folder: str) -> None:
-        """Delete complete checkpoints beyond the newest ``keep_latest_k`` (never an incomplete folder)."""
+    def _purge(self, folder: str, saved: int) -> None:
+        """Delete complete checkpoints beyond the newest ``keep_latest_k`` up to step ``saved`` (the one
+        just saved; never an incomplete folder). Steps above it are an earlier run's, which this run
+        went back from (``checkpoint.load_step``): counted, they would delete the step just saved."""
         if self.keep_complete <= 0:
             return
-        steps = self._complete_steps(folder)
+        steps = [step for step in self._complete_steps(folder) if step <= saved]
         for step in steps[:-self.keep_complete]:
             logger.info(f"Deleting checkpoint step-{step} (checkpoint.keep_latest_k = {self.keep_complete})")
             shutil.rmtree(step_dir(folder, step), ignore_errors=True)
@@ -456,14 +460,13 @@ class ParallaxCheckpointManager(CheckpointManager):
     def load(self, step: int = -1) -> bool:
         if not self.enable:
             return super().load(step)
-        if not os.path.isdir(self.folder):
-            self._check_initial_load()
-            return super().load(step)
         chosen, passed = choose_step(self.folder, step, self._problem_of, self.on_corrupt == "stop")
         if chosen is None:
-            return False
+            return self._load_initial(step)
         if passed:
             self._set_aside_corrupt(passed, chosen)
+        if step >= 0:  # else the newest valid step, the invalid ones above it set aside
+            self._warn_of_newer_steps(chosen)
         path = step_dir(self.folder, chosen)
         try:
             loaded = super().load(step=chosen)
@@ -473,6 +476,28 @@ class ParallaxCheckpointManager(CheckpointManager):
         if loaded and self.on_loaded is not None:
             self.on_loaded(chosen, read_settings(path))
         return loaded
+
+    def _load_initial(self, step: int) -> bool:
+        """TorchTitan's load for a run with no complete step in its checkpoint folder:
+        ``checkpoint.initial_load_path`` (checked first), if any. TorchTitan takes that path only where
+        the folder does not exist, and a folder without a complete step (an empty one after a failed
+        first save, a killed first save's ``.partial-N``) has nothing to resume either: TorchTitan would
+        start it from random weights without a word."""
+        self._check_initial_load()
+        folder, self.folder = self.folder, ""  # TorchTitan reads the folder only to test that it exists
+        try:
+            return super().load(step)
+        finally:
+            self.folder = folder
+
+    def _warn_of_newer_steps(self, chosen: int) -> None:
+        """Name the complete steps above ``chosen`` (``checkpoint.load_step`` went back): the run
+        replaces each when it saves that step; until then a rerun without that key resumes them."""
+        newer = [step for step in complete_steps(self.folder) if step > chosen]
+        if newer:
+            logger.warning(f"checkpoint.load_step = {chosen}: {self.folder!r} holds newer steps of a run before "
+                           f"this one ({', '.join(f'step-{s}' for s in newer)}); this run replaces each when it saves "
+                           f"that step, and until then a rerun without checkpoint.load_step resumes step-{newer[-1]}")
 
     def _problem_of(self, step: int) -> str | None:
         """What is wrong with ``step-<step>`` (None: valid, or checksums are off)."""

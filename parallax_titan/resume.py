@@ -50,7 +50,8 @@ def checkpoint_problems(cfg) -> list[str]:
       choosing the step (:func:`resume_step`) checks each step it considers with
       :func:`quick_problem` and passes over an invalid one, or raises CheckpointError where
       ``checkpoint.load_step`` names it or ``checkpoint.on_corrupt = "stop"``.
-    * without a checkpoint folder, a DCP ``checkpoint.initial_load_path``: this model's weights. With
+    * without a complete step in the checkpoint folder (or without that folder), a DCP
+      ``checkpoint.initial_load_path``: this model's weights. With
       ``checkpoint.verify`` and a manifest in the folder, it must pass :func:`quick_problem` too; a
       folder without one (another program's checkpoint) loads unchecked.
     * ``parallax.init_from_transformer``: the Transformer part of this model's weights. With
@@ -76,8 +77,7 @@ def checkpoint_problems(cfg) -> list[str]:
             return [f"checkpoint.{'load_step' if ckpt.load_step >= 0 else 'folder'}: {exc}"]
         if step is not None:
             errors += _resume_problems(cfg, step_dir(folder, step), step, expected)
-        elif not os.path.exists(folder) and ckpt.initial_load_path and not ckpt.initial_load_in_hf:
-            # TorchTitan reads initial_load_path only while the checkpoint folder does not exist
+        elif ckpt.initial_load_path and not ckpt.initial_load_in_hf:  # loaded where no step is complete
             errors += _weights_folder_problems(cfg, "checkpoint.initial_load_path", ckpt.initial_load_path, expected,
                                                "expected a checkpoint of this model", manifest_required=False)
     if cfg.parallax.init_from_transformer:

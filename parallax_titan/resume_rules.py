@@ -1,8 +1,9 @@
 """What a resumed run does with a setting that differs from its checkpoint's: apply it or refuse.
 
 Every checkpoint holds ``settings.json``: the run's effective settings (every ``[optimizer]``,
-``[lr_scheduler]`` and ``[parallax]`` key, ``training.steps``, ``max_norm``, ``seq_len``, ``local_batch_size``, the
-global batch in sequences per step, and the model arguments of :data:`MODEL_ARGS` as ``model.<name>``). On resume
+``[lr_scheduler]`` and ``[parallax]`` key, ``training.dataset``, ``dataset_path``, ``steps``, ``max_norm``,
+``seq_len``, ``local_batch_size``, the global batch in sequences per step, and the model arguments of
+:data:`MODEL_ARGS` as ``model.<name>``). On resume
 each key that differs follows one rule (the table in docs/resume.md):
 
 * refused before anything is built, naming the key (:data:`REFUSED`), where applying it would
@@ -45,6 +46,8 @@ REFUSED: dict[str, str] = {
                                  "one global index and the local batch may change with the number of ranks)",
     "training.global_batch_size": "the sequences per step define what a step is: the data of every later step and "
                                   "the tokens behind each step of the schedule would change",
+    "training.dataset": "the data loader's saved position (documents read, tokens held back) is in the checkpoint's "
+                        "dataset: the run would go on from that offset into another one, or fail in the loader",
 }
 """Keys a resume refuses to change, with the reason the refusal gives."""
 
@@ -77,7 +80,8 @@ def run_settings(cfg, world: int) -> dict[str, Any]:
                                       ("parallax", cfg.parallax))
                 for f in dataclasses.fields(section)}
     training = cfg.training
-    settings.update({"training.steps": training.steps, "training.max_norm": training.max_norm,
+    settings.update({"training.dataset": training.dataset, "training.dataset_path": training.dataset_path,
+                     "training.steps": training.steps, "training.max_norm": training.max_norm,
                      "training.seq_len": training.seq_len, "training.local_batch_size": training.local_batch_size,
                      "training.global_batch_size": global_batch_size(cfg, world),
                      GLOBAL_POSITION: training.dataset == "pretokenized" or training.data_order == "global"})

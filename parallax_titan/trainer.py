@@ -61,6 +61,16 @@ NO_CHECKPOINT = "no checkpoint written because checkpoint.enable = false (a reru
 ``reliability.nonfinite = "stop"`` are allowed then: ``save_on_sigterm`` is on by default)."""
 
 
+def rerun_hint(load_step: int) -> str:
+    """What a stop that saved its checkpoint tells the user: rerun to resume, without
+    ``checkpoint.load_step`` where it is set (``load_step``; -1: unset), since a rerun with that key
+    loads that step again, not the one just saved."""
+    if load_step < 0:
+        return "checkpoint saved, rerun to resume"
+    return (f"checkpoint saved; rerun without checkpoint.load_step = {load_step} to resume from it (with that key "
+            f"a rerun loads step-{load_step} again)")
+
+
 def save_for_stop(checkpointer, step: int) -> bool:
     """Save the full checkpoint of ``step`` before a stop; whether there is one (False with
     ``checkpoint.enable = false``, where nothing is written)."""
@@ -190,6 +200,6 @@ class ParallaxTrainer(Trainer):
             raise NonFiniteStop(f"{self._nonfinite_stop} (reliability.nonfinite = 'stop'); "
                                 + (f"checkpoint step-{self.step} saved" if saved else NO_CHECKPOINT))
         logger.info(f"Stopping after step {self.step} ({self._stop_reason}); "
-                    + ("checkpoint saved, rerun to resume" if saved else NO_CHECKPOINT))
+                    + (rerun_hint(self.job_config.checkpoint.load_step) if saved else NO_CHECKPOINT))
         return False
 
