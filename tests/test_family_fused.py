@@ -37,6 +37,7 @@ INTERPRET_CASES = {
     "fp16": (1, 24, 2, 1, 16, "float16", True),
     "fp16_large_mean": (1, 100, 2, 1, 16, "float16", True),
     "fp16_long": (1, 128, 2, 1, 32, "float16", True),  # eight chunks: the state carries most of the sums
+    "gqa3_batch2_no_intercept": (2, 19, 6, 2, 16, "float32", False),  # a group size that is not a power of 2
 }  # no bf16 here: triton 3.9's interpreter computes bf16 tl.dot wrongly (bf16 runs in the GPU tests)
 # keys and values shifted by this: sum_j k_j v_j^T passes fp16's largest value (65504) within L = 100
 OFFSET = {"fp16_large_mean": 30.0}

@@ -54,8 +54,9 @@ class AffineState:
 
     @classmethod
     def from_sequence(cls, k: torch.Tensor, v: torch.Tensor, *, with_kk: bool = False) -> "AffineState":
-        """State after a whole prompt: k, v (B, L, Hkv, D) -> sums over L (prefill, then decode);
-        with_kk a bool (the s_kk sums Affine MesaNet reads)."""
+        """State after a whole prompt: k, v (B, L, Hkv, D) -> sums over L (prefill, then decode); L = 0 gives
+        the empty state, an empty batch, heads or head_dim a ValueError; with_kk a bool (the s_kk sums
+        Affine MesaNet reads)."""
         _check_kv("AffineState.from_sequence", k, v)
         check_flag("AffineState.from_sequence", "with_kk", with_kk)
         work = work_dtype(k.dtype)
@@ -153,6 +154,11 @@ def _check_kv(fn, k, v):
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype not in FLOAT_DTYPES:
             got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{fn}: {name} must be a 4-D (batch, seq, heads, head_dim) float tensor, got {got}")
+        # seq 0 (an empty prompt) is the empty state; the others size the state, as in AffineState.zeros
+        for dim, size in (("batch", x.shape[0]), ("heads", x.shape[2]), ("head_dim", x.shape[3])):
+            if size == 0:
+                raise ValueError(f"{fn}: {name} has an empty {dim} dimension, shape {tuple(x.shape)}; batch, heads "
+                                 "and head_dim must be >= 1")
     if k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
         raise ValueError(f"{fn}: k and v must match in shape, dtype and device, got {tuple(k.shape)} {k.dtype} "
                          f"{k.device} and {tuple(v.shape)} {v.dtype} {v.device}")
