@@ -392,8 +392,9 @@ class AffineLinearAttention(FamilyMixer):
         o_i = vbar_i - Sigma_KV(i) rho_i,   rho_i = RMSNorm_h(W_R x_i)
 
     with uniform causal moments (p_ij = 1/i): Parallax attention without queries. The probe has a
-    per-head RMSNorm (``r_norm``) as Parallax's, keys Qwen3's ``k_norm``; no RoPE (uniform weights
-    carry no positions). ``wr`` takes W_Q's place, so the parameters are the attention's.
+    per-head RMSNorm (``r_norm``) as Parallax's, keys Qwen3's ``k_norm``; no RoPE, as SPEC 1b defines
+    the family (rotated probes and keys would fit its running sums too). ``wr`` takes W_Q's place, so
+    the parameters are the attention's.
     ``args.attn_backend`` picks the kernel: fused Triton on CUDA for head_dim 16-128, else the
     chunked PyTorch form.
     """
