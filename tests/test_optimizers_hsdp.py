@@ -2,6 +2,7 @@
 the owner-rank exchange runs within each replica's shard group and gives every rank the terms of one
 process. Docs promise HSDP; the exchange used to raise NotImplementedError at the first Muon step."""
 
+import contextlib
 import os
 
 import torch
@@ -14,17 +15,26 @@ from tests.test_optimizers_distributed import _exchange_case, _free_port
 REPLICAS, SHARDS = 2, 2
 
 
-def _hsdp_worker(rank, world, port, out):
-    """full_matrix_terms on (Replicate(), Shard(0)) DTensors; rank 0 saves every rank's row pieces."""
+@contextlib.contextmanager
+def _hsdp_mesh(rank, world, port):
+    """This rank of a gloo group of ``world`` ranks: the (REPLICAS, SHARDS) mesh; the group is left at the end."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    from optimizers import distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (REPLICAS, SHARDS), mesh_dim_names=("dp_replicate", "fsdp"))
+        yield init_device_mesh("cpu", (REPLICAS, SHARDS), mesh_dim_names=("dp_replicate", "fsdp"))
+    finally:
+        leave_process_group(wait_s=30)
+
+
+def _hsdp_worker(rank, world, port, out):
+    """full_matrix_terms on (Replicate(), Shard(0)) DTensors; rank 0 saves every rank's row pieces."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from optimizers import distributed
+
+    with _hsdp_mesh(rank, world, port) as mesh:
         placements = [Replicate(), Shard(0)]
         specs, updates, weights = _exchange_case()
         params = [distribute_tensor(u if u is not None else w, mesh, placements) for u, w in zip(updates, weights)]
@@ -35,8 +45,6 @@ def _hsdp_worker(rank, world, port, out):
         dist.all_gather_object(gathered, terms)
         if rank == 0:
             torch.save(gathered, out)
-    finally:
-        leave_process_group(wait_s=30)
 
 
 def test_hsdp_exchange_equals_single_process_in_every_replica(tmp_path):
@@ -59,17 +67,13 @@ def test_hsdp_exchange_equals_single_process_in_every_replica(tmp_path):
 
 def _train_worker(rank, world, port, out):
     """TinyParallax under HSDP (fully_shard on the 2-D mesh), trained with the Muon + S_p recipe."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from parallax_titan.optim_builder import build_lr_schedulers, build_optimizers
     from tests._optim_models import TinyParallax
     from tests.test_optimizers_distributed import STEPS, full_params, optim_cfg, sched_cfg, train
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (REPLICAS, SHARDS), mesh_dim_names=("dp_replicate", "fsdp"))
+    with _hsdp_mesh(rank, world, port) as mesh:
         torch.manual_seed(0)
         model = TinyParallax()
         for block in model.layers.values():
@@ -84,13 +88,9 @@ def _train_worker(rank, world, port, out):
         params = full_params(model)
         if rank == 0:
             torch.save(params, out)
-    finally:
-        leave_process_group(wait_s=30)
 
 
 def test_hsdp_training_matches_single_process(tmp_path):
-    from parallax_titan.optim_builder import build_lr_schedulers, build_optimizers
-    from tests._optim_models import TinyParallax
     from tests.test_optimizers_distributed import STEPS, full_params, make, train
 
     out = tmp_path / "rank0.pt"
