@@ -28,6 +28,13 @@ def _hsdp_mesh(rank, world, port):
         leave_process_group(wait_s=30)
 
 
+def _run_hsdp(worker, out):
+    """``worker(rank, world, port, out)`` on REPLICAS x SHARDS processes; what rank 0 saved to ``out``."""
+    world = REPLICAS * SHARDS
+    mp.spawn(worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
+    return torch.load(out)
+
+
 def _hsdp_worker(rank, world, port, out):
     """full_matrix_terms on (Replicate(), Shard(0)) DTensors; rank 0 saves every rank's row pieces."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -50,10 +57,7 @@ def _hsdp_worker(rank, world, port, out):
 def test_hsdp_exchange_equals_single_process_in_every_replica(tmp_path):
     from optimizers.directions import matrix_terms
 
-    out = tmp_path / "terms.pt"
-    world = REPLICAS * SHARDS
-    mp.spawn(_hsdp_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
-    gathered = torch.load(out)  # rank r = replica r // SHARDS, shard r % SHARDS
+    gathered = _run_hsdp(_hsdp_worker, tmp_path / "terms.pt")  # rank r = replica r // SHARDS, shard r % SHARDS
     specs, updates, weights = _exchange_case()
     ref = matrix_terms(specs, updates, weights)
     for replica in range(REPLICAS):
@@ -93,10 +97,7 @@ def _train_worker(rank, world, port, out):
 def test_hsdp_training_matches_single_process(tmp_path):
     from tests.test_optimizers_distributed import STEPS, full_params, make, train
 
-    out = tmp_path / "rank0.pt"
-    world = REPLICAS * SHARDS
-    mp.spawn(_train_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
-    got = torch.load(out)
+    got = _run_hsdp(_train_worker, tmp_path / "rank0.pt")
     model, opt, sched = make(1)
     train(model, opt, sched, range(STEPS))
     ref = full_params(model)
