@@ -63,6 +63,7 @@ class _StoppingTrainer:
         self.checkpointer = types.SimpleNamespace(enable=enable, saved_steps={2},
                                                   _async_wait=lambda: self.waits.append(self.step))
         self.step, self._stop_reason, self._nonfinite_stop = 2, reason, nonfinite
+        self.job_config = types.SimpleNamespace(checkpoint=types.SimpleNamespace(load_step=-1))
 
 
 @pytest.mark.parametrize("enable", [True, False])
