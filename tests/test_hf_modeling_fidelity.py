@@ -600,6 +600,21 @@ def test_parallax_defaults_are_for_configs_built_in_code(tmp_path):
     assert load(folder, dtype=torch.float32, parallax={**full, "rho_rope": True}).config.parallax["rho_rope"] is True
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("rope_theta", "1e4", r"rope_theta: expected a positive number, got '1e4'"),
+    ("num_attention_heads", 4.0, r"num_attention_heads: expected a positive integer, got 4.0"),
+    ("tie_word_embeddings", "false", r"tie_word_embeddings: expected true or false, got 'false'"),
+])
+def test_field_keywords_of_from_pretrained_are_checked(tmp_path, key, value, message):
+    """from_pretrained's keywords are set on the config after __init__ (transformers' from_dict): a
+    rope_theta given as text there passed the check config.json's values get, and failed in torch."""
+    folder = edited_export(tmp_path, lambda c: None)
+    config_class = type(load(folder, dtype=torch.float32).config)
+    with pytest.raises(ValueError, match=message):
+        config_class.from_pretrained(str(folder), **{key: value})
+    assert config_class.from_pretrained(str(folder), rope_theta=1e4).rope_theta == 1e4
+
+
 def test_a_config_without_token_ids_runs(tmp_path):
     """transformers 5's base config defines no eos_token_id: a config built in code without one, or a
     causal export's config.json without it, failed at the first forward (AttributeError)."""

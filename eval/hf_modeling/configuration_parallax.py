@@ -150,9 +150,13 @@ class ParallaxQwen3Config(PretrainedConfig):
     def __setattr__(self, key, value):
         """Every ``parallax`` set, in ``__init__`` or later (``config.parallax = {...}``, transformers'
         ``from_dict`` and ``update``), goes through :func:`checked_parallax` and is stored as a copy:
-        a model built from the config computes what the config says. A bad value leaves the old one."""
+        a model built from the config computes what the config says; a field of
+        :data:`CHECKPOINT_FIELDS` through :func:`field_problem` (``from_pretrained``'s keywords are
+        set after ``__init__``). A bad value raises ValueError and leaves the old one."""
         if key == "parallax":
             value = checked_parallax(value, getattr(self, "eos_token_id", None))
+        elif key in CHECKPOINT_FIELDS and field_problem(key, value):
+            raise ValueError(field_problem(key, value))
         super().__setattr__(key, value)
 
     @classmethod
