@@ -10,9 +10,10 @@ from parallax_titan.checkpoint_files import (
     TRAINING_STATES, Shapes, choose_step, describe, has_checkpoint_files, quick_problem, saved_shapes, state_shapes,
     step_dir, weight_mismatches)
 from parallax_titan.checksums import MANIFEST_FILE
-from parallax_titan.config.job import world_size
+from parallax_titan.config.job import data_parallel_degree, world_size
+from parallax_titan.data.build import resume_problem
 from parallax_titan.model import ParallaxQwen3Model
-from parallax_titan.resume_rules import differences, read_settings, refusals, run_settings
+from parallax_titan.resume_rules import differences, loads_data_position, read_settings, refusals, run_settings
 from parallax_titan.spec import model_args_for
 from parallax_titan.uptrain import shared_weights
 
@@ -38,7 +39,18 @@ def settings_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
     if step == 0 or saved is None:
         return []
     current = run_settings(cfg, world_size())
-    return refusals(differences(saved, current), checkpoint_dir, step, current)
+    return refusals(differences(saved, current), checkpoint_dir, step, current, loads_data_position(cfg))
+
+
+def _data_position_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
+    """Why this run's data loader cannot continue from the position saved in ``checkpoint_dir`` (at
+    ``step``): :func:`parallax_titan.data.build.resume_problem` (another ``training.data_order``, or
+    another number of data-parallel ranks in the sharded order). Nothing for a position the run does
+    not load: step 0 (weights only) or ``checkpoint.exclude_from_loading = ["dataloader"]``."""
+    if step == 0 or not loads_data_position(cfg):
+        return []
+    problem = resume_problem(cfg, data_parallel_degree(cfg, world_size()), checkpoint_dir)
+    return [f"checkpoint.folder: {checkpoint_dir!r}: cannot resume the data position: {problem}"] if problem else []
 
 
 def checkpoint_problems(cfg) -> list[str]:
@@ -46,7 +58,8 @@ def checkpoint_problems(cfg) -> list[str]:
     Each kind of load gets its own checks:
 
     * the resume step (``checkpoint.load_step``, else the newest valid one): this model's weights,
-      training state (not a model-only save) and the resume rules. With ``checkpoint.verify``,
+      training state (not a model-only save), the resume rules and a data position this run's
+      loader can continue (:func:`_data_position_problems`). With ``checkpoint.verify``,
       choosing the step (:func:`resume_step`) checks each step it considers with
       :func:`quick_problem` and passes over an invalid one, or raises CheckpointError where
       ``checkpoint.load_step`` names it or ``checkpoint.on_corrupt = "stop"``.
@@ -103,8 +116,8 @@ def _weight_problems(cfg, key: str, path: str, weights: Shapes, fix: str) -> tup
 
 
 def _resume_problems(cfg, path: str, step: int, expected: Shapes) -> list[str]:
-    """The resume step ``path`` (``step``) must hold ``expected``, training state past step 0 and
-    settings the resume rules accept."""
+    """The resume step ``path`` (``step``) must hold ``expected``, training state past step 0,
+    settings the resume rules accept and a data position this run can continue."""
     saved, problems = _weight_problems(cfg, "checkpoint.folder", path, expected, "resume with the checkpoint's "
                                        "[model] settings, or use another job.dump_folder for this model")
     if problems:
@@ -113,7 +126,7 @@ def _resume_problems(cfg, path: str, step: int, expected: Shapes) -> list[str]:
         return [(f"checkpoint.folder: {path!r} holds model weights only (checkpoint.last_save_model_only = true saves "
                  "so at the last step), so training cannot resume from it; set checkpoint.load_step to an earlier "
                  "full checkpoint, or move that folder away")]
-    return settings_problems(cfg, path, step)
+    return settings_problems(cfg, path, step) + _data_position_problems(cfg, path, step)
 
 
 def _weights_folder_problems(cfg, key: str, path: str, weights: Shapes, fix: str,

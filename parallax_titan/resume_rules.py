@@ -8,7 +8,8 @@ each key that differs follows one rule (the table in docs/resume.md):
 
 * refused before anything is built, naming the key (:data:`REFUSED`), where applying it would
   change which data a step trains on, the meaning of the step count, or make the saved optimizer
-  state not fit the optimizer;
+  state not fit the optimizer; ``training.dataset`` is applied where the run does not load the
+  data loader's saved position (``checkpoint.exclude_from_loading = ["dataloader"]``);
 * ``training.steps``: applied when it is at least the checkpoint's step, refused below it;
 * every other key: applied from the first step after the resume, with a log line
   ``optimizer.lr: 0.01 -> 0.05 from step 7``.
@@ -60,9 +61,30 @@ GLOBAL_POSITION = "data.global_position"
 global text order), so the local batch may change with the rank count while the global batch stays."""
 
 
-def refused(key: str, current: dict[str, Any]) -> bool:
-    """Whether a resume refuses to change ``key`` for a run with the settings ``current``."""
+WAYS_OUT: dict[str, str] = {
+    "training.dataset": "set checkpoint.exclude_from_loading = ['dataloader'] to start the new dataset at its first "
+                        "document (the model, optimizer and schedule state still load)",
+}
+"""Keys whose refusal has a way out besides resuming with the old value, and that way."""
+
+POSITION_ONLY = ("training.dataset",)
+"""Refused keys whose one reason is the data loader's saved position: a run that does not load it
+(:func:`loads_data_position`) applies them."""
+
+
+def loads_data_position(cfg) -> bool:
+    """Whether a resume with ``cfg`` loads the data loader's saved position: not where
+    ``checkpoint.exclude_from_loading`` names ``"dataloader"`` (the loader then starts at the
+    beginning of its dataset)."""
+    return "dataloader" not in cfg.checkpoint.exclude_from_loading
+
+
+def refused(key: str, current: dict[str, Any], position_loaded: bool = True) -> bool:
+    """Whether a resume refuses to change ``key`` for a run with the settings ``current`` that loads
+    the data loader's saved position or not (``position_loaded``)."""
     if key == "training.local_batch_size" and current.get(GLOBAL_POSITION):
+        return False
+    if key in POSITION_ONLY and not position_loaded:
         return False
     return key in REFUSED
 
@@ -188,11 +210,14 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[Change]:
     return [Change(k, saved[k], v) for k, v in current.items() if k in saved and saved[k] != v]
 
 
-def refusals(changes: list[Change], checkpoint_dir: str, step: int, current: dict[str, Any]) -> list[str]:
-    """A message for each change the rules refuse, and for ``training.steps`` below ``step``."""
+def refusals(changes: list[Change], checkpoint_dir: str, step: int, current: dict[str, Any],
+             position_loaded: bool = True) -> list[str]:
+    """A message for each change the rules refuse (``position_loaded``: whether the run loads the data
+    loader's saved position), and for ``training.steps`` below ``step``."""
     problems = [f"{c.key}: the checkpoint {checkpoint_dir!r} was trained with {c.saved!r} and this run sets "
                 f"{c.current!r}; refused on resume because {REFUSED[c.key]}; resume with {c.key} = {c.saved!r}, "
-                "or train into another job.dump_folder" for c in changes if refused(c.key, current)]
+                + (f"{WAYS_OUT[c.key]}, " if c.key in WAYS_OUT else "") + "or train into another job.dump_folder"
+                for c in changes if refused(c.key, current, position_loaded)]
     steps = current.get("training.steps")
     if isinstance(steps, int) and steps < step:
         problems.append(f"training.steps: {steps} is below the step of the checkpoint {checkpoint_dir!r} ({step}); "
@@ -200,10 +225,11 @@ def refusals(changes: list[Change], checkpoint_dir: str, step: int, current: dic
     return problems
 
 
-def applied(changes: list[Change], step: int, current: dict[str, Any]) -> list[str]:
-    """Log lines of the changes a resume applies: ``optimizer.lr: 0.01 -> 0.05 from step 7``."""
+def applied(changes: list[Change], step: int, current: dict[str, Any], position_loaded: bool = True) -> list[str]:
+    """Log lines of the changes a resume applies: ``optimizer.lr: 0.01 -> 0.05 from step 7``
+    (``position_loaded``: whether the run loads the data loader's saved position)."""
     return [f"{c.key}: {c.saved!r} -> {c.current!r} from step {step + 1}" for c in changes
-            if not refused(c.key, current)]
+            if not refused(c.key, current, position_loaded)]
 
 
 def configured_hyperparameters(optimizers) -> list[list[dict[str, Any]]]:

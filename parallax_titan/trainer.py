@@ -2,7 +2,8 @@
 
 The training step itself is TorchTitan's (``Trainer.train_step``): forward, loss, backward,
 gradient clipping, optimizer and schedule steps. This subclass adapts the host, refuses a
-checkpoint of another model before anything is built, runs the up-training conversion, drives the
+checkpoint of another model (or a data position its loader cannot continue) and a diagnostics batch
+its dataset cannot fill before anything is built, runs the up-training conversion, drives the
 progress bar and diagnostics, and handles interruptions (SIGTERM, ``reliability.stop_at_step``) and
 non-finite steps (``reliability.nonfinite``; the skip itself is decided by the optimizers
 container) by saving a full checkpoint and leaving the loop, so that rerunning the command resumes
@@ -32,9 +33,10 @@ from parallax_titan.config import ConfigError, JobConfig
 from parallax_titan.data import DOCUMENT_STARTS, document_boundaries_from_starts
 from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
 from parallax_titan.resume import checkpoint_problems
-from parallax_titan.resume_rules import (applied, configured_hyperparameters, differences, reapply, refusals,
-                                         run_settings)
+from parallax_titan.resume_rules import (applied, configured_hyperparameters, differences, loads_data_position,
+                                         reapply, refusals, run_settings)
 from parallax_titan.step_flags import StepFlags
+from parallax_titan.tokenizer import build_tokenizer
 
 
 class NonFiniteStop(RuntimeError):
@@ -80,11 +82,20 @@ def save_for_stop(checkpointer, step: int) -> bool:
     return True
 
 
+def diagnostics_runner(job_config: JobConfig) -> DiagnosticsRunner:
+    """The ``[diagnostics]`` runner with its held-out batch, built before the model: a batch its
+    dataset cannot fill is a ConfigError before TorchTitan's build. With diagnostics on it tokenizes
+    with a tokenizer of its own (TorchTitan's is built inside that build)."""
+    tokenizer = build_tokenizer(job_config) if job_config.diagnostics.enable else None
+    return DiagnosticsRunner.from_config(job_config, tokenizer)
+
+
 class ParallaxTrainer(Trainer):
     def __init__(self, job_config: JobConfig, step_callbacks=()):
         problems = checkpoint_problems(job_config) + dump_folder_problems(job_config.job.dump_folder)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        self.diagnostics = diagnostics_runner(job_config)
         configure_for_host(job_config)
         with trainer_checkpoint_manager(ParallaxCheckpointManager):
             super().__init__(job_config)
@@ -103,7 +114,6 @@ class ParallaxTrainer(Trainer):
         if reliability.save_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
             signal.signal(signal.SIGUSR1, self._on_sigterm)  # Slurm's warning ahead of the time limit
-        self.diagnostics = DiagnosticsRunner.from_config(job_config, self.tokenizer)
         self.step_callbacks = list(step_callbacks)
         self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
         source = job_config.parallax.init_from_transformer
@@ -177,8 +187,9 @@ class ParallaxTrainer(Trainer):
         if step == 0:
             return
         path, current = step_dir(self.checkpointer.folder, step), self.checkpointer.settings
+        position_loaded = loads_data_position(self.job_config)
         # the step loaded may not be the one checked before the build (a corrupt one was skipped)
-        problems = [] if saved is None else refusals(differences(saved, current), path, step, current)
+        problems = [] if saved is None else refusals(differences(saved, current), path, step, current, position_loaded)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         before = self.lr_schedulers.schedulers[0].get_last_lr()[0]
@@ -187,7 +198,7 @@ class ParallaxTrainer(Trainer):
         if saved is None:
             logger.warning(f"{path!r} has no settings.json, so changes since it cannot be listed; the config's "
                            "optimizer and schedule settings apply from here")
-        for line in applied([] if saved is None else differences(saved, current), step, current):
+        for line in applied([] if saved is None else differences(saved, current), step, current, position_loaded):
             logger.info(f"Resume: {line}")
         if after != before:
             logger.info(f"Resume: lr of step {step + 1}: {before:.6g} -> {after:.6g} (first parameter group)")

@@ -261,3 +261,23 @@ def test_a_heldout_batch_the_dataset_cannot_fill_is_a_config_error(tokenizer):
     with pytest.raises(ConfigError, match=rf"has only \d+ tokens; the held-out batch needs diagnostics.batch_size "
                                           rf"\* seq_len = 100000 \* {SEQ} = {100_000 * SEQ}; expected at most \d+"):
         DiagnosticsRunner.from_config(job, tokenizer)
+
+
+def test_a_heldout_batch_the_dataset_cannot_fill_stops_the_trainer_before_the_build(tmp_path, monkeypatch):
+    """The runner's ConfigError came from the trainer after TorchTitan had built the model (and set up
+    the process group, the data loader, the optimizer): minutes of a large model's build for a config error."""
+    import torchtitan.train
+
+    from parallax_titan.config import ConfigError
+    from parallax_titan.trainer import ParallaxTrainer
+
+    def build(trainer, job_config):
+        raise AssertionError("TorchTitan's build (the model's included) ran before the held-out batch was checked")
+
+    monkeypatch.setattr(torchtitan.train.Trainer, "__init__", build)
+    job = load_config(["--job.config_file", "configs/test_cpu_2rank.toml", "--job.dump_folder", str(tmp_path),
+                       "--training.dataset", "default_corpus", "--diagnostics.enable", "--diagnostics.freq", "2",
+                       "--diagnostics.batch_size", "100000", "--diagnostics.seq_len", str(SEQ)])
+    with pytest.raises(ConfigError, match=rf"the held-out batch needs diagnostics.batch_size \* seq_len = 100000 \* "
+                                          rf"{SEQ} = {100_000 * SEQ}"):
+        ParallaxTrainer(job)

@@ -1,14 +1,22 @@
 """A researcher who changes things between runs: a checkpoint folder in which a run went back to an
 earlier step (``checkpoint.load_step``) and ``checkpoint.keep_latest_k`` purges, a checkpoint folder
-left without a complete step next to ``checkpoint.initial_load_path``, and a resume with another
-dataset. In this process: managers of a 4x4 linear layer in a one-process gloo group, and the
-config check on checkpoints laid out as the trainer writes them."""
+left without a complete step next to ``checkpoint.initial_load_path``, a resume with another
+dataset (refused, or trained from its first document with the data loader's state excluded from
+loading), and a data position the run cannot continue (another data order or number of ranks) or
+whose newest step is truncated. In this process: managers of a 4x4 linear layer in a one-process
+gloo group, and the config check on checkpoints laid out as the trainer writes them; through
+train.py (or :mod:`tests._resume_batch_driver`): resumes of a tiny run's checkpoints."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,7 +29,7 @@ from parallax_titan.config.sections import Checkpoint
 from parallax_titan.resume import checkpoint_problems
 from parallax_titan.resume_rules import applied, differences, refusals, run_settings, write_settings
 from scripts.bench.checkpoint import StepCounter
-from tests._train_runs import train
+from tests._train_runs import REPO, TEST_CONFIG, losses, run_single, train
 from tests.test_checkpoint_mismatch import job, save_checkpoint
 
 
@@ -166,3 +174,83 @@ def test_going_back_to_an_earlier_step_keeps_what_the_run_saves(tmp_path):
     assert ("Stopping after step 3 (reliability.stop_at_step = 3); checkpoint saved; rerun without "
             "checkpoint.load_step = 2 to resume from it (with that key a rerun loads step-2 again)") in log
     assert complete_steps(str(folder)) == [2, 3, 4]
+
+
+# ---- the data position on resume, checked before the build --------------------------------------
+
+# 1 rank accumulating 2 microbatches of 2 sequences: the same global batch as 2 ranks of 2
+DATA = ["--training.dataset", "default_corpus", "--training.global_batch_size", "4"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of 2 steps in the sharded text order with a checkpoint after each (step-1, step-2)."""
+    dump = tmp_path_factory.mktemp("trained")
+    train(dump, *DATA, "--training.steps", "2", "--checkpoint.interval", "1")
+    return dump
+
+
+@pytest.fixture
+def resumed(trained, tmp_path):
+    """A copy of :func:`trained`'s dump folder, to resume or change."""
+    return shutil.copytree(trained, tmp_path / "run")
+
+
+def test_another_data_order_is_refused_before_the_build(resumed):
+    """The data position's check ran while the data loader was built: a traceback and exit code 1."""
+    result = run_single(resumed, *DATA, "--training.steps", "3", "--training.data_order", "global")
+    assert result.returncode == 2, output(result)[-3000:]
+    assert (f"checkpoint.folder: {str(resumed / 'checkpoint' / 'step-2')!r}: cannot resume the data position: the "
+            "checkpoint's data-loader state (dp_rank_0, world_size) was not written with training.data_order = "
+            "'global'") in output(result)
+    assert "Traceback" not in output(result)
+
+
+def test_another_number_of_ranks_in_the_sharded_order_is_refused_by_the_config_check(resumed, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    problems = checkpoint_problems(job(resumed, *DATA))
+    assert any("cannot resume the data position: the checkpoint holds the data positions of 1 data-parallel ranks "
+               "in training.data_order = 'sharded'" in p for p in problems), problems
+
+
+def test_a_truncated_newest_step_falls_back_to_the_older_one(resumed):
+    """checkpoint.on_corrupt = 'fallback' chose step-1, and the data check read the newest step's
+    truncated .metadata: an UnpicklingError traceback, exit code 1."""
+    metadata = resumed / "checkpoint" / "step-2" / ".metadata"
+    metadata.write_bytes(metadata.read_bytes()[:40])
+    result = run_single(resumed, *DATA, "--training.steps", "3")
+    assert result.returncode == 0, output(result)[-3000:]
+    assert "checkpoint.on_corrupt = 'fallback': loading step-1 instead" in output(result)
+    assert sorted(losses(resumed)) == [1, 2, 3]
+
+
+# ---- another dataset with the data loader's state not loaded --------------------------------------
+
+NEW_DATA = ["--training.dataset", "default_corpus_validation", "--checkpoint.exclude_from_loading", "dataloader"]
+
+
+def test_another_dataset_with_the_data_position_excluded_is_accepted(resumed):
+    path = str(resumed / "checkpoint" / "step-2")
+    refused = checkpoint_problems(job(resumed, *DATA, "--training.dataset", "default_corpus_validation"))
+    way_out = "set checkpoint.exclude_from_loading = ['dataloader'] to start the new dataset at its first document"
+    assert any(p.startswith(f"training.dataset: the checkpoint {path!r} was trained with 'default_corpus'")
+               and way_out in p for p in refused), refused
+    assert checkpoint_problems(job(resumed, *DATA, *NEW_DATA)) == []
+    # the data order of the position not loaded does not matter either
+    assert checkpoint_problems(job(resumed, *DATA, *NEW_DATA, "--training.data_order", "global")) == []
+
+
+def test_another_dataset_with_the_data_position_excluded_trains_from_its_first_document(resumed):
+    """The model and optimizer state load, the new dataset starts at its first batch, and the change is logged."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1", "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    cmd = [sys.executable, "tests/_resume_batch_driver.py", "--job.config_file", TEST_CONFIG, "--job.dump_folder",
+           str(resumed), *DATA, *NEW_DATA, "--training.steps", "3"]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"step"')))
+    assert report == {"step": 2, "model_loaded": True, "optimizer_loaded": True, "first_batch_is_fresh": True}
+    assert "Resume: training.dataset: 'default_corpus' -> 'default_corpus_validation' from step 3" in output(result)

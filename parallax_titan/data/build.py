@@ -3,8 +3,9 @@
 ``check_dataset_config`` (called by config validation, on every rank, cheap) checks names, paths,
 local files, and for ``pretokenized`` the manifests, the tokenizer hash and every shard's size.
 ``build_dataloader`` then (on each rank, before the first step) verifies the shards' checksums,
-each rank a share of them, refuses a resume whose saved data position this loader cannot take, and
-builds the loader. ``build_validator`` is TorchTitan's validator reading our validation loader.
+each rank a share of them, and builds the loader. ``resume_problem`` is the rule for a saved data
+position this loader cannot take, which the trainer checks before the build. ``build_validator`` is
+TorchTitan's validator reading our validation loader.
 """
 
 from __future__ import annotations
@@ -245,31 +246,25 @@ def build_pretokenized_loader(job_config, section_name: str, dp_world_size: int,
         read_ahead=ReadAhead.from_config(section.dataloader))
 
 
-def saved_loader_keys(job_config) -> list[str] | None:
-    """The data-loader keys of the checkpoint this run will resume from (None: no resume)."""
+def saved_loader_keys(checkpoint_dir: str) -> list[str]:
+    """The data-loader keys saved in the DCP step folder ``checkpoint_dir`` (``dp_rank_0``,
+    ``world_size``, ...; none in a weights-only save)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    from parallax_titan.checkpoint_files import step_dir, step_to_load
-
-    ckpt = job_config.checkpoint
-    folder = os.path.join(job_config.job.dump_folder, ckpt.folder)
-    if not ckpt.enable:
-        return None
-    step = step_to_load(folder, ckpt.load_step)
-    if step is None:
-        return None
-    entries = FileSystemReader(step_dir(folder, step)).read_metadata().state_dict_metadata
+    entries = FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
     return sorted(k.split(".", 1)[1] for k in entries if k.startswith("dataloader."))
 
 
-def resume_problem(job_config, dp_world_size: int) -> str | None:
-    """Why this run cannot continue from its checkpoint's data position, or None.
+def resume_problem(job_config, dp_world_size: int, checkpoint_dir: str) -> str | None:
+    """Why this run (``dp_world_size`` data-parallel ranks) cannot continue from the data position
+    saved in the step folder ``checkpoint_dir``, or None. The trainer checks the step its resume
+    loads before the build (:func:`parallax_titan.resume.checkpoint_problems`).
 
     ``pretokenized`` and ``data_order = "global"`` save one position for all ranks and resume on any
     number of ranks; ``"sharded"`` saves one state per rank, each over its own documents, which
     another number of ranks cannot continue.
     """
-    saved = saved_loader_keys(job_config)
+    saved = saved_loader_keys(checkpoint_dir)
     if not saved:
         return None
     training = job_config.training
@@ -296,13 +291,10 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
 
     Text datasets: :func:`parallax_titan.data.text.build_text_loader` (tokenized while training);
     ``pretokenized``: :class:`PretokenizedLoader`. Raises ValueError, before any training, for bad
-    data or a saved data position this run cannot continue.
+    data.
     """
     training = job_config.training
     check_dataset_config(training, "training", _skip_bad(job_config), max_bytes=_max_bytes(job_config))
-    problem = resume_problem(job_config, dp_world_size)
-    if problem:
-        raise ValueError(f"cannot resume the data position: {problem}")
     if training.dataset.lower() == PRETOKENIZED:
         return build_pretokenized_loader(job_config, "training", dp_world_size, dp_rank)
     return build_text_loader(training, dp_world_size, dp_rank, tokenizer, data_order=training.data_order,
