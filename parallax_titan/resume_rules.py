@@ -8,8 +8,9 @@ each key that differs follows one rule (the table in docs/resume.md):
 
 * refused before anything is built, naming the key (:data:`REFUSED`), where applying it would
   change which data a step trains on, the meaning of the step count, or make the saved optimizer
-  state not fit the optimizer; ``training.dataset`` is applied where the run does not load the
-  data loader's saved position (``checkpoint.exclude_from_loading = ["dataloader"]``);
+  state not fit the optimizer; ``training.dataset`` and ``local_batch_size`` are applied where the
+  run does not load the data loader's saved position (``checkpoint.exclude_from_loading =
+  ["dataloader"]``);
 * ``training.steps``: applied when it is at least the checkpoint's step, refused below it;
 * every other key: applied from the first step after the resume, with a log line
   ``optimizer.lr: 0.01 -> 0.05 from step 7``.
@@ -64,10 +65,13 @@ global text order), so the local batch may change with the rank count while the 
 WAYS_OUT: dict[str, str] = {
     "training.dataset": "set checkpoint.exclude_from_loading = ['dataloader'] to start the new dataset at its first "
                         "document (the model, optimizer and schedule state still load)",
+    "training.local_batch_size": "set checkpoint.exclude_from_loading = ['dataloader'] to read the data again from "
+                                 "its first document with the new local batch (the model, optimizer and schedule "
+                                 "state still load)",
 }
 """Keys whose refusal has a way out besides resuming with the old value, and that way."""
 
-POSITION_ONLY = ("training.dataset",)
+POSITION_ONLY = ("training.dataset", "training.local_batch_size")
 """Refused keys whose one reason is the data loader's saved position: a run that does not load it
 (:func:`loads_data_position`) applies them."""
 

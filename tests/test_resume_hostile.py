@@ -240,6 +240,16 @@ def test_another_dataset_with_the_data_position_excluded_is_accepted(resumed):
     assert checkpoint_problems(job(resumed, *DATA, *NEW_DATA, "--training.data_order", "global")) == []
 
 
+def test_another_local_batch_with_the_data_position_excluded_is_accepted(resumed):
+    """The local batch's one reason to be refused is the sharded loader's saved position (it counts this
+    rank's sequences): a run that does not load the position may change it (the global batch stays)."""
+    local = ["--training.local_batch_size", "4"]  # the checkpoint's is 2, accumulated twice to the global 4
+    refused = checkpoint_problems(job(resumed, *DATA, *local))
+    assert any(p.startswith("training.local_batch_size: the checkpoint") and "exclude_from_loading" in p
+               for p in refused), refused
+    assert checkpoint_problems(job(resumed, *DATA, *local, "--checkpoint.exclude_from_loading", "dataloader")) == []
+
+
 def test_another_dataset_with_the_data_position_excluded_trains_from_its_first_document(resumed):
     """The model and optimizer state load, the new dataset starts at its first batch, and the change is logged."""
     with socket.socket() as s:
