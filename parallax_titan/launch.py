@@ -17,7 +17,9 @@ It runs ``torch.distributed.run`` (torchrun) as a child process and adds two thi
   the launcher says so at start.
 
 The exit code is torchrun's (128 + the signal number if torchrun was killed by a signal), or 2
-before torchrun starts when ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` is not a whole number of seconds.
+before torchrun starts when ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` is not a whole number of seconds, or
+``--nproc_per_node``, ``--nnodes`` or the training script is one torchrun would fail on
+(:func:`argument_problems`).
 """
 
 from __future__ import annotations
@@ -81,14 +83,59 @@ def shutdown_timeout_problem(value: str) -> str | None:
             f"(unset: {SHUTDOWN_TIMEOUT_S})")
 
 
+def _nproc_problem(value: str) -> str | None:
+    """Why torchrun cannot start ``value`` workers per node (its own reading of the value), or None."""
+    from torch.distributed.run import determine_local_world_size
+
+    try:
+        count = determine_local_world_size(value)
+    except ValueError as exc:
+        why = f" ({exc})" if str(exc).endswith("not available.") else ""
+    else:
+        if count >= 1:
+            return None
+        why = ""
+    return f"--nproc_per_node: {value!r}{why} names no workers; expected a whole number >= 1, or auto, cpu, gpu or xpu"
+
+
+def _nnodes_problem(value: str) -> str | None:
+    """Why torchrun cannot read ``value`` as its node count ``N`` or range ``MIN:MAX``, or None."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    try:
+        low, high = parse_min_max_nnodes(value)
+    except (ValueError, RuntimeError):
+        low, high = 0, 0
+    if 1 <= low <= high:
+        return None
+    return f"--nnodes: {value!r} is no node count; expected N or MIN:MAX, whole numbers with 1 <= MIN <= MAX"
+
+
+def argument_problems(argv: list[str]) -> list[str]:
+    """What torchrun would fail on in ``argv`` after starting (with a traceback on every node, or a
+    bare AssertionError for ``--nproc_per_node=0``): ``--nproc_per_node`` (also torchrun's
+    ``PET_NPROC_PER_NODE``), ``--nnodes``, and a training script file that does not exist (a ``-m``
+    module or ``--no-python`` command is not looked for). Malformed arguments end the process as
+    torchrun's argument parser does (usage, exit code 2)."""
+    from torch.distributed.run import parse_args
+
+    args = parse_args(argv)
+    problems = [p for p in (_nproc_problem(args.nproc_per_node), _nnodes_problem(args.nnodes)) if p]
+    if not (args.module or args.no_python) and not os.path.isfile(args.training_script):
+        problems.append(f"{args.training_script!r} does not exist; expected the training script (such as train.py), "
+                        "relative to this folder or absolute")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     """Run torchrun with ``argv`` until it exits; returns its exit code (2: a bad
-    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, before torchrun starts)."""
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` or :func:`argument_problems`, before torchrun starts)."""
     env = dict(os.environ)
     env.setdefault(SHUTDOWN_TIMEOUT_ENV, str(SHUTDOWN_TIMEOUT_S))
-    problem = shutdown_timeout_problem(env[SHUTDOWN_TIMEOUT_ENV])
-    if problem:
-        print(f"parallax_titan.launch: error: {problem}", file=sys.stderr)
+    problems = [p for p in [shutdown_timeout_problem(env[SHUTDOWN_TIMEOUT_ENV])] if p] + argument_problems(argv)
+    if problems:
+        for problem in problems:
+            print(f"parallax_titan.launch: error: {problem}", file=sys.stderr)
         return 2
     if not torchrun_reads_shutdown_timeout():
         print(f"parallax_titan.launch: this torch's torchrun ignores {SHUTDOWN_TIMEOUT_ENV} and kills signalled "

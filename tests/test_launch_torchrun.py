@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from parallax_titan import launch
 from parallax_titan.checksums import content_problems, read_manifest
@@ -74,3 +75,67 @@ def test_bad_shutdown_timeout_is_refused_before_torchrun_starts(monkeypatch, cap
     assert launch.main(["--standalone", "--nproc_per_node=1", "train.py"]) == 2
     err = capsys.readouterr().err
     assert f"{SHUTDOWN_TIMEOUT_ENV}: {value!r} is not a whole number of seconds" in err
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    """``launch.main`` must return before it starts torchrun (and before it installs signal handlers)."""
+    monkeypatch.delenv(SHUTDOWN_TIMEOUT_ENV, raising=False)
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun started"))
+
+
+TRAIN_PY = os.path.join(REPO, "train.py")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "2.5", ""])
+def test_bad_nproc_per_node_is_refused_before_torchrun_starts(no_torchrun, capsys, value):
+    """torchrun failed on these with a traceback on every node; on 0 or less, with a bare AssertionError."""
+    assert launch.main(["--standalone", f"--nproc_per_node={value}", TRAIN_PY]) == 2
+    err = capsys.readouterr().err
+    assert f"parallax_titan.launch: error: --nproc_per_node: {value!r} " in err
+    assert "expected a whole number >= 1, or auto, cpu, gpu or xpu" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_nproc_per_node_gpu_without_cuda_is_refused(no_torchrun, capsys):
+    assert launch.main(["--standalone", "--nproc-per-node=gpu", TRAIN_PY]) == 2
+    assert "--nproc_per_node: 'gpu' (Cuda is not available.)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "2:1", "1:2:3"])
+def test_bad_nnodes_is_refused_before_torchrun_starts(no_torchrun, capsys, value):
+    assert launch.main([f"--nnodes={value}", "--nproc_per_node=1", TRAIN_PY]) == 2
+    err = capsys.readouterr().err
+    assert f"parallax_titan.launch: error: --nnodes: {value!r} " in err and "expected N or MIN:MAX" in err
+
+
+def test_missing_training_script_is_refused_before_torchrun_starts(no_torchrun, capsys, tmp_path):
+    """torchrun started every worker on it, each failed, then torchrun raised ChildFailedError."""
+    script = str(tmp_path / "trian.py")
+    assert launch.main(["--standalone", "--nproc_per_node=2", script, "--job.config_file", "x.toml"]) == 2
+    assert f"parallax_titan.launch: error: {script!r} does not exist; expected the training script" in (
+        capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("argv", [["--nproc_per_node=2", TRAIN_PY], ["--nproc-per-node=cpu", "train.py"],
+                                  ["--nproc_per_node=auto", "--nnodes=1:2", TRAIN_PY],
+                                  ["-m", "no_such_file_but_a_module"], ["--no-python", "echo"]])
+def test_good_arguments_start_torchrun(monkeypatch, argv):
+    """Only a script that torchrun runs as a file is looked for (not ``-m`` modules or ``--no-python``
+    commands); the arguments go to torchrun unchanged."""
+    monkeypatch.chdir(REPO)
+    started = []
+
+    class FakeTorchrun:
+        pid = os.getpid()
+
+        def __init__(self, cmd, env):
+            started.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(launch.subprocess, "Popen", FakeTorchrun)
+    monkeypatch.setattr(launch.signal, "signal", lambda *a: None)  # keep pytest's own handlers
+    assert launch.main(["--standalone", *argv]) == 0
+    assert started == [[sys.executable, "-m", "torch.distributed.run", "--standalone", *argv]]

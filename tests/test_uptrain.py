@@ -46,6 +46,8 @@ def test_parallax_from_transformer_checkpoint_has_its_logits(transformer_checkpo
     with torch.no_grad():
         torch.testing.assert_close(parallax(tokens), transformer(tokens), rtol=1e-5, atol=1e-5)
         assert all(float(m.weight.abs().max()) == 0 for n, m in parallax.named_modules() if n.endswith("r_norm"))
+    converted = parallax.state_dict()
+    assert all(torch.equal(converted[name], value) for name, value in transformer.state_dict().items())
 
 
 def test_wrong_size_checkpoint_is_rejected(transformer_checkpoint):
