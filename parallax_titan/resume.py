@@ -29,6 +29,15 @@ def resume_step(cfg) -> int | None:
     return choose_step(folder, ckpt.load_step, problem_of, ckpt.on_corrupt == "stop")[0]
 
 
+def uptrains(cfg) -> bool:
+    """Whether the run loads ``parallax.init_from_transformer``: set, and no step of the run's own
+    checkpoint folder to resume (:func:`resume_step`; a resumed step's weights would replace the
+    Transformer's, so a requeued up-training job neither reads nor needs its source again)."""
+    if not cfg.parallax.init_from_transformer:
+        return False
+    return not cfg.checkpoint.enable or resume_step(cfg) is None
+
+
 def settings_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
     """The resume rules' refusals (:mod:`parallax_titan.resume_rules`) for resuming ``checkpoint_dir``
     (at ``step``) with ``cfg``; none for step 0 (a seed checkpoint: weights only, any run may start from it)."""
@@ -67,7 +76,8 @@ def checkpoint_problems(cfg) -> list[str]:
       ``checkpoint.initial_load_path``: this model's weights. With
       ``checkpoint.verify`` and a manifest in the folder, it must pass :func:`quick_problem` too; a
       folder without one (another program's checkpoint) loads unchecked.
-    * ``parallax.init_from_transformer``: the Transformer part of this model's weights. With
+    * ``parallax.init_from_transformer``, where the run has no step to resume (:func:`uptrains`):
+      the Transformer part of this model's weights. With
       ``checkpoint.verify`` its folder must pass :func:`quick_problem` (a manifest that its files'
       sizes and small files match), as its load refuses a folder without a manifest.
 
@@ -78,7 +88,7 @@ def checkpoint_problems(cfg) -> list[str]:
     ckpt = cfg.checkpoint
     with torch.device("meta"):
         expected = state_shapes(ParallaxQwen3Model(model_args_for(cfg)).state_dict())
-    errors = []
+    errors, step = [], None
     if ckpt.enable:
         folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
         if os.path.lexists(folder) and not os.path.isdir(folder):  # the first save would fail, steps into the run
@@ -93,7 +103,7 @@ def checkpoint_problems(cfg) -> list[str]:
         elif ckpt.initial_load_path and not ckpt.initial_load_in_hf:  # loaded where no step is complete
             errors += _weights_folder_problems(cfg, "checkpoint.initial_load_path", ckpt.initial_load_path, expected,
                                                "expected a checkpoint of this model", manifest_required=False)
-    if cfg.parallax.init_from_transformer:
+    if cfg.parallax.init_from_transformer and step is None:  # a resume step's weights replace it
         errors += _weights_folder_problems(cfg, "parallax.init_from_transformer", cfg.parallax.init_from_transformer,
                                            shared_weights(expected), "expected a Transformer checkpoint of this size",
                                            manifest_required=True)

@@ -32,7 +32,7 @@ from parallax_titan.compat import configure_for_host, save_checkpoint_now, train
 from parallax_titan.config import ConfigError, JobConfig
 from parallax_titan.data import DOCUMENT_STARTS, document_boundaries_from_starts
 from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
-from parallax_titan.resume import checkpoint_problems
+from parallax_titan.resume import checkpoint_problems, uptrains
 from parallax_titan.resume_rules import (applied, configured_hyperparameters, differences, loads_data_position,
                                          reapply, refusals, run_settings)
 from parallax_titan.step_flags import StepFlags
@@ -117,11 +117,14 @@ class ParallaxTrainer(Trainer):
         self.step_callbacks = list(step_callbacks)
         self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
         source = job_config.parallax.init_from_transformer
-        if source:
+        if source and uptrains(job_config):
             from parallax_titan.uptrain import load_transformer_weights
 
             for index, part in enumerate(self.model_parts):  # one check (every rank, shared) covers all parts
                 load_transformer_weights(part, source, verify=job_config.checkpoint.verify and index == 0)
+        elif source:
+            logger.info(f"parallax.init_from_transformer = {source!r} is not loaded: the run resumes a step of its "
+                        "own checkpoint folder, whose weights replace it")
 
     def post_dataloading_process(self, input_dict, labels):
         """TorchTitan's batch preparation, plus document boundaries when the model asks for them

@@ -94,3 +94,31 @@ def test_trainer_uptrains_from_transformer(transformer_checkpoint, tmp_path):
     for key, value in reference.items():
         assert (saved[key] - value).abs().max() < 0.05, key
     assert not any(is_parallax_only(k) for k in reference)
+
+
+def test_initial_load_beside_init_from_transformer_is_refused(tmp_path):
+    """TorchTitan's initial load comes after the conversion and replaced the whole model without a word
+    (the rho-norm weights came back near 1 instead of 0)."""
+    from parallax_titan.config import ConfigError, load_config
+
+    for name in ("transformer", "initial"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(ConfigError, match=r"parallax.init_from_transformer = '.*transformer' and "
+                                          r"checkpoint.initial_load_path / initial_load_in_hf both name the run's "
+                                          r"starting weights"):
+        load_config(["--job.config_file", "configs/demo_cpu.toml", "--parallax.init_from_transformer",
+                     str(tmp_path / "transformer"), "--checkpoint.initial_load_path", str(tmp_path / "initial")])
+
+
+def test_a_resumed_uptraining_run_does_not_read_its_source_again(transformer_checkpoint, tmp_path):
+    """A requeued up-training job resumes its own step, whose weights replace the Transformer's: the
+    source is neither checked nor loaded again (a damaged copy used to stop the rerun, exit code 2)."""
+    source = str(tmp_path / "transformer")
+    shutil.copytree(transformer_checkpoint, source)
+    run = ("--training.dataset", "default_corpus", "--parallax.init_from_transformer", source)
+    first = run_single(tmp_path / "run", *run, "--training.steps", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    os.truncate(os.path.join(source, "__0_0.distcp"), 1000)
+    again = run_single(tmp_path / "run", *run, "--training.steps", "2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"parallax.init_from_transformer = {source!r} is not loaded" in again.stdout + again.stderr

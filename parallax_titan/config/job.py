@@ -94,6 +94,12 @@ class JobConfig(titan.JobConfig):
         if self.parallax.init_from_transformer and args.mixer != "parallax":
             problems.append(f"parallax.init_from_transformer: set to {self.parallax.init_from_transformer!r}, "
                             f"but model.name {name!r} is not Parallax")
+        initial = self.checkpoint.initial_load_path or self.checkpoint.initial_load_in_hf
+        if self.parallax.init_from_transformer and initial:
+            # TorchTitan's initial load comes after the conversion and replaces the whole model
+            problems.append(f"parallax.init_from_transformer = {self.parallax.init_from_transformer!r} and "
+                            "checkpoint.initial_load_path / initial_load_in_hf both name the run's starting weights, "
+                            "and the initial load would replace the converted Transformer's; expected one of them")
         return (problems + self._float8_problems() + self._converter_problems() + self._hf_save_problems(args.mixer)
                 + self._op_sac_problems(args))
 
