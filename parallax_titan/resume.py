@@ -15,7 +15,10 @@ from parallax_titan.data.build import resume_problem
 from parallax_titan.model import ParallaxQwen3Model
 from parallax_titan.resume_rules import differences, loads_data_position, read_settings, refusals, run_settings
 from parallax_titan.spec import model_args_for
-from parallax_titan.uptrain import shared_weights
+from parallax_titan.uptrain import is_parallax_only, shared_weights
+
+
+UPTRAIN_KEY = "parallax.init_from_transformer"
 
 
 def resume_step(cfg) -> int | None:
@@ -104,7 +107,7 @@ def checkpoint_problems(cfg) -> list[str]:
             errors += _weights_folder_problems(cfg, "checkpoint.initial_load_path", ckpt.initial_load_path, expected,
                                                "expected a checkpoint of this model", manifest_required=False)
     if cfg.parallax.init_from_transformer and step is None:  # a resume step's weights replace it
-        errors += _weights_folder_problems(cfg, "parallax.init_from_transformer", cfg.parallax.init_from_transformer,
+        errors += _weights_folder_problems(cfg, UPTRAIN_KEY, cfg.parallax.init_from_transformer,
                                            shared_weights(expected), "expected a Transformer checkpoint of this size",
                                            manifest_required=True)
     return errors
@@ -122,6 +125,11 @@ def _weight_problems(cfg, key: str, path: str, weights: Shapes, fix: str) -> tup
     if not mismatches:
         return saved, []
     model = f"model.name = {cfg.model.name!r}, model.flavor = {cfg.model.flavor!r} with its [model] overrides"
+    if key == UPTRAIN_KEY:  # compared with the Transformer part of the Parallax model
+        model = f"the Transformer part of {model}"
+        if any(is_parallax_only(name) for name in saved):
+            fix += (" (it holds the probe's weights: a Parallax checkpoint starts a run through "
+                    "checkpoint.initial_load_path)")
     return saved, [f"{key}: {path!r} is from another model than {model}: {describe(mismatches)}; {fix}"]
 
 

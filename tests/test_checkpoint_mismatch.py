@@ -128,7 +128,10 @@ def test_initial_load_path_and_init_from_transformer_are_compared(tmp_path):
     assert first_difference(message) == ("layers.2.attention.q_norm.weight", "(32,)", "absent")
     parallax = save_checkpoint(tmp_path / "parallax2", "parallax", n_layers=2)
     message = config_errors(job(tmp_path, "--parallax.init_from_transformer", parallax))
-    assert f"parallax.init_from_transformer: {parallax!r} is from another model" in message
+    assert (f"parallax.init_from_transformer: {parallax!r} is from another model than the Transformer part of "
+            "model.name = 'parallax'") in message
+    assert "(it holds the probe's weights: a Parallax checkpoint starts a run through checkpoint.initial_load_path)" \
+        in message
     assert first_difference(message) == ("layers.0.attention.wr.weight", "(256, 256)", "absent")
     assert checkpoint_problems(job(tmp_path, "--parallax.init_from_transformer",
                                    save_checkpoint(tmp_path / "transformer2", "transformer", n_layers=2))) == []
