@@ -756,11 +756,11 @@ def backward(q, r, k, v, o, vbar, do, tbar, lse, outputs, docs, doce, *, strides
     row, column = tuning.HOPPER_CONFIGS["dq"][d], tuning.HOPPER_CONFIGS["dkdv"][d]
     stats = torch.empty((4, hq * total), dtype=torch.float32, device=q.device)  # lse, tbar, tau, beta
     descs = _row_descriptors(q, r, k, v, do, strides, total, row.bm, row.bn)
-    _bwd_dq_hopper_kernel[(triton.cdiv(total, row.bm) * hq,)](
+    kernel_for("dq", row)[(triton.cdiv(total, row.bm) * hq,)](
         *descs, o, vbar, tbar, lse, stats, dq, dr, docs, *sizes, **kernel_constexprs("dq", d, row, varlen))
     descs = _row_descriptors(q, r, k, v, do, strides, total, column.bm, column.bn)
     stats_desc = TensorDescriptor(stats, [4, hq * total], [hq * total, 1], [4, column.bm], stats_layout())
-    _bwd_dkdv_hopper_kernel[(triton.cdiv(total, 2 * column.bn) * hkv,)](
+    kernel_for("dkdv", column)[(triton.cdiv(total, 2 * column.bn) * hkv,)](
         *descs, stats_desc, dk, dv, docs, doce, *sizes, **kernel_constexprs("dkdv", d, column, varlen))
 
 

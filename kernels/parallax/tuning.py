@@ -258,9 +258,10 @@ def _specialised_error(name: str, config: HopperConfig) -> str | None:
     return None
 
 
-def _keys_in_registers_error(name: str, config: HopperConfig) -> str | None:
-    """Why kernel ``name`` cannot hold k in registers, or the statistics in shared memory, as ``config``
-    asks, or None: only the column pass keeps a k tile, only the row pass those statistics."""
+def _pass_option_error(name: str, config: HopperConfig) -> str | None:
+    """Why kernel ``name`` cannot take the option of one pass that ``config`` asks for (k in registers,
+    the statistics in shared memory), or None: only the column pass keeps a k tile, only the row pass
+    those statistics."""
     if config.keys_in_registers and name != "dkdv":
         return f"keys_in_registers applies to the column pass 'dkdv' only, not {name!r}"
     if not isinstance(config.stats_in_shared, bool):
@@ -280,7 +281,7 @@ def hopper_config(name: str, head_dim: int, config: HopperConfig):
     if not isinstance(config, HopperConfig):
         raise TypeError(f"config must be a tuning.HopperConfig, got {config!r}")
     bad = (_hopper_config_error(config) or _score_rows_error(name, config) or _specialised_error(name, config)
-           or _keys_in_registers_error(name, config))
+           or _pass_option_error(name, config))
     if bad:
         raise ValueError(f"{config!r}: {bad}")
     saved = HOPPER_CONFIGS[name][head_dim]
