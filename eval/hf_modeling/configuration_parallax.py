@@ -155,8 +155,8 @@ class ParallaxQwen3Config(PretrainedConfig):
         set after ``__init__``). A bad value raises ValueError and leaves the old one."""
         if key == "parallax":
             value = checked_parallax(value, getattr(self, "eos_token_id", None))
-        elif key in CHECKPOINT_FIELDS and field_problem(key, value):
-            raise ValueError(field_problem(key, value))
+        elif key in CHECKPOINT_FIELDS and (problem := field_problem(key, value)):
+            raise ValueError(problem)
         super().__setattr__(key, value)
 
     @classmethod

@@ -88,10 +88,15 @@ def same_settings_as_paper(scores: dict, mixer: str, task: str) -> bool:
     return scores[mixer].get(task, (0, 0))[1] == MAD_SETTINGS[task]
 
 
+def finished_in_grid(runs: list[dict], planned: set[tuple]) -> set[tuple]:
+    """The :func:`run_key` of each of ``runs`` that the grid ``planned``."""
+    return {run_key(r) for r in runs} & planned
+
+
 def unfinished_sweeps(runs: list[dict], planned: set[tuple]) -> dict:
     """{(mixer, setting): (finished, planned)} of the grid's settings whose lr / weight-decay sweep
     has some but not all of its ``planned`` runs (:func:`run_key`) finished."""
-    finished = {run_key(r) for r in runs} & planned
+    finished = finished_in_grid(runs, planned)
     counts = defaultdict(lambda: [0, 0])
     for key in planned:
         counts[key[1], key[0]][1] += 1
@@ -187,8 +192,7 @@ def runs_line(runs: list[dict], planned: set[tuple] | None = None, mixers=None) 
     runs outside the grid (other mixers, settings, lrs or weight decays) read from the same folder."""
     if planned is None:
         return f"Runs finished: {len(runs)}."
-    finished = len({run_key(r) for r in runs} & planned)
-    line = f"Runs finished: {finished} of {len(planned)} planned"
+    line = f"Runs finished: {len(finished_in_grid(runs, planned))} of {len(planned)} planned"
     line += f" ({', '.join(mixers)})" if mixers is not None else ""
     outside = sum(run_key(r) not in planned for r in runs)
     return line + (f"; the table also reads {outside} runs outside this grid (other mixers, settings, learning "
@@ -208,7 +212,7 @@ def write_report(runs: list[dict], out_dir: str, title: str, note: str = "", con
     unfinished = unfinished_sweeps(runs, planned) if planned is not None else {}
     write_text(os.path.join(out_dir, "table.md"), markdown(scores, best, title, note, micro,
                                                            runs_line(runs, planned, mixers), unfinished))
-    finished = len(runs) if planned is None else len({run_key(r) for r in runs} & planned)
+    finished = len(runs) if planned is None else len(finished_in_grid(runs, planned))
     summary = {"config": config, "runs_finished": finished, "runs_planned": None if planned is None else len(planned),
                "runs_read": len(runs),
                "scores": {m: {t: {"mean": v[0], "n": v[1], "micro": micro[m][t][0]} for t, v in s.items()}

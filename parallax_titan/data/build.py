@@ -72,15 +72,16 @@ def _sources_problem(cfg, section: str) -> str | None:
     share of the sum is below the mixing resolution (no slot of a period would be its). Entries
     whose values the config's own check refuses are left to it."""
     sources = getattr(cfg, "sources", [])
+    entries = source_entries(cfg, section) if sources else []
     seen = {}
-    for i, source in enumerate(sources):
-        folder = os.path.realpath(source.path) if source.path else None
+    for i, (_, path, _) in enumerate(entries):
+        folder = os.path.realpath(path) if path else None
         if folder in seen:
-            return (f"{section}.sources[{i}].path = {source.path!r} is the folder of {section}.sources[{seen[folder]}]"
-                    f".path = {sources[seen[folder]].path!r}; expected each dataset once (its weight sets its share)")
+            return (f"{section}.sources[{i}].path = {path!r} is the folder of {section}.sources[{seen[folder]}]"
+                    f".path = {entries[seen[folder]][1]!r}; expected each dataset once (its weight sets its share)")
         if folder:
             seen[folder] = i
-    weights = [s.weight or s.tokens for s in sources]
+    weights = [weight for _, _, weight in entries]
     if len(weights) < 2 or not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0 for w in weights):
         return None
     s = unmixable_source(weights)

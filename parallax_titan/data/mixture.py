@@ -72,20 +72,26 @@ def _slots(weights: list[float], period: int) -> np.ndarray:
     return counts
 
 
+def _first_empty(counts: np.ndarray) -> int | None:
+    """The first source (index) with no slot in ``counts``, or None."""
+    empty = np.flatnonzero(counts == 0)
+    return int(empty[0]) if len(empty) else None
+
+
 def unmixable_source(weights: list[float], period: int = PERIOD) -> int | None:
     """The first source (index) of a mixture of ``weights`` (each > 0) that would get no slot of a
     period: its share is below the mixing resolution ``1/period``. None when each gets one."""
-    empty = np.flatnonzero(_slots(weights, period) == 0)
-    return int(empty[0]) if len(empty) else None
+    return _first_empty(_slots(weights, period))
 
 
 def apportion(weights: list[float], period: int) -> np.ndarray:
     """Slots per period of each source: ``weights`` (each > 0) scaled to ``period`` by largest
     remainder (ties to the lower index). ValueError when a weight would get no slot."""
-    s = unmixable_source(weights, period)
+    counts = _slots(weights, period)
+    s = _first_empty(counts)
     if s is not None:
         raise ValueError(f"source {s}'s share {shares(weights)[s]:.3g} is below the mixing resolution 1/{period}")
-    return _slots(weights, period)
+    return counts
 
 
 @dataclass(frozen=True)
