@@ -581,19 +581,26 @@ def test_forward_sweep_times_each_candidate_under_its_config_beside_the_triton_f
     assert shipped in sweep.FORWARD_CANDIDATES[d]
 
 
-def test_column_comparison_times_each_candidate_under_its_config_and_compares_bits(monkeypatch):
-    """With fake inputs, forward, backward and timers: one row per shape and column candidate, each
-    backward run with that candidate active; bits compared with the first candidate's gradients; the
-    shipped column config restored."""
+@pytest.mark.parametrize("name, shipped_row", [
+    ("dkdv", "| 4 | 4096 | 128 | dkdv | 32x64 w4 s3 k in registers | 3.000 | 2.00 | yes |"),
+    ("dq", "| 4 | 4096 | 128 | dq | 64x64 w4 s2 | 3.000 | 2.00 | yes |"),
+])
+def test_pass_comparison_times_each_candidate_under_its_config_and_compares_bits(monkeypatch, name, shipped_row):
+    """With fake inputs, forward, backward and timers: one row per shape and candidate of the compared
+    pass, each backward run with that candidate active (the other pass at its shipped config); bits
+    compared with the first candidate's gradients; the shipped configs restored."""
     from scripts.bench import attention_autotune, attention_hopper as sweep
 
-    shipped = tuning.HOPPER_CONFIGS["dkdv"][128]
+    shipped = {n: tuning.HOPPER_CONFIGS[n][128] for n in ("dq", "dkdv")}
+    candidates = sweep.COMPARED[name]
+    other = "dq" if name == "dkdv" else "dkdv"
     seen = []
 
     def backward(do, q, r, k, v, *rest):
-        config = tuning.HOPPER_CONFIGS["dkdv"][128]
+        assert tuning.HOPPER_CONFIGS[other][128] is shipped[other]
+        config = tuning.HOPPER_CONFIGS[name][128]
         seen.append(config)
-        grad = torch.full((2,), 1.0 if config == sweep.COLUMN_CANDIDATES[-1] else 0.0)
+        grad = torch.full((2,), 1.0 if config == candidates[-1] else 0.0)
         return grad, grad, grad, grad
 
     monkeypatch.setattr(sweep, "make_inputs", lambda b, n, hq, hkv, dim: (torch.zeros(1, 1, 1, dim),) * 4)
@@ -601,13 +608,14 @@ def test_column_comparison_times_each_candidate_under_its_config_and_compares_bi
     monkeypatch.setattr(fused, "forward", lambda *a, **k: (None,) * 4)
     monkeypatch.setattr(fused, "backward", backward)
     monkeypatch.setattr("triton.testing.do_bench", lambda fn, **k: 1.0)
-    cost = {sweep.label(c): 3.0 + i for i, c in enumerate(sweep.COLUMN_CANDIDATES)}
+    cost = {sweep.label(c): 3.0 + i for i, c in enumerate(candidates)}
     monkeypatch.setattr(attention_autotune, "interleaved_ms", lambda fns, *a: {n: (fns[n](), cost[n])[1] for n in fns})
-    rows = sweep.column_comparison(rounds=1)
-    assert len(rows) == (1 + len(sweep.OTHER_SHAPES)) * len(sweep.COLUMN_CANDIDATES)
-    assert seen[: len(sweep.COLUMN_CANDIDATES)] == sweep.COLUMN_CANDIDATES
-    first = rows[: len(sweep.COLUMN_CANDIDATES)]
+    rows = sweep.pass_comparison(name, rounds=1)
+    assert len(rows) == (1 + len(sweep.OTHER_SHAPES)) * len(candidates)
+    assert seen[: len(candidates)] == candidates
+    first = rows[: len(candidates)]
     assert [r["same_bits"] for r in first] == [True] * (len(first) - 1) + [False]
     assert first[0]["fwd_bwd_vs_cudnn"] == 2.0  # (1 + 3) / 2
-    assert "| 4 | 4096 | 128 | 32x64 w4 s3 k in registers | 3.000 | 2.00 | yes |" in sweep.column_report_markdown(rows)
-    assert tuning.HOPPER_CONFIGS["dkdv"][128] is shipped
+    assert shipped_row in sweep.comparison_report_markdown(rows)
+    assert {n: tuning.HOPPER_CONFIGS[n][128] for n in shipped} == shipped
+    assert sweep.ROW_CANDIDATES[0] == tuning.HOPPER_CONFIGS["dq"][128]  # the others are compared with the shipped

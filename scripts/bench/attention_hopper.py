@@ -8,7 +8,8 @@ backward and our forward. Then the shipped configs and that pair against the Tri
 L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
 ``--column`` times the column pass's configs in ``COLUMN_CANDIDATES`` (k in registers or in shared
-memory, ring stages) against each other at D=128, interleaved, at the three shapes.
+memory, ring stages) against each other at D=128, interleaved, at the three shapes; ``--row`` the row
+pass's in ``ROW_CANDIDATES`` (statistics in registers or in shared memory) the same way.
 ``--forward`` sweeps the forward instead: at B4 L4096 and B1 L16384, the Triton forward (autotuned)
 and the Hopper forward under each candidate of ``FORWARD_CANDIDATES``, timed interleaved (rounds
 that each run every candidate in turn, 10 calls back to back between two CUDA events; medians).
@@ -16,6 +17,7 @@ that each run every candidate in turn, 10 calls back to back between two CUDA ev
     python -m scripts.bench.attention_hopper --out docs/bench/attention_hopper
     python -m scripts.bench.attention_hopper --forward --out docs/bench/attention_hopper_forward_sweep
     python -m scripts.bench.attention_hopper --column --out docs/bench/attention_hopper_column
+    python -m scripts.bench.attention_hopper --row --out docs/bench/attention_hopper_row
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ FORWARD_SHAPES = [(4, 4096, 16, 8), (1, 16384, 16, 8)]
 # Column pass configs ``--column`` times against each other (D=128): k in registers or not, ring stages
 COLUMN_CANDIDATES = [HopperConfig(32, 64, 4, 3, None, True), HopperConfig(32, 64, 4, 3),
                      HopperConfig(32, 64, 4, 2, None, True)]
+# Row pass configs ``--row`` times against each other (D=128): its statistics in registers or in shared memory
+ROW_CANDIDATES = [HopperConfig(64, 64, 4, 2), HopperConfig(64, 64, 4, 2, stats_in_shared=True)]
+COMPARED = {"dkdv": COLUMN_CANDIDATES, "dq": ROW_CANDIDATES}
 SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
 OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 
@@ -180,24 +185,25 @@ def _forward_with(config: HopperConfig, q, r, k, v, scale):
         return fused.forward(q, r, k, v, scale)
 
 
-def column_comparison(d: int = 128, rounds: int = 7) -> list[dict]:
-    """Rows per shape of SWEEP_SHAPE and OTHER_SHAPES: the backward with the column pass under each of
-    COLUMN_CANDIDATES (the row pass at its shipped config), timed interleaved (``rounds`` rounds, each a
-    do_bench median per candidate), whether its gradients are the first candidate's bits, and forward
-    + backward against cuDNN softmax's forward + backward."""
+def pass_comparison(name: str, d: int = 128, rounds: int = 7) -> list[dict]:
+    """Rows per shape of SWEEP_SHAPE and OTHER_SHAPES: the backward with pass ``name`` ("dkdv" or "dq")
+    under each of its COMPARED candidates (the other pass at its shipped config), timed interleaved
+    (``rounds`` rounds, each a do_bench median per candidate), whether its gradients are the first
+    candidate's bits, and forward + backward against cuDNN softmax's forward + backward."""
     from scripts.bench.attention_autotune import do_bench_ms, interleaved_ms
 
+    candidates = COMPARED[name]
     rows = []
     for shape in [SWEEP_SHAPE, *OTHER_SHAPES]:
         step, forward_ms, cudnn = backward_problem(shape, d)
-        fns = {label(c): lambda c=c: _under(d, {"dkdv": c}, step) for c in COLUMN_CANDIDATES}
-        grads = {name: fn() for name, fn in fns.items()}  # compiles outside the timing
-        first = grads[label(COLUMN_CANDIDATES[0])]
+        fns = {label(c): lambda c=c: _under(d, {name: c}, step) for c in candidates}
+        grads = {config: fn() for config, fn in fns.items()}  # compiles outside the timing
+        first = grads[label(candidates[0])]
         ms = interleaved_ms(fns, rounds, 1, do_bench_ms)
-        rows += [{"B": shape[0], "L": shape[1], "D": d, "column pass": name, "backward_ms": t,
+        rows += [{"B": shape[0], "L": shape[1], "D": d, "pass": name, "config": config, "backward_ms": t,
                   "fwd_bwd_vs_cudnn": (forward_ms + t) / cudnn, "forward_ms": forward_ms, "cudnn_ms": cudnn,
-                  "same_bits": all(torch.equal(a, b) for a, b in zip(grads[name], first))}
-                 for name, t in ms.items()]
+                  "same_bits": all(torch.equal(a, b) for a, b in zip(grads[config], first))}
+                 for config, t in ms.items()]
     return rows
 
 
@@ -207,17 +213,20 @@ def _under(d: int, pair: dict, step):
         return step()
 
 
-def column_report_markdown(rows: list[dict]) -> str:
-    cells = ((r["B"], r["L"], r["D"], r["column pass"], f"{r['backward_ms']:.3f}", f"{r['fwd_bwd_vs_cudnn']:.2f}",
-              "yes" if r["same_bits"] else "no") for r in rows)
-    return "\n".join(table(["B", "L", "D", "column pass", "backward ms", "fwd+bwd / cuDNN",
+def comparison_report_markdown(rows: list[dict]) -> str:
+    cells = ((r["B"], r["L"], r["D"], r["pass"], r["config"], f"{r['backward_ms']:.3f}",
+              f"{r['fwd_bwd_vs_cudnn']:.2f}", "yes" if r["same_bits"] else "no") for r in rows)
+    return "\n".join(table(["B", "L", "D", "pass", "config", "backward ms", "fwd+bwd / cuDNN",
                             "gradients: the first row's bits"], cells)) + "\n"
 
 
-COLUMN_MEASURED = ("backward time (fused.backward after one forward, bf16, causal, Hq16/Hkv8) with the column pass "
-                   "under each candidate config, the row pass at its shipped config, timed interleaved: 7 rounds, "
-                   "each a triton.testing.do_bench median per candidate, the median of the rounds; forward + "
-                   "backward against cuDNN softmax's forward + backward of the same run")
+COMPARISON_MEASURED = ("backward time (fused.backward after one forward, bf16, causal, Hq16/Hkv8) with one pass "
+                       "(dkdv: the column pass, dq: the row pass) under each candidate config, the other at its "
+                       "shipped config, timed interleaved: 7 rounds, each a triton.testing.do_bench median per "
+                       "candidate, the median of the rounds; forward + backward against cuDNN softmax's forward + "
+                       "backward of the same run")
+COMPARISON_TITLES = {"dkdv": "Column pass on Hopper: k in registers",
+                     "dq": "Row pass on Hopper: statistics in shared memory"}
 
 
 def forward_report_markdown(rows: list[dict]) -> str:
@@ -250,19 +259,22 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="output path without extension (default docs/bench/attention_hopper, with "
                                        "--forward docs/bench/attention_hopper_forward_sweep, with --column "
-                                       "docs/bench/attention_hopper_column)")
+                                       "docs/bench/attention_hopper_column, with --row docs/bench/attention_hopper_row)")
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=[128, 64], help="head dims")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--forward", action="store_true", help="sweep the forward's configs instead")
     mode.add_argument("--column", action="store_true",
                       help="time the column pass's COLUMN_CANDIDATES against each other, interleaved (D=128)")
+    mode.add_argument("--row", action="store_true",
+                      help="time the row pass's ROW_CANDIDATES against each other, interleaved (D=128)")
     args = parser.parse_args(argv)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise SystemExit("scripts.bench.attention_hopper needs an sm_90 GPU (H100, H200)")
-    if args.column:
-        rows = column_comparison()
-        meta = describe("Column pass on Hopper: k in registers", COLUMN_MEASURED, command_line(__spec__.name, argv))
-        print(write_results(args.out or "docs/bench/attention_hopper_column", meta, column_report_markdown(rows),
+    if args.column or args.row:
+        name, page = ("dkdv", "column") if args.column else ("dq", "row")
+        rows = pass_comparison(name)
+        meta = describe(COMPARISON_TITLES[name], COMPARISON_MEASURED, command_line(__spec__.name, argv))
+        print(write_results(args.out or f"docs/bench/attention_hopper_{page}", meta, comparison_report_markdown(rows),
                             {"rows": rows}))
         return
     if args.forward:
