@@ -137,6 +137,23 @@ def test_initial_load_path_and_init_from_transformer_are_compared(tmp_path):
                                    save_checkpoint(tmp_path / "transformer2", "transformer", n_layers=2))) == []
 
 
+def test_a_missing_transformer_folder_is_refused_unless_a_step_of_the_run_replaces_it(tmp_path):
+    """``parallax.init_from_transformer`` naming no folder stops a fresh run before the build; a
+    requeued job resuming a step of its own neither reads nor needs it (it was refused at the config
+    check, so a job whose source was cleaned up could not resume)."""
+    from parallax_titan.config import load_config
+
+    missing = str(tmp_path / "gone" / "step-1000")
+    init = ["--parallax.init_from_transformer", missing]
+    load_config(["--job.config_file", CONFIG, *BASE, "--job.dump_folder", str(tmp_path), *init])  # no ConfigError
+    [message] = checkpoint_problems(job(tmp_path, *init))
+    assert message.startswith(f"parallax.init_from_transformer: {missing!r} is not a directory; expected a DCP "
+                              "checkpoint folder")
+    assert "is not a directory" in config_errors(job(tmp_path, *init, "--checkpoint.no-enable"))
+    save_checkpoint(tmp_path / "checkpoint" / "step-5", "parallax", n_layers=2)
+    assert checkpoint_problems(job(tmp_path, *init)) == []
+
+
 def truncate_data(path: str) -> str:
     """Cut the DCP data file of the checkpoint folder ``path`` to 100 bytes; returns the file's path."""
     data = os.path.join(path, next(name for name in os.listdir(path) if name.endswith(".distcp")))

@@ -75,7 +75,6 @@ SEMANTIC_CASES = [
     (["--training.steps", "0"], "training.steps"),
     (["--parallelism.tensor_parallel_degree", "2"], "parallelism.tensor_parallel_degree"),
     (["--model.name", "transformer", "--parallax.attn_mask_type", "block_causal"], "parallax.attn_mask_type"),
-    (["--parallax.init_from_transformer", "/no/such/ckpt"], "parallax.init_from_transformer"),
     (["--model.name", "transformer", "--parallax.init_from_transformer", "/tmp"], "is not Parallax"),
     (["--model.n_kv_heads", "-2"], "model.n_kv_heads: expected a positive integer"),
     (["--training.seq_len", "0"], "training.seq_len"),

@@ -63,15 +63,14 @@ class Parallax:
 
     init_from_transformer: str = ""
     """Up-training: a DCP checkpoint folder of a Transformer run (e.g. outputs/x/checkpoint/step-1000)
-    loaded into a Parallax model at step 0, with rho-norm weights 0 (as ``probe_init = "zero"``)."""
+    loaded into a Parallax model at step 0, with rho-norm weights 0 (as ``probe_init = "zero"``). A
+    requeued job that resumes a step of its own neither reads nor needs it."""
 
     def validate(self) -> list[str]:
         problems = value_problems(self, "parallax")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             problems.append(f"parallax.window: expected an int >= 0 (0 = full causal attention), got {self.window!r}")
-        if self.init_from_transformer and not os.path.isdir(self.init_from_transformer):
-            problems.append(f"parallax.init_from_transformer: {self.init_from_transformer!r} is not a checkpoint folder")
-        return problems
+        return problems  # init_from_transformer's folder is checked where it is loaded (resume.checkpoint_problems)
 
 
 @dataclass
