@@ -85,6 +85,8 @@ SEMANTIC_CASES = [
     (["--optimizer.muon_momentum", "1.5"], "optimizer.muon_momentum"),
     (["--optimizer.muon_headwise", "HXF"], "optimizer.muon_headwise"),
     (["--optimizer.spectral_power_attn", "-1"], "optimizer.spectral_power_attn"),
+    (["--optimizer.spectral_coeff_mlp", "1e-4", "--optimizer.spectral_power_mlp", "1000"],
+     "optimizer.spectral_power_mlp: expected an int from 0 to 16 (sigma^p overflows fp32 above it), got 1000"),
     (["--optimizer.spectral_band", "top", "--optimizer.spectral_band_tau", "0"], "optimizer.spectral_band_tau"),
     (["--optimizer.lr_multipliers", "embed:0.3"], "optimizer.lr_multipliers"),
     (["--optimizer.name", "SGD"], "optimizer.name"),

@@ -83,6 +83,7 @@ def _param(rows=8, cols=6):
     ("update_scale", "rms", "one of ('match_rms_adamw', 'spectral', 'none')"),
     ("sp_power", -1, "an int >= 0"),
     ("sp_power", 2.0, "an int >= 0"),
+    ("sp_power", 17, "an int from 0 to 16 (sigma^p overflows fp32 above it)"),
     ("sp_band", "top_onyl", "one of ('none', 'top', 'bottom', 'top_only', 'bottom_only')"),
     ("msign_steps", 0, "an int >= 1"),
     ("head_dim", -4, "an int >= 0"),

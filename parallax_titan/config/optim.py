@@ -16,6 +16,7 @@ from torchtitan.config import job_config as titan
 
 from optimizers.directions import ORTHO_DTYPES, UPDATE_SCALES
 from optimizers.orthogonalize import ORTHOGONALIZERS
+from optimizers.spectral import MAX_TRAINING_POWER
 from optimizers.routing import (
     ATTN_CATEGORIES, DEFAULT_PARAM_RULES, MODULE_OF, RoutingConfig, check_categories, parse_headwise, parse_rules,
 )
@@ -208,8 +209,11 @@ class Optimizer(titan.Optimizer):
              "'float32' with ortho_gram = 'on' (in bf16 the Gram-side iteration diverges on rank-deficient "
              "gradients: docs/optimizers.md)")
         need(self.muon_update_scale in UPDATE_SCALES, "muon_update_scale", f"one of {UPDATE_SCALES}")
-        for key in ("ortho_steps", "muon_head_dim", "spectral_power_attn", "spectral_power_mlp"):
+        for key in ("ortho_steps", "muon_head_dim"):
             need(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, key, "an int >= 0")
+        for key in ("spectral_power_attn", "spectral_power_mlp"):
+            need(isinstance(getattr(self, key), int) and 0 <= getattr(self, key) <= MAX_TRAINING_POWER, key,
+                 f"an int from 0 to {MAX_TRAINING_POWER} (sigma^p overflows fp32 above it)")
         need(self.spectral_band == "none" or self.spectral_band_tau > 0, "spectral_band_tau",
              "> 0 when spectral_band is set")
         need(isinstance(self.msign_steps, int) and self.msign_steps >= 1, "msign_steps", "an int >= 1")
