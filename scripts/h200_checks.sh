@@ -17,6 +17,8 @@
 #                 and the TMA configs)
 #   attention-hopper  scripts.bench.attention_hopper: the Hopper kernels under each launch config candidate
 #                 beside the Triton ones (the backward's passes, then the forward)
+#   attention-row  scripts.bench.attention_hopper --row: the row pass's statistics in registers or in shared
+#                 memory, timed interleaved at three shapes (D=128), with whether their gradients' bits agree
 #   attention-loops  scripts.bench.attention_loops: the kernels per shipped config with warp-specialized,
 #                 per-loop-pipelined or TMA tile loads beside the shipped ones
 #   family-tests  pytest -m gpu on the Parallax family's kernels and mixers, the orthogonalisers and the
@@ -105,6 +107,7 @@ run_check() {  # name: runs one check with the time left, logs to $work/<name>.l
     attention-hopper) timeout "$t" python3 -m scripts.bench.attention_hopper --out "$work/attention_hopper" \
                         && timeout "$t" python3 -m scripts.bench.attention_hopper --forward \
                              --out "$work/attention_hopper_forward_sweep" ;;
+    attention-row) timeout "$t" python3 -m scripts.bench.attention_hopper --row --out "$work/attention_hopper_row" ;;
     attention-sweep) timeout "$t" python3 -m scripts.bench.attention --sweep --no-competitors \
                        --out "$work/attention_sweep" ;;
     attention-loops) timeout "$t" python3 -m scripts.bench.attention_loops --out "$work/attention_loops" ;;
@@ -172,7 +175,7 @@ pack() {  # the tarball of everything so far, replaced atomically: a call killed
     --exclude=.pack -C "$work" . && mv -f "$out/.h200_checks.tgz.part" "$out/h200_checks.tgz"
 }
 
-known=" gpu-tests kernel-tests projection probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 power guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
+known=" gpu-tests kernel-tests projection probe-cost fla-tests fla-match fla-fsdp attention attention-hopper attention-row attention-sweep attention-loops family-tests competitors decode throughput throughput-adamw throughput-float8 power guard-ab reference mixer-gdn mixer-kda optimizers muon-profile gram resume scaling scaling-noreshard profile-transformer profile-parallax profile-2gpu "
 for check in "$@"; do
   [[ $known == *" $check "* ]] || { echo "h200_checks.sh: unknown check '$check'; expected one of:$known"; exit 2; }
 done
