@@ -34,7 +34,7 @@ from .distributed import full_matrix_terms
 from .momentum import momentum_updates
 from .orthogonalize import FLOAT_DTYPES, ORTHOGONALIZERS, default_compute_dtype
 from .skip_step import SkipStep
-from .spectral import BANDS, MAX_TRAINING_POWER
+from .spectral import BANDS, MAX_TRAINING_POWER, TRAINING_POWERS
 
 __all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS", "ALGO_OPTIONS"]
 
@@ -165,7 +165,7 @@ def _check_numbers(group: dict, bad) -> None:
         if not _is_count(group[key], 0):
             bad(key, "an int >= 0")
     if group["sp_power"] > MAX_TRAINING_POWER:
-        bad("sp_power", f"an int from 0 to {MAX_TRAINING_POWER} (sigma^p overflows fp32 above it)")
+        bad("sp_power", TRAINING_POWERS)
     if not (_finite_at_least(group["aurora_beta"], 0) and 0 < _real(group["aurora_beta"]) <= 1):
         bad("aurora_beta", "a float in (0, 1]")
     if not _finite_at_least(group["sp_band_tau"], 0):

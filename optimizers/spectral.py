@@ -14,12 +14,13 @@ from kernels.checks import is_finite_number
 from .orthogonalize import check_float_matrix, orthogonalize
 
 __all__ = ["spectral_power", "matrix_power", "msign", "band_projectors", "banded_spectral_power", "BANDS",
-           "MAX_TRAINING_POWER"]
+           "MAX_TRAINING_POWER", "TRAINING_POWERS"]
 
 BANDS = ("none", "top", "bottom", "top_only", "bottom_only")
 # The largest S_p power an optimizer takes: sigma^p overflows fp32 once sigma > 3.4e38^(1/p) (2.4 at
 # p = 100, 258 at p = 16), which made the first step non-finite; the papers use p = 0 to 4.
 MAX_TRAINING_POWER = 16
+TRAINING_POWERS = f"an int from 0 to {MAX_TRAINING_POWER} (sigma^p overflows fp32 above it)"  # for messages
 
 
 def matrix_power(G: torch.Tensor, k: int) -> torch.Tensor:

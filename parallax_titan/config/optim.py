@@ -16,10 +16,10 @@ from torchtitan.config import job_config as titan
 
 from optimizers.directions import ORTHO_DTYPES, UPDATE_SCALES
 from optimizers.orthogonalize import ORTHOGONALIZERS
-from optimizers.spectral import MAX_TRAINING_POWER
 from optimizers.routing import (
     ATTN_CATEGORIES, DEFAULT_PARAM_RULES, MODULE_OF, RoutingConfig, check_categories, parse_headwise, parse_rules,
 )
+from optimizers.spectral import MAX_TRAINING_POWER, TRAINING_POWERS
 from parallax_titan.config.schema import value_problems
 from parallax_titan.config.sections import finite_at_least
 
@@ -213,7 +213,7 @@ class Optimizer(titan.Optimizer):
             need(isinstance(getattr(self, key), int) and getattr(self, key) >= 0, key, "an int >= 0")
         for key in ("spectral_power_attn", "spectral_power_mlp"):
             need(isinstance(getattr(self, key), int) and 0 <= getattr(self, key) <= MAX_TRAINING_POWER, key,
-                 f"an int from 0 to {MAX_TRAINING_POWER} (sigma^p overflows fp32 above it)")
+                 TRAINING_POWERS)
         need(self.spectral_band == "none" or self.spectral_band_tau > 0, "spectral_band_tau",
              "> 0 when spectral_band is set")
         need(isinstance(self.msign_steps, int) and self.msign_steps >= 1, "msign_steps", "an int >= 1")

@@ -197,13 +197,13 @@ def pass_comparison(name: str, d: int = 128, rounds: int = 7) -> list[dict]:
     for shape in [SWEEP_SHAPE, *OTHER_SHAPES]:
         step, forward_ms, cudnn = backward_problem(shape, d)
         fns = {label(c): lambda c=c: _under(d, {name: c}, step) for c in candidates}
-        grads = {config: fn() for config, fn in fns.items()}  # compiles outside the timing
+        grads = {tag: fn() for tag, fn in fns.items()}  # compiles outside the timing
         first = grads[label(candidates[0])]
         ms = interleaved_ms(fns, rounds, 1, do_bench_ms)
-        rows += [{"B": shape[0], "L": shape[1], "D": d, "pass": name, "config": config, "backward_ms": t,
+        rows += [{"B": shape[0], "L": shape[1], "D": d, "pass": name, "config": tag, "backward_ms": t,
                   "fwd_bwd_vs_cudnn": (forward_ms + t) / cudnn, "forward_ms": forward_ms, "cudnn_ms": cudnn,
-                  "same_bits": all(torch.equal(a, b) for a, b in zip(grads[config], first))}
-                 for config, t in ms.items()]
+                  "same_bits": all(torch.equal(a, b) for a, b in zip(grads[tag], first))}
+                 for tag, t in ms.items()]
     return rows
 
 
