@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,15 +33,6 @@ def resume_step(cfg) -> int | None:
     return choose_step(folder, ckpt.load_step, problem_of, ckpt.on_corrupt == "stop")[0]
 
 
-def uptrains(cfg) -> bool:
-    """Whether the run loads ``parallax.init_from_transformer``: set, and no step of the run's own
-    checkpoint folder to resume (:func:`resume_step`; a resumed step's weights would replace the
-    Transformer's, so a requeued up-training job neither reads nor needs its source again)."""
-    if not cfg.parallax.init_from_transformer:
-        return False
-    return not cfg.checkpoint.enable or resume_step(cfg) is None
-
-
 def settings_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
     """The resume rules' refusals (:mod:`parallax_titan.resume_rules`) for resuming ``checkpoint_dir``
     (at ``step``) with ``cfg``; none for step 0 (a seed checkpoint: weights only, any run may start from it)."""
@@ -65,8 +57,28 @@ def _data_position_problems(cfg, checkpoint_dir: str, step: int) -> list[str]:
     return [f"checkpoint.folder: {checkpoint_dir!r}: cannot resume the data position: {problem}"] if problem else []
 
 
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What a run loads at its start, chosen once before the build (:func:`checkpoint_plan`).
+
+    resume_step: the step of the run's own checkpoint folder it resumes (None: none).
+    loads_transformer: it loads ``parallax.init_from_transformer``: set, and no step to resume (a
+    resumed step's weights would replace the Transformer's, so a requeued up-training job neither
+    reads nor needs its source again).
+    problems: what is wrong with those checkpoints ([]: nothing)."""
+
+    resume_step: int | None = None
+    loads_transformer: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
 def checkpoint_problems(cfg) -> list[str]:
-    """What is wrong with the checkpoints this run would load ([]: nothing), found before the build.
+    """:func:`checkpoint_plan`'s problems: what is wrong with the checkpoints this run would load."""
+    return checkpoint_plan(cfg).problems
+
+
+def checkpoint_plan(cfg) -> CheckpointPlan:
+    """The checkpoints this run would load and what is wrong with them, found before the build.
     Each kind of load gets its own checks:
 
     * the resume step (``checkpoint.load_step``, else the newest valid one): this model's weights,
@@ -79,7 +91,7 @@ def checkpoint_problems(cfg) -> list[str]:
       ``checkpoint.initial_load_path``: this model's weights. With
       ``checkpoint.verify`` and a manifest in the folder, it must pass :func:`quick_problem` too; a
       folder without one (another program's checkpoint) loads unchecked.
-    * ``parallax.init_from_transformer``, where the run has no step to resume (:func:`uptrains`):
+    * ``parallax.init_from_transformer``, where the run has no step to resume:
       the Transformer part of this model's weights. With
       ``checkpoint.verify`` its folder must pass :func:`quick_problem` (a manifest that its files'
       sizes and small files match), as its load refuses a folder without a manifest.
@@ -95,22 +107,23 @@ def checkpoint_problems(cfg) -> list[str]:
     if ckpt.enable:
         folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
         if os.path.lexists(folder) and not os.path.isdir(folder):  # the first save would fail, steps into the run
-            return [f"checkpoint.folder: {folder!r} is a file; expected the folder the run's checkpoints are saved in, "
-                    "or none"]
+            return CheckpointPlan(problems=[f"checkpoint.folder: {folder!r} is a file; expected the folder the run's "
+                                            "checkpoints are saved in, or none"])
         try:
             step = resume_step(cfg)
         except ValueError as exc:
-            return [f"checkpoint.{'load_step' if ckpt.load_step >= 0 else 'folder'}: {exc}"]
+            return CheckpointPlan(problems=[f"checkpoint.{'load_step' if ckpt.load_step >= 0 else 'folder'}: {exc}"])
         if step is not None:
             errors += _resume_problems(cfg, step_dir(folder, step), step, expected)
         elif ckpt.initial_load_path and not ckpt.initial_load_in_hf:  # loaded where no step is complete
             errors += _weights_folder_problems(cfg, "checkpoint.initial_load_path", ckpt.initial_load_path, expected,
                                                "expected a checkpoint of this model", manifest_required=False)
-    if cfg.parallax.init_from_transformer and step is None:  # a resume step's weights replace it
+    loads_transformer = bool(cfg.parallax.init_from_transformer) and step is None
+    if loads_transformer:
         errors += _weights_folder_problems(cfg, UPTRAIN_KEY, cfg.parallax.init_from_transformer,
                                            shared_weights(expected), "expected a Transformer checkpoint of this size",
                                            manifest_required=True)
-    return errors
+    return CheckpointPlan(step, loads_transformer, errors)
 
 
 def _weight_problems(cfg, key: str, path: str, weights: Shapes, fix: str) -> tuple[Shapes | None, list[str]]:

@@ -32,7 +32,7 @@ from parallax_titan.compat import configure_for_host, save_checkpoint_now, train
 from parallax_titan.config import ConfigError, JobConfig
 from parallax_titan.data import DOCUMENT_STARTS, document_boundaries_from_starts
 from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
-from parallax_titan.resume import checkpoint_problems, uptrains
+from parallax_titan.resume import checkpoint_plan
 from parallax_titan.resume_rules import (applied, configured_hyperparameters, differences, loads_data_position,
                                          reapply, refusals, run_settings)
 from parallax_titan.step_flags import StepFlags
@@ -92,7 +92,8 @@ def diagnostics_runner(job_config: JobConfig) -> DiagnosticsRunner:
 
 class ParallaxTrainer(Trainer):
     def __init__(self, job_config: JobConfig, step_callbacks=()):
-        problems = checkpoint_problems(job_config) + dump_folder_problems(job_config.job.dump_folder)
+        plan = checkpoint_plan(job_config)
+        problems = plan.problems + dump_folder_problems(job_config.job.dump_folder)
         if problems:
             raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         self.diagnostics = diagnostics_runner(job_config)
@@ -117,7 +118,7 @@ class ParallaxTrainer(Trainer):
         self.step_callbacks = list(step_callbacks)
         self._log_figure = tensorboard_figure_logger(self.metrics_processor.logger)
         source = job_config.parallax.init_from_transformer
-        if source and uptrains(job_config):
+        if plan.loads_transformer:
             from parallax_titan.uptrain import load_transformer_weights
 
             for index, part in enumerate(self.model_parts):  # one check (every rank, shared) covers all parts

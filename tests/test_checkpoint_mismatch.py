@@ -20,7 +20,7 @@ from parallax_titan.spec import BASE_FLAVORS, variant_args
 from parallax_titan.uptrain import load_transformer_weights
 from parallax_titan.checksums import default_algorithm, digest_files, write_manifest
 from parallax_titan.config import ConfigError
-from parallax_titan.resume import checkpoint_problems
+from parallax_titan.resume import CheckpointPlan, checkpoint_plan, checkpoint_problems
 from tests._train_runs import REPO
 
 # parallax, debug flavor, 2 layers: dim 256, 8 query / 4 kv heads of 32, FFN 768, vocab 4096
@@ -146,12 +146,15 @@ def test_a_missing_transformer_folder_is_refused_unless_a_step_of_the_run_replac
     missing = str(tmp_path / "gone" / "step-1000")
     init = ["--parallax.init_from_transformer", missing]
     load_config(["--job.config_file", CONFIG, *BASE, "--job.dump_folder", str(tmp_path), *init])  # no ConfigError
-    [message] = checkpoint_problems(job(tmp_path, *init))
+    fresh = checkpoint_plan(job(tmp_path, *init))
+    assert (fresh.resume_step, fresh.loads_transformer) == (None, True)
+    [message] = fresh.problems
     assert message.startswith(f"parallax.init_from_transformer: {missing!r} is not a directory; expected a DCP "
                               "checkpoint folder")
     assert "is not a directory" in config_errors(job(tmp_path, *init, "--checkpoint.no-enable"))
     save_checkpoint(tmp_path / "checkpoint" / "step-5", "parallax", n_layers=2)
-    assert checkpoint_problems(job(tmp_path, *init)) == []
+    assert checkpoint_plan(job(tmp_path, *init)) == CheckpointPlan(resume_step=5, loads_transformer=False)
+    assert checkpoint_plan(job(tmp_path)).loads_transformer is False  # no source, nothing to load
 
 
 def truncate_data(path: str) -> str:
