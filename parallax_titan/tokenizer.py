@@ -125,7 +125,7 @@ class PretrainTokenizer(HuggingFaceTokenizer):
     """
 
     def __init__(self, tokenizer_path: str):
-        load_tokenizer_json(tokenizer_path)  # a clear error naming the file before TorchTitan parses it
+        self._parsed = load_tokenizer_json(tokenizer_path)  # a clear error naming the file, before the config's
         try:
             super().__init__(tokenizer_path)
         except (OSError, ValueError, TypeError, AttributeError) as e:  # tokenizer.json parsed: the config failed
@@ -152,6 +152,11 @@ class PretrainTokenizer(HuggingFaceTokenizer):
             )
         self.hf_adds_bos = self.hf_adds_eos = False
         self.tokenizer.encode_special_tokens = True
+
+    def _load_tokenizer_from_path(self, tokenizer_path: str) -> Tokenizer:
+        """TorchTitan's loader hook: the tokenizer.json parsed in ``__init__`` (the Qwen3 file takes
+        a quarter second to parse; TorchTitan would parse it again)."""
+        return self._parsed
 
 
 def build_tokenizer(job_config) -> PretrainTokenizer:

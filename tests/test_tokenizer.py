@@ -61,6 +61,16 @@ def test_literal_special_token_in_text_is_not_eos(tiny):
     assert tiny.decode(doc[:-1]) == text
 
 
+def test_tokenizer_json_is_parsed_once(monkeypatch):
+    """Building the tokenizer parses tokenizer.json once (TorchTitan's loader would parse it again)."""
+    parsed = []
+    from_file = Tokenizer.from_file
+    monkeypatch.setattr(Tokenizer, "from_file", staticmethod(lambda path: parsed.append(path) or from_file(path)))
+    tok = build_tokenizer(job(TINY_TOKENIZER_PATH))
+    assert parsed == [os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json")]
+    assert tok.tokenizer.get_vocab_size() == 4096
+
+
 def test_eos_enforced_without_config(tmp_path):
     shutil.copy(os.path.join(TINY_TOKENIZER_PATH, "tokenizer.json"), tmp_path)
     tok = build_tokenizer(job(str(tmp_path)))
