@@ -127,7 +127,6 @@ def test_the_row_pass_with_its_statistics_in_shared_memory_keeps_two_programs_pe
     from scripts.bench.kernel_resources import _cuobjdump, compile_hopper, compiled_resources
 
     shipped = tuning.HOPPER_CONFIGS["dq"][d]
-    assert not shipped.stats_in_shared
     resources, sass = {}, {}
     for flag in (False, True):
         compiled = compile_hopper("dq", d, shipped._replace(stats_in_shared=flag), varlen)
@@ -583,7 +582,7 @@ def test_forward_sweep_times_each_candidate_under_its_config_beside_the_triton_f
 
 @pytest.mark.parametrize("name, shipped_row", [
     ("dkdv", "| 4 | 4096 | 128 | dkdv | 32x64 w4 s3 k in registers | 3.000 | 2.00 | yes |"),
-    ("dq", "| 4 | 4096 | 128 | dq | 64x64 w4 s2 | 3.000 | 2.00 | yes |"),
+    ("dq", "| 4 | 4096 | 128 | dq | 64x64 w4 s2 stats in shared | 3.000 | 2.00 | yes |"),
 ])
 def test_pass_comparison_times_each_candidate_under_its_config_and_compares_bits(monkeypatch, name, shipped_row):
     """With fake inputs, forward, backward and timers: one row per shape and candidate of the compared

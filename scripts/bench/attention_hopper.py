@@ -9,7 +9,7 @@ L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 
 ``--column`` times the column pass's configs in ``COLUMN_CANDIDATES`` (k in registers or in shared
 memory, ring stages) against each other at D=128, interleaved, at the three shapes; ``--row`` the row
-pass's in ``ROW_CANDIDATES`` (statistics in registers or in shared memory) the same way.
+pass's in ``ROW_CANDIDATES`` (statistics in shared memory or in registers) the same way.
 ``--forward`` sweeps the forward instead: at B4 L4096 and B1 L16384, the Triton forward (autotuned)
 and the Hopper forward under each candidate of ``FORWARD_CANDIDATES``, timed interleaved (rounds
 that each run every candidate in turn, 10 calls back to back between two CUDA events; medians).
@@ -59,8 +59,9 @@ FORWARD_SHAPES = [(4, 4096, 16, 8), (1, 16384, 16, 8)]
 # Column pass configs ``--column`` times against each other (D=128): k in registers or not, ring stages
 COLUMN_CANDIDATES = [HopperConfig(32, 64, 4, 3, None, True), HopperConfig(32, 64, 4, 3),
                      HopperConfig(32, 64, 4, 2, None, True)]
-# Row pass configs ``--row`` times against each other (D=128): its statistics in registers or in shared memory
-ROW_CANDIDATES = [HopperConfig(64, 64, 4, 2), HopperConfig(64, 64, 4, 2, stats_in_shared=True)]
+# Row pass configs ``--row`` times against each other (D=128), the shipped first: three of its statistics
+# in shared memory, or all in registers
+ROW_CANDIDATES = [HopperConfig(64, 64, 4, 2, stats_in_shared=True), HopperConfig(64, 64, 4, 2)]
 COMPARED = {"dkdv": COLUMN_CANDIDATES, "dq": ROW_CANDIDATES}
 SWEEP_SHAPE = (4, 4096, 16, 8)  # B, L, Hq, Hkv
 OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
