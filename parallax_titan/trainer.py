@@ -124,8 +124,8 @@ class ParallaxTrainer(Trainer):
             for index, part in enumerate(self.model_parts):  # one check (every rank, shared) covers all parts
                 load_transformer_weights(part, source, verify=job_config.checkpoint.verify and index == 0)
         elif source:
-            logger.info(f"parallax.init_from_transformer = {source!r} is not loaded: the run resumes a step of its "
-                        "own checkpoint folder, whose weights replace it")
+            logger.info(f"parallax.init_from_transformer = {source!r} is not loaded: the run resumes step "
+                        f"{plan.resume_step} of its own checkpoint folder, whose weights replace it")
 
     def post_dataloading_process(self, input_dict, labels):
         """TorchTitan's batch preparation, plus document boundaries when the model asks for them

@@ -84,8 +84,9 @@ def test_trainer_checks_the_transformer_checkpoint_as_checkpoint_verify_says(tra
 
 
 def test_trainer_uptrains_from_transformer(transformer_checkpoint, tmp_path):
-    train(tmp_path, "--training.dataset", "default_corpus", "--training.steps", "1",
-          "--parallax.init_from_transformer", transformer_checkpoint)
+    run = ("--training.dataset", "default_corpus", "--parallax.init_from_transformer", transformer_checkpoint)
+    first = train(tmp_path, *run, "--training.steps", "1")
+    assert "is not loaded" not in first.stdout + first.stderr
     saved = model_of("parallax").state_dict()
     dcp.load(saved, checkpoint_id=str(tmp_path / "checkpoint" / "step-1"))
     reference = model_of("transformer").state_dict()
@@ -94,6 +95,10 @@ def test_trainer_uptrains_from_transformer(transformer_checkpoint, tmp_path):
     for key, value in reference.items():
         assert (saved[key] - value).abs().max() < 0.05, key
     assert not any(is_parallax_only(k) for k in reference)
+    # requeued: the run's own step replaces the Transformer, which is not read again
+    requeued = train(tmp_path, *run, "--training.steps", "2")
+    assert (f"parallax.init_from_transformer = {transformer_checkpoint!r} is not loaded: the run resumes step 1 of "
+            "its own checkpoint folder") in requeued.stdout + requeued.stderr
 
 
 def test_initial_load_beside_init_from_transformer_is_refused(tmp_path):
