@@ -108,6 +108,40 @@ def test_a_named_method_that_cannot_run_stops_before_any_timing(monkeypatch):
     assert parser().parse_args(["--methods", "parallax_ours,parallax_ours"]).methods == ["parallax_ours"]
 
 
+def test_a_run_stopped_midway_keeps_the_timings_it_took(tmp_path, monkeypatch):
+    """The page is rewritten after each timing, marked partial until the run ends: a run stopped by a
+    time limit (in a competitor's minutes-long autotune) kept nothing before."""
+    from scripts.bench import attention
+
+    timings = iter([0.5, 2.0, 1.0])
+
+    def bench_one(fn, inputs, mode):
+        ms = next(timings, None)
+        if ms is None:
+            raise KeyboardInterrupt  # the time limit, in the fourth timing
+        return {"ms": ms}
+
+    monkeypatch.setattr(attention, "methods", lambda competitors: {"softmax_cudnn": ("blhd", None),
+                                                                    "parallax_ours": ("blhd", None)})
+    monkeypatch.setattr(attention, "make_inputs", lambda *shape: None)
+    monkeypatch.setattr(attention, "agreement", lambda *args: {})
+    monkeypatch.setattr(attention, "to_layout", lambda tensors, layout, group: tensors)
+    monkeypatch.setattr(attention, "bench_one", bench_one)
+    out = str(tmp_path / "train")
+    args = parser().parse_args(["--shapes", "0", "--out", out])
+    with pytest.raises(KeyboardInterrupt):
+        attention.run_mode(args, COMMAND)
+    page, saved = open(out + ".md").read(), json.loads(open(out + ".json").read())
+    assert attention.PARTIAL in page and saved["partial"] is True
+    assert "| parallax_ours | fwd | 1.000 | 2.00 | 2.00 |" in page and "parallax_ours | fwd_bwd" not in page
+    assert [(r["method"], r["mode"]) for r in saved["ratios"]] == [("softmax_cudnn", "fwd"), ("softmax_cudnn", "fwd_bwd"),
+                                                                   ("parallax_ours", "fwd")]
+    timings = iter([0.5, 2.0, 1.0, 4.0])
+    page = attention.run_mode(args, COMMAND)
+    assert attention.PARTIAL not in page and "| parallax_ours | fwd_bwd | 4.000 | 2.00 | 2.00 |" in page
+    assert "partial" not in json.loads(open(out + ".json").read())
+
+
 def test_modes_run_under_the_sweep_lists_only_with_sweep(tmp_path, monkeypatch):
     """--sweep puts every kernel on tuning.SWEEP for the mode's timings, and the shipped lists return
     afterwards; without it the timings see tuning.SHIPPED."""

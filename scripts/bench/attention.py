@@ -6,7 +6,9 @@ Methods: torch SDPA with the cuDNN and flash backends (softmax baselines), ours
 keeps the Triton kernels, forward and backward), PyPI parallax-kernel 0.1.1 (``parallax.parallax_func``)
 and fla-core 0.6.0 (``fla.ops.parallax.parallel_parallax``) when importable (benchmark-only
 wheels, never dependencies). Times are medians of triton.testing.do_bench, measured twice;
-ratios are against cuDNN softmax at the same shape (and, for D=64, at D=128) from this run.
+ratios are against cuDNN softmax at the same shape (and, for D=64, at D=128) from this run. The
+training table's page and JSON are rewritten after each timing, marked partial until the run ends,
+so a run stopped by a time limit keeps the timings it took.
 
     python -m scripts.bench.attention --out docs/bench/attention_train [--sweep]
     python -m scripts.bench.attention --window 1024,4096 [--window-len 16384]
@@ -148,9 +150,10 @@ def agreement(impls, tensors, group):
     return res
 
 
-def bench_shape(impls, shape):
+def bench_shape(impls, shape, on_timing=None):
     """Every method of ``impls`` at ``shape`` (B, L, Hq, Hkv, D), both modes: the result entry
-    (shape, agreement, "<method>/<mode>" timings or errors, our TFLOP/s, the autotuner's choices)."""
+    (shape, agreement, "<method>/<mode>" timings or errors, our TFLOP/s, the autotuner's choices).
+    ``on_timing(entry)``, if given, is called with the entry so far after each timing."""
     b, n, hq, hkv, d = shape
     tensors = make_inputs(*shape)
     entry = {"shape": dict(B=b, L=n, Hq=hq, Hkv=hkv, D=d), "agreement_vs_ours": agreement(impls, tensors, hq // hkv)}
@@ -162,6 +165,8 @@ def bench_shape(impls, shape):
             except Exception as exc:
                 entry[f"{name}/{mode}"] = {"error": repr(exc)[:300]}
             print(shape, name, mode, entry[f"{name}/{mode}"], flush=True)
+            if on_timing is not None:
+                on_timing(entry)
     flops = b * hq * d * n * (n + 1)  # 2 * D * (causal pairs) per matmul
     for mode, mm in MATMULS.items():
         ms = entry.get(f"parallax_ours/{mode}", {}).get("ms")
@@ -182,9 +187,10 @@ def method_list(text: str) -> list[str]:
     return names
 
 
-def run(args):
+def run(args, on_timing=None):
     """The result entries (``bench_shape``) of the shapes and methods the command line selects;
-    SystemExit naming ``--methods`` when one of them cannot run here (a competitor not importable)."""
+    SystemExit naming ``--methods`` when one of them cannot run here (a competitor not importable).
+    ``on_timing(entries)``, if given, is called with the entries so far after each timing."""
     impls = methods(args.competitors)
     if args.methods:
         missing = [name for name in args.methods if name not in impls]
@@ -192,7 +198,11 @@ def run(args):
             raise SystemExit(f"--methods: {missing} cannot run here (not importable, see above); expected "
                              f"names from {list(impls)}")
         impls = {name: impls[name] for name in args.methods}
-    return [bench_shape(impls, SHAPES[i]) for i in args.shapes]
+    results = []
+    for i in args.shapes:
+        progress = None if on_timing is None else (lambda entry: on_timing([*results, entry]))
+        results.append(bench_shape(impls, SHAPES[i], progress))
+    return results
 
 
 def ratios(results):
@@ -238,12 +248,20 @@ def report_markdown(results: list[dict], rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: list[dict], rows: list[dict], tuning_choices: dict, out: str, command: str) -> str:
+PARTIAL = ("Partial: the page is rewritten after each timing, and this run stopped (or had not finished) "
+           "after the rows below.\n\n")
+
+
+def write(results: list[dict], rows: list[dict], tuning_choices: dict, out: str, command: str,
+          partial: bool = False) -> str:
     """Write ``out``.md (header and ``report_markdown``) and ``out``.json (results, ratios, the
-    autotuners' choices); return the markdown."""
+    autotuners' choices); return the markdown. ``partial``: the timings so far of a run still going
+    (the page says so, the JSON has ``"partial": true``), so that a run stopped by a time limit (a
+    competitor's autotune takes minutes) keeps what it measured."""
     meta = describe("Parallax attention training benchmark", MEASURED, command)
-    return write_results(out, meta, report_markdown(results, rows),
-                         {"results": results, "ratios": rows, "tuning": tuning_choices})
+    data = {"results": results, "ratios": rows, "tuning": tuning_choices}
+    return write_results(out, meta, (PARTIAL if partial else "") + report_markdown(results, rows),
+                         {**data, "partial": True} if partial else data)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -292,9 +310,10 @@ def run_mode(args: argparse.Namespace, command: str) -> str:
         if args.affine_la:
             return variants.write_affine(variants.run_affine(args.affine_shape), args.out or "docs/bench/affine_la",
                                          command)
-        results = run(args)
-        return write(results, ratios(results), tuning.autotune_report(), args.out or "docs/bench/attention_train",
-                     command)
+        out = args.out or "docs/bench/attention_train"
+        results = run(args, lambda so_far: write(so_far, ratios(so_far), tuning.autotune_report(), out, command,
+                                                 partial=True))
+        return write(results, ratios(results), tuning.autotune_report(), out, command)
 
 
 def main(argv: list[str] | None = None) -> None:
