@@ -311,9 +311,11 @@ def run_mode(args: argparse.Namespace, command: str) -> str:
             return variants.write_affine(variants.run_affine(args.affine_shape), args.out or "docs/bench/affine_la",
                                          command)
         out = args.out or "docs/bench/attention_train"
-        results = run(args, lambda so_far: write(so_far, ratios(so_far), tuning.autotune_report(), out, command,
-                                                 partial=True))
-        return write(results, ratios(results), tuning.autotune_report(), out, command)
+
+        def page(results, partial=False):
+            return write(results, ratios(results), tuning.autotune_report(), out, command, partial)
+
+        return page(run(args, lambda so_far: page(so_far, partial=True)))
 
 
 def main(argv: list[str] | None = None) -> None:
