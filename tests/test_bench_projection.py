@@ -24,6 +24,17 @@ def test_page_marks_the_shipped_launch_of_each_pass():
     assert "| ours 64x4x2 (shipped: backward) | 0.120 | 1.20 | 0.60 | 0.250 | 1.25 | 0.25 |" in lines
     assert "| copy of the same bytes | 0.100 | 1.00 | 0.50 | 0.200 | 1.00 | 0.20 |" in lines
     assert any("forward 384 MiB, backward 544 MiB" in line for line in lines)
+    assert not any("reduction" in line for line in lines if line.startswith("|"))
+
+
+def test_page_lists_the_reductions_with_the_shipped_one_marked():
+    row = {"heads": [16, 8, 128], "tokens": 16384, "bytes": projection.pass_bytes(16384, 16, 8, 128, 2),
+           "copy": {"forward": 0.1, "backward": 0.2}, "inductor": {"forward": 0.2, "backward": 1.0},
+           "launches": {"64x4x2": {"forward": 0.12, "backward": 0.25}},
+           "shipped": {"forward": "64x4x2", "backward": "64x4x2", "reduction": "16x256x4"},
+           "reductions": {"16x256x4": 0.017, "8x128x4": 0.0061}}
+    lines = projection.markdown({"rows": {"0.6B parallax": row}})
+    assert "| 16x256x4 (shipped) | 0.0170 |" in lines and "| 8x128x4 | 0.0061 |" in lines
 
 
 @pytest.mark.parametrize("argv, message", [(["--batch", "0"], "'0': expected an int >= 1"),
@@ -42,4 +53,6 @@ def test_gpu_one_small_shape_is_timed():
     assert list(row["launches"]) == ["64x4x2"]
     for times in (row["launches"]["64x4x2"], row["copy"], row["inductor"]):
         assert set(times) == {"forward", "backward"} and all(t > 0 for t in times.values())
-    assert row["shipped"] == {"forward": "64x8x1", "backward": "64x4x2"}
+    assert row["shipped"] == {"forward": "64x8x1", "backward": "64x4x2", "reduction": "16x256x4"}
+    assert list(row["reductions"]) == [projection.label(r) for r in projection.REDUCTIONS]
+    assert all(ms > 0 for ms in row["reductions"].values())

@@ -47,6 +47,23 @@ def test_kernels_compile_for_hopper_with_wgmmas_left_in_flight(kernel_name, in_f
     assert max(waits) == in_flight, waits
 
 
+@pytest.mark.parametrize("kernel_name, in_flight", [("fwd", 1), ("dkdv", 2)])
+def test_consumers_taking_turns_keep_their_wgmmas_in_flight(kernel_name, in_flight):
+    """With ping-pong (``HopperConfig.pingpong``) the paired forward and the column pass still leave
+    their score products in flight (ptxas did not serialise their wgmmas), and each consumer waits on
+    its turn's mbarrier (the shipped configs without turns do not)."""
+    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper
+
+    config = tuning.HOPPER_CONFIGS[kernel_name][128]
+    sass = {}
+    for turns in (True, False):
+        compiled = compile_hopper(kernel_name, 128, config._replace(paired=kernel_name == "fwd", pingpong=turns))
+        sass[turns] = _cuobjdump(compiled.asm["cubin"], ["-sass"])[0]
+    assert max(wgmma_waits(sass[True])) == in_flight
+    waits = {turns: len(re.findall(r"SYNCS\.PHASECHK", text)) for turns, text in sass.items()}
+    assert waits[True] > waits[False], waits
+
+
 def test_the_forwards_register_cap_reaches_ptxas():
     """The D=64 forward compiles within its config's register cap (three programs per SM); a lower cap
     lowers the count (the cap reaches ptxas). Spills depend on the triton version (none with 3.6,
@@ -374,6 +391,26 @@ def test_gpu_the_paired_forward_gives_the_single_tiles_bits(name):
 @pytest.mark.gpu
 @hopper_gpu
 @pytest.mark.parametrize("name", list(CASES))
+def test_gpu_consumers_taking_turns_give_the_same_bits(name):
+    """Ping-pong changes when each consumer of the paired forward and of the column pass issues its
+    wgmmas, not what it computes: the outputs and gradients without turns, bit for bit, at every case
+    (documents, windows, lengths where a consumer has no tiles of its own yet takes its turns)."""
+    b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
+    inputs = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
+    cu = cu_from_lengths(lengths, "cuda")
+    paired = tuning.HOPPER_CONFIGS["fwd"][d]._replace(paired=True, maxnreg=None)
+    column = tuning.HOPPER_CONFIGS["dkdv"][d]
+    got = {}
+    for turns in (True, False):
+        with (tuning.hopper_config("fwd", d, paired._replace(pingpong=turns)),
+              tuning.hopper_config("dkdv", d, column._replace(pingpong=turns))):
+            got[turns] = _outputs(inputs, cu, window, True)
+    assert all(torch.equal(a, b) for a, b in zip(got[True], got[False]))
+
+
+@pytest.mark.gpu
+@hopper_gpu
+@pytest.mark.parametrize("name", list(CASES))
 def test_gpu_the_row_pass_with_its_statistics_in_shared_memory_gives_the_same_bits(name):
     """``stats_in_shared`` reads the statistics the row pass held in registers: the same values, so the
     same gradients bit for bit (documents, windows, odd lengths)."""
@@ -518,6 +555,12 @@ def test_shipped_and_sweep_configs_pass_the_checks_hopper_config_makes():
     ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, stats_in_shared="yes"), "stats_in_shared must be a bool, got 'yes'"),
     ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 168, paired=True), "maxnreg must be None for a paired 'fwd' "
                                                                      "\\(it splits its registers"),
+    ("fwd", 64, tuning.HopperConfig(64, 64, 4, 3, 168, pingpong=True), "pingpong needs two consumer warpgroups "
+                                                                       "\\(the column pass 'dkdv' or a paired "
+                                                                       "'fwd'\\), not an unpaired 'fwd'"),
+    ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, pingpong=True), "not an unpaired 'dq'"),
+    ("dkdv", 128, tuning.HopperConfig(32, 64, 4, 3, pingpong=1), "pingpong must be a bool, got 1"),
+    ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, paired=True, pingpong="on"), "pingpong must be a bool, got 'on'"),
 ])
 def test_hopper_config_rejects_bad_kernels_head_dims_and_configs(name, d, config, error):
     shipped = {k: dict(v) for k, v in tuning.HOPPER_CONFIGS.items()}

@@ -46,7 +46,7 @@ def _interpret_jobs():
     from functools import partial
 
     jobs = [partial(_case_results, seed, name, spec) for seed, (name, spec) in enumerate(CASES.items())]
-    return jobs + [_strided_case, lambda: {"mixed_weights": _mixed_weights_case()}, _launch_cases,
+    return jobs + [_strided_case, lambda: {"mixed_weights": _mixed_weights_case()}, _launch_cases, _reduction_cases,
                    lambda: {"model": _model_case()}, lambda: {"opcheck": _opcheck()},
                    lambda: {"odd_table": _odd_table_results()}]
 
@@ -117,6 +117,27 @@ def _launch_cases():
         runs[(bt, warps, tiles)] = [*fused.forward(y, 4, 2, weights, 1e-6, angles, True, launch),
                                     *fused.backward(grads, y, 4, 2, weights, 1e-6, angles, True, launch)]
     return {"launches": runs}
+
+
+REDUCTIONS = [(16, 256, 4), (8, 16, 2), (4, 8, 1), (32, 32, 1)]  # the last wider than D = 16: D columns
+
+
+def reduction_case(d, seed):
+    """(partial rows of 37 spans x (2 x 4 + 2) head slots of width d, fp32; spans)."""
+    return torch.randn(37 * 10, d, generator=torch.Generator().manual_seed(seed)), 37
+
+
+def _reduction_cases():
+    """fused.weight_grads over each REDUCTIONS launch, at head dims 16 and 64, gradients in three dtypes."""
+    from kernels.projection import fused
+
+    runs = {}
+    for d in (16, 64):
+        part, spans = reduction_case(d, d)
+        for reduction in REDUCTIONS:
+            runs[(d, reduction)] = fused.weight_grads(part, [torch.float32, torch.bfloat16, torch.float16], spans, 4, 2,
+                                                      fused.Reduction(*reduction))
+    return {"reductions": runs}
 
 
 def odd_table_case():
@@ -252,6 +273,19 @@ def test_interpreted_launch_configs_agree_with_fp64(interpreted):
     for launch, got in interpreted["launches"].items():
         errors = [rel_err(a, b) for a, b in zip(got, expected)]
         assert len(errors) == 8 and all(e < 1e-5 for e in errors), (launch, errors)
+
+
+def test_interpreted_weight_grads_reduction_sums_each_groups_partial_rows(interpreted):
+    """Each reduction launch (columns per program, rows per step, warps; columns wider than the head dim)
+    sums the q, k and rho slots' partial rows over every span, as fp64 does, in each weight's dtype."""
+    assert len(interpreted["reductions"]) == 2 * len(REDUCTIONS)
+    for (d, reduction), got in interpreted["reductions"].items():
+        part, spans = reduction_case(d, d)
+        slots = part.double().view(spans, 10, d)
+        expected = [slots[:, :4].sum((0, 1)), slots[:, 4:6].sum((0, 1)), slots[:, 6:].sum((0, 1))]
+        assert [g.dtype for g in got] == [torch.float32, torch.bfloat16, torch.float16]
+        errors = [rel_err(a, b) for a, b in zip(got, expected)]
+        assert errors[0] < 1e-6 and max(errors[1:]) < 1e-2, (d, reduction, errors)
 
 
 def test_interpreted_custom_ops_pass_opcheck(interpreted):

@@ -139,6 +139,42 @@ def _retire(acc1, acc2):
 
 
 @gluon.jit
+def _turns():
+    """The turn mbarriers of a warp-specialised program's two consumers ([2, 1], count 1: the other
+    consumer arrives), used when it ping-pongs (``PINGPONG``)."""
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(turns.index(b), count=1)
+    return turns
+
+
+@gluon.jit
+def _pass_turn(turns, ME: gl.constexpr, j, PINGPONG: gl.constexpr):
+    """Ping-pong (``PINGPONG``) between the two consumers of a warp-specialised program: consumer ``ME``
+    has issued the score wgmmas of its iteration j, which ends its turn (begun by ``_take_turn`` in
+    iteration j - 1), and the other's ``_take_turn`` of iteration j may pass. Consumer 0 takes the
+    first turn: it hands none over in its iteration 0 and one more after its loop (``_last_turn``)."""
+    if PINGPONG:
+        mbarrier.arrive(turns.index(1 - ME), count=1, pred=(ME == 1) | (j > 0))
+
+
+@gluon.jit
+def _take_turn(turns, ME: gl.constexpr, j, PINGPONG: gl.constexpr):
+    """Wait, in iteration j, until the other consumer ended its turn (``_pass_turn``), so that the tensor
+    cores run one consumer's output (or gradient) wgmmas and next score wgmmas while the other computes
+    its softmax weights, as FA3's ping-pong schedule does. Nothing unless ``PINGPONG``."""
+    if PINGPONG:
+        mbarrier.wait(turns.index(ME), j & 1)
+
+
+@gluon.jit
+def _last_turn(turns, ME: gl.constexpr, PINGPONG: gl.constexpr):
+    """Consumer 0 ends its last turn after its loop (its ``_pass_turn`` runs one iteration behind)."""
+    if PINGPONG and ME == 0:
+        mbarrier.arrive(turns.index(1), count=1)
+
+
+@gluon.jit
 def _invalidate(rings, loaded, STAGES: gl.constexpr):
     """Invalidate the mbarriers of ``rings`` and the one of the tiles loaded once."""
     for j in gl.static_range(len(rings)):
@@ -196,13 +232,14 @@ def _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m
 
 
 @gluon.jit
-def _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM: gl.constexpr, layout: gl.constexpr,
-                      a_layout: gl.constexpr):
-    """From p^T and the wgmmas t^T, a^T = (dO v^T)^T in flight: waits for t^T, issues
-    dv += (p^T (1 + tbar - t^T)) dO, waits for a^T. Returns dv (in flight) and g1^T (scaled by
-    ``scale``), g2^T ([BN, BM] fp32); the query tile's tbar, tau, beta from ``stat_smem``."""
+def _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, turns, ME: gl.constexpr, i,
+                      PINGPONG: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr, a_layout: gl.constexpr):
+    """From p^T and the wgmmas t^T, a^T = (dO v^T)^T in flight: waits for t^T, (``PINGPONG``) for its
+    turn of iteration i, issues dv += (p^T (1 + tbar - t^T)) dO, waits for a^T. Returns dv (in flight)
+    and g1^T (scaled by ``scale``), g2^T ([BN, BM] fp32); the query tile's tbar, tau, beta from ``stat_smem``."""
     tt = warpgroup_mma_wait(1, deps=(tt, ))
     c = 1.0 + _statistic(stat_smem, slot, 1, BM, layout)[None, :] - tt
+    _take_turn(turns, ME, i, PINGPONG)
     dv = warpgroup_mma(gl.convert_layout((pt * c).to(do_tile.dtype), a_layout), do_tile, dv, is_async=True)
     at = warpgroup_mma_wait(1, deps=(at, ))
     beta = _statistic(stat_smem, slot, 3, BM, layout)
@@ -227,15 +264,17 @@ def _column_scores(keys, v_smem, rows, slot, zero_s):
 
 
 @gluon.jit
-def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, kv_ready, DK, DV, n0, kv_h, lo,
-                 n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW, scale, qk_scale, D: gl.constexpr, BM: gl.constexpr,
-                 BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr, KEYS_IN_REGISTERS: gl.constexpr,
+def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, kv_ready, turns, DK, DV, n0, kv_h,
+                 lo, n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW, scale, qk_scale, D: gl.constexpr,
+                 BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
+                 KEYS_IN_REGISTERS: gl.constexpr, ME: gl.constexpr, PINGPONG: gl.constexpr,
                  num_warps: gl.constexpr):
-    """One consumer warpgroup of a column-pass program: dk and dv of key tile [n0, n0 + BN) of kv head
-    ``kv_h`` (nothing when n0 >= T), written to DK, DV ((T, Hkv, D)). It reads the program's stream of
-    query tiles (``_column_loads``: ``total`` tiles in ``rows`` and ``stat_smem``), computes the tiles of
-    its own query range (``fused._column_phases``) and releases every tile on ``empty`` once its wgmmas
-    retired; k and v ([BN, D] in ``k_smem``, ``v_smem``) it copies itself."""
+    """One consumer warpgroup (``ME``, 0 or 1) of a column-pass program: dk and dv of key tile
+    [n0, n0 + BN) of kv head ``kv_h`` (nothing when n0 >= T), written to DK, DV ((T, Hkv, D)). It reads
+    the program's stream of query tiles (``_column_loads``: ``total`` tiles in ``rows`` and
+    ``stat_smem``), computes the tiles of its own query range (``fused._column_phases``) and releases
+    every tile on ``empty`` once its wgmmas retired; k and v ([BN, D] in ``k_smem``, ``v_smem``) it
+    copies itself. With ``PINGPONG`` it takes turns with the other consumer on ``turns`` each iteration."""
     dtype: gl.constexpr = rows[0].dtype
     s_layout: gl.constexpr = _mma_layout(num_warps, BM)
     acc_layout: gl.constexpr = _mma_layout(num_warps, D)
@@ -266,22 +305,27 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         if (m0 >= my_lo) & (m0 < my_hi):
             q_tile, r_tile, do_tile, st, tt, at = _column_scores(keys, v_smem, rows, slot, zero_s)
+            _pass_turn(turns, ME, i, PINGPONG)
             offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
             st = warpgroup_mma_wait(2, deps=(st, ))
             pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, offs_m < T, m0, d_hi, f_hi,
                                        DOCS, T, L, WINDOW, BM, VARLEN, queries_layout)
-            dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM, queries_layout,
-                                           a_layout)
+            dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, turns, ME, i,
+                                           PINGPONG, BM, queries_layout, a_layout)
             g1 = gl.convert_layout(g1.to(dtype), a_layout)
             g2 = gl.convert_layout(g2.to(dtype), a_layout)
             dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
             dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
             dk, dv = _retire(dk, dv)
+        else:
+            _pass_turn(turns, ME, i, PINGPONG)
+            _take_turn(turns, ME, i, PINGPONG)
         fence_async_shared()  # this warpgroup's shared reads of the slot before the next TMA copy into it
         mbarrier.arrive(empty.index(slot), count=1)
         m0 += BM
         if m0 >= end:
             m0 = lo
+    _last_turn(turns, ME, PINGPONG)
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     if live:
         _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
@@ -293,7 +337,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
                             T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                             D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                             VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
-                            KEYS_IN_REGISTERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                            KEYS_IN_REGISTERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     gl.static_assert(num_warps == 4, "each consumer partition is one warpgroup")
     dtype: gl.constexpr = q_desc.dtype
     n0, kv_h = fused._tile_order(T, L, HKV, 2 * BN, VARLEN, True, GLOBAL_ORDER)
@@ -313,14 +357,17 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
     rows = (q_smem, r_smem, do_smem)
     stat_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 4, BM], stats_desc.layout)
     ready, empty, kv_ready = _handoff_barriers(STAGES)
+    turns = _turns()
 
     gl.warp_specialize([
         (_column_keys, (k_desc, v_desc, k_smem.index(0), v_smem.index(0), rows, stat_smem, ready, empty,
-                        kv_ready.index(0), DK, DV, n0, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW,
-                        scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, num_warps)),
+                        kv_ready.index(0), turns, DK, DV, n0, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV,
+                        WINDOW, scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, 0, PINGPONG,
+                        num_warps)),
         (_column_keys, (k_desc, v_desc, k_smem.index(1), v_smem.index(1), rows, stat_smem, ready, empty,
-                        kv_ready.index(1), DK, DV, n1, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW,
-                        scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, num_warps)),
+                        kv_ready.index(1), turns, DK, DV, n1, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV,
+                        WINDOW, scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, 1, PINGPONG,
+                        num_warps)),
         (_column_loads, (q_desc, r_desc, do_desc, stats_desc, rows, stat_smem, ready, empty, kv_h, lo, n_per_head,
                          GROUP, T, total, D, BM, STAGES)),
     ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
@@ -473,13 +520,15 @@ def _bwd_dq_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, O, VBAR, TBAR
 
 # ----------------------------------------------------------------------------- forward
 @gluon.jit
-def _fwd_step(s, t, v_tile, offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2, DOCS, T, L, WINDOW, qk_scale,
-              BN: gl.constexpr, VARLEN: gl.constexpr, s_layout: gl.constexpr, acc_rows: gl.constexpr,
-              a_layout: gl.constexpr):
+def _fwd_step(s, t, v_tile, offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2, DOCS, T, L, WINDOW, qk_scale, turns,
+              ME: gl.constexpr, j, PINGPONG: gl.constexpr, BN: gl.constexpr, VARLEN: gl.constexpr,
+              s_layout: gl.constexpr, acc_rows: gl.constexpr, a_layout: gl.constexpr):
     """Key tile [n0, n0 + BN) of a forward query tile (rows ``offs_m``): from s = q k^T (retired) and
     t = rho k^T (in flight), both [BM, BN] fp32, the online-softmax update of the running max m_i (in
     units of qk_scale * s), the denominators d1 = sum p, d2 = sum p t ([BM]) and o1 += p v, o2 += (p t) v
-    ([BM, D] fp32, ``v_tile`` [BN, D] in shared memory). Returns (m_i, d1, d2, o1, o2), every wgmma retired."""
+    ([BM, D] fp32, ``v_tile`` [BN, D] in shared memory); with ``PINGPONG`` (a paired forward on ``turns``) the
+    output wgmmas wait for consumer ``ME``'s turn of iteration j. Returns (m_i, d1, d2, o1, o2), every
+    wgmma retired."""
     dtype: gl.constexpr = v_tile.dtype
     if (n0 < a_hi) | (n0 >= diag):
         s = gl.where(_key_mask(DOCS, offs_m, n0, T, L, WINDOW, BN, s_layout, VARLEN), s, float("-inf"))
@@ -489,6 +538,7 @@ def _fwd_step(s, t, v_tile, offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2, DOCS, T
     p = gl.exp2(s * qk_scale - m_new[:, None])
     d1 = d1 * alpha + gl.sum(p, 1)
     rescale = gl.convert_layout(alpha, acc_rows)[:, None]
+    _take_turn(turns, ME, j, PINGPONG)
     o1 = warpgroup_mma(gl.convert_layout(p.to(dtype), a_layout), v_tile, o1 * rescale, is_async=True)
     t = warpgroup_mma_wait(1, deps=(t, ))
     pt = p * t
@@ -559,7 +609,8 @@ def _fwd_hopper_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS,
         s = warpgroup_mma_wait(1, deps=(s, ))
         _issue_keys(j + STAGES - 1, lo, kv_h, k_desc, v_desc, k_smem, v_smem, rings, n_tiles, D, BN, STAGES)
         m_i, d1, d2, o1, o2 = _fwd_step(s, t, v_smem.index(slot), offs_m, lo + j * BN, a_hi, diag, m_i, d1, d2, o1,
-                                        o2, DOCS, T, L, WINDOW, qk_scale, BN, VARLEN, s_layout, acc_rows, a_layout)
+                                        o2, DOCS, T, L, WINDOW, qk_scale, None, 0, j, False, BN, VARLEN, s_layout,
+                                        acc_rows, a_layout)
 
     _invalidate(rings, q_ready, STAGES)
     _fwd_store(O, VBAR, TBAR, LSE, m_i, d1, d2, o1, o2, offs_m, m0, h, T, HQ, D, BM, acc_layout)
@@ -594,13 +645,15 @@ def _key_loads(k_desc, v_desc, k_smem, v_smem, ready, empty, kv_h, lo, n_tiles, 
 
 
 @gluon.jit
-def _fwd_consumer(q_desc, r_desc, q_smem, r_smem, q_ready, k_smem, v_smem, ready, empty, O, VBAR, TBAR, LSE, DOCS,
-                  m0, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr, num_warps: gl.constexpr):
-    """One consumer warpgroup of a paired forward: query tile [m0, m0 + BM) of head h (nothing when
-    m0 >= T). It reads the program's stream of key tiles (``_key_loads``: ``n_tiles`` from ``lo``),
-    computes those of its own key range (``fused._row_phases``) and releases every tile on ``empty``
-    once its wgmmas retired; q and rho ([BM, D] in q_smem, r_smem) it copies itself."""
+def _fwd_consumer(q_desc, r_desc, q_smem, r_smem, q_ready, k_smem, v_smem, ready, empty, turns, O, VBAR, TBAR, LSE,
+                  DOCS, m0, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr, ME: gl.constexpr,
+                  PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+    """One consumer warpgroup (``ME``, 0 or 1) of a paired forward: query tile [m0, m0 + BM) of head h
+    (nothing when m0 >= T). It reads the program's stream of key tiles (``_key_loads``: ``n_tiles``
+    from ``lo``), computes those of its own key range (``fused._row_phases``) and releases every tile
+    on ``empty`` once its wgmmas retired; q and rho ([BM, D] in q_smem, r_smem) it copies itself. With
+    ``PINGPONG`` it takes turns with the other consumer on ``turns`` each iteration."""
     s_layout: gl.constexpr = _mma_layout(num_warps, BN)
     acc_layout: gl.constexpr = _mma_layout(num_warps, D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -629,11 +682,18 @@ def _fwd_consumer(q_desc, r_desc, q_smem, r_smem, q_ready, k_smem, v_smem, ready
             k_tile = k_smem.index(slot)
             s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            _pass_turn(turns, ME, j, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s, ))
             m_i, d1, d2, o1, o2 = _fwd_step(s, t, v_smem.index(slot), offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2,
-                                            DOCS, T, L, WINDOW, qk_scale, BN, VARLEN, s_layout, acc_rows, a_layout)
+                                            DOCS, T, L, WINDOW, qk_scale, turns, ME, j, PINGPONG, BN, VARLEN, s_layout,
+                                            acc_rows,
+                                            a_layout)
+        else:
+            _pass_turn(turns, ME, j, PINGPONG)
+            _take_turn(turns, ME, j, PINGPONG)
         fence_async_shared()  # this warpgroup's shared reads of the slot before the next TMA copy into it
         mbarrier.arrive(empty.index(slot), count=1)
+    _last_turn(turns, ME, PINGPONG)
     if live:
         _fwd_store(O, VBAR, TBAR, LSE, m_i, d1, d2, o1, o2, offs_m, m0, h, T, HQ, D, BM, acc_layout)
 
@@ -642,7 +702,7 @@ def _fwd_consumer(q_desc, r_desc, q_smem, r_smem, q_ready, k_smem, v_smem, ready
 def _fwd_paired_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS, T, L, HQ, HKV, GROUP, WINDOW,
                        qk_scale, D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                        VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr):
+                       CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     gl.static_assert(num_warps == 4, "each consumer partition is one warpgroup")
     dtype: gl.constexpr = q_desc.dtype
     m0, h, kv_h, lo, n_tiles = _paired_query_tiles(DOCS, T, L, HQ, GROUP, WINDOW, BM, BN, VARLEN, GLOBAL_ORDER)
@@ -651,13 +711,14 @@ def _fwd_paired_kernel(q_desc, r_desc, k_desc, v_desc, O, VBAR, TBAR, LSE, DOCS,
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BN, D], v_desc.layout)
     ready, empty, q_ready = _handoff_barriers(STAGES)
+    turns = _turns()
     gl.warp_specialize([
         (_fwd_consumer, (q_desc, r_desc, q_smem.index(0), r_smem.index(0), q_ready.index(0), k_smem, v_smem, ready,
-                         empty, O, VBAR, TBAR, LSE, DOCS, m0, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D, BM, BN,
-                         STAGES, VARLEN, num_warps)),
+                         empty, turns, O, VBAR, TBAR, LSE, DOCS, m0, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D,
+                         BM, BN, STAGES, VARLEN, 0, PINGPONG, num_warps)),
         (_fwd_consumer, (q_desc, r_desc, q_smem.index(1), r_smem.index(1), q_ready.index(1), k_smem, v_smem, ready,
-                         empty, O, VBAR, TBAR, LSE, DOCS, m0 + BM, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale, D, BM,
-                         BN, STAGES, VARLEN, num_warps)),
+                         empty, turns, O, VBAR, TBAR, LSE, DOCS, m0 + BM, h, lo, n_tiles, T, L, HQ, WINDOW, qk_scale,
+                         D, BM, BN, STAGES, VARLEN, 1, PINGPONG, num_warps)),
         (_key_loads, (k_desc, v_desc, k_smem, v_smem, ready, empty, kv_h, lo, n_tiles, D, BN, STAGES)),
     ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
@@ -783,7 +844,7 @@ def kernel_constexprs(name: str, d: int, config: tuning.HopperConfig, varlen: bo
     out = dict(D=d, BM=config.bm, BN=config.bn, STAGES=config.stages, VARLEN=varlen, GLOBAL_ORDER=True,
                num_warps=config.warps, **cap)
     if name == "dkdv" or config.paired:
-        out.update(CONSUMER_REGS=_CONSUMER_REGS, maxnreg=_SPECIALISED_MAXNREG)
+        out.update(CONSUMER_REGS=_CONSUMER_REGS, maxnreg=_SPECIALISED_MAXNREG, PINGPONG=config.pingpong)
     if name == "dkdv":
         out["KEYS_IN_REGISTERS"] = config.keys_in_registers
     if name == "dq":

@@ -112,7 +112,10 @@ class HopperConfig(NamedTuple):
     that way too: two consumer warpgroups over adjacent query tiles of ``bm`` rows and a producer warp
     copying the k, v tiles both read, each copied once per 2 bm queries. ``stats_in_shared`` (the row
     pass only) keeps three of its per-query statistics (lse, tbar, beta - tau) in shared memory, read
-    where they are used, instead of in registers across its loop, where they spill at D=128."""
+    where they are used, instead of in registers across its loop, where they spill at D=128. ``pingpong``
+    (the warp-specialised kernels: the column pass, a paired forward) makes their two consumers take
+    turns, as FA3's ping-pong schedule: one issues its output (or gradient) wgmmas and next score
+    wgmmas while the other computes its softmax weights."""
 
     bm: int
     bn: int
@@ -122,6 +125,7 @@ class HopperConfig(NamedTuple):
     keys_in_registers: bool = False
     paired: bool = False
     stats_in_shared: bool = False
+    pingpong: bool = False
 
 
 # The Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4 L4096
@@ -249,6 +253,11 @@ def _specialised_error(name: str, config: HopperConfig) -> str | None:
         return f"paired must be a bool, got {config.paired!r}"
     if config.paired and name != "fwd":
         return f"paired applies to the forward 'fwd' only, not {name!r}"
+    if not isinstance(config.pingpong, bool):
+        return f"pingpong must be a bool, got {config.pingpong!r}"
+    if config.pingpong and name != "dkdv" and not config.paired:
+        return (f"pingpong needs two consumer warpgroups (the column pass 'dkdv' or a paired 'fwd'), "
+                f"not an unpaired {name!r}")
     if name != "dkdv" and not config.paired:
         return None
     what = f"{name!r}" if name == "dkdv" else "a paired 'fwd'"

@@ -43,6 +43,18 @@ FORWARD = Launch(bt=64, warps=8, tiles=1)
 BACKWARD = Launch(bt=64, warps=4, tiles=2)  # half the partial sums of one tile per program
 
 
+class Reduction(NamedTuple):
+    """Launch of the weight gradients' reduction (``_weight_grads_kernel``): columns per program
+    (at most the head dim), partial rows added per step, warps."""
+
+    cols: int
+    block: int
+    warps: int
+
+
+REDUCTION = Reduction(cols=16, block=256, warps=4)
+
+
 @triton.jit
 def _halves(PTR, rows, row_stride, col, ok, HALF: tl.constexpr):
     """The two halves [BT, HALF] of head columns [col, col + 2 HALF) of rows ``rows``, fp32."""
@@ -234,7 +246,8 @@ def forward(y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch = FORWARD
     return q, k, v, r
 
 
-def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch = BACKWARD):
+def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch = BACKWARD,
+             reduction: Reduction = REDUCTION):
     """The launches of the backward: grads (dq, dk, dv, drho) -> (dy (B, L, W) in y's dtype, the three
     weights' gradients in their dtypes)."""
     b, n, width = y.shape
@@ -247,11 +260,21 @@ def backward(grads, y, hq, hkv, weights, eps, angles, rope_rho, launch: Launch =
     dq, dk, dv, dr = (g.contiguous() for g in grads)
     read = _weights(weights)
     part = torch.empty((spans * (2 * hq + hkv), d), dtype=torch.float32, device=y.device)
-    dws = [torch.empty((d,), dtype=w.dtype, device=y.device) for w in read]
-    cols = min(d, 16)  # 3 D / 16 programs: the partials (a few MiB) are read at a fair share of the bandwidth
     with launcher.on_device(y.device):
         _backward_kernel[(spans * (2 * hq + hkv),)](
             dq, dk, dr, y, dy, *read, angles, part, dv, total, n, y_stride, hq, hkv, _rope_slots(hq, hkv, rope_rho),
             eps, HALF=d // 2, BT=launch.bt, TILES=launch.tiles, num_warps=launch.warps)
-        _weight_grads_kernel[(3, d // cols)](part, *dws, spans, hq, hkv, D=d, COLS=cols, BLOCK=256, num_warps=4)
+    dws = weight_grads(part, [w.dtype for w in read], spans, hq, hkv, reduction)
     return dy, *(g.to(w.dtype) for g, w in zip(dws, weights))
+
+
+def weight_grads(part, dtypes, spans, hq, hkv, reduction: Reduction = REDUCTION):
+    """The three norm weights' gradients ([D] each, in ``dtypes``) from the backward's partial rows
+    ``part`` ((spans * (2 hq + hkv), D) fp32, one row per program), summed in a fixed order."""
+    d = part.shape[-1]
+    cols = min(d, reduction.cols)
+    dws = [torch.empty((d,), dtype=dtype, device=part.device) for dtype in dtypes]
+    with launcher.on_device(part.device):
+        _weight_grads_kernel[(3, d // cols)](part, *dws, spans, hq, hkv, D=d, COLS=cols, BLOCK=reduction.block,
+                                             num_warps=reduction.warps)
+    return dws

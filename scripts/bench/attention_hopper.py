@@ -10,7 +10,10 @@ L16384 and B8 L2048. A config joins ``tuning.HOPPER_CONFIGS`` when it wins.
 ``--column`` times the column pass's configs in ``COLUMN_CANDIDATES`` (k in registers or in shared
 memory, ring stages) against each other at D=128, interleaved, at the three shapes; ``--row`` the row
 pass's in ``ROW_CANDIDATES`` (statistics in shared memory or in registers) the same way.
-``--forward`` sweeps the forward instead: at B4 L4096 and B1 L16384, the Triton forward (autotuned)
+``--pingpong`` times the warp-specialised kernels (the paired forward, the column pass) with their
+two consumers taking turns (``HopperConfig.pingpong``) against the shipped configs, interleaved, at
+the three shapes, with whether their outputs are the shipped configs' bits. ``--forward`` sweeps the
+forward instead: at B4 L4096 and B1 L16384, the Triton forward (autotuned)
 and the Hopper forward under each candidate of ``FORWARD_CANDIDATES``, timed interleaved (rounds
 that each run every candidate in turn, 10 calls back to back between two CUDA events; medians).
 
@@ -18,6 +21,7 @@ that each run every candidate in turn, 10 calls back to back between two CUDA ev
     python -m scripts.bench.attention_hopper --forward --out docs/bench/attention_hopper_forward_sweep
     python -m scripts.bench.attention_hopper --column --out docs/bench/attention_hopper_column
     python -m scripts.bench.attention_hopper --row --out docs/bench/attention_hopper_row
+    python -m scripts.bench.attention_hopper --pingpong --out docs/bench/attention_hopper_pingpong
 """
 
 from __future__ import annotations
@@ -70,12 +74,14 @@ OTHER_SHAPES = [(1, 16384, 16, 8), (8, 2048, 16, 8)]
 def label(config: HopperConfig) -> str:
     """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages; " r168" with a
     register cap, " k in registers" with the column pass's k held there, " paired" for the forward over
-    paired query tiles, " stats in shared" for the row pass's statistics read from shared memory)."""
+    paired query tiles, " stats in shared" for the row pass's statistics read from shared memory,
+    " pingpong" for consumers taking turns)."""
     cap = "" if config.maxnreg is None else f" r{config.maxnreg}"
     keys = " k in registers" if config.keys_in_registers else ""
     paired = " paired" if config.paired else ""
     stats = " stats in shared" if config.stats_in_shared else ""
-    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}{paired}{stats}"
+    turns = " pingpong" if config.pingpong else ""
+    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}{paired}{stats}{turns}"
 
 
 @contextlib.contextmanager
@@ -208,6 +214,58 @@ def pass_comparison(name: str, d: int = 128, rounds: int = 7) -> list[dict]:
     return rows
 
 
+def pingpong_candidates(name: str, d: int) -> list[HopperConfig]:
+    """Configs of kernel ``name`` ("fwd" or "dkdv") that ``--pingpong`` compares at head dim d, the shipped
+    first: the forward paired (where it ships unpaired) and paired with turns; the column pass with turns."""
+    shipped = tuning.HOPPER_CONFIGS[name][d]
+    if name == "dkdv" or shipped.paired:
+        return [shipped, shipped._replace(pingpong=True)]
+    paired = shipped._replace(paired=True, maxnreg=None)
+    return [shipped, paired, paired._replace(pingpong=True)]
+
+
+def pingpong_comparison(d: int = 128, rounds: int = 7) -> list[dict]:
+    """Rows per shape of SWEEP_SHAPE and OTHER_SHAPES: the forward under each ``pingpong_candidates("fwd",
+    d)`` config (10 calls back to back per timing) and the backward with the column pass under each of
+    ``pingpong_candidates("dkdv", d)`` (do_bench medians), timed interleaved over ``rounds`` rounds;
+    ms, the ratio to the shipped config, and whether the outputs are the shipped config's bits."""
+    from scripts.bench.attention_autotune import back_to_back, do_bench_ms, interleaved_ms
+
+    rows = []
+    for shape in [SWEEP_SHAPE, *OTHER_SHAPES]:
+        q, r, k, v = make_inputs(*shape, d)
+        step, _, _ = backward_problem(shape, d)
+        problems = {"fwd": (lambda: fused.forward(q, r, k, v, d ** -0.5), back_to_back, 10),
+                    "dkdv": (step, do_bench_ms, 1)}
+        for name, (run, timer_fn, iters) in problems.items():
+            candidates = pingpong_candidates(name, d)
+            fns = {label(c): lambda c=c: _under(d, {name: c}, run) for c in candidates}
+            with torch.no_grad():
+                outputs = {tag: fn() for tag, fn in fns.items()}  # compiles outside the timing
+                ms = interleaved_ms(fns, rounds, iters, timer_fn)
+            first = label(candidates[0])
+            rows += [{"B": shape[0], "L": shape[1], "D": d, "kernel": name, "config": tag, "ms": t,
+                      "vs_shipped": t / ms[first],
+                      "same_bits": all(torch.equal(a, b) for a, b in zip(outputs[tag], outputs[first]))}
+                     for tag, t in ms.items()]
+    return rows
+
+
+def pingpong_report_markdown(rows: list[dict]) -> str:
+    cells = ((r["B"], r["L"], r["D"], r["kernel"], r["config"], f"{r['ms']:.4f}", f"{r['vs_shipped']:.3f}",
+              "yes" if r["same_bits"] else "no") for r in rows)
+    return "\n".join(table(["B", "L", "D", "kernel", "config", "ms", "/ shipped", "the shipped config's bits"],
+                           cells)) + "\n"
+
+
+PINGPONG_MEASURED = ("time of the forward (fused.forward under no_grad, 10 calls back to back between two CUDA "
+                     "events) and of the backward (fused.backward after one forward, a triton.testing.do_bench "
+                     "median) with the paired forward or the column pass under the shipped config and with its two "
+                     "consumers taking turns (ping-pong), bf16, causal, Hq16/Hkv8, timed interleaved: 7 rounds, "
+                     "the median of the rounds; whether the outputs (o, vbar, tbar, lse; dq, drho, dk, dv) are the "
+                     "shipped config's bits")
+
+
 def _under(d: int, pair: dict, step):
     """step() with the Hopper passes at ``pair``'s configs (``configs``)."""
     with configs(d, pair):
@@ -260,7 +318,9 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="output path without extension (default docs/bench/attention_hopper, with "
                                        "--forward docs/bench/attention_hopper_forward_sweep, with --column "
-                                       "docs/bench/attention_hopper_column, with --row docs/bench/attention_hopper_row)")
+                                       "docs/bench/attention_hopper_column, with --row "
+                                       "docs/bench/attention_hopper_row, with --pingpong "
+                                       "docs/bench/attention_hopper_pingpong)")
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 64], choices=[128, 64], help="head dims")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--forward", action="store_true", help="sweep the forward's configs instead")
@@ -268,9 +328,18 @@ def main(argv: list[str] | None = None) -> None:
                       help="time the column pass's COLUMN_CANDIDATES against each other, interleaved (D=128)")
     mode.add_argument("--row", action="store_true",
                       help="time the row pass's ROW_CANDIDATES against each other, interleaved (D=128)")
+    mode.add_argument("--pingpong", action="store_true",
+                      help="time the paired forward and the column pass with consumers taking turns against the "
+                           "shipped configs, interleaved (--dims)")
     args = parser.parse_args(argv)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
         raise SystemExit("scripts.bench.attention_hopper needs an sm_90 GPU (H100, H200)")
+    if args.pingpong:
+        rows = [row for d in args.dims for row in pingpong_comparison(d)]
+        meta = describe("Ping-pong consumers on Hopper", PINGPONG_MEASURED, command_line(__spec__.name, argv))
+        print(write_results(args.out or "docs/bench/attention_hopper_pingpong", meta, pingpong_report_markdown(rows),
+                            {"rows": rows}))
+        return
     if args.column or args.row:
         name, page = ("dkdv", "column") if args.column else ("dq", "row")
         rows = pass_comparison(name)

@@ -7,6 +7,7 @@ median time (``triton.testing.do_bench``) of
 * the forward (``fused.forward``) and the backward (``fused.backward``, weight gradients included);
 * ``torch.compile`` of ``naive.split_norm_rope``: its forward, and its forward + backward (the
   backward's row is the difference);
+* the weight gradients' reduction alone (``fused.weight_grads``) per ``REDUCTIONS`` launch;
 * a ``copy_`` moving as many bytes as each of our passes reads and writes (half read, half written):
   the bandwidth both could reach.
 Ratios: ours / copy (1.0 = the copy's bandwidth) and ours / Inductor.
@@ -24,7 +25,11 @@ import torch
 from scripts.bench.results import add_batch_arguments, command_line, describe, require_cuda, table, write_result_page
 
 SHAPES = {"0.6B parallax": ("0.6B", "parallax"), "0.6B parallax_dagger": ("0.6B", "parallax_dagger")}
-LAUNCHES = [(bt, warps, tiles) for bt, warps in ((64, 4), (64, 8), (128, 8)) for tiles in (1, 2, 4, 8)]
+LAUNCHES = [(bt, warps, tiles) for bt, warps in ((16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 8))
+            for tiles in (1, 2, 4, 8)]
+# The weight gradients' reduction (columns per program, rows per step, warps), timed alone on the
+# partial rows of the shipped backward launch.
+REDUCTIONS = [(16, 256, 4), (8, 256, 4), (8, 128, 4), (4, 256, 4), (4, 128, 2), (16, 512, 8), (32, 256, 8)]
 
 
 def median_ms(fn, rep_ms: int = 200) -> float:
@@ -100,8 +105,20 @@ def bench_shape(flavor: str, variant: str, batch: int, seq_len: int, launches) -
     for launch in launches:
         row["launches"][label(launch)] = ours_ms(fused, y, hq, hkv, weights, eps, angles, grads,
                                                  launch=fused.Launch(*launch))
-    row["shipped"] = {"forward": label(fused.FORWARD), "backward": label(fused.BACKWARD)}
+    row["shipped"] = {"forward": label(fused.FORWARD), "backward": label(fused.BACKWARD),
+                      "reduction": label(fused.REDUCTION)}
+    row["reductions"] = reductions_ms(fused, batch * seq_len, hq, hkv, d, REDUCTIONS)
     return row
+
+
+def reductions_ms(module, tokens: int, hq: int, hkv: int, d: int, reductions) -> dict[str, float]:
+    """``module.weight_grads`` timed per reduction launch on the partial rows that ``module.BACKWARD``
+    leaves for ``tokens`` tokens."""
+    spans = -(-tokens // (module.BACKWARD.bt * module.BACKWARD.tiles))
+    part = torch.randn(spans * (2 * hq + hkv), d, device="cuda")
+    return {label(r): median_ms(lambda r=r: module.weight_grads(part, [torch.bfloat16] * 3, spans, hq, hkv,
+                                                                  module.Reduction(*r)))
+            for r in reductions}
 
 
 def label(launch) -> str:
@@ -134,8 +151,13 @@ def markdown(result: dict) -> list[str]:
                           f"{ms[part] / row['inductor'][part]:.2f}"]
             rows.append(cells)
         lines += [*table(columns, rows), ""]
+        if row.get("reductions"):
+            lines += [*table(["weight gradients' reduction", "ms"],
+                             [[key + (" (shipped)" if key == row["shipped"].get("reduction") else ""), f"{ms:.4f}"]
+                              for key, ms in row["reductions"].items()]), ""]
     return lines + ["Launch configs are tokens per tile x warps x tiles per program (`fused.Launch`); x copy = "
-                    "time / the copy's time (1.00: the copy's bandwidth), x Inductor = time / Inductor's."]
+                    "time / the copy's time (1.00: the copy's bandwidth), x Inductor = time / Inductor's. "
+                    "Reductions are columns per program x partial rows per step x warps (`fused.Reduction`)."]
 
 
 def parser() -> argparse.ArgumentParser:
