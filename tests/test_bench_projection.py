@@ -53,6 +53,6 @@ def test_gpu_one_small_shape_is_timed():
     assert list(row["launches"]) == ["64x4x2"]
     for times in (row["launches"]["64x4x2"], row["copy"], row["inductor"]):
         assert set(times) == {"forward", "backward"} and all(t > 0 for t in times.values())
-    assert row["shipped"] == {"forward": "64x8x1", "backward": "64x4x2", "reduction": "16x256x4"}
+    assert row["shipped"] == {"forward": "64x4x1", "backward": "64x4x2", "reduction": "4x256x4"}
     assert list(row["reductions"]) == [projection.label(r) for r in projection.REDUCTIONS]
     assert all(ms > 0 for ms in row["reductions"].values())

@@ -331,10 +331,29 @@ def test_one_launch_each_way_and_no_copy_of_v(monkeypatch):
     angles = rope_angles(table, 9, y.dtype)
     ops = recorded_ops(lambda: fused.forward(y, 2, 1, weights, 1e-6, angles, True))
     ops += recorded_ops(lambda: fused.backward(grads, y, 2, 1, weights, 1e-6, angles, True))
-    spans = [-(-18 // (launch.bt * launch.tiles)) for launch in (fused.FORWARD, fused.BACKWARD)]
+    spans = [-(-18 // (launch.bt * launch.tiles)) for launch in (fused.forward_launch(16), fused.BACKWARD)]
     assert launches == [("_forward_kernel", (spans[0] * 5,)), ("_backward_kernel", (spans[1] * 5,)),
-                        ("_weight_grads_kernel", (3, 1))]
+                        ("_weight_grads_kernel", (3, 16 // fused.REDUCTION.cols))]
     assert not [op for op in ops if any(word in op for word in ("copy", "clone", "scatter", "cat", "stack"))], ops
+
+
+def test_the_forward_launches_with_its_head_dims_config(monkeypatch):
+    """Without an explicit launch the forward takes ``forward_launch(D)``: the per-head-dim entry at 128,
+    the general one elsewhere; an explicit launch wins."""
+    from kernels.projection import fused
+
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append((kwargs["BT"], kwargs["num_warps"], kwargs["TILES"]))
+
+    monkeypatch.setattr(fused, "_forward_kernel", Kernel())
+    for d in (128, 64):
+        y, weights, table, _ = make_case(1, 3, 2, 1, d, "float32", 0, 1)
+        fused.forward(y, 2, 1, weights, 1e-6, table[:, :d], True)
+    fused.forward(y, 2, 1, weights, 1e-6, table[:, :64], True, fused.Launch(16, 2, 3))
+    assert seen == [tuple(fused.FORWARD_BY_HEAD_DIM[128]), tuple(fused.FORWARD), (16, 2, 3)]
 
 
 @pytest.mark.parametrize("change", [{}, dict(gate="token"), dict(attn_backend="reference"), dict(qk_norm=False),

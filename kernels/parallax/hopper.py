@@ -149,29 +149,20 @@ def _turns():
 
 
 @gluon.jit
-def _pass_turn(turns, ME: gl.constexpr, j, PINGPONG: gl.constexpr):
-    """Ping-pong (``PINGPONG``) between the two consumers of a warp-specialised program: consumer ``ME``
-    has issued the score wgmmas of its iteration j, which ends its turn (begun by ``_take_turn`` in
-    iteration j - 1), and the other's ``_take_turn`` of iteration j may pass. Consumer 0 takes the
-    first turn: it hands none over in its iteration 0 and one more after its loop (``_last_turn``)."""
-    if PINGPONG:
-        mbarrier.arrive(turns.index(1 - ME), count=1, pred=(ME == 1) | (j > 0))
-
-
-@gluon.jit
 def _take_turn(turns, ME: gl.constexpr, j, PINGPONG: gl.constexpr):
-    """Wait, in iteration j, until the other consumer ended its turn (``_pass_turn``), so that the tensor
-    cores run one consumer's output (or gradient) wgmmas and next score wgmmas while the other computes
-    its softmax weights, as FA3's ping-pong schedule does. Nothing unless ``PINGPONG``."""
+    """Ping-pong (``PINGPONG``) between the two consumers of a warp-specialised program: wait, in
+    iteration j, until the other consumer issued its output (or gradient) wgmmas of its iteration
+    before (consumer 0's first turn is free), so that the two issue theirs in turn and one forms its
+    softmax weights while the other's wgmmas run, as FA3's ping-pong schedule does."""
     if PINGPONG:
-        mbarrier.wait(turns.index(ME), j & 1)
+        mbarrier.wait(turns.index(ME), (j + 1 - ME) & 1)
 
 
 @gluon.jit
-def _last_turn(turns, ME: gl.constexpr, PINGPONG: gl.constexpr):
-    """Consumer 0 ends its last turn after its loop (its ``_pass_turn`` runs one iteration behind)."""
-    if PINGPONG and ME == 0:
-        mbarrier.arrive(turns.index(1), count=1)
+def _pass_turn(turns, ME: gl.constexpr, PINGPONG: gl.constexpr):
+    """End consumer ``ME``'s turn (``_take_turn``) once its output (or gradient) wgmmas are issued."""
+    if PINGPONG:
+        mbarrier.arrive(turns.index(1 - ME), count=1)
 
 
 @gluon.jit
@@ -305,7 +296,6 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         if (m0 >= my_lo) & (m0 < my_hi):
             q_tile, r_tile, do_tile, st, tt, at = _column_scores(keys, v_smem, rows, slot, zero_s)
-            _pass_turn(turns, ME, i, PINGPONG)
             offs_m = m0 + gl.arange(0, BM, layout=queries_layout)
             st = warpgroup_mma_wait(2, deps=(st, ))
             pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, offs_m < T, m0, d_hi, f_hi,
@@ -316,16 +306,16 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
             g2 = gl.convert_layout(g2.to(dtype), a_layout)
             dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
             dk = warpgroup_mma(g2, r_tile, dk, is_async=True)
+            _pass_turn(turns, ME, PINGPONG)
             dk, dv = _retire(dk, dv)
         else:
-            _pass_turn(turns, ME, i, PINGPONG)
             _take_turn(turns, ME, i, PINGPONG)
+            _pass_turn(turns, ME, PINGPONG)
         fence_async_shared()  # this warpgroup's shared reads of the slot before the next TMA copy into it
         mbarrier.arrive(empty.index(slot), count=1)
         m0 += BM
         if m0 >= end:
             m0 = lo
-    _last_turn(turns, ME, PINGPONG)
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     if live:
         _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
@@ -544,6 +534,7 @@ def _fwd_step(s, t, v_tile, offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2, DOCS, T
     pt = p * t
     d2 = d2 * alpha + gl.sum(pt, 1)
     o2 = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), v_tile, o2 * rescale, is_async=True)
+    _pass_turn(turns, ME, PINGPONG)
     o1, o2 = warpgroup_mma_wait(0, deps=(o1, o2))
     return m_new, d1, d2, o1, o2
 
@@ -682,18 +673,16 @@ def _fwd_consumer(q_desc, r_desc, q_smem, r_smem, q_ready, k_smem, v_smem, ready
             k_tile = k_smem.index(slot)
             s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             t = warpgroup_mma(r_smem, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            _pass_turn(turns, ME, j, PINGPONG)
             s = warpgroup_mma_wait(1, deps=(s, ))
             m_i, d1, d2, o1, o2 = _fwd_step(s, t, v_smem.index(slot), offs_m, n0, a_hi, diag, m_i, d1, d2, o1, o2,
                                             DOCS, T, L, WINDOW, qk_scale, turns, ME, j, PINGPONG, BN, VARLEN, s_layout,
                                             acc_rows,
                                             a_layout)
         else:
-            _pass_turn(turns, ME, j, PINGPONG)
             _take_turn(turns, ME, j, PINGPONG)
+            _pass_turn(turns, ME, PINGPONG)
         fence_async_shared()  # this warpgroup's shared reads of the slot before the next TMA copy into it
         mbarrier.arrive(empty.index(slot), count=1)
-    _last_turn(turns, ME, PINGPONG)
     if live:
         _fwd_store(O, VBAR, TBAR, LSE, m_i, d1, d2, o1, o2, offs_m, m0, h, T, HQ, D, BM, acc_layout)
 
