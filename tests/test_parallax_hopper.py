@@ -64,21 +64,6 @@ def test_consumers_taking_turns_keep_their_wgmmas_in_flight(kernel_name, in_flig
     assert waits[True] > waits[False], waits
 
 
-@pytest.mark.parametrize("d", [128, 64])
-def test_the_column_pass_with_scaled_weights_takes_no_more_instructions_per_tile(d):
-    """The softmax scale folded into dv's weights saves g1 a multiply per score: no more instructions
-    in the loop (16 fewer per tile at D=128 with triton 3.6; 3.9 compiles both to one count), the
-    wgmmas still in flight."""
-    from scripts.bench.kernel_resources import _cuobjdump, compile_hopper, compiled_resources
-
-    config = tuning.HOPPER_CONFIGS["dkdv"][d]
-    plain = compiled_resources(compile_hopper("dkdv", d, config._replace(scaled_weights=False)))
-    compiled = compile_hopper("dkdv", d, config._replace(scaled_weights=True))
-    scaled = compiled_resources(compiled)
-    assert scaled["loop"][0] <= plain["loop"][0] and scaled["loop"][1] == plain["loop"][1], (plain, scaled)
-    assert max(wgmma_waits(_cuobjdump(compiled.asm["cubin"], ["-sass"])[0])) == 2
-
-
 def test_the_forwards_register_cap_reaches_ptxas():
     """The D=64 forward compiles within its config's register cap (three programs per SM); a lower cap
     lowers the count (the cap reaches ptxas). Spills depend on the triton version (none with 3.6,
@@ -406,26 +391,6 @@ def test_gpu_the_paired_forward_gives_the_single_tiles_bits(name):
 @pytest.mark.gpu
 @hopper_gpu
 @pytest.mark.parametrize("name", list(CASES))
-def test_gpu_the_column_pass_with_scaled_weights_matches_fp64(name):
-    """dk and dv with the softmax scale folded into dv's weights (``scaled_weights``) within twice the
-    Triton passes' distance from fp64 (or 1e-3), bit-identical over two runs; dq, drho untouched."""
-    b, n, hq, hkv, d, dtype, window, lengths = CASES[name]
-    inputs = _inputs(b, n, hq, hkv, d, dtype, seed=len(name))
-    cu = cu_from_lengths(lengths, "cuda")
-    with tuning.hopper_config("dkdv", d, tuning.HOPPER_CONFIGS["dkdv"][d]._replace(scaled_weights=True)):
-        scaled, again = _outputs(inputs, cu, window, True), _outputs(inputs, cu, window, True)
-    shipped, triton_kernels = _outputs(inputs, cu, window, True), _outputs(inputs, cu, window, False)
-    ref = _reference(inputs, cu, window)
-    for what, got, base, exact in list(zip(("o", "dq", "dr", "dk", "dv"), scaled, triton_kernels, ref))[3:]:
-        assert rel_err(got, exact) < max(2.0 * rel_err(base, exact), 1e-3), (what, rel_err(got, exact),
-                                                                              rel_err(base, exact))
-    assert all(torch.equal(a, b) for a, b in zip(scaled, again))
-    assert all(torch.equal(a, b) for a, b in zip(scaled[:3], shipped[:3]))
-
-
-@pytest.mark.gpu
-@hopper_gpu
-@pytest.mark.parametrize("name", list(CASES))
 def test_gpu_consumers_taking_turns_give_the_same_bits(name):
     """Ping-pong changes when each consumer of the paired forward and of the column pass issues its
     wgmmas, not what it computes: the outputs and gradients without turns, bit for bit, at every case
@@ -596,9 +561,6 @@ def test_shipped_and_sweep_configs_pass_the_checks_hopper_config_makes():
     ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, pingpong=True), "not an unpaired 'dq'"),
     ("dkdv", 128, tuning.HopperConfig(32, 64, 4, 3, pingpong=1), "pingpong must be a bool, got 1"),
     ("fwd", 128, tuning.HopperConfig(64, 64, 4, 2, paired=True, pingpong="on"), "pingpong must be a bool, got 'on'"),
-    ("dq", 128, tuning.HopperConfig(64, 64, 4, 2, scaled_weights=True), "scaled_weights applies to the column pass "
-                                                                       "'dkdv' only, not 'dq'"),
-    ("dkdv", 64, tuning.HopperConfig(64, 64, 4, 3, scaled_weights=0), "scaled_weights must be a bool, got 0"),
 ])
 def test_hopper_config_rejects_bad_kernels_head_dims_and_configs(name, d, config, error):
     shipped = {k: dict(v) for k, v in tuning.HOPPER_CONFIGS.items()}

@@ -224,27 +224,18 @@ def _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m
 
 @gluon.jit
 def _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, turns, ME: gl.constexpr, i,
-                      PINGPONG: gl.constexpr, SCALED_WEIGHTS: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr,
-                      a_layout: gl.constexpr):
+                      PINGPONG: gl.constexpr, BM: gl.constexpr, layout: gl.constexpr, a_layout: gl.constexpr):
     """From p^T and the wgmmas t^T, a^T = (dO v^T)^T in flight: waits for t^T, (``PINGPONG``) for its
-    turn of iteration i, issues dv += (p^T (1 + tbar - t^T)) dO (times ``scale`` with ``SCALED_WEIGHTS``),
-    waits for a^T. Returns dv (in flight) and g1^T (scaled by ``scale``), g2^T ([BN, BM] fp32); the
-    query tile's tbar, tau, beta from ``stat_smem``."""
+    turn of iteration i, issues dv += (p^T (1 + tbar - t^T)) dO, waits for a^T. Returns dv (in flight)
+    and g1^T (scaled by ``scale``), g2^T ([BN, BM] fp32); the query tile's tbar, tau, beta from ``stat_smem``."""
     tt = warpgroup_mma_wait(1, deps=(tt, ))
-    tbar = _statistic(stat_smem, slot, 1, BM, layout)
-    if SCALED_WEIGHTS:  # c carries the scale, so g1 takes no multiply of its own
-        c = (scale * (1.0 + tbar))[None, :] - scale * tt
-    else:
-        c = 1.0 + tbar[None, :] - tt
+    c = 1.0 + _statistic(stat_smem, slot, 1, BM, layout)[None, :] - tt
     _take_turn(turns, ME, i, PINGPONG)
     dv = warpgroup_mma(gl.convert_layout((pt * c).to(do_tile.dtype), a_layout), do_tile, dv, is_async=True)
     at = warpgroup_mma_wait(1, deps=(at, ))
     beta = _statistic(stat_smem, slot, 3, BM, layout)
-    bmt = beta - _statistic(stat_smem, slot, 2, BM, layout)
-    if SCALED_WEIGHTS:
-        minus_delta = beta[None, :] - at
-        return dv, pt * ((scale * bmt)[None, :] - c * minus_delta), pt * minus_delta
     delta = at - beta[None, :]
+    bmt = beta - _statistic(stat_smem, slot, 2, BM, layout)
     return dv, pt * (c * delta + bmt[None, :]) * scale, -pt * delta
 
 
@@ -268,7 +259,7 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
                  lo, n_per_head, total, DOCS, DOCE, T, L, HKV, WINDOW, scale, qk_scale, D: gl.constexpr,
                  BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, VARLEN: gl.constexpr,
                  KEYS_IN_REGISTERS: gl.constexpr, ME: gl.constexpr, PINGPONG: gl.constexpr,
-                 SCALED_WEIGHTS: gl.constexpr, num_warps: gl.constexpr):
+                 num_warps: gl.constexpr):
     """One consumer warpgroup (``ME``, 0 or 1) of a column-pass program: dk and dv of key tile
     [n0, n0 + BN) of kv head ``kv_h`` (nothing when n0 >= T), written to DK, DV ((T, Hkv, D)). It reads
     the program's stream of query tiles (``_column_loads``: ``total`` tiles in ``rows`` and
@@ -310,7 +301,7 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
             pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, offs_m < T, m0, d_hi, f_hi,
                                        DOCS, T, L, WINDOW, BM, VARLEN, queries_layout)
             dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, turns, ME, i,
-                                           PINGPONG, SCALED_WEIGHTS, BM, queries_layout, a_layout)
+                                           PINGPONG, BM, queries_layout, a_layout)
             g1 = gl.convert_layout(g1.to(dtype), a_layout)
             g2 = gl.convert_layout(g2.to(dtype), a_layout)
             dk = warpgroup_mma(g1, q_tile, dk, is_async=True)
@@ -328,8 +319,6 @@ def _column_keys(k_desc, v_desc, k_smem, v_smem, rows, stat_smem, ready, empty, 
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
     if live:
         _store_tile(DK, dk, n0, kv_h, T, HKV, D, BN, acc_layout)
-        if SCALED_WEIGHTS:
-            dv = dv * (1.0 / scale)
         _store_tile(DV, dv, n0, kv_h, T, HKV, D, BN, acc_layout)
 
 
@@ -338,8 +327,7 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
                             T, L, HQ, HKV, GROUP, WINDOW, scale, qk_scale,
                             D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                             VARLEN: gl.constexpr, GLOBAL_ORDER: gl.constexpr, num_warps: gl.constexpr,
-                            KEYS_IN_REGISTERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
-                            SCALED_WEIGHTS: gl.constexpr):
+                            KEYS_IN_REGISTERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     gl.static_assert(num_warps == 4, "each consumer partition is one warpgroup")
     dtype: gl.constexpr = q_desc.dtype
     n0, kv_h = fused._tile_order(T, L, HKV, 2 * BN, VARLEN, True, GLOBAL_ORDER)
@@ -365,11 +353,11 @@ def _bwd_dkdv_hopper_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc,
         (_column_keys, (k_desc, v_desc, k_smem.index(0), v_smem.index(0), rows, stat_smem, ready, empty,
                         kv_ready.index(0), turns, DK, DV, n0, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV,
                         WINDOW, scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, 0, PINGPONG,
-                        SCALED_WEIGHTS, num_warps)),
+                        num_warps)),
         (_column_keys, (k_desc, v_desc, k_smem.index(1), v_smem.index(1), rows, stat_smem, ready, empty,
                         kv_ready.index(1), turns, DK, DV, n1, kv_h, lo, n_per_head, total, DOCS, DOCE, T, L, HKV,
                         WINDOW, scale, qk_scale, D, BM, BN, STAGES, VARLEN, KEYS_IN_REGISTERS, 1, PINGPONG,
-                        SCALED_WEIGHTS, num_warps)),
+                        num_warps)),
         (_column_loads, (q_desc, r_desc, do_desc, stats_desc, rows, stat_smem, ready, empty, kv_h, lo, n_per_head,
                          GROUP, T, total, D, BM, STAGES)),
     ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
@@ -847,7 +835,7 @@ def kernel_constexprs(name: str, d: int, config: tuning.HopperConfig, varlen: bo
     if name == "dkdv" or config.paired:
         out.update(CONSUMER_REGS=_CONSUMER_REGS, maxnreg=_SPECIALISED_MAXNREG, PINGPONG=config.pingpong)
     if name == "dkdv":
-        out.update(KEYS_IN_REGISTERS=config.keys_in_registers, SCALED_WEIGHTS=config.scaled_weights)
+        out["KEYS_IN_REGISTERS"] = config.keys_in_registers
     if name == "dq":
         out["STATS_IN_SHARED"] = config.stats_in_shared
     return out

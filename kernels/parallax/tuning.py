@@ -115,10 +115,7 @@ class HopperConfig(NamedTuple):
     where they are used, instead of in registers across its loop, where they spill at D=128. ``pingpong``
     (the warp-specialised kernels: the column pass, a paired forward) makes their two consumers take
     turns, as FA3's ping-pong schedule: one issues its output (or gradient) wgmmas and next score
-    wgmmas while the other computes its softmax weights. ``scaled_weights`` (the column pass only) folds
-    the softmax scale into dv's weights c = scale (1 + tbar - t), so that g1 = p (scale (beta - tau) -
-    c (beta - a)) takes one multiply less per score, and divides dv by the scale after the loop (not
-    the same bits: c and dv round differently)."""
+    wgmmas while the other computes its softmax weights."""
 
     bm: int
     bn: int
@@ -129,7 +126,6 @@ class HopperConfig(NamedTuple):
     paired: bool = False
     stats_in_shared: bool = False
     pingpong: bool = False
-    scaled_weights: bool = False
 
 
 # The Hopper kernels, per kernel name and head dim: the fastest of the H200 sweeps at B4 L4096
@@ -283,10 +279,6 @@ def _pass_option_error(name: str, config: HopperConfig) -> str | None:
         return f"stats_in_shared must be a bool, got {config.stats_in_shared!r}"
     if config.stats_in_shared and name != "dq":
         return f"stats_in_shared applies to the row pass 'dq' only, not {name!r}"
-    if not isinstance(config.scaled_weights, bool):
-        return f"scaled_weights must be a bool, got {config.scaled_weights!r}"
-    if config.scaled_weights and name != "dkdv":
-        return f"scaled_weights applies to the column pass 'dkdv' only, not {name!r}"
     return None
 
 

@@ -60,11 +60,9 @@ FORWARD_CANDIDATES = {
     + [HopperConfig(64, 64, 4, 3, paired=True)],
 }
 FORWARD_SHAPES = [(4, 4096, 16, 8), (1, 16384, 16, 8)]
-# Column pass configs ``--column`` times against each other (D=128): k in registers or not, ring stages, the
-# scale folded into dv's weights
+# Column pass configs ``--column`` times against each other (D=128): k in registers or not, ring stages
 COLUMN_CANDIDATES = [HopperConfig(32, 64, 4, 3, None, True), HopperConfig(32, 64, 4, 3),
-                     HopperConfig(32, 64, 4, 2, None, True),
-                     HopperConfig(32, 64, 4, 3, None, True, scaled_weights=True)]
+                     HopperConfig(32, 64, 4, 2, None, True)]
 # Row pass configs ``--row`` times against each other (D=128), the shipped first: three of its statistics
 # in shared memory, or all in registers
 ROW_CANDIDATES = [HopperConfig(64, 64, 4, 2, stats_in_shared=True), HopperConfig(64, 64, 4, 2)]
@@ -77,15 +75,13 @@ def label(config: HopperConfig) -> str:
     """A config as the sweep's rows name it: "32x64 w4 s3" (BM x BN, warps, ring stages; " r168" with a
     register cap, " k in registers" with the column pass's k held there, " paired" for the forward over
     paired query tiles, " stats in shared" for the row pass's statistics read from shared memory,
-    " pingpong" for consumers taking turns, " scaled weights" for the column pass's scale folded into dv's
-    weights)."""
+    " pingpong" for consumers taking turns)."""
     cap = "" if config.maxnreg is None else f" r{config.maxnreg}"
     keys = " k in registers" if config.keys_in_registers else ""
     paired = " paired" if config.paired else ""
     stats = " stats in shared" if config.stats_in_shared else ""
     turns = " pingpong" if config.pingpong else ""
-    scaled = " scaled weights" if config.scaled_weights else ""
-    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}{paired}{stats}{turns}{scaled}"
+    return f"{config.bm}x{config.bn} w{config.warps} s{config.stages}{cap}{keys}{paired}{stats}{turns}"
 
 
 @contextlib.contextmanager
