@@ -138,6 +138,8 @@ class HopperConfig(NamedTuple):
 # wgmmas have 32 columns, where reading both operands from shared memory asks more bytes per cycle
 # than it serves. From triton 3.9 the same kernel needs more registers than its consumers' 240 to
 # keep its wgmmas asynchronous (ptxas serialises them all), so k stays in shared memory.
+# The column pass at D=64 runs its two consumers in turns (ping-pong): 1-2.3% off the backward on an H200
+# and on an H100, the same bits; at D=128 turns are slower (docs/bench/attention_hopper_pingpong.md).
 # The row pass at D=128 keeps three statistics in shared memory (13 spills instead of 20): the same
 # bits, 0.5-0.6% off the backward at L4096 and L16384, even at B8 L2048 (docs/bench/attention_hopper_row.md).
 KEYS_FIT_IN_REGISTERS = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9)
@@ -145,7 +147,7 @@ HOPPER_CONFIGS = {
     "fwd": {128: HopperConfig(64, 64, 4, 2, paired=True), 64: HopperConfig(64, 64, 4, 3, 168)},
     "dq": {128: HopperConfig(64, 64, 4, 2, stats_in_shared=True), 64: HopperConfig(64, 32, 4, 4)},
     "dkdv": {128: HopperConfig(32, 64, 4, 3, keys_in_registers=KEYS_FIT_IN_REGISTERS),
-             64: HopperConfig(64, 64, 4, 3)},
+             64: HopperConfig(64, 64, 4, 3, pingpong=True)},
 }
 _hopper = [True]
 
