@@ -49,7 +49,7 @@ CANDIDATES = {
     "dkdv": {128: [HopperConfig(*c) for c in [(32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4),
                                             (32, 64, 4, 3, None, True), (32, 64, 4, 2, None, True)]],
              64: [HopperConfig(*c) for c in [(64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 3),
-                                           (32, 64, 4, 4)]]},
+                                           (32, 64, 4, 4)]] + [HopperConfig(64, 64, 4, 3, pingpong=True)]},
 }
 # (BM, BN, num_warps, stages[, register cap]) candidates of the forward per head dim; paired: two
 # consumer warpgroups over adjacent query tiles and a producer warp
