@@ -206,7 +206,8 @@ def _bwd_one_pass_kernel(q_desc, r_desc, do_desc, k_desc, v_desc, stats_desc, DK
         st = warpgroup_mma_wait(2, deps=(st, ))
         pt = _column_probabilities(st, stat_smem, slot, qk_scale, offs_n, offs_m, ok_m, m0, d_hi, f_hi, DOCS, T, L,
                                    WINDOW, BM, VARLEN, queries_layout)
-        dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, BM, queries_layout, a_layout)
+        dv, g1, g2 = _column_gradients(pt, tt, at, dv, do_tile, stat_smem, slot, scale, None, 0, 0, False, BM,
+                                       queries_layout, a_layout)
         g1 = g1.to(dtype)
         g2 = g2.to(dtype)
         g1_tile = g1_smem.index(i % 2)
