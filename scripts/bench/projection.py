@@ -114,7 +114,7 @@ def bench_shape(flavor: str, variant: str, batch: int, seq_len: int, launches) -
 def reductions_ms(module, tokens: int, hq: int, hkv: int, d: int, reductions) -> dict[str, float]:
     """``module.weight_grads`` timed per reduction launch on the partial rows that ``module.BACKWARD``
     leaves for ``tokens`` tokens."""
-    spans = -(-tokens // (module.BACKWARD.bt * module.BACKWARD.tiles))
+    spans = module._spans(tokens, module.BACKWARD)
     part = torch.randn(spans * (2 * hq + hkv), d, device="cuda")
     return {label(r): median_ms(lambda r=r: module.weight_grads(part, [torch.bfloat16] * 3, spans, hq, hkv,
                                                                   module.Reduction(*r)))
