@@ -26,6 +26,17 @@ def is_finite_number(x) -> bool:
         return False
 
 
+def check_scale(who: str, scale, head_dim: int) -> float:
+    """The logit scale as a float: None gives 1/sqrt(head_dim); else a finite real Python number (not a
+    bool, str or tensor), any sign (0 gives uniform weights over the keys read); ValueError naming ``who``."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not is_finite_number(scale):
+        raise ValueError(f"{who}: scale={scale!r} must be a finite number (the logits' scale; None for "
+                         "1/sqrt(head_dim))")
+    return float(scale)
+
+
 def grad_required(tensors: dict) -> list[str]:
     """The names of ``tensors`` (name -> tensor or None) that require grad while autograd records
     ([] under ``torch.no_grad`` or inference mode). Host-only: flags, never tensor values."""

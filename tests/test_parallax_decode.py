@@ -109,6 +109,17 @@ def test_reference_large_rho_and_custom_scale():
     assert rel_err(out, ref) < 1e-12
 
 
+@pytest.mark.parametrize("scale", [-0.7, 0.0])
+def test_reference_takes_a_scale_of_any_sign(scale):
+    """0 weighs the keys read uniformly, a negative scale favours the least similar: the same logits as
+    training attention takes (parallax_attention accepts any finite scale), so decode does too."""
+    q, r, k, v = make_inputs(2, 41, 8, 2, 64, rho=2.0)
+    lens = torch.tensor([41, 17], dtype=torch.int32)
+    out = parallax_decode(q, r, k, v, cache_seqlens=lens, scale=scale, backend="reference")
+    assert rel_err(out, explicit_decode(q, r, k, v, lens, scale=scale)) < 1e-12
+    assert rel_err(out, explicit_decode(q, r, k, v, lens, scale=0.3)) > 1e-2  # the scale was not ignored
+
+
 def _weight_range(q, r, k, lens, scale):
     b, n = 1, int(lens[1])
     kb = k[b, :n, 0].double()
@@ -178,7 +189,7 @@ def test_auto_on_cpu_is_reference():
         (lambda a: a.update(cache_seqlens=torch.tensor([3, 20], dtype=torch.int32)), "cache_seqlens values"),
         (lambda a: a.update(cache_seqlens=torch.tensor([3], dtype=torch.int32)), "cache_seqlens must be"),
         (lambda a: a.update(cache_seqlens=torch.tensor([3.0, 2.0])), "cache_seqlens must be int32"),
-        (lambda a: a.update(scale=-1.0), "scale must be"),
+        (lambda a: a.update(scale=float("nan")), "parallax_decode: scale=nan must be a finite number"),
         (lambda a: a.update(backend="cuda"), "backend must be"),
         (lambda a: a.update(r=a["r"].half()), "r must match"),
         (lambda a: a.update(**{n: a[n][:0] for n in ("q", "r", "k_cache", "v_cache")},
@@ -188,9 +199,9 @@ def test_auto_on_cpu_is_reference():
         (lambda a: a.update(cache_seqlens=torch.tensor([3, 2 ** 32 + 4])),
          r"cache_seqlens values must lie in \[1, L=19\], got min 3, max 4294967300"),
         (lambda a: a.update(check_seqlens=None), "check_seqlens=None must be a bool"),
-        (lambda a: a.update(scale="0.3"), "scale must be a finite positive number, got '0.3'"),
-        (lambda a: a.update(scale=True), "scale must be a finite positive number, got True"),
-        (lambda a: a.update(scale=torch.tensor([0.3, 0.2])), "scale must be a finite positive number, got tensor"),
+        (lambda a: a.update(scale="0.3"), "scale='0.3' must be a finite number"),
+        (lambda a: a.update(scale=True), "scale=True must be a finite number"),
+        (lambda a: a.update(scale=torch.tensor([0.3, 0.2])), r"scale=tensor\(\[0.3000, 0.2000\]\) must be a finite"),
         (lambda a: a.update(window=2 ** 40), "parallax_decode: window=1099511627776 must be at most"),
     ],
 )
@@ -337,8 +348,8 @@ def test_plan_rejects_tensors_of_another_geometry(change, match):
     (dict(dtype=torch.int32), "dtype and cache_dtype must be floating"),
     (dict(backend="cuda"), "backend must be one of"),
     (dict(window=0), "DecodePlan: window=0 must be None or an int >= 1"),
-    (dict(scale=float("inf")), "scale must be a finite positive number"),
-    (dict(scale="0.2"), "scale must be a finite positive number, got '0.2'"),
+    (dict(scale=float("inf")), "DecodePlan: scale=inf must be a finite number"),
+    (dict(scale="0.2"), "DecodePlan: scale='0.2' must be a finite number"),
     (dict(batch=True), "'batch': True"),
     (dict(dtype="float32"), "DecodePlan: dtype and cache_dtype must be floating torch.dtypes, got 'float32'"),
     (dict(dtype=None), "DecodePlan: dtype and cache_dtype must be floating torch.dtypes, got None"),
@@ -428,7 +439,14 @@ def _interpreter_results():
     api = parallax_decode(q, r, k, v, backend="triton")
     results.append({"case": "api", "err": rel_err(api, explicit_decode(q, r, k, v)),
                     "finite": bool(torch.isfinite(api).all())})
+    for scale in SIGNED_SCALES:
+        out = parallax_decode(q, r, k, v, scale=scale, backend="triton")
+        results.append({"case": f"scale {scale}", "err": rel_err(out, explicit_decode(q, r, k, v, scale=scale)),
+                        "finite": bool(torch.isfinite(out).all())})
     return results
+
+
+SIGNED_SCALES = (-0.7, 0.0)
 
 
 def _empty_sequence_case(parallax_decode_triton):
@@ -492,7 +510,7 @@ def _rolling_case():
 
 def test_triton_kernel_interpreted(tmp_path):
     results = run_interpreted("tests.test_parallax_decode", tmp_path)["results"]
-    assert len(results) == len(INTERP_CASES) + 5
+    assert len(results) == len(INTERP_CASES) + 5 + len(SIGNED_SCALES)
     bad = next(res for res in results if res["case"] == "bad_merge_block_d")
     for value, message in zip(BAD_MERGE_BLOCKS, bad["messages"]):
         assert f"merge_block_d must be an int >= 1 that divides the head dim 32, got {value!r}" in message

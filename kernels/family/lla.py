@@ -22,11 +22,10 @@ Queries are processed in blocks of ``block`` rows; autograd runs through the PyT
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from kernels.checks import is_finite_number
+from kernels.checks import check_scale, is_finite_number
 from kernels.family.common import (check_choice, check_lam, check_positive_int, check_tensors, grouped_lam,
                                     solve_spd, work_dtype)
 from kernels.layout import grouped, ungrouped
@@ -150,10 +149,7 @@ def exact_lla(q, k, v, *, lam, scale=None, solver="cholesky", cg_steps=None, max
     check_tensors(fn, {"q": q}, {"k": k, "v": v})
     check_choice(fn, "solver", solver, SOLVERS)
     lam = check_lam(fn, lam, q.shape[2], q.device)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif not is_finite_number(scale):
-        raise ValueError(f"{fn}: scale={scale!r} must be a finite number")
+    scale = check_scale(fn, scale, q.shape[-1])
     if solver == "cg" and cg_steps is not None and (not isinstance(cg_steps, int) or isinstance(cg_steps, bool)
                                                       or cg_steps < 1):
         raise ValueError(f"{fn}: cg_steps={cg_steps!r} must be a positive int (the paper uses 1 <= T <= D)")

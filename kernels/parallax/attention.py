@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 
-from kernels.checks import is_finite_number
+from kernels.checks import check_scale
 from kernels.parallax import cu_seqlens as offsets
 from kernels.parallax.chunked import parallax_attention_chunked
 
@@ -83,7 +82,7 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
 
     q, r: (B, L, Hq, D) queries and probes (r is not scaled); k, v: (B, L, Hkv, D),
     Hq % Hkv == 0 (query head h reads kv head h // (Hq // Hkv)), D >= 1; fp16/bf16/fp32/fp64.
-    scale: logit scale (a finite number), default 1/sqrt(D). causal: a bool, mask keys j > i.
+    scale: logit scale (a finite number, any sign), default 1/sqrt(D). causal: a bool, mask keys j > i.
     backend: "reference" (chunked PyTorch, CPU/GPU), "triton" (fused, CUDA, causal, fp16/bf16/fp32),
     "auto" (triton for causal fp16/bf16/fp32 CUDA inputs, else reference).
     cu_seqlens: optional (num_docs + 1,) int32 offsets of documents packed along seq
@@ -99,10 +98,7 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     Returns (B, L, Hq, D) in q's dtype; differentiable w.r.t. q, r, k, v.
     """
     _check_tensors(q, r, k, v)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    elif not is_finite_number(scale):
-        raise ValueError(f"parallax_attention: scale={scale!r} must be a finite float")
+    scale = check_scale("parallax_attention", scale, q.shape[-1])
     if not isinstance(causal, bool):
         raise ValueError(f"parallax_attention: causal={causal!r} must be a bool")
     check_window(window, causal)
@@ -114,10 +110,10 @@ def parallax_attention(q, r, k, v, *, scale=None, causal=True, backend="auto", c
     if backend == "reference":
         if cu_seqlens is not None:
             offsets.check_values(cu_seqlens, q.shape[0] * q.shape[1])
-        return parallax_attention_chunked(q, r, k, v, scale=float(scale), causal=causal, cu_seqlens=cu_seqlens,
+        return parallax_attention_chunked(q, r, k, v, scale=scale, causal=causal, cu_seqlens=cu_seqlens,
                                           window=window)
     from kernels.parallax.ops import parallax_attention_triton
 
     # the fused path checks cu_seqlens' values inside its custom op (kernels.parallax.fused)
-    return parallax_attention_triton(q, r, k, v, scale=float(scale), cu_seqlens=cu_seqlens, window=window,
+    return parallax_attention_triton(q, r, k, v, scale=scale, cu_seqlens=cu_seqlens, window=window,
                                      hopper_kernels=hopper_kernels)

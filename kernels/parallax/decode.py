@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from kernels.checks import grad_required, is_finite_number, refuse_grad
+from kernels.checks import check_scale, grad_required, refuse_grad
 from kernels.parallax.attention import check_window
 
 _BACKENDS = ("auto", "reference", "triton")
@@ -45,7 +45,7 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
         k_cache, v_cache: (batch, L, Hkv, D) caches, L >= 1, Hq % Hkv == 0 (GQA).
         cache_seqlens: optional int32 (batch,) number of valid cache positions
             per sequence, each in [1, L]; default all L.
-        scale: softmax scale for q . k (r is never scaled), a finite positive number; default 1/sqrt(D).
+        scale: softmax scale for q . k (r is never scaled), a finite number; default 1/sqrt(D).
         backend: "auto", "reference" or "triton". The triton kernel has no backward: while autograd
             records and an input requires grad, "auto" takes the reference (differentiable) and
             "triton" raises a ValueError naming those inputs.
@@ -71,7 +71,7 @@ def parallax_decode(q, r, k_cache, v_cache, *, cache_seqlens=None, scale=None, b
     if not isinstance(check_seqlens, bool):
         raise ValueError(f"parallax_decode: check_seqlens={check_seqlens!r} must be a bool")
     seqlens = _check_inputs(q, r, k_cache, v_cache, cache_seqlens, check_seqlens)
-    scale = _check_scale(scale, q.shape[-1], "parallax_decode")
+    scale = check_scale("parallax_decode", scale, q.shape[-1])
     named = {"q": q, "r": r, "k_cache": k_cache, "v_cache": v_cache}
     if backend == "auto" and grad_required(named):
         backend = "reference"  # the triton kernel has no backward
@@ -122,7 +122,7 @@ class DecodePlan:
 
         self.device = _indexed(torch.device(device))
         self.dtype, self.cache_dtype, self.window = dtype, cache_dtype, window
-        self.scale = _check_scale(scale, head_dim, "DecodePlan")
+        self.scale = check_scale("DecodePlan", scale, head_dim)
         self._q_shape, self._kv_shape = (batch, 1, hq, head_dim), (batch, cache_len, hkv, head_dim)
         fits = decode_fused.supports(dtype, head_dim) and cache_dtype == dtype
         if backend == "auto":
@@ -377,13 +377,3 @@ def _check_seqlens(cache_seqlens, batch, length, device, check_values):
             raise ValueError(f"parallax_decode: cache_seqlens values must lie in [1, L={length}], "
                              f"got min {lo}, max {hi}")
     return cache_seqlens.to(dtype=torch.int32).contiguous()
-
-
-def _check_scale(scale, dim, who):
-    """scale as a float: None gives 1/sqrt(dim); else a finite positive real Python number (not a bool,
-    str or tensor; ValueError naming ``who``)."""
-    if scale is None:
-        return 1.0 / math.sqrt(dim)
-    if not is_finite_number(scale) or scale <= 0:
-        raise ValueError(f"{who}: scale must be a finite positive number, got {scale!r}")
-    return float(scale)
