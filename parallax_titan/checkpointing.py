@@ -243,9 +243,11 @@ class _BackgroundSave:
 class ParallaxCheckpointManager(CheckpointManager):
     """TorchTitan's CheckpointManager (same arguments) with the save and load described above.
 
-    The trainer sets :attr:`settings` (recorded in each checkpoint's ``settings.json``) and
-    :attr:`on_loaded` (called as ``on_loaded(step, saved_settings or None)`` after a load from
-    the checkpoint folder, before the first step)."""
+    The trainer sets :attr:`settings` (recorded in each checkpoint's ``settings.json``),
+    :attr:`check_step` (called as ``check_step(step)`` with the step of the checkpoint folder a load
+    chose, before anything of it is read; raises to refuse it) and :attr:`on_loaded` (called as
+    ``on_loaded(step, saved_settings or None)`` after a load from the checkpoint folder, before the
+    first step)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -255,6 +257,7 @@ class ParallaxCheckpointManager(CheckpointManager):
         self.keep_complete: int = config.keep_latest_k
         self.keep_latest_k = 0  # TorchTitan's purge would count incomplete folders; ours runs after each save
         self.settings: dict[str, Any] = {}
+        self.check_step: Callable[[int], None] | None = None
         self.on_loaded: Callable[[int, dict | None], None] | None = None
         self.saved_steps: set[int] = set()
         self._background: _BackgroundSave | None = None  # the background save not yet waited for
@@ -467,6 +470,8 @@ class ParallaxCheckpointManager(CheckpointManager):
             self._set_aside_corrupt(passed, chosen)
         if step >= 0:  # else the newest valid step, the invalid ones above it set aside
             self._warn_of_newer_steps(chosen)
+        if self.check_step is not None:
+            self.check_step(chosen)
         path = step_dir(self.folder, chosen)
         try:
             loaded = super().load(step=chosen)

@@ -101,8 +101,7 @@ def checkpoint_plan(cfg) -> CheckpointPlan:
     tensor file; each load hashes every file again before it reads them. Call only for a valid config
     (``JobConfig.validate``)."""
     ckpt = cfg.checkpoint
-    with torch.device("meta"):
-        expected = state_shapes(ParallaxQwen3Model(model_args_for(cfg)).state_dict())
+    expected = _model_shapes(cfg)
     errors, step = [], None
     if ckpt.enable:
         folder = os.path.join(cfg.job.dump_folder, ckpt.folder)
@@ -124,6 +123,21 @@ def checkpoint_plan(cfg) -> CheckpointPlan:
                                            shared_weights(expected), "expected a Transformer checkpoint of this size",
                                            manifest_required=True)
     return CheckpointPlan(step, loads_transformer, errors)
+
+
+def resume_step_problems(cfg, step: int) -> list[str]:
+    """What is wrong with resuming ``step`` of the run's checkpoint folder, checked as
+    :func:`checkpoint_plan` checks its resume step (this model's weights, training state, the resume
+    rules, the data position); for a step a load chose in place of that one (a fallback past a step
+    whose tensor files fail their checksums, which :func:`quick_problem` does not hash)."""
+    folder = os.path.join(cfg.job.dump_folder, cfg.checkpoint.folder)
+    return _resume_problems(cfg, step_dir(folder, step), step, _model_shapes(cfg))
+
+
+def _model_shapes(cfg) -> Shapes:
+    """This config's model state dict, name -> shape (built on the meta device)."""
+    with torch.device("meta"):
+        return state_shapes(ParallaxQwen3Model(model_args_for(cfg)).state_dict())
 
 
 def _weight_problems(cfg, key: str, path: str, weights: Shapes, fix: str) -> tuple[Shapes | None, list[str]]:

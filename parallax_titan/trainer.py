@@ -17,6 +17,7 @@ from ``eval/``, which this package may not import).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -32,9 +33,9 @@ from parallax_titan.compat import configure_for_host, save_checkpoint_now, train
 from parallax_titan.config import ConfigError, JobConfig
 from parallax_titan.data import DOCUMENT_STARTS, document_boundaries_from_starts
 from parallax_titan.diagnostics.runner import DiagnosticsRunner, tensorboard_figure_logger
-from parallax_titan.resume import checkpoint_plan
+from parallax_titan.resume import checkpoint_plan, resume_step_problems
 from parallax_titan.resume_rules import (applied, configured_hyperparameters, differences, loads_data_position,
-                                         reapply, refusals, run_settings)
+                                         reapply, run_settings)
 from parallax_titan.step_flags import StepFlags
 from parallax_titan.tokenizer import build_tokenizer
 
@@ -102,6 +103,7 @@ class ParallaxTrainer(Trainer):
             super().__init__(job_config)
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.checkpointer.settings = run_settings(job_config, world)
+        self.checkpointer.check_step = functools.partial(self._check_resume_step, plan.resume_step)
         self.checkpointer.on_loaded = self._apply_resume_rules
         self._configured = configured_hyperparameters(self.optimizers)  # before a load overwrites them
         reliability = job_config.reliability
@@ -185,17 +187,24 @@ class ParallaxTrainer(Trainer):
         if policy == "stop":
             self._stop_reason = self._nonfinite_stop = f"non-finite loss or gradient at step {self.step}"
 
+    def _check_resume_step(self, planned: int | None, step: int) -> None:
+        """Before the load of ``step``: a step other than the one checked before the build
+        (``planned``; the load passed over a newer one whose tensor files fail their checksums) gets
+        the same checks, so a fallback never loads what the config's check would refuse."""
+        if step == planned:
+            return
+        problems = resume_step_problems(self.job_config, step)
+        if problems:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
     def _apply_resume_rules(self, step: int, saved: dict | None) -> None:
-        """After a load of ``step``: refuse what the resume rules refuse, apply the rest (logged).
-        Step 0 (a seed checkpoint) brings back model weights only: nothing to compare or re-apply."""
+        """After a load of ``step`` (checked before it: :meth:`_check_resume_step`): apply the
+        config's settings the resume rules allow to change, logged. Step 0 (a seed checkpoint) brings
+        back model weights only: nothing to compare or re-apply."""
         if step == 0:
             return
         path, current = step_dir(self.checkpointer.folder, step), self.checkpointer.settings
         position_loaded = loads_data_position(self.job_config)
-        # the step loaded may not be the one checked before the build (a corrupt one was skipped)
-        problems = [] if saved is None else refusals(differences(saved, current), path, step, current, position_loaded)
-        if problems:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
         before = self.lr_schedulers.schedulers[0].get_last_lr()[0]
         reapply(self.optimizers, self.lr_schedulers, self._configured)
         after = self.lr_schedulers.schedulers[0].get_last_lr()[0]

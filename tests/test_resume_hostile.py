@@ -30,6 +30,7 @@ from parallax_titan.resume import checkpoint_problems
 from parallax_titan.resume_rules import applied, differences, refusals, run_settings, write_settings
 from scripts.bench.checkpoint import StepCounter
 from tests._train_runs import REPO, TEST_CONFIG, losses, run_single, train
+from tests.test_checkpoint_integrity import DATA_FILE, flip
 from tests.test_checkpoint_mismatch import job, save_checkpoint
 
 
@@ -97,6 +98,26 @@ def test_load_of_an_earlier_step_names_the_newer_ones(group, tmp_path, caplog):
     assert (f"checkpoint.load_step = 2: '{tmp_path / 'checkpoint'}' holds newer steps of a run before this one "
             "(step-4, step-6); this run replaces each when it saves that step, and until then a rerun without "
             "checkpoint.load_step resumes step-6") in caplog.text
+
+
+def test_the_step_a_fallback_chose_is_checked_before_any_of_it_is_read(group, tmp_path):
+    """Steps 2 and 4 saved, step 4's tensor file damaged past what the check before the build reads:
+    the load falls back to step 2, and ``check_step`` sees step 2 before its weights are read."""
+    first = manager(group, tmp_path)
+    for step in (2, 4):
+        first.save(curr_step=step)
+    flip(tmp_path / "checkpoint" / "step-4" / DATA_FILE, 64)
+    rerun, checked = manager(group, tmp_path, seed=1), []
+    before = weight(rerun)
+
+    def refuse(step):
+        checked.append(step)
+        raise ValueError(f"step-{step} refused")
+
+    rerun.check_step = refuse
+    with pytest.raises(ValueError, match="step-2 refused"):
+        rerun.load()
+    assert checked == [2] and torch.equal(weight(rerun), before)
 
 
 # ---- checkpoint.initial_load_path beside a checkpoint folder without a complete step ---------------
@@ -214,14 +235,33 @@ def test_another_number_of_ranks_in_the_sharded_order_is_refused_by_the_config_c
 
 
 def test_a_truncated_newest_step_falls_back_to_the_older_one(resumed):
-    """checkpoint.on_corrupt = 'fallback' chose step-1, and the data check read the newest step's
-    truncated .metadata: an UnpicklingError traceback, exit code 1."""
+    """A truncated .metadata in the newest step: checkpoint.on_corrupt = 'fallback' chooses step-1 before
+    the build, and the data position's check reads step-1's, not the truncated one."""
     metadata = resumed / "checkpoint" / "step-2" / ".metadata"
     metadata.write_bytes(metadata.read_bytes()[:40])
     result = run_single(resumed, *DATA, "--training.steps", "3")
     assert result.returncode == 0, output(result)[-3000:]
     assert "checkpoint.on_corrupt = 'fallback': loading step-1 instead" in output(result)
     assert sorted(losses(resumed)) == [1, 2, 3]
+
+
+def test_a_fallback_to_a_data_position_of_another_order_is_refused_before_it_is_loaded(resumed):
+    """Step 3 was written in the global order by a run that did not load step 2's sharded position;
+    step 3's tensor file then fails its checksum (the check before the build reads sizes only). The
+    load fell back to step 2 and died inside DCP with "Missing key ... dataloader.global_order", named
+    as a damaged file; now step 2 gets the checks step 3 had, and the run stops naming the data order."""
+    order = ["--training.data_order", "global", "--checkpoint.interval", "1"]
+    result = run_single(resumed, *DATA, *order, "--training.steps", "3", "--checkpoint.exclude_from_loading",
+                        "dataloader")
+    assert result.returncode == 0, output(result)[-3000:]
+    flip(resumed / "checkpoint" / "step-3" / DATA_FILE, 1 << 16)
+    result = run_single(resumed, *DATA, *order, "--training.steps", "4")
+    assert result.returncode == 2, output(result)[-3000:]
+    assert "checkpoint.on_corrupt = 'fallback': loading step-2 instead" in output(result)
+    assert (f"checkpoint.folder: {str(resumed / 'checkpoint' / 'step-2')!r}: cannot resume the data position: the "
+            "checkpoint's data-loader state (dp_rank_0, world_size) was not written with training.data_order = "
+            "'global'") in output(result)
+    assert "Training starts" not in output(result) and "Traceback" not in output(result)
 
 
 # ---- another dataset with the data loader's state not loaded --------------------------------------
