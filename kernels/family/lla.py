@@ -22,7 +22,6 @@ Queries are processed in blocks of ``block`` rows; autograd runs through the PyT
 
 from __future__ import annotations
 
-
 import torch
 
 from kernels.checks import check_scale, is_finite_number
