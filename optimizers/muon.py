@@ -35,6 +35,7 @@ from .momentum import momentum_updates
 from .orthogonalize import FLOAT_DTYPES, ORTHOGONALIZERS, default_compute_dtype
 from .skip_step import SkipStep
 from .spectral import BANDS, MAX_TRAINING_POWER, TRAINING_POWERS
+from .variants import NORMUON_STATE, SOAP_STATE
 
 __all__ = ["MuonAdamW", "GROUP_DEFAULTS", "ALGOS", "ALGO_OPTIONS"]
 
@@ -211,6 +212,18 @@ _ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
 _WHO_LOADS = "MuonAdamW.load_state_dict"
 
 
+def _state_shapes(shape: tuple) -> dict[str, tuple]:
+    """The shape of each state tensor of a parameter of ``shape`` (global shape under FSDP2): the
+    param-shaped buffers, Adam's 0-dim step, and for a matrix NorMuon's v and SOAP's state (plain
+    tensors of the full matrix on its owner rank)."""
+    shapes = {**{name: shape for name in _PARAM_SHAPED}, "step": ()}
+    if len(shape) == 2:
+        m, n = shape
+        shapes[NORMUON_STATE] = (m, 1)
+        shapes.update(zip(SOAP_STATE, ((m, m), (n, n), (m, m), (n, n), (m, n), (m, n), ())))
+    return shapes
+
+
 def _check_loaded_group(index: int, merged: dict, group: dict, ids: list, state: dict) -> None:
     """Group ``index`` of a state_dict being loaded, ``merged`` over this optimizer's ``group``
     (``MuonAdamW.load_state_dict``); ``ids``: its parameters' keys in ``state``."""
@@ -221,15 +234,21 @@ def _check_loaded_group(index: int, merged: dict, group: dict, ids: list, state:
     for position, (key, p) in enumerate(zip(ids, group["params"])):
         buffers = state.get(key, {})
         where = f"group {index} ({group['name']!r}) parameter {position} of shape {tuple(p.shape)}"
-        for name in _PARAM_SHAPED:
-            if name in buffers and tuple(buffers[name].shape) != tuple(p.shape):
-                raise ValueError(f"{_WHO_LOADS}: {where} has {name} of shape {tuple(buffers[name].shape)} in the "
-                                 "state_dict; expected the parameter's shape (a state_dict of another model, or "
-                                 "of parameters in another order?)")
-        missing = [name for name in _ADAM_STATE if name not in buffers]
-        if group["algo"] == "adamw" and buffers and missing:
-            raise ValueError(f"{_WHO_LOADS}: {where} lacks Adam's {missing} in the state_dict; expected all of "
-                             f"{list(_ADAM_STATE)} or none")
+        # torch checks counts only: SOAP's bases of a transposed matrix, or an Adam step count that is
+        # no 0-dim tensor, failed inside the next step (a matmul, the fused kernel), not naming them
+        for name, shape in _state_shapes(tuple(p.shape)).items():
+            value = buffers.get(name)
+            if value is None or (isinstance(value, torch.Tensor) and tuple(value.shape) == shape):
+                continue
+            got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"type {type(value).__name__}"
+            expected = "the parameter's shape" if name in _PARAM_SHAPED else f"shape {shape}"
+            raise ValueError(f"{_WHO_LOADS}: {where} has {name} of {got} in the state_dict; expected {expected} (a "
+                             "state_dict of another model, or of parameters in another order?)")
+        for algo, who, names in (("adamw", "Adam's", _ADAM_STATE), ("soap", "SOAP's", SOAP_STATE)):
+            missing = [name for name in names if name not in buffers]
+            if group["algo"] == algo and len(missing) not in (0, len(names)):
+                raise ValueError(f"{_WHO_LOADS}: {where} lacks {who} {missing} in the state_dict; expected all of "
+                                 f"{list(names)} or none")
 
 
 def _check_dense_grads(group: dict, live: list) -> None:
@@ -258,14 +277,28 @@ class MuonAdamW(torch.optim.Optimizer):
         unknown = set(defaults) - set(GROUP_DEFAULTS)
         if unknown:
             raise ValueError(f"MuonAdamW: unknown options {sorted(unknown)}; expected keys of GROUP_DEFAULTS")
-        super().__init__(params, {**GROUP_DEFAULTS, "lr": lr, **defaults})
-        for group in self.param_groups:
-            group.setdefault("base_lr", group["lr"])
+        super().__init__(params, {**GROUP_DEFAULTS, "lr": lr, **defaults})  # each group through add_param_group
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, then the checks of every group (``_check_group``) and its ``base_lr`` and SOAP call
+        count: the constructor adds its groups here, so a group added later is checked and stepped the
+        same way. A parameter listed twice in the group is refused (torch only warns, and each step
+        would update it twice). A refused group is not added."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        group.setdefault("base_lr", group["lr"])
+        try:
             _check_group(group)
-            if group["algo"] == "soap":
-                # step() calls that reached the group, skipped ones included: the host decides when
-                # SOAP refreshes its bases without reading the device's skip flag
-                group.setdefault("soap_calls", 0)
+            if len({id(p) for p in group["params"]}) != len(group["params"]):
+                raise ValueError(f"MuonAdamW: group {group['name']!r} lists a parameter more than once; expected "
+                                 "each parameter once (every step would update it once per listing)")
+        except ValueError:
+            self.param_groups.pop()
+            raise
+        if group["algo"] == "soap":
+            # step() calls that reached the group, skipped ones included: the host decides when
+            # SOAP refreshes its bases without reading the device's skip flag
+            group.setdefault("soap_calls", 0)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load (the saved options and state replace the current ones), after checking that

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn as nn
 
+from kernels.checks import is_finite_number
+
 __all__ = ["DEFAULT_PARAM_RULES", "RoutingConfig", "parse_rules", "categorize", "build_param_groups",
-           "parse_headwise", "check_categories", "check_reached", "ATTN_CATEGORIES", "MODULE_OF"]
+           "parse_headwise", "check_values", "check_categories", "check_reached", "ATTN_CATEGORIES", "MODULE_OF"]
 
 DEFAULT_PARAM_RULES: tuple[str, ...] = (
     r"embed=(^|\.)tok_embeddings\.",
@@ -95,6 +98,35 @@ class RoutingConfig:
     decay: dict = field(default_factory=dict)  # decay_coupling, sp_band, sp_band_tau, msign_steps
 
 
+def check_values(cfg: RoutingConfig) -> None:
+    """Raise a ValueError naming the field, the value and what was expected when a field of ``cfg`` has
+    the wrong kind of value: ``use_muon="no"`` is truthy (the matrices went to Muon without a word), a
+    bare string of categories or rules was read letter by letter ("category 'm' is produced by no
+    rule"), and a ``spectral`` value that is no (power, coeff) pair, an lr or lr multiplier that is no
+    number, a string ``head_dim`` or a None option dict failed with a TypeError naming none of them.
+    The values themselves (powers, coefficients, options) are ``MuonAdamW``'s checks, per group."""
+    def bad(key, value, expected):
+        raise ValueError(f"{key}={value!r}; expected {expected}")
+
+    if not isinstance(cfg.use_muon, bool):
+        bad("use_muon", cfg.use_muon, "a bool")
+    for key in ("rules", "muon_categories", "no_decay_categories", "spectral_categories"):
+        if isinstance(getattr(cfg, key), str):
+            bad(key, getattr(cfg, key), "a list of names, not one string")
+    for key in ("lr_multipliers", "muon", "adam", "spectral", "decay"):
+        if not isinstance(getattr(cfg, key), Mapping):
+            bad(key, getattr(cfg, key), "a dict")
+    for key, value in (("lr", cfg.lr), ("weight_decay", cfg.weight_decay),
+                       *((f"lr_multipliers[{name!r}]", m) for name, m in cfg.lr_multipliers.items())):
+        if not is_finite_number(value) or value < 0:
+            bad(key, value, "a finite number >= 0")
+    if isinstance(cfg.head_dim, bool) or not isinstance(cfg.head_dim, int) or cfg.head_dim < 0:
+        bad("head_dim", cfg.head_dim, "an int >= 0")
+    for module, pair in cfg.spectral.items():
+        if isinstance(pair, str) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            bad(f"spectral[{module!r}]", pair, "a (power, coeff) pair")
+
+
 def check_categories(cfg: RoutingConfig) -> None:
     """Raise a ValueError naming the option and the category when a category option of ``cfg``
     names a category that no rule produces (a typo such as ``"norms"`` would otherwise be ignored
@@ -136,6 +168,7 @@ def check_reached(models: list[nn.Module], cfg: RoutingConfig) -> None:
     embedding (the shared Parameter is routed once, as ``embed``), or ``attn_r`` on a model without
     W_R. ``check_categories`` checks the names against the rules; this checks them against the model.
     """
+    check_values(cfg)
     rules = parse_rules(cfg.rules)
     ndims = defaultdict(set)  # category -> ndims of its trainable parameters
     for model in models:
@@ -179,8 +212,10 @@ def build_param_groups(model: nn.Module, cfg: RoutingConfig) -> list[dict[str, A
 
     Shared (tied) parameters appear once: ``named_parameters`` de-duplicates them and
     they take the category of their first name (``tok_embeddings`` before ``output``).
-    Raises ValueError for an unknown category in ``cfg`` (``check_categories``).
+    Raises ValueError for a value of the wrong kind (``check_values``) or an unknown category in
+    ``cfg`` (``check_categories``).
     """
+    check_values(cfg)
     check_categories(cfg)
     rules = parse_rules(cfg.rules)
     groups: dict[str, dict[str, Any]] = {}

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from optimizers import (DEFAULT_PARAM_RULES, MuonAdamW, RoutingConfig, band_projectors, build_param_groups, msign,
-                        newton_schulz, polar_express, spectral_power)
+from optimizers import (DEFAULT_PARAM_RULES, MuonAdamW, RoutingConfig, band_projectors, build_param_groups,
+                        check_reached, msign, newton_schulz, polar_express, spectral_power)
 from optimizers.schedules import SchedulePhases, wd_anneal_factor
 from tests._optim_models import TinyParallax
 
@@ -49,6 +49,31 @@ def test_headwise_letter_of_an_adam_category_is_refused(cfg, match):
                                                               head_dim=4))
     assert {g["name"]: g.get("head_dim", 0) for g in groups}["attn_k"] == 4  # an H of a Muon category is kept
 
+
+@pytest.mark.parametrize("field,value,match", [
+    ("use_muon", "no", "use_muon='no'; expected a bool"),
+    ("spectral", {"attn": 1e-3}, "spectral['attn']=0.001; expected a (power, coeff) pair"),
+    ("spectral", {"mlp": (2, 1e-3, 1)}, "spectral['mlp']=(2, 0.001, 1); expected a (power, coeff) pair"),
+    ("lr_multipliers", {"embed": None}, "lr_multipliers['embed']=None; expected a finite number >= 0"),
+    ("lr_multipliers", {"embed": "0.3"}, "lr_multipliers['embed']='0.3'; expected a finite number >= 0"),
+    ("lr_multipliers", ["embed"], "lr_multipliers=['embed']; expected a dict"),
+    ("lr", "0.1", "lr='0.1'; expected a finite number >= 0"),
+    ("head_dim", "4", "head_dim='4'; expected an int >= 0"),
+    ("muon_categories", "mlp", "muon_categories='mlp'; expected a list of names"),
+    ("rules", "mlp=feed_forward", "rules='mlp=feed_forward'; expected a list of names"),
+    ("adam", None, "adam=None; expected a dict"),
+])
+def test_routing_values_of_the_wrong_kind_are_named(field, value, match):
+    """use_muon='no' is truthy and sent the matrices to Muon without a word; a bare string of categories
+    or rules was read letter by letter ("category 'm' is produced by no rule"); an S_p value that is not
+    a (power, coeff) pair, an lr multiplier or lr that is not a number, a string head_dim or a None
+    option dict failed with a TypeError naming neither the field nor the value."""
+    cfg = RoutingConfig(**{field: value, **({"headwise": "HHF"} if field == "head_dim" else {})})
+    with pytest.raises(ValueError, match=re.escape(match)):
+        build_param_groups(TinyParallax(), cfg)
+    if field in ("spectral", "lr_multipliers"):  # read by check_reached too
+        with pytest.raises(ValueError, match=re.escape(match)):
+            check_reached([TinyParallax()], cfg)
 
 def test_categories_of_custom_and_default_rules_are_accepted():
     """A category of a custom rule is known; so are the default rules' categories when the custom
@@ -156,11 +181,51 @@ def test_parameters_that_are_not_real_floats_are_refused(algo, dtype):
         MuonAdamW([{"params": [p], "name": "g", "algo": algo}])
 
 
+@pytest.mark.parametrize("algo", ["muon", "adamw"])
+def test_a_parameter_listed_twice_in_a_group_is_refused(algo):
+    """torch only warns about it, and each step updated the parameter twice (Adam's step count 2)."""
+    p = _param()
+    with pytest.raises(ValueError, match="MuonAdamW: group 'g' lists a parameter more than once"):
+        MuonAdamW([{"params": [p, _param(), p], "name": "g", "algo": algo}])
+
+
 def test_a_non_matrix_in_a_muon_group_is_named_by_its_shape():
     with pytest.raises(ValueError, match=r"group 'g' is muon but holds parameters of shapes \[\(2, 3, 4\), \(4,\)\]; "
                                          r"expected 2-D matrices \(route the others to an 'adamw' group\)"):
         MuonAdamW([{"params": [_param(), nn.Parameter(torch.ones(4)), nn.Parameter(torch.ones(2, 3, 4))],
                     "name": "g", "algo": "muon"}])
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"algo": "muon", "momentum": 1.5}, "MuonAdamW: group 'h' momentum=1.5; expected a float in [0, 1)"),
+    ({"algo": "muon", "momentun": 0.9}, "MuonAdamW: group 'h' has unknown options ['momentun']"),
+    ({"algo": "muon", "params": [nn.Parameter(torch.ones(2, 3, 4))]},
+     "MuonAdamW: group 'h' is muon but holds parameters of shapes [(2, 3, 4)]; expected 2-D matrices"),
+    ({"algo": "adamw", "lr": math.nan}, "MuonAdamW: group 'h' lr=nan; expected a finite float >= 0"),
+])
+def test_add_param_group_checks_the_group_as_the_constructor_does(extra, match):
+    """A group added after construction skipped every check: momentum 1.5 and a misspelled key were
+    taken, a 3-D parameter in a Muon group got momentum but never an update, all without a word."""
+    opt = MuonAdamW([{"params": [_param()], "name": "g", "algo": "muon"}], lr=0.01)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        opt.add_param_group({"params": [_param()], "name": "h", **extra})
+    assert [g["name"] for g in opt.param_groups] == ["g"]  # the refused group is not added
+
+
+@pytest.mark.parametrize("extra", [{"algo": "soap"}, {"algo": "muon", "decay_coupling": "independent",
+                                                      "weight_decay": 0.1}])
+def test_an_added_group_steps_like_a_constructed_one(extra):
+    """An added SOAP group failed in the first step with KeyError: 'soap_calls', an added group with
+    decay_coupling='independent' with KeyError: 'base_lr'."""
+    added = MuonAdamW([{"params": [_param()], "name": "g", "algo": "muon"}], lr=0.01)
+    added.add_param_group({"params": [_param(8, 4)], "name": "h", **extra})
+    built = MuonAdamW([{"params": [_param()], "name": "g", "algo": "muon"},
+                       {"params": [_param(8, 4)], "name": "h", **extra}], lr=0.01)
+    for opt in (added, built):
+        opt.step(), opt.step()
+    for a, b in zip(added.param_groups, built.param_groups):
+        assert {k: v for k, v in a.items() if k != "params"} == {k: v for k, v in b.items() if k != "params"}
+        assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"]))
 
 
 @pytest.mark.parametrize("algo", ["muon", "adamw"])
@@ -256,6 +321,32 @@ def test_load_state_dict_refuses_partial_adam_state():
     message, untouched = _loads(_stepped(algo="adamw"), state_dict)
     assert message == ("MuonAdamW.load_state_dict: group 0 ('g') parameter 0 of shape (8, 6) lacks Adam's ['step'] in "
                        "the state_dict; expected all of ['step', 'exp_avg', 'exp_avg_sq'] or none") and untouched
+
+
+@pytest.mark.parametrize("algo,edit,message", [
+    ("soap", None, "has soap_L of shape (6, 6) in the state_dict; expected shape (8, 8)"),
+    ("normuon", lambda s: s.update(normuon_v=torch.zeros(6, 1)),
+     "has normuon_v of shape (6, 1) in the state_dict; expected shape (8, 1)"),
+    ("adamw", lambda s: s.update(step=torch.tensor([1.0, 2.0])),
+     "has step of shape (2,) in the state_dict; expected shape ()"),
+    ("adamw", lambda s: s.update(step=3), "has step of type int in the state_dict; expected shape ()"),
+    ("soap", lambda s: s.pop("soap_QR"), "lacks SOAP's ['soap_QR'] in the state_dict; expected all of"),
+])
+def test_load_state_dict_refuses_per_matrix_state_of_another_shape(algo, edit, message):
+    """SOAP's bases of a transposed matrix loaded, and the next step failed inside a matmul ("The size of
+    tensor a (6) must match the size of tensor b (8)"), not naming the parameter; an edited NorMuon v,
+    an Adam step count of shape (2,) ("a Tensor with 2 elements cannot be converted to Scalar") or an
+    int one (AttributeError) and SOAP state lacking a basis (KeyError) failed the same way."""
+    opt = _stepped(algo=algo)
+    opt.step()
+    source = _stepped((6, 8) if edit is None else (8, 6), algo=algo)
+    source.step()
+    state_dict = source.state_dict()
+    if edit is not None:
+        edit(state_dict["state"][0])
+    got, untouched = _loads(opt, state_dict)
+    assert got.startswith("MuonAdamW.load_state_dict: group 0 ('g') parameter 0 of shape (8, 6) ") and message in got
+    assert untouched
 
 
 def test_load_state_dict_keeps_the_value_of_an_option_it_lacks():
