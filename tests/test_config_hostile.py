@@ -143,6 +143,18 @@ CASES = [
      "activation_checkpoint.mode: 'memory_budget' needs compile.enable = true with 'model' in compile.components"),
     (["--activation_checkpoint.mode", "full", "--activation_checkpoint.determinism_check", "off"],
      "activation_checkpoint.determinism_check: expected one of 'default', 'none', got 'off'"),
+    # every 8-th of the demo model's 4 blocks: TorchTitan wrapped none, the run trained without AC
+    (["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "8"],
+     "activation_checkpoint.selective_ac_option: '8' checkpoints every 8-th block, but the model has 4 blocks "
+     "(model.n_layers), so no block would be checkpointed; expected at most 4, or activation_checkpoint.mode = "
+     "'none'"),
+    # RoPE rotates pairs of channels: an odd head_dim failed a raw assert at the first forward, after the build
+    (["--model.head_dim", "7"],
+     "model.head_dim: 7 is odd, but model.name 'parallax' applies RoPE to its heads, which rotates pairs of "
+     "channels (the first forward would fail); expected an even head_dim"),
+    (["--model.name", "transformer", "--model.head_dim", "33"], "model.head_dim: 33 is odd, but model.name "
+     "'transformer' applies RoPE"),
+    (["--model.name", "exact_lla", "--model.head_dim", "7"], "model.head_dim: 7 is odd, but model.name 'exact_lla'"),
     (["--compile.enable", "--compile.components", "modle"],
      "compile.components: expected entries from 'model', 'loss', got ['modle']"),
     (["--compile.enable", "--compile.backend", "indcutor"],
@@ -367,6 +379,12 @@ def test_hostile_value_is_refused_before_the_build(overrides, message):
     ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"],
     ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"],
     ["--activation_checkpoint.selective_ac_option", "every2"],  # mode "none": not used
+    ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "4"],  # the last block
+    ["--activation_checkpoint.selective_ac_option", "8"],  # mode "none": not used
+    ["--model.name", "value_averaging", "--model.head_dim", "7"],  # no RoPE: any head_dim
+    # TorchTitan's default option (every 2nd block) on one block: no checkpointing asked for
+    ["--activation_checkpoint.mode", "selective", "--model.n_layers", "1"],
+    ["--model.head_dim", "16"],
     ["--compile.enable", "--compile.components", "loss"],
     ["--metrics.no-enable_tensorboard", "--diagnostics.no-figures"],
     ["--metrics.no-enable_tensorboard", "--diagnostics.no-enable"],

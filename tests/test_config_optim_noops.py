@@ -92,6 +92,21 @@ def test_no_op_value_is_refused_by_key(overrides, message):
     assert message in refused(*overrides)
 
 
+@pytest.mark.parametrize("name", ["Muon", "NorMuon", "Aurora", "SOAP"])
+def test_a_matrix_optimizer_without_muon_categories_is_refused(name, tmp_path):
+    """``muon_categories = []`` (only a TOML file can give an empty list) sent every parameter to the
+    Adam group: an AdamW run under the name of a matrix optimizer, whose keys it never read."""
+    config = tmp_path / "no_matrices.toml"
+    text = open(DEMO).read().replace('name = "Muon"', f'name = "{name}"')
+    config.write_text(text.replace('orthogonalizer = "polar_express"\n',
+                                   'orthogonalizer = "polar_express"\nmuon_categories = []\n'))
+    with pytest.raises(ConfigError) as info:
+        load_config(["--job.config_file", str(config)], check_data=False)
+    assert (f"optimizer.muon_categories: expected at least one category with name = {name!r} (empty: every "
+            f"parameter goes to the Adam group, so {name} would update nothing; name = 'AdamW' trains with Adam "
+            "alone), got []") in str(info.value)
+
+
 def test_a_warmup_longer_than_the_run_is_not_also_a_missing_decay_stage():
     assert "wd_anneal_gamma" not in refused("--lr_scheduler.wd_anneal_gamma", "2", "--lr_scheduler.warmup_steps", "500")
 

@@ -27,6 +27,9 @@ from parallax_titan.config.sections import (
 FLOAT8 = "quantize.linear.float8"
 MX = "quantize.linear.mx"
 COMPILE_COMPONENTS = ("model", "loss")  # what TorchTitan's compile.components is tested for
+# the sequence mixers that rotate their heads' channels in pairs with RoPE (model.py's attention and
+# Parallax attention, mixers.ExactLLA): they need an even head_dim
+ROPE_MIXERS = ("softmax", "parallax", "exact_lla")
 AC_DETERMINISM_CHECKS = ("default", "none")  # torch.utils.checkpoint's determinism_check values
 
 
@@ -88,6 +91,11 @@ class JobConfig(titan.JobConfig):
         if args.n_heads % args.n_kv_heads:
             problems.append(f"model.n_heads: {args.n_heads} query heads is not a multiple of model.n_kv_heads = "
                             f"{args.n_kv_heads} (model {name!r}, flavor {flavor!r})")
+        if args.mixer in ROPE_MIXERS and args.head_dim % 2:
+            # TorchTitan's RoPE table has 2 * (head_dim // 2) columns: its assert fails at the first forward
+            problems.append(f"model.head_dim: {args.head_dim} is odd, but model.name {name!r} applies RoPE to its "
+                            "heads, which rotates pairs of channels (the first forward would fail); expected an even "
+                            "head_dim")
         problems += mixer_problems(self, args)
         problems += self.optimizer.head_dim_problems(args.head_dim)
         problems += _problems_of(lambda: check_tokenizer_vocab(self.model.hf_assets_path, args.vocab_size))
@@ -101,7 +109,21 @@ class JobConfig(titan.JobConfig):
                             "checkpoint.initial_load_path / initial_load_in_hf both name the run's starting weights, "
                             "and the initial load would replace the converted Transformer's; expected one of them")
         return (problems + self._float8_problems() + self._converter_problems() + self._hf_save_problems(args.mixer)
-                + self._op_sac_problems(args))
+                + self._layer_sac_problems(args.n_layers) + self._op_sac_problems(args))
+
+    def _layer_sac_problems(self, n_layers: int) -> list[str]:
+        """Layer-level selective AC wraps every N-th block (TorchTitan counts the blocks from 1): an N
+        above the model's blocks wraps none, and the run trains without activation checkpointing."""
+        ac = self.activation_checkpoint
+        option = ac.selective_ac_option
+        if ac.mode != "selective" or not (isinstance(option, str) and option.isdigit()):
+            return []  # "op", or a bad option that _activation_checkpoint_problems names
+        every = int(option)
+        if every <= n_layers or option == titan.ActivationCheckpoint().selective_ac_option:
+            return []  # TorchTitan's default on a one-block model: no checkpointing was asked for
+        return [f"activation_checkpoint.selective_ac_option: {option!r} checkpoints every {every}-th block, but the "
+                f"model has {n_layers} blocks (model.n_layers), so no block would be checkpointed; expected at most "
+                f"{n_layers}, or activation_checkpoint.mode = 'none'"]
 
     def _op_sac_problems(self, args) -> list[str]:
         """The module names whose matmuls op-level AC recomputes: TorchTitan matches each as a part of

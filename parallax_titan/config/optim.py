@@ -192,6 +192,10 @@ class Optimizer(titan.Optimizer):
                 problems.append(f"optimizer.{key}: expected {expected}, got {getattr(self, key)!r}")
 
         need(self.name in OPTIMIZER_NAMES, "name", f"one of {OPTIMIZER_NAMES}")
+        # no category: every parameter goes to the Adam group, an AdamW run under a matrix optimizer's name
+        need(self.name not in MATRIX_ALGO_OF or self.muon_categories != [], "muon_categories",
+             f"at least one category with name = {self.name!r} (empty: every parameter goes to the Adam group, so "
+             f"{self.name} would update nothing; name = 'AdamW' trains with Adam alone)")
         need(finite_at_least(self.lr, 0) and self.lr > 0, "lr", "a finite float > 0")
         for key in ("beta1", "beta2", "muon_momentum", "normuon_beta2", "soap_beta1", "soap_beta2",
                     "soap_shampoo_beta"):
