@@ -30,7 +30,8 @@ from eval.model import ParallaxLM
 from eval.table import markdown_table
 from eval.tasks import data_file, parse_tasks, task_specs
 from parallax_titan.atomic import write_text
-from parallax_titan.checkpoint_files import CheckpointError, output_folder_problem, verify_before_load
+from parallax_titan.checkpoint_files import (CheckpointError, check_output_files, output_folder_problem,
+                                             verify_before_load)
 
 SUITES = ("paper",)
 DEFAULT_BOOTSTRAP_ITERS = 100000  # lm-eval's default
@@ -97,6 +98,9 @@ def json_name(row: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", row) + ".json"
 
 
+TABLE_FILE = "results.md"
+
+
 def write_outputs(output_dir: str, rows: list[tuple[str, dict]]) -> str:
     """Write ``results.md`` and one lm-eval JSON per row into ``output_dir``; returns the table's path.
 
@@ -107,7 +111,7 @@ def write_outputs(output_dir: str, rows: list[tuple[str, dict]]) -> str:
     os.makedirs(output_dir, exist_ok=True)
     for name, text in files.items():
         write_text(os.path.join(output_dir, name), text)
-    table_path = os.path.join(output_dir, "results.md")
+    table_path = os.path.join(output_dir, TABLE_FILE)
     write_text(table_path, table)
     return table_path
 
@@ -123,6 +127,19 @@ def check_settings(*, limit: int, batch_size: int, max_length: int, bootstrap_it
         raise ValueError(f"dtype: got {dtype!r}; expected 'auto' or one of {sorted(DTYPES)}")
 
 
+def row_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a row of the table (and its JSON file), or None: blank (an unset shell
+    variable: the JSON file would be the hidden ``.json``, the row nameless), or holding ``|`` (a cell
+    border: every score would shift a column) or a line break (the row would end in its name)."""
+    if not name.strip():
+        return "is blank"
+    if "|" in name:
+        return "holds '|'"
+    if "\n" in name or "\r" in name:
+        return "holds a line break"
+    return None
+
+
 def check_outputs(output: str, names: list[str]) -> None:
     """Check that ``output`` can be the results folder and that every row gets a JSON file of its own,
     before hours of scoring; nothing is created (a run that fails later leaves no empty folder).
@@ -135,6 +152,11 @@ def check_outputs(output: str, names: list[str]) -> None:
     problem = output_folder_problem(output, "output")
     if problem:
         raise ValueError(f"{problem}; expected a writable folder for results.md and the lm-eval JSON files")
+    for name in names:  # a blank name writes the hidden file ".json"; "|" or a line break breaks its row
+        problem = row_name_problem(name)
+        if problem:
+            raise ValueError(f"names: got {name!r}, which {problem}; expected a row name for results.md "
+                             "(give one with --names)")
     files: dict[str, list[str]] = {}
     for name in names:
         files.setdefault(json_name(name), []).append(name)
@@ -143,6 +165,7 @@ def check_outputs(output: str, names: list[str]) -> None:
         clashes = "; ".join(f"{rows} -> {f}" for f, rows in shared.items())
         raise ValueError(f"names: rows {clashes} would share one JSON file in {output!r}; "
                          "expected distinct row names (give them with --names)")
+    check_output_files(output, "output", (TABLE_FILE, *files))  # a folder there fails the rename after the scoring
     earlier = sorted(f for f in (os.listdir(output) if os.path.isdir(output) else ())
                      if f.endswith(".json") and f not in files)
     if earlier:  # they would stay beside a results.md that no longer lists them
@@ -150,20 +173,26 @@ def check_outputs(output: str, names: list[str]) -> None:
                          "rows this run does not score; expected a new folder, or one whose rows are all scored again")
 
 
-def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: list[str], output: str,
+def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: list[str] | str, output: str,
                          data_dir: str | None = None, limit: int = 0, batch_size: int = 8, device=None,
                          dtype: str = "auto", max_length: int = 0, names: list[str] | None = None,
                          bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, verify: bool = True) -> str:
     """Score each checkpoint (with its config: one for all, or one each); returns the table's path.
 
-    The settings, the task files of ``data_dir``, ``output`` (:func:`check_settings`,
-    :func:`check_outputs`) and every config are checked first: ValueError naming the key, before any
-    checkpoint is read. verify: check every checkpoint's files against its checksum manifest
-    (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``). Then every checkpoint is
+    The settings, ``tasks`` (suite names, or a comma-separated string of them: :func:`eval.tasks.parse_tasks`),
+    ``data_dir`` (None for the hub or cache; a blank one is refused) and its task files, ``output`` and the
+    row names (:func:`check_settings`, :func:`check_outputs`) and every config are checked first:
+    ValueError naming the key, before any checkpoint is read. verify: check every checkpoint's files
+    against its checksum manifest (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``). Then every checkpoint is
     checked against its config (:func:`eval.checkpoint.check_job_checkpoint`), all of them before
     the first is scored: the table is written only when every row is scored, so a pairing found wrong
     only when its turn came lost the hours spent on the rows before it. Each load takes its
     checkpoint's verdict instead of reading the metadata and ``settings.json`` again."""
+    # lm-eval names an unknown task only once a model is loaded; a string is split at commas, as --tasks is
+    tasks = parse_tasks(tasks, key="tasks")
+    if data_dir is not None and not str(data_dir).strip():  # not the hub: an unset shell variable
+        raise ValueError(f"data_dir: got {data_dir!r}, which names no folder; expected a folder holding "
+                         "<task>.jsonl (or no data_dir: the Hugging Face hub or cache)")
     if len(configs) not in (1, len(checkpoints)):
         raise ValueError(
             f"config: got {len(configs)} configs for {len(checkpoints)} checkpoints; expected 1 or one per checkpoint"

@@ -71,6 +71,9 @@ def data_file(data_dir: str, task: str, key: str = "data_dir") -> str:
     for suffix in DATA_SUFFIXES:
         path = os.path.join(data_dir, task + suffix)
         if os.path.isfile(path):
+            if os.path.getsize(path) == 0:  # lm-eval would load the model, then stop on a bare StopIteration
+                raise ValueError(f"{key}: {path!r} is empty; expected the {eval_split(task_config(task))!r} split "
+                                 f"of task {task!r} in the Hugging Face schema")
             return os.path.abspath(path)
     raise ValueError(
         f"{key}: {data_dir!r} has no file for task {task!r}; expected {task}.jsonl (or "

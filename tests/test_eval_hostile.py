@@ -113,6 +113,27 @@ def test_cli_missing_task_file_is_refused_before_scoring(tmp_path, capsys, no_lo
     assert "data_dir:" in capsys.readouterr().err and no_loading == []
 
 
+def test_cli_empty_task_file_is_refused_before_scoring(tmp_path, capsys, no_loading):
+    """A 0-byte boolq.jsonl passed the file's check: the model was loaded, then lm-eval stopped on a
+    bare StopIteration traceback (exit code 1)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "boolq.jsonl").write_bytes(b"")
+    assert cli.main(cli_args(tmp_path, "--tasks", "boolq", "--data-dir", str(tmp_path / "data"))) == 2
+    err = capsys.readouterr().err
+    assert f"data_dir: {str(tmp_path / 'data' / 'boolq.jsonl')!r} is empty; expected the 'validation' split" in err
+    assert no_loading == []
+
+
+@pytest.mark.parametrize("taken", ["results.md", "new.json"])
+def test_cli_output_file_names_taken_by_folders_are_refused_before_scoring(tmp_path, capsys, no_loading, taken):
+    """A folder called results.md in --output: every row was scored, its JSON written, and then the
+    table's rename failed (IsADirectoryError, exit code 1, no table)."""
+    (tmp_path / "out" / taken).mkdir(parents=True)
+    assert cli.main(cli_args(tmp_path, "--names", "new")) == 2
+    err = capsys.readouterr().err
+    assert f"output: {str(tmp_path / 'out' / taken)!r} is a folder or another non-file" in err and no_loading == []
+
+
 @pytest.mark.parametrize("value", ["", "  ", " , "])
 def test_cli_empty_tasks_are_refused_not_read_as_the_suite(tmp_path, capsys, no_loading, value):
     """An explicit --tasks naming no task (e.g. an unset shell variable) is refused by name; only a
@@ -148,6 +169,53 @@ def test_cli_rows_that_would_share_a_json_file_are_refused(tmp_path, capsys, no_
     assert "a_x.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, problem", [("", "is blank"), ("  ", "is blank"), ("a|b", "holds '|'"),
+                                           ("a\nb", "holds a line break")])
+def test_cli_row_names_the_table_cannot_show_are_refused(tmp_path, capsys, no_loading, name, problem):
+    """--names "" (an unset shell variable) was taken: the row's JSON became the hidden file `.json` and
+    its row had no name; a `|` split the row's name into two cells, shifting every score a column."""
+    assert cli.main(cli_args(tmp_path, "--names", name)) == 2
+    err = capsys.readouterr().err
+    assert f"names: got {name!r}, which {problem}" in err and no_loading == []
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_empty_data_dir_is_refused_not_read_as_the_hub(tmp_path, capsys, no_loading):
+    """--data-dir "" (an unset shell variable) was taken for no --data-dir: the model was loaded and lm-eval
+    then read every task from the Hugging Face hub (offline: a ConnectionError traceback, exit code 1)."""
+    config, checkpoint = one_run(tmp_path)
+    for value in ("", " "):
+        args = ["--config", config, "--checkpoint", checkpoint, "--output", str(tmp_path / "out"), "--device", "cpu",
+                "--tasks", "piqa", "--data-dir", value]
+        assert cli.main(args) == 2
+        assert f"data_dir: got {value!r}, which names no folder" in capsys.readouterr().err
+    assert no_loading == [] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("tasks, message", [
+    (["nope"], "tasks: got ['nope']; expected 'paper' or names from"),
+    ([], "tasks: got [], which names no task"),
+    ("nope,piqa", "tasks: got 'nope,piqa'; expected 'paper' or names from"),
+])
+def test_api_tasks_are_checked_before_any_checkpoint_is_loaded(tmp_path, no_loading, tasks, message):
+    """evaluate_checkpoints(tasks=...) took any list: an unknown name (or "piqa" as a string, read letter
+    by letter) failed in lm-eval (KeyError "Spec 'p' is not a registered task") after the model was loaded."""
+    config, checkpoint = one_run(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cli.evaluate_checkpoints([config], [checkpoint], tasks=tasks, output=str(tmp_path / "out"), device="cpu")
+    assert no_loading == [] and not (tmp_path / "out").exists()
+
+
+def test_api_tasks_as_a_comma_separated_string_are_the_named_tasks(tmp_path, no_loading, monkeypatch):
+    """A string is split at commas as --tasks is (it was taken letter by letter)."""
+    config, checkpoint = one_run(tmp_path)
+    scored = []
+    monkeypatch.setattr(ParallaxLM, "from_job_config", classmethod(lambda cls, *a, **k: "lm"))
+    monkeypatch.setattr(cli, "evaluate", lambda lm, tasks, **kwargs: scored.append(tasks) or {"results": {}})
+    cli.evaluate_checkpoints([config], [checkpoint], tasks="piqa, boolq", output=str(tmp_path / "out"), device="cpu")
+    assert scored == [["piqa", "boolq"]]
+
+
 def saved_checkpoint(folder, config: str) -> str:
     """A trainer-like checkpoint (weights, manifest, settings.json) of ``config``'s freshly built model."""
     import torch
@@ -160,6 +228,16 @@ def saved_checkpoint(folder, config: str) -> str:
     save_checksummed(build_model(model_args_of(job), torch.device("cpu")).state_dict(), str(folder))
     write_settings(str(folder), 1, run_settings(job, 1))
     return str(folder)
+
+
+def one_run(tmp_path) -> tuple[str, str]:
+    """test_cpu_2rank.toml and a checkpoint of its model (run "run", step 1)."""
+    import os
+
+    from tests._train_runs import REPO
+
+    config = os.path.join(REPO, "configs", "test_cpu_2rank.toml")
+    return config, saved_checkpoint(tmp_path / "run" / "checkpoint" / "step-1", config)
 
 
 def two_runs(tmp_path):
