@@ -36,7 +36,11 @@ class SchedulePhases:
 
 
 def decay_progress(step: int, phases: SchedulePhases) -> float:
-    """Progress ``t`` in [0, 1] through the decay stage at 0-indexed scheduler step ``step``."""
+    """Progress ``t`` in [0, 1] through the decay stage at 0-indexed scheduler step ``step``, an int
+    (ValueError otherwise: a NaN step compares False with every bound, and a fractional one lands
+    between the schedule's steps)."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"step={step!r}; expected an int (the scheduler's step count)")
     start = phases.warmup_steps + phases.stable_steps
     if step < start or phases.decay_steps == 0:
         return 0.0

@@ -371,6 +371,13 @@ def test_wd_anneal_factor_refuses_a_gamma_that_is_not_a_finite_number(gamma):
         wd_anneal_factor(6, SchedulePhases(2, 3, 4), gamma)
 
 
+@pytest.mark.parametrize("step", [math.nan, 5.5, True])
+def test_wd_anneal_factor_refuses_a_step_that_is_not_an_int(step):
+    """A NaN step compared False with the decay stage's start and gave the factor 1; 5.5 was interpolated."""
+    with pytest.raises(ValueError, match=re.escape(f"step={step!r}; expected an int (the scheduler's step count)")):
+        wd_anneal_factor(step, SchedulePhases(2, 3, 4), 1.0)
+
+
 @pytest.mark.parametrize("phases", [(2, 3, -4), (-1, 3, 4), (2, 3.5, 4), (True, 3, 4)])
 def test_schedule_phases_are_step_counts(phases):
     """decay_steps=-4 gave a decay progress of -0.75 and a WDA factor of 1.75 (more decay than none)."""
