@@ -5,6 +5,7 @@ import gzip
 import json
 import logging
 import os
+import re
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -438,3 +439,18 @@ def test_global_order_state_is_one_for_all_ranks_and_moves_between_rank_counts(t
     resumed.load_state_dict(states[0])
     for (ex, ey), (gx, gy) in zip(straight[3:], take(resumed, 3)):
         assert torch.equal(ex["input"], gx["input"]) and torch.equal(ey, gy)
+
+
+@pytest.mark.parametrize("name", ["default_corpus", "default_corpus_validation"])
+def test_embedded_dataset_path_that_is_not_one_jsonl_file_is_named(tmp_path, name):
+    """The embedded datasets read one JSONL file: a parquet file passed the config check and failed at
+    the loader build as 'line 1: not valid UTF-8' naming no key; a folder was said not to exist."""
+    parquet = tmp_path / "docs.parquet"
+    write_parquet(parquet, ["some text"])
+    for path in (str(parquet), str(tmp_path)):
+        with pytest.raises(ValueError, match=rf"training\.dataset_path = {re.escape(repr(path))}: {name!r} reads one "
+                                             r"\.jsonl/\.jsonl\.gz file.*dataset = 'local'"):
+            check_dataset_config(SimpleNamespace(dataset=name, dataset_path=path))
+    jsonl = tmp_path / "docs.jsonl.gz"
+    write_jsonl(jsonl, ["some text"])
+    check_dataset_config(SimpleNamespace(dataset=name, dataset_path=str(jsonl)))

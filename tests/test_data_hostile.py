@@ -150,6 +150,7 @@ def hub_layout(root, texts) -> str:
     ("local", "--revision", "v2"),
     ("embedded", "--revision", "v2"),
     ("hub", "--docs-per-shard", "3"),  # one unit per hub file whatever the flag
+    ("hub", "--max-record-bytes", "100"),  # `datasets` reads the records: every line taken, the cap recorded
 ])
 def test_source_flags_the_source_does_not_read_are_refused(tmp_path, source, capsys, kind, flag, value):
     """These were dropped without a word and the run exited 0 (the manifest recorded them as the source);

@@ -3,8 +3,8 @@ share of a text dataset holds no document (it re-looped forever, flooding the lo
 folder listed twice under two names (the run trained on one dataset and logged two), a source weight
 below the mixing resolution (refused at the loader build without naming the key), weights whose sum
 overflows (the mixture fell to equal shares), a parquet file with two ``content`` columns (a
-KeyError traceback), and a directory's hidden copies of its files (read twice) and files of other
-formats (left out without a word)."""
+KeyError traceback), a directory's hidden copies of its files (read twice), files of other formats
+and linked folders (left out without a word), and a file reached through two links (read twice)."""
 
 from __future__ import annotations
 
@@ -141,3 +141,31 @@ def test_a_directory_leaves_out_hidden_copies_and_names_files_it_does_not_read(t
     assert files == [str(tmp_path / "data.jsonl")]
     assert "training.dataset_path" in caplog.text and "1 file(s) without a .parquet/.jsonl/.jsonl.gz ending" in caplog.text
     assert "notes.json" in caplog.text
+
+
+def test_a_directory_reads_its_linked_folders_and_each_file_once(tmp_path, caplog):
+    """A folder linked into the data directory (a common layout on shared storage) was left out without
+    a word, while a glob's ``**`` read it; a file reached through two links was read twice by a glob.
+    Links back up the tree are not followed round."""
+    shared = tmp_path / "shared" / "v3"
+    shared.mkdir(parents=True)
+    write_docs(shared / "b.jsonl", ["two"])
+    root = tmp_path / "data"
+    root.mkdir()
+    write_docs(root / "a.jsonl", ["one"])
+    (root / "linked").symlink_to(shared, target_is_directory=True)
+    (root / "loop").symlink_to(root, target_is_directory=True)
+    (shared / "latest").symlink_to(shared, target_is_directory=True)
+    with caplog.at_level("WARNING"):
+        assert resolve_data_files(str(root)) == [str(root / "a.jsonl"), str(root / "linked" / "b.jsonl")]
+    assert "the same file" not in caplog.text
+    for link in (root / "loop", shared / "latest"):  # a glob's ** would follow these round (Python's glob)
+        link.unlink()
+    (root / "v3").symlink_to(shared, target_is_directory=True)  # b.jsonl through two links
+    for path in (str(root), str(root / "**" / "*.jsonl")):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            files = resolve_data_files(path, key="training.dataset_path")
+        assert files == [str(root / "a.jsonl"), str(root / "linked" / "b.jsonl")]
+        assert f"training.dataset_path = {path!r}" in caplog.text and "1 file(s) are the same file as" in caplog.text
+        assert str(root / "v3" / "b.jsonl") in caplog.text

@@ -23,7 +23,7 @@ from parallax_titan.data.mixture import PERIOD, shares, unmixable_source
 from parallax_titan.data.pretokenized import (
     DOCUMENT_STARTS, PretokenizedLoader, ReadAhead, SequenceSource, sequence_count_problem,
 )
-from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES, check_file, resolve_data_files
+from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES, JSONL_SUFFIXES, check_file, resolve_data_files
 from parallax_titan.data.shards import TokenStream, check_split, read_manifest, split_shards
 from parallax_titan.data.text import (
     EMBEDDED, GLOBAL_STATE_KEY, TEXT_DATASETS, build_text_loader, check_ultrafineweb_path,
@@ -134,6 +134,17 @@ def data_seed_problem(seed: int, dataset: str, key: str) -> str | None:
     return seed_problem(key, seed) if dataset == PRETOKENIZED else None
 
 
+def check_embedded_path(path: str | None, name: str, key: str) -> None:
+    """ValueError naming ``key`` when ``path`` (set in place of embedded dataset ``name``'s file) is a
+    folder or a file of another format than JSONL (a missing file is :func:`check_file`'s): that loader
+    reads one JSONL file into memory, so a parquet file would pass the file check and fail at the
+    loader build as invalid UTF-8 naming no key, and a folder would be said not to exist."""
+    if path and (os.path.isdir(path) or os.path.isfile(path) and not path.endswith(JSONL_SUFFIXES)):
+        what = "a folder" if os.path.isdir(path) else "a file of another format"
+        raise ValueError(f"{key} = {path!r}: {name!r} reads one .jsonl/.jsonl.gz file, and this is {what}; expected "
+                         "such a file, or dataset = 'local' for parquet files, a folder or a glob")
+
+
 def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False, tokenizer_path: str | None = None,
                          max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
     """Validate ``cfg.dataset`` / ``cfg.dataset_path`` (``cfg.sources``, ``cfg.data_seed``) without reading the data.
@@ -158,6 +169,7 @@ def check_dataset_config(cfg, section: str = "training", skip_bad: bool = False,
     elif name == "ultrafineweb" and cfg.dataset_path:
         check_ultrafineweb_path(cfg.dataset_path, f"{section}.dataset_path")
     elif name in EMBEDDED:
+        check_embedded_path(cfg.dataset_path, name, f"{section}.dataset_path")
         check_file(cfg.dataset_path or TEXT_DATASETS[name].path)
     elif name == PRETOKENIZED:
         check_pretokenized(cfg, section, tokenizer_path)

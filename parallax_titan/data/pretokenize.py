@@ -366,6 +366,9 @@ def check_source(spec: SourceSpec, options: Options) -> None:
     elif options.docs_per_shard:
         raise ValueError(f"--docs-per-shard: {options.docs_per_shard} is not read by --source hub (a hub dataset is "
                          "cut into units by its own files)")
+    elif options.max_record_bytes != Options().max_record_bytes:
+        raise ValueError(f"--max-record-bytes: {options.max_record_bytes} is not read by --source hub (`datasets` "
+                         "reads its records, longer lines included); use --source local on its files to cap a line")
     elif spec.revision is not None and os.path.isdir(spec.path):
         raise ValueError(f"--revision: {spec.revision!r} is not read from a local clone ({spec.path!r} is a folder: "
                          "its files are read as they are); check out that revision into the clone instead")

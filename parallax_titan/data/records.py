@@ -294,14 +294,38 @@ def check_file(path: str, skip_bad: bool = False, max_bytes: int = DEFAULT_MAX_R
 def _directory_files(path: str) -> tuple[list[str], list[str]]:
     """The data files under directory ``path`` (searched recursively) and its other files. Hidden files
     and folders (a leading ".", such as ``.ipynb_checkpoints``, whose copies of the data files would be
-    read twice) are neither, as in ``datasets`` and as a glob's ``*`` leaves them out."""
+    read twice) are neither, as in ``datasets`` and as a glob's ``*`` leaves them out. Linked folders
+    are searched as a glob's ``**`` searches them (without following, their files would be left out
+    without a word), except a link back to a folder on the way down to it, which would lead round
+    forever; a file reached twice is read once (:func:`_distinct_files`)."""
     data, others = [], []
-    for root, folders, names in os.walk(path):
-        folders[:] = sorted(f for f in folders if not f.startswith("."))
+    above = {path: frozenset([os.path.realpath(path)])}  # each folder walked: the real folders down to it
+    for root, folders, names in os.walk(path, followlinks=True):
+        real = {f: os.path.realpath(os.path.join(root, f)) for f in folders}
+        folders[:] = sorted(f for f in folders if not f.startswith(".") and real[f] not in above[root])
+        above.update({os.path.join(root, f): above[root] | {real[f]} for f in folders})
         for name in names:
             if not name.startswith("."):
                 (data if name.endswith(PARQUET_SUFFIXES + JSONL_SUFFIXES) else others).append(os.path.join(root, name))
     return data, sorted(others)
+
+
+def _distinct_files(files: list[str], key: str, path: str) -> list[str]:
+    """``files`` (sorted) with each real file once, the first path to it kept: links (a linked folder
+    beside its real one, two links to one folder) would otherwise have its documents read twice. The
+    paths left out are named in a warning."""
+    kept, seen, again = [], {}, []
+    for f in files:
+        real = os.path.realpath(f)
+        if real in seen:
+            again.append(f"{f} (= {seen[real]})")
+            continue
+        seen[real] = f
+        kept.append(f)
+    if again:
+        logger.warning(f"{key} = {path!r}: {len(again)} file(s) are the same file as one listed before them (links) "
+                       f"and are read once, e.g. {again[:3]}")
+    return kept
 
 
 def resolve_data_files(path: str | None, key: str = "training.dataset_path", skip_bad: bool = False,
@@ -324,7 +348,7 @@ def resolve_data_files(path: str | None, key: str = "training.dataset_path", ski
         files = [path]
     else:
         files = glob.glob(path, recursive=True)
-    files = sorted(files)
+    files = _distinct_files(sorted(files), key, path)
     if not files:
         raise ValueError(f"{key} = {path!r} matches no .parquet/.jsonl/.jsonl.gz files")
     if len({f.endswith(PARQUET_SUFFIXES) for f in files}) > 1:
