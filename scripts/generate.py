@@ -2,7 +2,7 @@
 
     python -m scripts.generate --config X.toml --checkpoint OUT/checkpoint/step-N --prompt "Once upon a time" \
         [--max-new-tokens 128] [--temperature 0.8 --top-k 50 --top-p 0.95 --repetition-penalty 1.1 --seed 0] \
-        [--stop "\\n\\n"] [--device cuda] [--dtype bfloat16] [--max-length N] [--no-graph] [--no-verify] \
+        [--stop $'\n\n'] [--device cuda] [--dtype bfloat16] [--max-length N] [--no-graph] [--no-verify] \
         [--section.key value ...]
 
 Temperature 0 (the default) is greedy. Several ``--prompt`` run one after another. The model runs
@@ -33,8 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for several)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus: keep tokens up to this probability mass")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="keep the k most likely tokens (0 = all; needs --temperature > 0)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus: keep tokens up to this probability mass (needs --temperature > 0)")
     parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeated tokens")
     parser.add_argument("--seed", type=int, default=None, help="seed of the draws (default: random)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeat for several)")
@@ -58,6 +60,13 @@ def run(args, overrides: list[str], out=None) -> list[str]:
         raise ValueError("--stop: got '', which stops nothing; expected a non-empty stop string")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
+    # greedy decoding takes the argmax: a truncation of the draw would be ignored without a word (a seed is
+    # harmless there, the output being the same for every seed, so scripts may always pass one)
+    if sampling.greedy:
+        for flag, value, off in (("--top-k", args.top_k, 0), ("--top-p", args.top_p, 1.0)):
+            if value != off:
+                raise ValueError(f"{flag}: {value} has no effect with --temperature 0 (greedy decoding takes the most "
+                                 f"likely token, with no draw); pass --temperature > 0 to sample, or leave {flag} out")
     job_config = load_job_config(args.config, overrides)
     tokenizer = build_tokenizer(job_config)
     # every argument is checked before the checkpoint is verified and loaded (minutes for a large model)

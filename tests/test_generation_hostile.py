@@ -341,3 +341,28 @@ def test_sampler_observe_names_a_row_outside_the_batch(row):
     with pytest.raises(ValueError, match=rf"Sampler.observe: row must be an int in \[0, 2\), got {row!r}"):
         sampler.observe(row, [1])
     assert not sampler.seen.any()
+
+
+def test_on_text_without_decode_is_refused_before_the_prefill(model, monkeypatch):
+    """on_text receives decoded text: without decode it would never be called, and a caller streaming
+    the completions would see nothing and no error."""
+    generator = Generator(model, batch_size=1, capacity=8)
+    monkeypatch.setattr(generator.session, "prefill", lambda *a, **k: pytest.fail("prefilled"))
+    with pytest.raises(ValueError, match=r"on_text: streaming text needs decode \(token ids -> text\), got decode "
+                                         "None"):
+        generator.generate([[5, 6]], on_text=lambda index, text: None)
+    with pytest.raises(ValueError, match="on_text: streaming text needs decode"):
+        generate(model, [[5, 6]], stopping=StopCriteria(max_new_tokens=2), on_text=print)
+
+
+@pytest.mark.parametrize("flag, value", [("--top-k", "40"), ("--top-p", "0.9")])
+def test_script_refuses_sampling_options_that_greedy_decoding_ignores(tmp_path, capsys, flag, value):
+    """--top-p 0.9 (or --top-k) without --temperature decodes greedily (temperature 0 is the default),
+    which would ignore the option without a word; with a temperature it is taken."""
+    missing = str(tmp_path / "no-checkpoint")
+    code = script.main(["--config", CONFIG, "--checkpoint", missing, "--device", "cpu", "--prompt", "Hi", flag, value,
+                        "--max-new-tokens", "4"])
+    assert code == 2 and f"{flag}: {value} has no effect with --temperature 0" in capsys.readouterr().err
+    code = script.main(["--config", CONFIG, "--checkpoint", missing, "--device", "cpu", "--prompt", "Hi", flag, value,
+                        "--max-new-tokens", "4", "--temperature", "0.7"])
+    assert code == 2 and "is not a directory" in capsys.readouterr().err  # taken: the missing folder is next

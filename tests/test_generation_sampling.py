@@ -128,3 +128,15 @@ def test_stream_holds_back_half_characters():
 def test_cut_at_stop_takes_the_first():
     assert cut_at_stop("a b c d", ["c", " b"]) == ("a", True)
     assert cut_at_stop("abc", ["", "x"]) == ("abc", False)
+
+
+def test_a_bare_stop_string_is_one_stop_string_in_the_text_helpers():
+    """A bare string is one stop string: iterated, cut_at_stop(text, "###") and TextStream(decode,
+    "\\n\\n") would cut the text at the first "#" or the first newline."""
+    assert cut_at_stop("a#b###c", "###") == ("a#b", True)
+    stream = TextStream(lambda ids: "".join(chr(i) for i in ids), stops="\n\n")
+    assert "".join(stream.add(ord(c)) for c in "ab\ncd\n\nef") == "ab\ncd" and stream.stopped
+    with pytest.raises(ValueError, match=r"stops: expected strings, got \[3\]"):
+        cut_at_stop("abc", [3])
+    with pytest.raises(ValueError, match="stops: expected strings, got None"):
+        TextStream(decode, stops=None)

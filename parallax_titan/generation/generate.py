@@ -166,9 +166,9 @@ class Generator:
 
         stopping: one for all prompts or one each. decode: token ids -> text, needed for stop
         strings and text. on_text(prompt_index, text): called with each piece of settled text as
-        it is generated (streaming). overflow: "stop" or "slide" (module docstring); with "stop"
-        a prompt longer than the capacity is an error, with "slide" it keeps its last tokens.
-        ValueError for a stop token id outside the model's vocabulary (it would stop nothing).
+        it is generated (streaming; needs decode). overflow: "stop" or "slide" (module docstring);
+        with "stop" a prompt longer than the capacity is an error, with "slide" it keeps its last
+        tokens. ValueError for a stop token id outside the model's vocabulary (it would stop nothing).
         """
         _check_prompt_list(prompts)
         stoppings = _per_prompt(stopping, len(prompts))
@@ -180,6 +180,8 @@ class Generator:
         for name, function in (("decode", decode), ("on_text", on_text)):
             if function is not None and not callable(function):  # they are first called after the prefill
                 raise ValueError(f"{name}: expected a callable or None, got {type(function).__name__}")
+        if on_text is not None and decode is None:  # it receives decoded text: it would never be called
+            raise ValueError("on_text: streaming text needs decode (token ids -> text), got decode None")
         rows = []
         for i, (prompt, crit) in enumerate(zip(prompts, stoppings)):
             tokens = prompt_tokens(i, prompt, self.vocab_size)

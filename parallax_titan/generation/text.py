@@ -8,23 +8,35 @@ back until the next token settles it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 REPLACEMENT = "\ufffd"
 
 
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` up to (excluding) its first stop string, and whether one was found."""
-    cuts = [text.index(s) for s in stops if s and s in text]
+def stop_strings(stops: str | Sequence[str]) -> list[str]:
+    """The non-empty stop strings of ``stops`` (strings, or one bare string). A bare string iterated
+    gives its characters: "###" would stop at any "#". ValueError naming ``stops`` for anything else
+    (None, or a non-string item that would fail in the text search)."""
+    if isinstance(stops, str):
+        return [stops] if stops else []
+    items = list(stops) if isinstance(stops, Iterable) else None
+    if items is None or not all(isinstance(s, str) for s in items):
+        raise ValueError(f"stops: expected strings, got {stops!r:.60}")
+    return [s for s in items if s]
+
+
+def cut_at_stop(text: str, stops: str | Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to (excluding) its first stop string (:func:`stop_strings`), and whether one was found."""
+    cuts = [text.index(s) for s in stop_strings(stops) if s in text]
     return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 class TextStream:
-    """Generated text of one sequence. decode: token ids -> str; stops: stop strings."""
+    """Generated text of one sequence. decode: token ids -> str; stops: stop strings, or one string."""
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = ()):
+    def __init__(self, decode: Callable[[list[int]], str], stops: str | Sequence[str] = ()):
         self.decode = decode
-        self.stops = [s for s in stops if s]
+        self.stops = stop_strings(stops)
         self.tokens: list[int] = []
         self.text = ""
         self.stopped = False
