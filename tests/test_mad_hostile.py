@@ -157,9 +157,11 @@ def test_a_damaged_runs_file_is_named_and_kept(tmp_path, monkeypatch, report_onl
     assert (out / "runs.jsonl").read_text() == damaged
 
 
-@pytest.mark.parametrize("option", [["--device", "cpu"], ["--workers", "2"], ["--threads", "4"], ["--deadline", "60"]])
+@pytest.mark.parametrize("option", [["--device", "cpu"], ["--workers", "2"], ["--threads", "4"], ["--deadline", "60"],
+                                    ["--compile"], ["--checkpoint-seconds", "5"]])
 def test_report_only_refuses_the_options_of_the_runs(tmp_path, option):
-    """--report-only runs nothing: a run option given with it was ignored without a word."""
+    """--report-only runs nothing: a run option given with it would be ignored without a word (--compile
+    and --checkpoint-seconds would even stand in results.json's config as the runs' settings)."""
     with pytest.raises(SystemExit, match=rf"{option[0]}: options of the runs, and --report-only runs nothing"):
         main(["--config", _config(tmp_path), "--out", str(tmp_path / "out"), "--report-only", *option])
 
@@ -327,3 +329,56 @@ def test_results_json_of_a_diverged_run_is_strict_json(tmp_path):
     summary = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)
     assert [r["final_loss"] for r in summary["runs"]] == [None, None] and summary["best"][0]["final_loss"] is None
     assert math.isnan(run["final_loss"])  # the caller's records are left as they are
+
+
+def test_tokens_copied_with_mad_lab_cached_copies_is_refused(tmp_path, monkeypatch):
+    """"mad_lab_cached" sets tokens_copied = 16 wherever num_tokens_to_copy is not 16: a [data]
+    tokens_copied would hold in some settings and be replaced in the others (the 32-, 64- and 96-token
+    settings would copy 16 tokens, not the 8 asked for)."""
+    from eval.mad import runner
+
+    with pytest.raises(ValueError, match=r"tokens_copied = 8 \(\[data\]\): selective_copy = 'mad_lab_cached'"):
+        task_settings("selective-copying", "mad", selective_copy="mad_lab_cached", tokens_copied=8)
+    text = TINY.replace('tasks = ["in-context-recall", "memorization"]\nsweep = "baseline"',
+                        'tasks = ["selective-copying"]\nsweep = "mad"\nselective_copy = "mad_lab_cached"')
+    config = _config(tmp_path, text.replace("num_test_examples = 16", "num_test_examples = 16\ntokens_copied = 8"))
+    calls = []
+    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
+    with pytest.raises(SystemExit, match=r"tokens_copied = 8 \(\[data\]\).*expected tokens_copied left out"):
+        main(["--config", config, "--mixers", "attention", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert not calls and not (tmp_path / "out").exists()
+    # either one alone is a grid: the cached data's 16 copies, or 8 copies in every setting
+    assert {s.tokens_copied for s in load_config(_config(tmp_path, text, "cached.toml")).settings()} == {0, 16}
+    assert {s.tokens_copied for s in task_settings("selective-copying", "mad", tokens_copied=8)} == {8}
+
+
+@pytest.mark.parametrize("train, options, message", [
+    ("min_lr = 1e-4", [], r"\[train\] min_lr = 0.0001: the 'wsd' schedule decays to 0 and does not read it"),
+    ('schedule = "cosine"\ndecay_frac = 0.5', [],
+     r"\[train\] decay_frac = 0.5: the 'cosine' schedule does not read it"),
+    ("decay_frac = 0.5", ["--schedule", "cosine"], r"\[train\] decay_frac = 0.5: the 'cosine' schedule"),
+    ('schedule = "cosine"\nmin_lr = 2e-3', [],
+     r"\[train\] min_lr = 0.002: above the learning rates \[0.001\] of lrs"),
+    ('schedule = "cosine"\nmin_lr = 1e-4', ["--lrs", "5e-5,1e-3"],
+     r"\[train\] min_lr = 0.0001: above the learning rates \[5e-05\] of lrs"),
+])
+def test_a_schedule_key_the_schedule_cannot_use_is_refused(tmp_path, monkeypatch, train, options, message):
+    """WSD decays to 0 and does not read min_lr; cosine does not read decay_frac; a cosine floor above
+    a learning rate raises that run's lr up to the floor: each run would differ from what the key asks,
+    under a config id other than the key-less config's."""
+    from eval.mad import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "run_job", fake_runs(calls))
+    config = _config(tmp_path, TINY.replace('precision = "fp32"', f'precision = "fp32"\n{train}'))
+    with pytest.raises(SystemExit, match=message):
+        main(["--config", config, "--mixers", "attention", "--out", str(tmp_path / "out"), "--device", "cpu",
+              *options])
+    assert not calls and not (tmp_path / "out").exists()
+
+
+def test_a_schedule_key_the_schedule_uses_is_accepted(tmp_path, monkeypatch):
+    """Cosine to a floor at or below every learning rate, and WSD with its own decay fraction, run."""
+    for name, train in (("cos.toml", 'schedule = "cosine"\nmin_lr = 1e-3'), ("wsd.toml", "decay_frac = 0.5")):
+        config = _config(tmp_path, TINY.replace('precision = "fp32"', f'precision = "fp32"\n{train}'), name)
+        _grid(tmp_path / name.split(".")[0], monkeypatch, config)

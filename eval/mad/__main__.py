@@ -16,8 +16,8 @@ import os
 import sys
 import tomllib
 
-from eval.mad.grid import (SWEEPS, RunConfig, check_checkpoint_seconds, check_config_id, check_mixers, check_value,
-                           load_config)
+from eval.mad.grid import (SWEEPS, RunConfig, check_checkpoint_seconds, check_config_id, check_mixers, check_schedule,
+                           check_value, load_config)
 from eval.mad.models import MIXERS
 from eval.mad.report import load_runs, write_report
 from eval.mad.tasks import SHORT, TASKS
@@ -166,8 +166,12 @@ def _check_running(args) -> None:
     if args.deadline is not None and not (math.isfinite(args.deadline) and args.deadline > 0):
         raise ValueError(f"--deadline = {args.deadline}: expected a number of seconds > 0")
     if args.report_only:
+        # --compile and --checkpoint-seconds change how a run executes, not its config id: results.json
+        # would record them as the runs' settings
         given = [flag for flag, value, unset in (("--device", args.device, None), ("--workers", args.workers, 0),
-                                                  ("--threads", args.threads, 1), ("--deadline", args.deadline, None))
+                                                  ("--threads", args.threads, 1), ("--deadline", args.deadline, None),
+                                                  ("--compile", args.compile, False),
+                                                  ("--checkpoint-seconds", args.checkpoint_seconds, None))
                  if value != unset]
         if given:  # nothing runs: the options would be ignored without a word
             raise ValueError(f"{', '.join(given)}: options of the runs, and --report-only runs nothing; expected "
@@ -178,6 +182,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:  # a bad config or option stops here, before any run, with the key named
         cfg = _apply_overrides(read_config(args.config), args)
+        check_schedule(cfg.train, f"{args.config}:")  # after --schedule and --lrs
         _check_running(args)
         check_mixers(cfg.mixers, "--mixers" if args.mixers is not None else f"{args.config}: [grid] mixers",
                      installed=not args.report_only)  # rebuilding tables needs no fla

@@ -72,12 +72,15 @@ if [ "${MPS:-0}" = 1 ]; then
     echo "MPS: did not start; running without it"
   fi
 fi
-args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} ${settings:+--settings "$settings"} ${compile:+--compile}
-      --tasks "$tasks" --out "$out" --checkpoint-seconds "$checkpoint"
+# the grid and report options; how the runs execute (--compile, --checkpoint-seconds) goes to the run
+# call only, as --report-only refuses them
+args=(--config "$config" ${mixers:+--mixers "$mixers"} ${sweep:+--sweep "$sweep"} ${settings:+--settings "$settings"}
+      --tasks "$tasks" --out "$out"
       --title "MAD, paper protocol ($config), ${mixers:-every mixer of the config}, one H200"
       --note "Command: CONFIG=$config MIXERS=$mixers bash eval/mad/gpu_baseline.sh $workers $deadline $limit (TASKS=$tasks SWEEP=$sweep SETTINGS=$settings), repeated; each call skips finished runs.")
 python3 -m eval.mad.bundle unpack "$out"
-timeout "$limit" python3 -m eval.mad "${args[@]}" --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"
+timeout "$limit" python3 -m eval.mad "${args[@]}" ${compile:+--compile} --checkpoint-seconds "$checkpoint" \
+  --workers "$workers" --deadline "$deadline" 2>&1 | tee -a "$out/log.txt"
 # $OUT comes back as a few files of at most 16 MiB each: the partial states go as tars of <= 15 MiB
 [ -n "${OUT:-}" ] && python3 -m eval.mad.bundle pack "$out"
 python3 -m eval.mad "${args[@]}" --report-only | tail -3

@@ -76,6 +76,12 @@ def task_settings(task: str, sweep: str, seed: int = 12345, selective_copy: str 
     fields = {f.name for f in dataclasses.fields(TaskSetting)} - {"task", "seed"}
     if set(overrides) - fields:
         raise ValueError(f"overrides {sorted(set(overrides) - fields)}; expected some of {sorted(fields)}")
+    if selective_copy == "mad_lab_cached" and task == "selective-copying" and "tokens_copied" in overrides:
+        # the cached data fixes the tokens copied: a tokens_copied of its own would hold in some
+        # settings and be replaced in the others
+        raise ValueError(f"tokens_copied = {overrides['tokens_copied']!r} ([data]): selective_copy = 'mad_lab_cached' "
+                         f"([grid]) copies {MAD_LAB_CACHED_COPIES} tokens in every setting that names another "
+                         "num_tokens_to_copy; expected tokens_copied left out, or selective_copy = 'setting'")
     if sweep == "hard":
         params = [dict(p) for p in HARD_LEVELS.get(task, [])]
     else:
@@ -270,6 +276,26 @@ def check_checkpoint_seconds(value, where: str) -> None:
     key or the CLI option)."""
     if not (matches(value, float) and math.isfinite(value) and value >= 0):
         raise ValueError(f"{where} = {value!r}: expected a finite number of seconds >= 0 (0: off)")
+
+
+def check_schedule(train: TrainConfig, where: str) -> None:
+    """Rejects a [train] key that ``train.schedule`` does not read, and a cosine floor above a learning
+    rate (the schedule would raise that run's lr up to it), naming ``where`` (e.g. ``"c.toml:"``).
+    Checked once the command line has set the schedule and the lrs."""
+    if train.schedule == "wsd" and train.min_lr != 0:  # WSD decays to 0
+        raise ValueError(f"{where} [train] min_lr = {train.min_lr!r}: the 'wsd' schedule decays to 0 and does not "
+                         "read it; expected 0, or schedule = 'cosine' (--schedule cosine)")
+    if train.schedule != "cosine":
+        return
+    default = TrainConfig.decay_frac
+    if train.decay_frac != default:  # WSD's decay stage
+        raise ValueError(f"{where} [train] decay_frac = {train.decay_frac!r}: the 'cosine' schedule does not read it; "
+                         f"expected the default {default!r}, or schedule = 'wsd' (--schedule wsd)")
+    below = [lr for lr in train.lrs if lr < train.min_lr]
+    if below:
+        raise ValueError(f"{where} [train] min_lr = {train.min_lr!r}: above the learning rates {below} of lrs "
+                         f"{train.lrs} (--lrs), which the cosine schedule would raise to it; expected min_lr <= "
+                         f"{min(train.lrs)!r}")
 
 
 def _fill(cls, values: dict, section: str):
