@@ -53,10 +53,19 @@ def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = 
     """The ``config.json`` of a model with ``args`` stored in ``dtype`` (eos: the tokenizer's end of document).
 
     Raises ValueError for a sliding-window model: the Hugging Face modeling code attends to the
-    whole causal prefix, so the exported model would compute something else."""
+    whole causal prefix, so the exported model would compute something else; and for a
+    block-causal model whose end-of-document id is not one of its tokens (the default, Qwen3's,
+    for a model of a smaller vocabulary): its documents would never end, while training ended them
+    at the tokenizer's ``<|endoftext|>``."""
     if getattr(args, "window", 0):
         raise ValueError(f"hf: parallax.window = {args.window} has no Hugging Face form (the exported modeling "
                          "code is full causal attention); export a model without a window")
+    eos = args.eos_id if eos_id is None else eos_id
+    if args.mixer == "parallax" and args.attn_mask_type == "block_causal" and (
+            isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < args.vocab_size):
+        raise ValueError(f"eos_id: {eos!r} is not a token id of this model (vocab_size {args.vocab_size}), and "
+                         "attn_mask_type = 'block_causal' ends a document after it; expected the id of "
+                         "<|endoftext|> in the tokenizer the model was trained with (PretrainTokenizer(...).eos_id)")
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
         "vocab_size": args.vocab_size, "hidden_size": args.dim, "intermediate_size": args.hidden_dim,
@@ -65,7 +74,7 @@ def hf_config(args: ParallaxModelArgs, dtype: torch.dtype, eos_id: int | None = 
         "max_position_embeddings": args.max_seq_len, "rope_theta": args.rope_theta, "rope_scaling": None,
         "rms_norm_eps": args.norm_eps, "tie_word_embeddings": args.enable_weight_tying,
         "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
-        "sliding_window": None, "use_cache": True, "bos_token_id": None, "eos_token_id": args.eos_id if eos_id is None else eos_id,
+        "sliding_window": None, "use_cache": True, "bos_token_id": None, "eos_token_id": eos,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
     if args.mixer == "parallax":
@@ -85,7 +94,7 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     for Parallax variants also the modeling code (``configuration_parallax.py``, ``modeling_parallax.py``).
 
     dtype: storage dtype, float32, bfloat16 or float16 (default: the parameters'). eos_id: the tokenizer's end-of-document id
-    (default: Qwen3's). Returns ``output_dir``.
+    (default: Qwen3's; a block-causal model refuses one outside its vocabulary, :func:`hf_config`). Returns ``output_dir``.
 
     Atomic: the files go into a folder beside ``output_dir`` that then replaces it whole, so a failed
     export leaves an earlier one there as it was, and no file of an earlier export stays behind.
@@ -218,10 +227,24 @@ def read_hf(hf_dir: str) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def _rope(config: dict) -> tuple[object, object]:
     """(theta, rope type) of a config.json: ``rope_theta`` and ``rope_scaling`` (transformers 4), or
-    ``rope_parameters`` (transformers 5 writes it instead). None where absent."""
+    ``rope_parameters`` (transformers 5 writes it instead). None where absent.
+
+    Raises ValueError when two of them give different thetas: transformers 5 computes with the
+    theta of ``rope_parameters`` (or ``rope_scaling``) over ``rope_theta``, so a check of either
+    one alone passes a model of another RoPE."""
     parameters = config.get("rope_parameters") or {}
     scaling = config.get("rope_scaling") or {}
-    theta = config.get("rope_theta", parameters.get("rope_theta") if isinstance(parameters, dict) else None)
+    thetas = {"rope_theta": config.get("rope_theta")}
+    for name, part in (("rope_parameters", parameters), ("rope_scaling", scaling)):
+        if isinstance(part, dict):
+            thetas[f"{name}.rope_theta"] = part.get("rope_theta")
+    thetas = {key: value for key, value in thetas.items() if value is not None}
+    theta = next(iter(thetas.values()), None)
+    if any(value != theta for value in thetas.values()):
+        given = ", ".join(f"{key} = {value!r}" for key, value in thetas.items())
+        raise ValueError(f"hf config.json: {given} disagree; expected one RoPE theta (transformers 5 computes with "
+                         "the nested one, transformers 4 with rope_theta: which one the weights were trained with "
+                         "is unclear)")
     kinds = [part.get("rope_type", part.get("type")) if isinstance(part, dict) else part
              for part in (scaling, parameters) if part]
     return theta, next((kind for kind in kinds if kind not in (None, "default")), "default")
@@ -249,7 +272,8 @@ def _parallax_problem(config: dict, args: ParallaxModelArgs) -> str | None:
 def check_hf_config(config: dict, args: ParallaxModelArgs) -> None:
     """ValueError naming the first config.json field that disagrees with the model's ``args``, or that
     is missing (then the model would silently take the config's value, e.g. another RoPE theta): the
-    shape keys (:data:`SHAPE_FIELDS`), RoPE theta and type, the keys that must keep Qwen3's values
+    shape keys (:data:`SHAPE_FIELDS`), RoPE theta (one, where ``rope_parameters`` or ``rope_scaling``
+    gives one too) and type, the keys that must keep Qwen3's values
     (:data:`FIXED_FIELDS`), ``model_type`` and a Parallax export's ``parallax`` block."""
     theta, rope_type = _rope(config)
     values = {**config, "rope_theta": theta}
@@ -293,6 +317,20 @@ def _check_tied_head(hf_state: dict[str, torch.Tensor], tied: bool) -> None:
                          "into a config with untied embeddings")
 
 
+def _check_weight_values(hf_state: dict[str, torch.Tensor]) -> None:
+    """ValueError naming the first weight that is not floating point (integers of a quantized or
+    foreign file would be cast to other values without a word) or that holds inf or NaN (the model
+    would compute NaN from its first step, after the folder it was written to had been trusted)."""
+    for name, value in hf_state.items():
+        if not value.is_floating_point():
+            raise ValueError(f"hf: {name} is stored as {value.dtype}; expected floating-point weights (float32, "
+                             "bfloat16 or float16), as Qwen3 checkpoints hold them (a quantized checkpoint?)")
+        bad = int((~torch.isfinite(value)).sum())
+        if bad:
+            raise ValueError(f"hf: {name} holds {bad} non-finite values (of {value.numel()}); a diverged or damaged "
+                             "checkpoint? Nothing was loaded")
+
+
 @torch.no_grad()
 def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> None:
     """Load Hugging Face (Qwen3 or our export) weights into ``model``.
@@ -300,8 +338,9 @@ def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> 
     A Parallax model given a Qwen3 (Transformer) state dict keeps its initialised W_R and gate and
     gets rho-norm weights 0 (as up-training does), so it computes exactly the Transformer's function.
     ``model`` must be freshly initialised (``eval.checkpoint.build_model``). Raises ValueError for unknown,
-    missing or mis-shaped weights; a state dict with some of the Parallax weights (W_R, rho norm, gate)
-    but not all is missing weights too.
+    missing or mis-shaped weights, and for weights that are not floating point or not finite
+    (:func:`_check_weight_values`), before ``model`` is changed; a state dict with some of the Parallax
+    weights (W_R, rho norm, gate) but not all is missing weights too.
     """
     adapter = ParallaxStateDictAdapter(model.model_args)
     unknown = sorted(k for k in hf_state if abstract_name(k) not in adapter.from_hf_map)
@@ -309,7 +348,9 @@ def load_hf_state(model: torch.nn.Module, hf_state: dict[str, torch.Tensor]) -> 
         raise ValueError(f"hf: {len(unknown)} weights have no place in this model (e.g. {unknown[:3]})")
     _check_tied_head(hf_state, model.model_args.enable_weight_tying)
     # Entries mapped to None (RoPE inverse frequencies) are recomputed by the model.
-    ours = adapter.from_hf({k: v for k, v in hf_state.items() if adapter.from_hf_map[abstract_name(k)] is not None})
+    weights = {k: v for k, v in hf_state.items() if adapter.from_hf_map[abstract_name(k)] is not None}
+    _check_weight_values(weights)
+    ours = adapter.from_hf(weights)
     target = model.state_dict()
     unused = sorted(k for k in ours if k not in target)
     if unused:

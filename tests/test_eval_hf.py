@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from eval.checkpoint import build_model, load_checkpoint, load_job_config, model_args_of
 from eval.hf_format import check_hf_config, export_hf, load_hf_state, read_hf
@@ -292,3 +292,66 @@ def test_script_unreadable_checkpoint_unchecked_is_an_error_not_a_traceback(tmp_
     assert re.search(f"error: --checkpoint: {re.escape(repr(folder))} cannot be read: {cause}; it was loaded without "
                      "checking its checksums", err), err
     assert not os.path.exists(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("nested", ["rope_parameters", "rope_scaling"])
+def test_import_refuses_a_config_json_with_two_rope_thetas(tmp_path, nested):
+    """rope_theta matched the model while rope_parameters (or rope_scaling) gave another theta, which
+    transformers 5 computes with: the check passed a Qwen3 of another RoPE, whose weights then gave
+    other logits in our model."""
+    model = tiny_model("transformer", seed=0)
+    export_hf(model, str(tmp_path / "hf"))
+    config, _ = read_hf(str(tmp_path / "hf"))
+    config[nested] = {"rope_theta": 10000.0, "rope_type": "default"}
+    with pytest.raises(ValueError, match=rf"hf config.json: rope_theta = 1000000, {nested}.rope_theta = 10000.0 "
+                                         r"disagree; expected one RoPE theta"):
+        check_hf_config(config, model.model_args)
+    config[nested]["rope_theta"] = 1.0e6  # the same theta twice is one
+    check_hf_config(config, model.model_args)
+
+
+@pytest.mark.parametrize("value, message", [
+    (float("nan"), r"hf: model\.layers\.0\.mlp\.down_proj\.weight holds 1 non-finite values \(of 196608\)"),
+    (float("-inf"), r"hf: model\.layers\.0\.mlp\.down_proj\.weight holds 1 non-finite values \(of 196608\)"),
+    (torch.int32, r"hf: model\.layers\.0\.mlp\.down_proj\.weight is stored as torch\.int32; expected floating-point"),
+], ids=["nan", "inf", "int32"])
+def test_import_refuses_weights_that_are_not_finite_floats(tmp_path, capsys, value, message):
+    """A Hugging Face folder whose weights hold NaN or inf, or integers, was imported without a word:
+    the DCP folder written (checksummed, so trusted) held NaN, or integer weights cast to floats.
+    Now refused naming the weight, before the model is changed or --output is written (exit code 2)."""
+    model = build_model(model_args_of(load_job_config(CONFIG)), torch.device("cpu"))
+    save_checksummed(model.state_dict(), str(tmp_path / "step-5"))
+    script = load_script()
+    hf = str(tmp_path / "hf")
+    assert script.main(["export", "--config", CONFIG, "--checkpoint", str(tmp_path / "step-5"), "--output", hf]) == 0
+    tensors = load_file(os.path.join(hf, "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    if isinstance(value, float):
+        tensors[name][3, 5] = value
+    else:
+        tensors[name] = tensors[name].to(value)
+    save_file(tensors, os.path.join(hf, "model.safetensors"), metadata={"format": "pt"})
+    target = build_model(model.model_args, torch.device("cpu"))
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        load_hf_state(target, read_hf(hf)[1])
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+    assert script.main(["import", "--config", CONFIG, "--hf", hf, "--output", str(tmp_path / "back")]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not os.path.exists(tmp_path / "back")
+
+
+def test_block_causal_export_with_an_end_of_document_outside_the_vocabulary_is_refused(tmp_path):
+    """A block-causal model exported without eos_id got Qwen3's <|endoftext|> id, 151643, as its
+    eos_token_id, a token that a 4096-token model never sees: the exported model never ended a
+    document and silently attended across the ones training kept apart. Refused before anything is
+    written; the tokenizer's id exports."""
+    model = tiny_model("parallax", seed=0, attn_mask_type="block_causal")
+    for eos_id, shown in [(None, "151643"), (4096, "4096"), (-1, "-1"), ("7", "'7'")]:
+        with pytest.raises(ValueError, match=rf"eos_id: {shown} is not a token id of this model \(vocab_size 4096\), "
+                                             r"and attn_mask_type = 'block_causal' ends a document after it"):
+            export_hf(model, str(tmp_path / "hf"), eos_id=eos_id)
+    assert not os.path.exists(tmp_path / "hf")
+    export_hf(model, str(tmp_path / "hf"), eos_id=7)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 7
+    export_hf(tiny_model("parallax", seed=0), str(tmp_path / "causal"))  # a causal model computes without it
