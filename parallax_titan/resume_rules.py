@@ -1,14 +1,15 @@
 """What a resumed run does with a setting that differs from its checkpoint's: apply it or refuse.
 
 Every checkpoint holds ``settings.json``: the run's effective settings (every ``[optimizer]``,
-``[lr_scheduler]`` and ``[parallax]`` key, ``training.dataset``, ``dataset_path``, ``steps``, ``max_norm``,
+``[lr_scheduler]`` and ``[parallax]`` key, ``training.dataset``, ``dataset_path``, the files a local dataset
+reads (:data:`DATASET_FILES`), ``steps``, ``max_norm``,
 ``seq_len``, ``local_batch_size``, the global batch in sequences per step, and the model arguments of
 :data:`MODEL_ARGS` as ``model.<name>``). On resume
 each key that differs follows one rule (the table in docs/resume.md):
 
 * refused before anything is built, naming the key (:data:`REFUSED`), where applying it would
   change which data a step trains on, the meaning of the step count, or make the saved optimizer
-  state not fit the optimizer; ``training.dataset`` and ``local_batch_size`` are applied where the
+  state not fit the optimizer; ``training.dataset``, its files and ``local_batch_size`` are applied where the
   run does not load the data loader's saved position (``checkpoint.exclude_from_loading =
   ["dataloader"]``);
 * ``training.steps``: applied when it is at least the checkpoint's step, refused below it;
@@ -33,9 +34,14 @@ from optimizers.muon import GROUP_DEFAULTS
 from parallax_titan.checkpoint_files import SETTINGS_FILE
 from parallax_titan.checksums import write_json_atomic
 from parallax_titan.config.job import global_batch_size
+from parallax_titan.data.build import dataset_files
 from parallax_titan.spec import model_args_for
 
 SETTINGS_FORMAT = 1
+
+DATASET_FILES = "training.dataset_files"
+"""Settings key: the files a local text dataset reads (:func:`parallax_titan.data.build.dataset_files`),
+recorded beside ``training.dataset_path``, which may change (files moved) while they stay the same."""
 
 REFUSED: dict[str, str] = {
     "optimizer.name": "the saved optimizer state holds the other algorithm's buffers (Muon momentum, Adam moments)",
@@ -50,6 +56,9 @@ REFUSED: dict[str, str] = {
                                   "the tokens behind each step of the schedule would change",
     "training.dataset": "the data loader's saved position (documents read, tokens held back) is in the checkpoint's "
                         "dataset: the run would go on from that offset into another one, or fail in the loader",
+    DATASET_FILES: "the data loader's saved position (file, document) is an index into the files the checkpoint's run "
+                   "read: with a file added, removed, renamed or changed in size the run would go on from that index "
+                   "into another list, repeating or skipping documents",
 }
 """Keys a resume refuses to change, with the reason the refusal gives."""
 
@@ -65,13 +74,18 @@ global text order), so the local batch may change with the rank count while the 
 WAYS_OUT: dict[str, str] = {
     "training.dataset": "set checkpoint.exclude_from_loading = ['dataloader'] to start the new dataset at its first "
                         "document (the model, optimizer and schedule state still load)",
+    DATASET_FILES: "set checkpoint.exclude_from_loading = ['dataloader'] to read the files from their first "
+                   "document (the model, optimizer and schedule state still load)",
     "training.local_batch_size": "set checkpoint.exclude_from_loading = ['dataloader'] to read the data again from "
                                  "its first document with the new local batch (the model, optimizer and schedule "
                                  "state still load)",
 }
 """Keys whose refusal has a way out besides resuming with the old value, and that way."""
 
-POSITION_ONLY = ("training.dataset", "training.local_batch_size")
+RESUME_WITH: dict[str, str] = {DATASET_FILES: "the files the checkpoint's run read (training.dataset_path)"}
+"""Refused keys that no config key sets: what resuming with the checkpoint's value means."""
+
+POSITION_ONLY = ("training.dataset", DATASET_FILES, "training.local_batch_size")
 """Refused keys whose one reason is the data loader's saved position: a run that does not load it
 (:func:`loads_data_position`) applies them."""
 
@@ -107,6 +121,7 @@ def run_settings(cfg, world: int) -> dict[str, Any]:
                 for f in dataclasses.fields(section)}
     training = cfg.training
     settings.update({"training.dataset": training.dataset, "training.dataset_path": training.dataset_path,
+                     DATASET_FILES: dataset_files(training),
                      "training.steps": training.steps, "training.max_norm": training.max_norm,
                      "training.seq_len": training.seq_len, "training.local_batch_size": training.local_batch_size,
                      "training.global_batch_size": global_batch_size(cfg, world),
@@ -219,7 +234,8 @@ def refusals(changes: list[Change], checkpoint_dir: str, step: int, current: dic
     """A message for each change the rules refuse (``position_loaded``: whether the run loads the data
     loader's saved position), and for ``training.steps`` below ``step``."""
     problems = [f"{c.key}: the checkpoint {checkpoint_dir!r} was trained with {c.saved!r} and this run sets "
-                f"{c.current!r}; refused on resume because {REFUSED[c.key]}; resume with {c.key} = {c.saved!r}, "
+                f"{c.current!r}; refused on resume because {REFUSED[c.key]}; resume with "
+                + (f"{RESUME_WITH[c.key]}, " if c.key in RESUME_WITH else f"{c.key} = {c.saved!r}, ")
                 + (f"{WAYS_OUT[c.key]}, " if c.key in WAYS_OUT else "") + "or train into another job.dump_folder"
                 for c in changes if refused(c.key, current, position_loaded)]
     steps = current.get("training.steps")

@@ -167,6 +167,43 @@ def test_another_dataset_is_refused_on_resume(tmp_path, dataset):
                             f"run sets {dataset!r}; refused on resume") for p in problems), problems
 
 
+def local_files(folder, *sizes: int):
+    """``folder``/part-<i>.jsonl, one document each of about ``sizes[i]`` characters."""
+    folder.mkdir(exist_ok=True)
+    for i, size in enumerate(sizes):
+        (folder / f"part-{i}.jsonl").write_text(json.dumps({"content": "x" * size}) + "\n")
+    return ["--training.dataset", "local", "--training.dataset_path", str(folder)]
+
+
+@pytest.mark.parametrize("change", ["added", "removed", "resized"])
+def test_other_files_under_the_dataset_path_are_refused_on_resume(tmp_path, change):
+    """The text loader's saved position is an index into the sorted file list: a file added under the
+    folder (a requeued job after more data was downloaded) made the run go on from that index into
+    another list, repeating or skipping documents, without a word."""
+    data = tmp_path / "data"
+    path = stopped_at(tmp_path, 3, *local_files(data, 10, 20))
+    if change == "added":
+        local_files(data, 10, 20, 30)
+    elif change == "removed":
+        (data / "part-0.jsonl").unlink()
+    else:
+        local_files(data, 10, 25)
+    same_path = ["--training.dataset", "local", "--training.dataset_path", str(data)]
+    problems = checkpoint_problems(job(tmp_path, *same_path))
+    assert any(p.startswith(f"training.dataset_files: the checkpoint {path!r} was trained with '2 files, ")
+               and "resume with the files the checkpoint's run read (training.dataset_path), set "
+                   "checkpoint.exclude_from_loading = ['dataloader']" in p for p in problems), problems
+    assert checkpoint_problems(job(tmp_path, *same_path, "--checkpoint.exclude_from_loading", "dataloader")) == []
+
+
+def test_the_same_files_moved_elsewhere_resume(tmp_path):
+    """Only training.dataset_path changes (applied and logged): the files, their relative paths and sizes
+    are the same."""
+    stopped_at(tmp_path, 3, *local_files(tmp_path / "data", 10, 20))
+    moved = local_files(tmp_path / "elsewhere", 10, 20)
+    assert checkpoint_problems(job(tmp_path, *moved)) == []
+
+
 def test_another_dataset_path_is_logged_on_resume(tmp_path):
     """Files moved or replaced under the same dataset: applied, and said."""
     saved = run_settings(job(tmp_path, "--training.dataset", "local", "--training.dataset_path", "a.jsonl"), 1)

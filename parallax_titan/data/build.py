@@ -23,7 +23,8 @@ from parallax_titan.data.mixture import PERIOD, shares, unmixable_source
 from parallax_titan.data.pretokenized import (
     DOCUMENT_STARTS, PretokenizedLoader, ReadAhead, SequenceSource, sequence_count_problem,
 )
-from parallax_titan.data.records import DEFAULT_MAX_RECORD_BYTES, JSONL_SUFFIXES, check_file, resolve_data_files
+from parallax_titan.data.records import (DEFAULT_MAX_RECORD_BYTES, JSONL_SUFFIXES, check_file, files_fingerprint,
+                                        list_data_files, resolve_data_files)
 from parallax_titan.data.shards import TokenStream, check_split, read_manifest, split_shards
 from parallax_titan.data.text import (
     EMBEDDED, GLOBAL_STATE_KEY, TEXT_DATASETS, build_text_loader, check_ultrafineweb_path,
@@ -132,6 +133,22 @@ def data_seed_problem(seed: int, dataset: str, key: str) -> str | None:
                 "stored order, which the seed does not change; remove it, or pre-tokenize the data (python -m "
                 "scripts.pretokenize)")
     return seed_problem(key, seed) if dataset == PRETOKENIZED else None
+
+
+def dataset_files(section) -> str | None:
+    """:func:`~parallax_titan.data.records.files_fingerprint` of the files a text dataset of
+    ``section`` (``[training]``) reads from its ``dataset_path``: a ``local`` dataset's, or the file
+    given in place of an embedded corpus; None for the others (the embedded files change only with the
+    code, Ultra-FineWeb and pre-tokenized shards check their own files) and for a path that names no
+    files (the data check refuses it)."""
+    name = section.dataset.lower()
+    if not section.dataset_path or name not in ("local", *EMBEDDED):
+        return None
+    try:
+        files = list_data_files(section.dataset_path, warn=False) if name == "local" else [section.dataset_path]
+        return files_fingerprint(files)
+    except (ValueError, OSError):
+        return None
 
 
 def check_embedded_path(path: str | None, name: str, key: str) -> None:

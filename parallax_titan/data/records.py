@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import glob
 import gzip
+import hashlib
 import json
 import os
 import zlib
@@ -310,7 +311,7 @@ def _directory_files(path: str) -> tuple[list[str], list[str]]:
     return data, sorted(others)
 
 
-def _distinct_files(files: list[str], key: str, path: str) -> list[str]:
+def _distinct_files(files: list[str], key: str, path: str, warn: bool = True) -> list[str]:
     """``files`` (sorted) with each real file once, the first path to it kept: links (a linked folder
     beside its real one, two links to one folder) would otherwise have its documents read twice. The
     paths left out are named in a warning."""
@@ -322,37 +323,53 @@ def _distinct_files(files: list[str], key: str, path: str) -> list[str]:
             continue
         seen[real] = f
         kept.append(f)
-    if again:
+    if again and warn:
         logger.warning(f"{key} = {path!r}: {len(again)} file(s) are the same file as one listed before them (links) "
                        f"and are read once, e.g. {again[:3]}")
     return kept
 
 
-def resolve_data_files(path: str | None, key: str = "training.dataset_path", skip_bad: bool = False,
-                       max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[str]:
-    """Expand a file, directory (searched recursively, hidden files and folders left out; its files of
-    other formats are named in a warning) or glob into a sorted list of data files, each checked.
-
-    ``key`` names the config key in error messages. All files must be parquet, or all JSONL. With
-    ``skip_bad``, files that fail their check are left out with a warning; none left is an error.
-    """
+def list_data_files(path: str | None, key: str = "training.dataset_path", warn: bool = True) -> list[str]:
+    """The data files a file, directory (searched recursively, hidden files and folders left out; its
+    files of other formats are named in a warning) or glob names, sorted, each real file once; not
+    checked (:func:`resolve_data_files` checks them). ``key`` names the config key in error messages;
+    ``warn``: log the files left out. All files must be parquet, or all JSONL."""
     if not path:
         raise ValueError(f"{key} is not set (got {path!r}); expected a .parquet/.jsonl/.jsonl.gz file, a directory "
                          "of them, or a glob")
     if os.path.isdir(path):
         files, others = _directory_files(path)
-        if others:
+        if others and warn:
             logger.warning(f"{key} = {path!r}: {len(others)} file(s) without a .parquet/.jsonl/.jsonl.gz ending are not "
                            f"read, e.g. {others[:3]}")
     elif os.path.isfile(path):
         files = [path]
     else:
         files = glob.glob(path, recursive=True)
-    files = _distinct_files(sorted(files), key, path)
+    files = _distinct_files(sorted(files), key, path, warn)
     if not files:
         raise ValueError(f"{key} = {path!r} matches no .parquet/.jsonl/.jsonl.gz files")
     if len({f.endswith(PARQUET_SUFFIXES) for f in files}) > 1:
         raise ValueError(f"{key} = {path!r} mixes parquet and JSONL files; use one format")
+    return files
+
+
+def files_fingerprint(files: list[str]) -> str:
+    """``files`` summarised for a checkpoint's settings: their count, total bytes and a hash of their
+    paths relative to their common folder and their sizes. The same for the same files moved
+    elsewhere; another for a file added, removed, renamed or changed in size (a text loader's saved
+    position is an index into this list)."""
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    listing = [(os.path.relpath(os.path.abspath(f), root), os.path.getsize(f)) for f in files]
+    digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+    return f"{len(files)} files, {sum(size for _, size in listing)} bytes, sha256 {digest}"
+
+
+def resolve_data_files(path: str | None, key: str = "training.dataset_path", skip_bad: bool = False,
+                       max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[str]:
+    """:func:`list_data_files`, each file checked. With ``skip_bad``, files that fail their check are
+    left out with a warning; none left is an error."""
+    files = list_data_files(path, key)
     usable = []
     for f in files:
         try:
