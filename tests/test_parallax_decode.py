@@ -562,6 +562,23 @@ def test_triton_gpu_matches_fp64(batch, length, hq, hkv, dim, ragged, rho, dtype
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("scale", SIGNED_SCALES)
+@pytest.mark.parametrize("dim", [128, 64])
+def test_triton_gpu_takes_a_scale_of_any_sign(scale, dim):
+    """bf16 decode over 4099 ragged positions at scale 0 (uniform weights) and a negative scale, both
+    merges, against fp64: the split-KV merge's running max and the base-2 scores hold for any sign."""
+    q, r, k, v = make_inputs(4, 4099, 16, 8, dim, dtype=torch.bfloat16, rho=0.5, device="cuda", seed=5)
+    lens = torch.tensor([4099, 17, 2048, 1], dtype=torch.int32, device="cuda")
+    ref = explicit_decode(q, r, k, v, lens, scale=scale)
+    from kernels.parallax.decode_fused import parallax_decode_triton
+
+    for fused in (False, True):
+        out = parallax_decode_triton(q, r, k, v, lens, scale, fused_merge=fused)
+        assert torch.isfinite(out).all() and rel_err(out, ref) < 1e-2, (fused, rel_err(out, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("batch, length, dim, window", [(4, 4099, 128, 1000), (1, 16384, 128, 4096),
                                                         (4, 4099, 64, 1), (2, 3001, 64, 3001)])
 def test_triton_gpu_window_matches_fp64(batch, length, dim, window):

@@ -460,11 +460,11 @@ def test_interpreted_custom_ops_pass_opcheck(interpreted):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _run(backend, inputs, do, cu=None, dtype=None, window=None):
+def _run(backend, inputs, do, cu=None, dtype=None, window=None, scale=None):
     leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in inputs]
     from kernels import parallax_attention
 
-    out = parallax_attention(*leaves, backend=backend, cu_seqlens=cu, window=window)
+    out = parallax_attention(*leaves, backend=backend, cu_seqlens=cu, window=window, scale=scale)
     out.backward(do.to(out.dtype))
     return out.detach(), [x.grad for x in leaves]
 
@@ -477,6 +477,20 @@ def _errors(got, ref, floor=1.0):
 def _compare(got, ref, tol, floor=1.0):
     errs = _errors(got, ref, floor)
     assert all(e < tol for e in errs), errs
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+@pytest.mark.parametrize("d", [128, 64])
+def test_gpu_scale_of_any_sign_matches_fp64(scale, d):
+    """parallax_attention takes any finite scale: the Hopper forward keeps its running max in units of
+    the scaled scores only for scale > 0 and hands the others to the Triton forward, whose backward
+    passes (and the Hopper ones) take any sign."""
+    inputs, do = cuda_inputs(2, 1000, 16, 8, d, torch.bfloat16, seed=9)
+    got = _run("triton", inputs, do, scale=scale)
+    ref = _run("reference", inputs, do, dtype=torch.float64, scale=scale)
+    _compare(got, ref, 2e-2)
 
 
 @pytest.mark.gpu
