@@ -162,8 +162,9 @@ def check_categories(cfg: RoutingConfig) -> None:
 
 def check_reached(models: list[nn.Module], cfg: RoutingConfig) -> None:
     """Raise a ValueError naming the option when an ``lr_multipliers`` category holds no trainable
-    parameter of ``models`` (the parts of one model), or when an S_p coefficient > 0 reaches no
-    matrix (none of its module's ``spectral_categories`` holds one). Either would otherwise train
+    parameter of ``models`` (the parts of one model), when ``muon_categories`` (with ``use_muon``)
+    hold no matrix (an AdamW run under a matrix optimizer's name), or when an S_p coefficient > 0
+    reaches no matrix (none of its module's ``spectral_categories`` holds one). Each would otherwise train
     as if the option were not there: e.g. ``head`` on a model whose output projection is tied to the
     embedding (the shared Parameter is routed once, as ``embed``), or ``attn_r`` on a model without
     W_R. ``check_categories`` checks the names against the rules; this checks them against the model.
@@ -181,6 +182,11 @@ def check_reached(models: list[nn.Module], cfg: RoutingConfig) -> None:
                              "Parameter shared with an earlier name, such as a tied output.weight, takes that "
                              f"name's category), so its multiplier would change no lr; expected one of "
                              f"{sorted(ndims)}")
+    matrices = sorted(c for c in ndims if 2 in ndims[c])
+    if cfg.use_muon and not any(c in matrices for c in cfg.muon_categories):
+        raise ValueError(f"muon_categories: {list(cfg.muon_categories)} hold no matrix of the model, so the "
+                         "matrix optimizer would update nothing and every parameter would go to AdamW; expected "
+                         f"some of the model's matrix categories {matrices}, or optimizer.name = 'AdamW'")
     for module, (_, coeff) in cfg.spectral.items():
         mine = [c for c in cfg.spectral_categories if MODULE_OF.get(c) == module]
         if coeff and not any(2 in ndims.get(c, ()) for c in mine):

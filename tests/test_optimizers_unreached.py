@@ -43,6 +43,17 @@ def test_muon_categories_of_the_muon_family_pass(name):
     assert config.optimizer.muon_categories == ["mlp"]
 
 
+def test_muon_categories_that_hold_no_matrix_are_refused():
+    """["norm"] routes only vectors to the matrix optimizer's categories: every parameter went to AdamW."""
+    with pytest.raises(ValueError, match=r"muon_categories: \['norm'\] hold no matrix of the model, so the matrix "
+                                         r"optimizer would update nothing and every parameter would go to AdamW; "
+                                         r"expected some of the model's matrix categories \['attn_k', .*'mlp'"):
+        build_optimizers([TinyParallax()], Optimizer(name="Muon", muon_categories=["norm"]), None)
+    (opt,) = build_optimizers([TinyParallax()], Optimizer(name="Muon", muon_categories=["norm", "mlp"]),
+                              None).optimizers
+    assert {g["name"]: g["algo"] for g in opt.param_groups}["mlp"] == "muon"
+
+
 def test_lr_multiplier_of_a_tied_head_is_refused():
     """The tied output.weight is the embedding's Parameter, routed once as 'embed': 'head=2' changed no lr."""
     with pytest.raises(ValueError, match=r"lr_multipliers: category 'head' holds no trainable parameter of the "
