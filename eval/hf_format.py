@@ -93,8 +93,9 @@ def export_hf(model: torch.nn.Module, output_dir: str, *, dtype: torch.dtype | N
     """Write ``model`` as ``model.safetensors`` + ``config.json`` (+ the tokenizer) into ``output_dir``;
     for Parallax variants also the modeling code (``configuration_parallax.py``, ``modeling_parallax.py``).
 
-    dtype: storage dtype, float32, bfloat16 or float16 (default: the parameters'). eos_id: the tokenizer's end-of-document id
-    (default: Qwen3's; a block-causal model refuses one outside its vocabulary, :func:`hf_config`). Returns ``output_dir``.
+    dtype: storage dtype, float32, bfloat16 or float16 (default: the parameters'). eos_id: the tokenizer's
+    end-of-document id (default: Qwen3's; a block-causal model refuses one outside its vocabulary,
+    :func:`hf_config`). Returns ``output_dir``.
 
     Atomic: the files go into a folder beside ``output_dir`` that then replaces it whole, so a failed
     export leaves an earlier one there as it was, and no file of an earlier export stays behind.

@@ -179,15 +179,16 @@ def evaluate_checkpoints(configs: list[str], checkpoints: list[str], *, tasks: l
                          bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, verify: bool = True) -> str:
     """Score each checkpoint (with its config: one for all, or one each); returns the table's path.
 
-    The settings, ``tasks`` (suite names, or a comma-separated string of them: :func:`eval.tasks.parse_tasks`),
-    ``data_dir`` (None for the hub or cache; a blank one is refused) and its task files, ``output`` and the
-    row names (:func:`check_settings`, :func:`check_outputs`) and every config are checked first:
-    ValueError naming the key, before any checkpoint is read. verify: check every checkpoint's files
-    against its checksum manifest (CheckpointError naming ``--checkpoint``, the file and ``--no-verify``). Then every checkpoint is
-    checked against its config (:func:`eval.checkpoint.check_job_checkpoint`), all of them before
-    the first is scored: the table is written only when every row is scored, so a pairing found wrong
-    only when its turn came lost the hours spent on the rows before it. Each load takes its
-    checkpoint's verdict instead of reading the metadata and ``settings.json`` again."""
+    The settings, ``tasks`` (suite names, or a comma-separated string of them:
+    :func:`eval.tasks.parse_tasks`), ``data_dir`` (None for the hub or cache; a blank one is refused)
+    and its task files, ``output`` and the row names (:func:`check_settings`, :func:`check_outputs`)
+    and every config are checked first: ValueError naming the key, before any checkpoint is read.
+    verify: check every checkpoint's files against its checksum manifest (CheckpointError naming
+    ``--checkpoint``, the file and ``--no-verify``). Then every checkpoint is checked against its config
+    (:func:`eval.checkpoint.check_job_checkpoint`), all of them before the first is scored: the table is written
+    only when every row is scored, so a pairing found wrong only when its turn came lost the hours spent on the
+    rows before it. Each load takes its checkpoint's verdict instead of reading the metadata and
+    ``settings.json`` again."""
     # lm-eval names an unknown task only once a model is loaded; a string is split at commas, as --tasks is
     tasks = parse_tasks(tasks, key="tasks")
     if data_dir is not None and not str(data_dir).strip():  # not the hub: an unset shell variable

@@ -235,7 +235,7 @@ def _check_loaded_group(index: int, merged: dict, group: dict, ids: list, state:
         buffers = state.get(key, {})
         where = f"group {index} ({group['name']!r}) parameter {position} of shape {tuple(p.shape)}"
         # torch checks counts only: SOAP's bases of a transposed matrix, or an Adam step count that is
-        # no 0-dim tensor, failed inside the next step (a matmul, the fused kernel), not naming them
+        # no 0-dim tensor, would fail inside the next step (a matmul, the fused kernel), not naming them
         for name, shape in _state_shapes(tuple(p.shape)).items():
             value = buffers.get(name)
             if value is None or (isinstance(value, torch.Tensor) and tuple(value.shape) == shape):

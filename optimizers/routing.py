@@ -100,11 +100,12 @@ class RoutingConfig:
 
 def check_values(cfg: RoutingConfig) -> None:
     """Raise a ValueError naming the field, the value and what was expected when a field of ``cfg`` has
-    the wrong kind of value: ``use_muon="no"`` is truthy (the matrices went to Muon without a word), a
-    bare string of categories or rules was read letter by letter ("category 'm' is produced by no
-    rule"), and a ``spectral`` value that is no (power, coeff) pair, an lr or lr multiplier that is no
-    number, a string ``head_dim`` or a None option dict failed with a TypeError naming none of them.
-    The values themselves (powers, coefficients, options) are ``MuonAdamW``'s checks, per group."""
+    the wrong kind of value: ``use_muon="no"`` is truthy (the matrices would go to Muon without a
+    word), a bare string of categories or rules would be read letter by letter ("category 'm' is
+    produced by no rule"), and a ``spectral`` value that is no (power, coeff) pair, an lr or lr
+    multiplier that is no number, a string ``head_dim`` or a None option dict would fail with a
+    TypeError naming none of them. The values themselves (powers, coefficients, options) are
+    ``MuonAdamW``'s checks, per group."""
     def bad(key, value, expected):
         raise ValueError(f"{key}={value!r}; expected {expected}")
 
