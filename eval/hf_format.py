@@ -142,12 +142,19 @@ def _nonfinite_problem(name: str, value: torch.Tensor, dtype: torch.dtype, dtype
     """Why weight ``name`` is not finite in ``dtype``: inf/NaN of its own (a diverged checkpoint), or
     a magnitude above ``dtype``'s range (float16: 65504), which the cast turned into inf."""
     source = value.detach().float()
-    bad = int((~torch.isfinite(source)).sum())
-    if bad:
-        return f"hf: {name} holds {bad} non-finite values (of {source.numel()}) in the model itself"
+    problem = _nonfinite_values(name, source)
+    if problem:
+        return f"{problem} in the model itself"
     short = str(dtype).removeprefix("torch.")
     return (f"{dtype_key}: {short} cannot hold {name}: its largest magnitude is {float(source.abs().max()):.6g}, "
             f"above {short}'s largest finite value {torch.finfo(dtype).max:.6g}; use {dtype_key} bfloat16 or float32")
+
+
+def _nonfinite_values(name: str, value: torch.Tensor) -> str | None:
+    """How many values of weight ``name`` (a float tensor) are inf or NaN, as a message; None: none."""
+    if bool(torch.isfinite(value).all()):
+        return None
+    return f"hf: {name} holds {int((~torch.isfinite(value)).sum())} non-finite values (of {value.numel()})"
 
 
 def _export_owned(name: str) -> bool:
@@ -326,10 +333,9 @@ def _check_weight_values(hf_state: dict[str, torch.Tensor]) -> None:
         if not value.is_floating_point():
             raise ValueError(f"hf: {name} is stored as {value.dtype}; expected floating-point weights (float32, "
                              "bfloat16 or float16), as Qwen3 checkpoints hold them (a quantized checkpoint?)")
-        bad = int((~torch.isfinite(value)).sum())
-        if bad:
-            raise ValueError(f"hf: {name} holds {bad} non-finite values (of {value.numel()}); a diverged or damaged "
-                             "checkpoint? Nothing was loaded")
+        problem = _nonfinite_values(name, value)
+        if problem:
+            raise ValueError(f"{problem}; a diverged or damaged checkpoint? Nothing was loaded")
 
 
 @torch.no_grad()

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from optimizers.muon import GROUP_DEFAULTS
 from parallax_titan.checkpoint_files import SETTINGS_FILE
 from parallax_titan.checksums import write_json_atomic
-from parallax_titan.config.job import global_batch_size
+from parallax_titan.config.job import ROPE_MIXERS, global_batch_size
 from parallax_titan.data.build import dataset_files
 from parallax_titan.spec import model_args_for
 
@@ -173,11 +173,6 @@ MODEL_SETTINGS: dict[str, str] = {"parallax.rho_rope": "rho_rope", "parallax.gat
                                   **{f"model.{name}": name for name in MODEL_ARGS}}
 """Recorded keys -> the model argument they set, where the same weights compute another function
 with another value (a resume applies them; a loader for evaluation refuses them: :func:`model_changes`)."""
-
-ROPE_MIXERS = ("softmax", "parallax", "exact_lla")
-"""Mixers that rotate queries and keys (``rope_theta``); the fla mixers and the uniform-weight family
-members take no positions. Kept by hand; a test builds every non-fla mixer with two ``rope_theta``
-values and checks that exactly these compute another output."""
 
 
 def _used(field: str, mixer: str) -> bool:

@@ -248,7 +248,7 @@ def test_rope_mixers_are_the_mixers_whose_output_rope_theta_changes(mixer):
     The outputs differ exactly for the mixers the list names (a new mixer that rotates must be added,
     or a changed rope_theta between checkpoint and evaluation would go unnoticed)."""
     from parallax_titan.model import ParallaxModelArgs, ParallaxQwen3Model
-    from parallax_titan.resume_rules import ROPE_MIXERS
+    from parallax_titan.config.job import ROPE_MIXERS
 
     tokens = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
     outputs = []

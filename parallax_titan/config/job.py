@@ -27,9 +27,11 @@ from parallax_titan.config.sections import (
 FLOAT8 = "quantize.linear.float8"
 MX = "quantize.linear.mx"
 COMPILE_COMPONENTS = ("model", "loss")  # what TorchTitan's compile.components is tested for
-# the sequence mixers that rotate their heads' channels in pairs with RoPE (model.py's attention and
-# Parallax attention, mixers.ExactLLA): they need an even head_dim
 ROPE_MIXERS = ("softmax", "parallax", "exact_lla")
+"""Mixers that rotate queries and keys with RoPE, in pairs of channels (an even ``head_dim``; they
+compute with ``rope_theta``); the fla mixers and the uniform-weight family members take no positions.
+Kept by hand; a test builds every non-fla mixer with two ``rope_theta`` values and checks that exactly
+these compute another output."""
 AC_DETERMINISM_CHECKS = ("default", "none")  # torch.utils.checkpoint's determinism_check values
 
 

@@ -27,7 +27,12 @@ def stop_strings(stops: str | Sequence[str]) -> list[str]:
 
 def cut_at_stop(text: str, stops: str | Sequence[str]) -> tuple[str, bool]:
     """``text`` up to (excluding) its first stop string (:func:`stop_strings`), and whether one was found."""
-    cuts = [text.index(s) for s in stop_strings(stops) if s in text]
+    return _cut(text, stop_strings(stops))
+
+
+def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
+    """:func:`cut_at_stop` for stops already through :func:`stop_strings` (a stream's, per token)."""
+    cuts = [text.index(s) for s in stops if s in text]
     return (text[: min(cuts)], True) if cuts else (text, False)
 
 
@@ -47,7 +52,7 @@ class TextStream:
         """Append ``token``; returns the newly settled text (possibly empty). After a stop string
         (``stopped``), ``text`` ends before it."""
         self.tokens.append(token)
-        self.text, self.stopped = cut_at_stop(self.decode(self.tokens), self.stops)
+        self.text, self.stopped = _cut(self.decode(self.tokens), self.stops)
         if self.stopped:
             return self.flush()
         settled = len(self.text) - self._hold
